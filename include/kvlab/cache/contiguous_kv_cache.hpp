@@ -1,0 +1,193 @@
+/// \file
+/// \brief `ContiguousKVCache`: the KV cache of one sequence, preallocated to a fixed capacity,
+/// `[num_layers][num_kv_heads][capacity][head_dim]` for K and for V.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/views.hpp"
+#include "kvlab/cpu/types.hpp"
+
+namespace kvlab {
+
+/// The KV cache of one sequence, preallocated for `capacity` tokens in every layer.
+///
+/// K and V of past tokens never change once computed (the weights and the inputs are fixed),
+/// so a decoder keeps them here instead of re-projecting the prefix at every step. Per layer,
+/// the keys are stored head-major, `[num_kv_heads, capacity, head_dim]`, and so are the values
+/// (see `ContiguousKVView`). Queries are not cached: each is used once, by its own step.
+///
+/// Appending takes token-major rows (`[n, num_kv_heads * head_dim]`, as a K/V projection
+/// produces them) and scatters each head's slice into its block. Each layer keeps its own
+/// length, because a decoder appends layer by layer within a step.
+///
+/// Memory: `2 * num_layers * num_kv_heads * capacity * head_dim * sizeof(T)` bytes, reserved
+/// up front whether or not the sequence ever gets that long.
+template <typename T>
+class ContiguousKVCache {
+ public:
+  /// An empty cache for `capacity` tokens.
+  /// \throws InvalidArgument if any argument is below 1 or the size overflows `size_t`.
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
+      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
+        capacity_(capacity) {
+    constexpr const char* kWhere = "kvlab::ContiguousKVCache";
+    detail::require_at_least(kWhere, "num_layers", num_layers, 1);
+    detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
+    detail::require_at_least(kWhere, "head_dim", head_dim, 1);
+    detail::require_at_least(kWhere, "capacity", capacity, 1);
+    // Elements per layer and tensor, checked against overflow before they are multiplied.
+    const std::size_t row = static_cast<std::size_t>(num_kv_heads) * head_dim;
+    const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
+                                     static_cast<std::size_t>(num_layers);
+    if (row > max_elements / static_cast<std::size_t>(capacity)) {
+      detail::fail(kWhere, "capacity",
+                   "at most " + std::to_string(max_elements / row) +
+                       " (the cache must fit in the address space)",
+                   capacity);
+    }
+    const std::size_t per_layer = row * static_cast<std::size_t>(capacity);
+    k_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(per_layer));
+    v_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(per_layer));
+    length_.assign(static_cast<std::size_t>(num_layers), 0);
+  }
+
+  /// Number of layers.
+  int num_layers() const { return num_layers_; }
+  /// K/V heads per layer.
+  int num_kv_heads() const { return num_kv_heads_; }
+  /// Values per head.
+  int head_dim() const { return head_dim_; }
+  /// Tokens reserved per layer.
+  int capacity() const { return capacity_; }
+
+  /// Tokens stored in `layer`.
+  /// \throws InvalidArgument if `layer` is out of range.
+  int length(int layer) const {
+    check_layer("kvlab::ContiguousKVCache::length", layer);
+    return length_[static_cast<std::size_t>(layer)];
+  }
+
+  /// Appends `n` tokens to `layer`.
+  /// \param layer  the layer, in [0, num_layers)
+  /// \param k      keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1
+  /// \param v      values of the new tokens, [n, num_kv_heads * head_dim]
+  /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
+  ///         more than `capacity()` tokens. Either way the cache is unchanged.
+  void append(int layer, const RowMatrix<T>& k, const RowMatrix<T>& v) {
+    constexpr const char* kWhere = "kvlab::ContiguousKVCache::append";
+    check_layer(kWhere, layer);
+    const int width = num_kv_heads_ * head_dim_;
+    detail::require_at_least(kWhere, "k.rows()", static_cast<long>(k.rows()), 1L);
+    detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()), static_cast<long>(width),
+                          "num_kv_heads * head_dim");
+    detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
+                          static_cast<long>(k.rows()), "k.rows()");
+    detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), static_cast<long>(width),
+                          "num_kv_heads * head_dim");
+    const auto l = static_cast<std::size_t>(layer);
+    const long new_length = length_[l] + static_cast<long>(k.rows());
+    if (new_length > capacity_) {
+      detail::fail<CapacityError>(
+          kWhere, "k.rows()",
+          "at most " + std::to_string(capacity_ - length_[l]) + " (capacity " +
+              std::to_string(capacity_) + ", length " + std::to_string(length_[l]) + ")",
+          k.rows());
+    }
+    // Scatter each token's row, head by head, into the head-major blocks.
+    for (Eigen::Index t = 0; t < k.rows(); ++t) {
+      const int pos = length_[l] + static_cast<int>(t);
+      for (int h = 0; h < num_kv_heads_; ++h) {
+        const std::ptrdiff_t dst = (static_cast<std::ptrdiff_t>(h) * capacity_ + pos) * head_dim_;
+        for (int d = 0; d < head_dim_; ++d) {
+          k_[l][static_cast<std::size_t>(dst + d)] = k(t, h * head_dim_ + d);
+          v_[l][static_cast<std::size_t>(dst + d)] = v(t, h * head_dim_ + d);
+        }
+      }
+    }
+    length_[l] = static_cast<int>(new_length);
+  }
+
+  /// Forgets every token at position `length` and after, in every layer (for example to undo
+  /// rejected draft tokens). The storage stays reserved.
+  /// \throws InvalidArgument if `length` is negative or above a layer's current length.
+  void truncate(int length) {
+    constexpr const char* kWhere = "kvlab::ContiguousKVCache::truncate";
+    detail::require_at_least(kWhere, "length", length, 0);
+    for (int l = 0; l < num_layers_; ++l) {
+      if (length > length_[static_cast<std::size_t>(l)]) {
+        detail::fail(kWhere, "length",
+                     "at most the length of layer " + std::to_string(l) + " (" +
+                         std::to_string(length_[static_cast<std::size_t>(l)]) + ")",
+                     length);
+      }
+    }
+    for (int& len : length_) len = length;
+  }
+
+  /// Empties every layer; the storage stays reserved.
+  void clear() { truncate(0); }
+
+  /// A read-only view of `layer`, valid until the cache is destroyed.
+  /// \throws InvalidArgument if `layer` is out of range.
+  ContiguousKVView<T> view(int layer) const {
+    check_layer("kvlab::ContiguousKVCache::view", layer);
+    const auto l = static_cast<std::size_t>(layer);
+    return ContiguousKVView<T>{k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, capacity_,
+                               length_[l]};
+  }
+
+  /// Keys of one head, [length(layer), head_dim], as an Eigen map into the cache.
+  Eigen::Map<const RowMatrix<T>> keys(int layer, int head) const {
+    check_head("kvlab::ContiguousKVCache::keys", layer, head);
+    const ContiguousKVView<T> v = view(layer);
+    return Eigen::Map<const RowMatrix<T>>(v.key(head, 0), v.length, head_dim_);
+  }
+
+  /// Values of one head, [length(layer), head_dim], as an Eigen map into the cache.
+  Eigen::Map<const RowMatrix<T>> values(int layer, int head) const {
+    check_head("kvlab::ContiguousKVCache::values", layer, head);
+    const ContiguousKVView<T> v = view(layer);
+    return Eigen::Map<const RowMatrix<T>>(v.value(head, 0), v.length, head_dim_);
+  }
+
+  /// Bytes reserved for K and V in all layers.
+  std::size_t bytes_reserved() const {
+    return 2 * sizeof(T) * static_cast<std::size_t>(num_layers_) * num_kv_heads_ * capacity_ *
+           head_dim_;
+  }
+
+  /// Bytes holding tokens (the filled rows of K and V in all layers).
+  std::size_t bytes_used() const {
+    std::size_t rows = 0;
+    for (int len : length_) rows += static_cast<std::size_t>(len);
+    return 2 * sizeof(T) * rows * num_kv_heads_ * head_dim_;
+  }
+
+ private:
+  void check_layer(const char* where, int layer) const {
+    if (layer < 0 || layer >= num_layers_) {
+      detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
+    }
+  }
+  void check_head(const char* where, int layer, int head) const {
+    check_layer(where, layer);
+    if (head < 0 || head >= num_kv_heads_) {
+      detail::fail(where, "head", "in [0, " + std::to_string(num_kv_heads_) + ")", head);
+    }
+  }
+
+  int num_layers_;
+  int num_kv_heads_;
+  int head_dim_;
+  int capacity_;
+  std::vector<std::vector<T>> k_;  // [num_layers][num_kv_heads * capacity * head_dim]
+  std::vector<std::vector<T>> v_;  // [num_layers][num_kv_heads * capacity * head_dim]
+  std::vector<int> length_;        // [num_layers]
+};
+
+}  // namespace kvlab

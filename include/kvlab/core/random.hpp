@@ -1,0 +1,37 @@
+/// \file
+/// \brief `Rng`: a small seeded generator (SplitMix64) whose numbers are the same on every
+/// platform, so tutorials, tests and benchmarks print the same values everywhere.
+#pragma once
+
+#include <cstdint>
+
+namespace kvlab {
+
+/// A seeded pseudo-random generator (SplitMix64) with portable output.
+///
+/// `std::normal_distribution` and friends may give different numbers on different standard
+/// libraries; kvlab's tutorials print values, so they use this instead. Not for cryptography.
+class Rng {
+ public:
+  /// A generator whose sequence is fixed by `seed`.
+  explicit Rng(std::uint64_t seed) : state_(seed) {}
+
+  /// The next 64 random bits.
+  std::uint64_t next_u64() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+
+  /// A uniform double in [0, 1), from the top 53 bits.
+  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+  /// A uniform double in [lo, hi).
+  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
+
+ private:
+  std::uint64_t state_;
+};
+
+}  // namespace kvlab

@@ -1,0 +1,37 @@
+/// \file
+/// \brief `ContiguousKVView`: the documented layout of one layer of a contiguous KV cache,
+/// as plain pointers and sizes that host and device code read the same way.
+#pragma once
+
+#include <cstddef>
+
+#include "kvlab/config.hpp"
+
+namespace kvlab {
+
+/// Read-only view of one layer of a contiguous KV cache.
+///
+/// Layout (head-major, "HND"): `k` and `v` each point to `[num_kv_heads, capacity, head_dim]`
+/// values; rows `[0, length)` of every head are valid. Each head's keys are one contiguous
+/// `[capacity, head_dim]` block, so a decode step streams them front to back, and the query
+/// heads of a GQA group read the same block once.
+template <typename T>
+struct ContiguousKVView {
+  const T* k = nullptr;  ///< keys:   [num_kv_heads, capacity, head_dim]
+  const T* v = nullptr;  ///< values: [num_kv_heads, capacity, head_dim]
+  int num_kv_heads = 0;  ///< K/V heads
+  int head_dim = 0;      ///< values per head
+  int capacity = 0;      ///< rows reserved per head
+  int length = 0;        ///< rows filled per head (0 <= length <= capacity)
+
+  /// Offset, in elements, of row `pos` of head `head` from `k` (or `v`).
+  KVLAB_HOST_DEVICE std::ptrdiff_t offset(int head, int pos) const {
+    return (static_cast<std::ptrdiff_t>(head) * capacity + pos) * head_dim;
+  }
+  /// Key row `pos` of head `head`: `head_dim` values.
+  KVLAB_HOST_DEVICE const T* key(int head, int pos) const { return k + offset(head, pos); }
+  /// Value row `pos` of head `head`: `head_dim` values.
+  KVLAB_HOST_DEVICE const T* value(int head, int pos) const { return v + offset(head, pos); }
+};
+
+}  // namespace kvlab

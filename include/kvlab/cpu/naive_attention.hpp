@@ -1,0 +1,113 @@
+/// \file
+/// \brief Naive causal attention: every score of the `[q_len, kv_len]` matrix is computed and
+/// stored, then masked, softmaxed and multiplied by V. The textbook form, and the baseline the
+/// other paths are checked against (itself checked against a triple loop in the tests).
+#pragma once
+
+#include <cstdint>
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/counters.hpp"
+#include "kvlab/core/shape.hpp"
+#include "kvlab/cpu/softmax.hpp"
+#include "kvlab/cpu/types.hpp"
+
+namespace kvlab::detail {
+
+/// Checks the arguments shared by the attention paths: `q` is `[q_len >= 1, q_width]`.
+template <typename T>
+void check_queries(const char* where, const AttentionShape& shape, const RowMatrix<T>& q) {
+  detail::require_at_least(where, "q.rows()", static_cast<long>(q.rows()), 1L);
+  detail::require_equal(where, "q.cols()", static_cast<long>(q.cols()),
+                               static_cast<long>(shape.q_width()), "num_heads * head_dim");
+}
+
+}  // namespace kvlab::detail
+
+namespace kvlab::cpu {
+
+/// Causal attention over a whole sequence, materialising the score matrix of every head.
+///
+/// Queries are aligned to the end of the keys: query row `i` is the token at position
+/// `kv_len - q_len + i` and sees keys `[0, kv_len - q_len + i]`. With `q_len == kv_len` this is
+/// ordinary causal self-attention; with `q_len == 1` it is one decode step.
+///
+/// For every query head `h` (reading K/V head `h / group_size`):
+///  1. `S = scale * Q_h K_h^T`, all `[q_len, kv_len]` entries, masked ones included;
+///  2. each row's masked tail is dropped and the visible part softmaxed;
+///  3. `O_h = P V_h`.
+///
+/// Counts `q_len * kv_len` dot products per query head (all of them, since all are computed).
+///
+/// \param shape     the head layout
+/// \param q         queries, [q_len, num_heads * head_dim], q_len >= 1
+/// \param k         keys,    [kv_len, num_kv_heads * head_dim], kv_len >= q_len
+/// \param v         values,  [kv_len, num_kv_heads * head_dim]
+/// \param out       output,  [q_len, num_heads * head_dim] (resized); must not be q, k or v
+/// \param counters  if not null, receives the work done
+/// \throws InvalidArgument for any shape that does not fit the above.
+template <typename T>
+void naive_attention(const AttentionShape& shape, const RowMatrix<T>& q, const RowMatrix<T>& k,
+                     const RowMatrix<T>& v, RowMatrix<T>& out, CostCounters* counters = nullptr) {
+  constexpr const char* kWhere = "kvlab::cpu::naive_attention";
+  detail::check_queries(kWhere, shape, q);
+  detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()),
+                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+  detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
+                               static_cast<long>(k.rows()), "k.rows()");
+  detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()),
+                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+  if (k.rows() < q.rows()) {
+    detail::fail(kWhere, "k.rows()", ">= q.rows() (" + std::to_string(q.rows()) + ")",
+                        k.rows());
+  }
+  if (&out == &q || &out == &k || &out == &v) {
+    detail::fail(kWhere, "out", "a matrix other than q, k and v", "one of them");
+  }
+
+  const Eigen::Index q_len = q.rows();
+  const Eigen::Index kv_len = k.rows();
+  const Eigen::Index first_position = kv_len - q_len;  // position of query row 0
+  const int hd = shape.head_dim();
+  const T scale = static_cast<T>(shape.scale());
+
+  out.resize(q_len, shape.q_width());
+  RowMatrix<T> scores(q_len, kv_len);  // [q_len, kv_len], one head at a time
+  for (int h = 0; h < shape.num_heads(); ++h) {
+    const int hk = shape.kv_head_of(h);
+    const auto q_h = q.middleCols(h * hd, hd);   // [q_len, head_dim]
+    const auto k_h = k.middleCols(hk * hd, hd);  // [kv_len, head_dim]
+    const auto v_h = v.middleCols(hk * hd, hd);  // [kv_len, head_dim]
+
+    // 1. Every score, masked or not.
+    scores.noalias() = scale * (q_h * k_h.transpose());
+    for (Eigen::Index i = 0; i < q_len; ++i) {
+      // 2. Query i sees keys [0, first_position + i]; the later ones get probability 0.
+      const Eigen::Index visible = first_position + i + 1;
+      softmax_inplace(scores.row(i).data(), visible);
+      scores.row(i).tail(kv_len - visible).setZero();
+    }
+    // 3. Probability-weighted sum of the values.
+    out.middleCols(h * hd, hd).noalias() = scores * v_h;
+  }
+
+  if (counters != nullptr) {
+    const auto dots = static_cast<std::uint64_t>(shape.num_heads()) * q_len * kv_len;
+    counters->qk_dots += dots;
+    counters->macs += 2 * dots * static_cast<std::uint64_t>(hd);
+    counters->kv_bytes_read += 2 * sizeof(T) * static_cast<std::uint64_t>(shape.num_heads()) *
+                               kv_len * static_cast<std::uint64_t>(hd);
+  }
+}
+
+/// Returning form of `naive_attention`: `[q_len, num_heads * head_dim]`.
+template <typename T>
+RowMatrix<T> naive_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+                             const RowMatrix<T>& k, const RowMatrix<T>& v,
+                             CostCounters* counters = nullptr) {
+  RowMatrix<T> out;
+  naive_attention(shape, q, k, v, out, counters);
+  return out;
+}
+
+}  // namespace kvlab::cpu

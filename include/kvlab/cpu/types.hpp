@@ -1,0 +1,43 @@
+/// \file
+/// \brief Eigen types of kvlab's CPU side (row-major, token-major matrices) and a portable
+/// random fill for them.
+#pragma once
+
+#include <Eigen/Dense>
+
+#include "kvlab/core/random.hpp"
+
+namespace kvlab {
+
+/// A row-major dynamic matrix: kvlab's activation layout, one token per row,
+/// e.g. queries `[tokens, num_heads * head_dim]`.
+template <typename T>
+using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// One token's activations: `[width]`.
+template <typename T>
+using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// A column vector, `[n]`, e.g. one cached key row used as the right operand of a product.
+template <typename T>
+using ColVector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+
+/// Fills `m` with values drawn uniformly from `[lo, hi)` by `rng`, row by row; the values are
+/// the same on every platform for the same seed.
+template <typename Derived>
+void fill_uniform(Eigen::DenseBase<Derived>& m, Rng& rng, double lo, double hi) {
+  using Scalar = typename Derived::Scalar;
+  for (Eigen::Index r = 0; r < m.rows(); ++r)
+    for (Eigen::Index c = 0; c < m.cols(); ++c) m(r, c) = static_cast<Scalar>(rng.uniform(lo, hi));
+}
+
+/// A `[rows, cols]` matrix of values drawn uniformly from `[lo, hi)`.
+template <typename T>
+RowMatrix<T> random_matrix(Eigen::Index rows, Eigen::Index cols, Rng& rng, double lo = -1.0,
+                           double hi = 1.0) {
+  RowMatrix<T> m(rows, cols);
+  fill_uniform(m, rng, lo, hi);
+  return m;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,25 @@
+/// \file
+/// \brief Umbrella header of kvlab's CPU side: shapes, counters, the contiguous KV cache, the
+/// naive and cached attention paths and the decoders built on them.
+#pragma once
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/counters.hpp"
+#include "kvlab/core/random.hpp"
+#include "kvlab/core/shape.hpp"
+#include "kvlab/core/views.hpp"
+#include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/cpu/types.hpp"
+#include "kvlab/cpu/softmax.hpp"
+#include "kvlab/cpu/naive_attention.hpp"
+#include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/model/attention_layer.hpp"
+#include "kvlab/model/decoder.hpp"
+#include "kvlab/model/naive_decoder.hpp"
+#include "kvlab/model/cached_decoder.hpp"
+
+/// kvlab: naive, KV-cached and paged attention, side by side, with exact cost counters.
+namespace kvlab {
+/// CPU reference kernels (Eigen).
+namespace cpu {}
+}  // namespace kvlab

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages kvlab builds with, if any is missing (with sudo when
+# not root). Sourced or run by scripts/run.sh and scripts/test.sh; safe to run again.
+set -euo pipefail
+packages=(cmake g++ make libeigen3-dev catch2 libbenchmark-dev doxygen graphviz doxygen-awesome-css)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "kvlab: installing missing packages: ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "kvlab: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "kvlab: packages installed"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# kvlab's whole test suite, as CI runs it: installs what is missing; builds everything
+# (library checks, tests, tutorials, benchmarks, CUDA targets when nvcc is present) with
+# warnings as errors and runs every test; builds the docs, failing on any Doxygen warning;
+# then builds the tests again with AddressSanitizer + UndefinedBehaviorSanitizer and runs them.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+scripts/install-deps.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+start=$(date +%s)
+step() { echo; echo "== kvlab test: $* ($(( $(date +%s) - start )) s)"; }
+
+step "configure and build (Release, warnings as errors)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNINGS_AS_ERRORS=ON >/dev/null
+cmake --build build -j "$jobs"
+
+step "tests"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+step "docs (Doxygen warnings are errors)"
+cmake --build build --target docs
+
+step "configure and build with ASan + UBSan"
+san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="-O1 -g $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
+  -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF \
+  -DKVLAB_BUILD_DOCS=OFF >/dev/null
+cmake --build build-sanitize -j "$jobs"
+
+step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE consumer
+
+step "done"

@@ -1,0 +1,3 @@
+#include <catch2/catch.hpp>
+#include <kvlab/kvlab.hpp>
+TEST_CASE("placeholder cache") { REQUIRE(true); }

@@ -1,0 +1,2 @@
+#include <kvlab/kvlab.hpp>
+int main() { return 0; }
