@@ -16,7 +16,7 @@
 /// Patch version of kvlab.
 #define KVLAB_VERSION_PATCH 0
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(KVLAB_DOXYGEN)
 /// Marks a function usable from host and device code: `__host__ __device__` under nvcc, empty
 /// under a plain C++ compiler, so the vocabulary headers in `core/` compile with both.
 #define KVLAB_HOST_DEVICE __host__ __device__

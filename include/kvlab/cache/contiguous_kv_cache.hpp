@@ -141,14 +141,18 @@ class ContiguousKVCache {
                                length_[l]};
   }
 
-  /// Keys of one head, [length(layer), head_dim], as an Eigen map into the cache.
+  /// Keys of one head, [length(layer), head_dim], as an Eigen map into the cache. The map keeps
+  /// the length it was made with: rows appended later are not in it.
+  /// \throws InvalidArgument if `layer` or `head` is out of range.
   Eigen::Map<const RowMatrix<T>> keys(int layer, int head) const {
     check_head("kvlab::ContiguousKVCache::keys", layer, head);
     const ContiguousKVView<T> v = view(layer);
     return Eigen::Map<const RowMatrix<T>>(v.key(head, 0), v.length, head_dim_);
   }
 
-  /// Values of one head, [length(layer), head_dim], as an Eigen map into the cache.
+  /// Values of one head, [length(layer), head_dim], as an Eigen map into the cache. The map
+  /// keeps the length it was made with: rows appended later are not in it.
+  /// \throws InvalidArgument if `layer` or `head` is out of range.
   Eigen::Map<const RowMatrix<T>> values(int layer, int head) const {
     check_head("kvlab::ContiguousKVCache::values", layer, head);
     const ContiguousKVView<T> v = view(layer);

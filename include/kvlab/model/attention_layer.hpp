@@ -3,6 +3,7 @@
 /// `AttentionStack` (a residual stack of them), the model that kvlab's decoders run.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,6 +50,7 @@ class AttentionLayer {
 
   /// A layer with weights drawn uniformly from `[-1/sqrt(in), 1/sqrt(in))` by `rng`, so that
   /// activations keep their scale through the projections.
+  /// \throws InvalidArgument if `d_model < 1`.
   static AttentionLayer random(const AttentionShape& shape, int d_model, Rng& rng) {
     detail::require_at_least("kvlab::AttentionLayer::random", "d_model", d_model, 1);
     const double a = 1.0 / std::sqrt(static_cast<double>(d_model));
@@ -76,6 +78,7 @@ class AttentionLayer {
 
   /// Queries of `x` ([n, d_model]): [n, num_heads * head_dim]. Counts n * num_heads query
   /// projections.
+  /// \throws InvalidArgument if `x.cols() != d_model()`.
   RowMatrix<T> project_q(const RowMatrix<T>& x, CostCounters* counters = nullptr) const {
     check_input("kvlab::AttentionLayer::project_q", x);
     if (counters != nullptr) {
@@ -87,6 +90,7 @@ class AttentionLayer {
 
   /// Keys and values of `x` ([n, d_model]): `k`, `v` become [n, num_kv_heads * head_dim].
   /// Counts n * num_kv_heads K/V projections.
+  /// \throws InvalidArgument if `x.cols() != d_model()`.
   void project_kv(const RowMatrix<T>& x, RowMatrix<T>& k, RowMatrix<T>& v,
                   CostCounters* counters = nullptr) const {
     check_input("kvlab::AttentionLayer::project_kv", x);
@@ -99,6 +103,7 @@ class AttentionLayer {
   }
 
   /// Output projection of attention results `attn` ([n, num_heads * head_dim]): [n, d_model].
+  /// \throws InvalidArgument if `attn.cols() != num_heads * head_dim`.
   RowMatrix<T> project_out(const RowMatrix<T>& attn, CostCounters* counters = nullptr) const {
     detail::require_equal("kvlab::AttentionLayer::project_out", "attn.cols()",
                           static_cast<long>(attn.cols()), static_cast<long>(shape_.q_width()),
@@ -162,6 +167,7 @@ class AttentionStack {
   }
 
   /// A stack of `num_layers` random layers (see `AttentionLayer::random`), fixed by `seed`.
+  /// \throws InvalidArgument if `num_layers < 1` or `d_model < 1`.
   static std::shared_ptr<const AttentionStack> random(int num_layers, const AttentionShape& shape,
                                                       int d_model, std::uint64_t seed) {
     detail::require_at_least("kvlab::AttentionStack::random", "num_layers", num_layers, 1);
@@ -179,6 +185,7 @@ class AttentionStack {
   /// The head layout shared by all layers.
   const AttentionShape& shape() const { return layers_.front().shape(); }
   /// Layer `l`, in [0, num_layers()).
+  /// \throws InvalidArgument if `l` is out of range.
   const AttentionLayer<T>& layer(int l) const {
     if (l < 0 || l >= num_layers()) {
       detail::fail("kvlab::AttentionStack::layer", "l",

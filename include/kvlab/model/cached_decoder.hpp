@@ -55,17 +55,22 @@ class CachedDecoder : public Decoder<T> {
     }
     RowMatrix<T> h = x;  // [p, d_model]: the current layer's input
     RowMatrix<T> k, v;   // [p, num_kv_heads * head_dim]
-    for (int l = 0; l < stack.num_layers(); ++l) {
-      const AttentionLayer<T>& layer = stack.layer(l);
-      // 1. q, k, v of the new tokens only.
-      layer.project_kv(h, k, v, &counters);
-      const RowMatrix<T> q = layer.project_q(h, &counters);  // [p, num_heads * head_dim]
-      // 2. Keep k and v for every later step.
-      cache_.append(l, k, v);
-      // 3. The new queries attend to everything cached, themselves included.
-      const RowMatrix<T> attn =
-          cpu::decode_attention(layer.shape(), q, cache_.view(l), &counters);
-      h += layer.project_out(attn, &counters);
+    try {
+      for (int l = 0; l < stack.num_layers(); ++l) {
+        const AttentionLayer<T>& layer = stack.layer(l);
+        // 1. q, k, v of the new tokens only.
+        layer.project_kv(h, k, v, &counters);
+        const RowMatrix<T> q = layer.project_q(h, &counters);  // [p, num_heads * head_dim]
+        // 2. Keep k and v for every later step.
+        cache_.append(l, k, v);
+        // 3. The new queries attend to everything cached, themselves included.
+        const RowMatrix<T> attn =
+            cpu::decode_attention(layer.shape(), q, cache_.view(l), &counters);
+        h += layer.project_out(attn, &counters);
+      }
+    } catch (...) {
+      cache_.truncate(this->position());  // e.g. out of memory in a later layer: undo the appends
+      throw;
     }
     return h;  // [p, d_model]
   }
