@@ -1,0 +1,323 @@
+// bench_decode_bandwidth: effective memory bandwidth of one cached decode step,
+// kvlab::cpu::decode_attention<float> with one query row over a ContiguousKVCache holding n
+// tokens, against the machine's read bandwidth measured in the same run.
+//
+//  decode_bandwidth/<mha|gqa>/n:N/threads:T
+//    mha: 32 query heads, 32 K/V heads, head_dim 128 (32 KiB of K+V per token)
+//    gqa: 32 query heads,  8 K/V heads, head_dim 128 ( 8 KiB of K+V per token)
+//    n = 1024 ... 16384; T = 1, 2 OpenMP threads (the kernel splits the K/V heads).
+//
+// Effective bandwidth = CostCounters::kv_bytes_read of one call / time of one call (K and V
+// read once per K/V head). Read bandwidth = a vectorised sum (Eigen) over a buffer far larger
+// than the caches, split between T threads, median of several runs; it is the ceiling a decode
+// step could reach. User counters: GB_per_s; fraction, of the read bandwidth at the same thread
+// count; fraction_same_bytes, of a vectorised sum over the step's own K and V run just before
+// it (memory bandwidth on a shared VM drifts from minute to minute; this ratio does not); and
+// kv_MiB. The read bandwidth also goes into the JSON context. A table follows the run. A cache
+// no larger than the L3 is partly re-read from it by the repeated calls, so only caches well
+// beyond the L3 (here GQA n >= 8192, MHA n >= 2048) measure DRAM.
+//
+// Run (Release build, from the repository root):
+//   build/bench/bench_decode_bandwidth --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.2 --benchmark_out=bench/results/cpu-decode-bandwidth.json --benchmark_out_format=json
+// Own option: --read_mib=M, the size of the read-bandwidth buffer (default 1024 MiB).
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <Eigen/Dense>
+#include <benchmark/benchmark.h>
+
+#include <kvlab/kvlab.hpp>
+
+#include "median_reporter.hpp"
+
+namespace {
+
+struct Config {
+  const char* name;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+};
+constexpr Config kMha{"mha", 32, 32, 128};
+constexpr Config kGqa{"gqa", 32, 8, 128};
+const std::vector<int> kNs = {1024, 2048, 4096, 8192, 16384};
+#if defined(_OPENMP)
+const std::vector<int> kThreads = {1, 2};
+#else
+const std::vector<int> kThreads = {1};
+#endif
+constexpr int kMaxThreads = 2;
+constexpr std::uint64_t kSeed = 5;
+constexpr int kReadRuns = 15;      // runs of the read-bandwidth sum; the median is kept
+constexpr int kSameBytesRuns = 5;  // runs of the sum over a benchmark's own K and V
+
+// Read bandwidth in GB/s, by thread count (index = threads); filled before any benchmark runs.
+std::array<double, kMaxThreads + 1> g_read_gbps{};
+
+void set_threads(int threads) {
+#if defined(_OPENMP)
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine's read bandwidth
+// ---------------------------------------------------------------------------------------------
+
+// Sums `data[0, count)` with `threads` threads, each summing one contiguous chunk with Eigen
+// (vectorised: a plain float loop is not, without -ffast-math, and would understate the memory).
+float parallel_sum(const float* data, std::size_t count, int threads) {
+  const auto size = static_cast<std::ptrdiff_t>(count);
+  std::array<float, kMaxThreads> partial{};  // [threads]
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+#endif
+  {
+#if defined(_OPENMP)
+    const int id = omp_get_thread_num();
+    const int num = omp_get_num_threads();
+#else
+    const int id = 0;
+    const int num = 1;
+#endif
+    const std::ptrdiff_t begin = size * id / num;
+    const std::ptrdiff_t end = size * (id + 1) / num;
+    partial[static_cast<std::size_t>(id)] =
+        Eigen::Map<const Eigen::ArrayXf>(data + begin, end - begin).sum();
+  }
+  (void)threads;
+  float total = 0;
+  for (float p : partial) total += p;
+  return total;
+}
+
+// Median read bandwidth (GB/s) of `runs` sums over the arrays `parts` (pointer, element count)
+// with `threads` threads.
+double read_bandwidth(const std::vector<std::pair<const float*, std::size_t>>& parts, int threads,
+                      int runs) {
+  std::size_t count = 0;
+  for (const auto& p : parts) count += p.second;
+  const double bytes = static_cast<double>(count * sizeof(float));
+  const auto sum_all = [&] {
+    float sum = 0;
+    for (const auto& p : parts) sum += parallel_sum(p.first, p.second, threads);
+    return sum;
+  };
+  std::vector<double> gbps;
+  benchmark::DoNotOptimize(sum_all());  // warm-up
+  for (int r = 0; r < runs; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    const float sum = sum_all();
+    const auto stop = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(sum);
+    gbps.push_back(bytes * 1e-9 / std::chrono::duration<double>(stop - start).count());
+  }
+  std::sort(gbps.begin(), gbps.end());
+  return gbps[gbps.size() / 2];
+}
+
+// The L3 size in bytes as Linux reports it for cpu0 (32 MiB if unknown).
+std::size_t l3_bytes() {
+  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  std::string text;
+  if (file >> text && !text.empty()) {
+    const char unit = text.back();
+    const std::size_t value = std::strtoull(text.c_str(), nullptr, 10);
+    if (value > 0 && unit == 'K') return value << 10;
+    if (value > 0 && unit == 'M') return value << 20;
+  }
+  return std::size_t{32} << 20;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decode step
+// ---------------------------------------------------------------------------------------------
+
+kvlab::AttentionShape shape_of(const Config& c) {
+  return kvlab::AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim);
+}
+
+// A one-layer cache of shape `c` filled with n random tokens. Filling 16384 tokens of MHA
+// (512 MiB) takes a while, so the latest one is kept between Google Benchmark's calls.
+const kvlab::ContiguousKVCache<float>& cache_holding(const Config& c, int n) {
+  static std::unique_ptr<kvlab::ContiguousKVCache<float>> held;
+  static std::string held_key;
+  const std::string key = std::string(c.name) + "/" + std::to_string(n);
+  if (held_key != key) {
+    held.reset();
+    held = std::make_unique<kvlab::ContiguousKVCache<float>>(1, c.num_kv_heads, c.head_dim, n);
+    kvlab::Rng rng(kSeed);
+    const int width = c.num_kv_heads * c.head_dim;
+    constexpr int kChunk = 512;
+    for (int t0 = 0; t0 < n; t0 += kChunk) {
+      const int rows = std::min(kChunk, n - t0);
+      const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, width, rng);  // [rows, kv_width]
+      const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, width, rng);  // [rows, kv_width]
+      held->append(0, k, v);
+    }
+    held_key = key;
+  }
+  return *held;
+}
+
+void bm_decode_bandwidth(benchmark::State& state, Config c) {
+  const int n = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  set_threads(threads);
+  const kvlab::AttentionShape shape = shape_of(c);
+  const kvlab::ContiguousKVView<float> cache = cache_holding(c, n).view(0);  // [kv_heads, n, head_dim] each
+  kvlab::Rng rng(kSeed + 1);
+  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, heads * head_dim]
+  kvlab::RowMatrix<float> out(1, shape.q_width());                                         // [1, heads * head_dim]
+
+  // The same bytes read by a plain vectorised sum, now: memory bandwidth on this shared VM drifts
+  // by tens of percent from minute to minute, and this ratio does not depend on when it ran.
+  const std::size_t per_tensor =
+      static_cast<std::size_t>(cache.num_kv_heads) * cache.capacity * cache.head_dim;
+  const double same_bytes_gbps =
+      read_bandwidth({{cache.k, per_tensor}, {cache.v, per_tensor}}, threads, kSameBytesRuns);
+
+  kvlab::CostCounters one_call;  // also the warm-up
+  kvlab::cpu::decode_attention(shape, q, cache, out, &one_call);
+  for (auto _ : state) {
+    kvlab::cpu::decode_attention(shape, q, cache, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const double gb = static_cast<double>(one_call.kv_bytes_read) * 1e-9;
+  // Iteration-invariant rates: value * iterations / real time.
+  state.counters["GB_per_s"] = benchmark::Counter(gb, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["fraction"] = benchmark::Counter(
+      gb / g_read_gbps[static_cast<std::size_t>(threads)],
+      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["fraction_same_bytes"] = benchmark::Counter(
+      gb / same_bytes_gbps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_MiB"] = static_cast<double>(one_call.kv_bytes_read) / (1 << 20);
+}
+
+void register_benchmarks() {
+  for (const Config& c : {kMha, kGqa}) {
+    const std::string name = std::string("decode_bandwidth/") + c.name;
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_decode_bandwidth, c);
+    b->ArgNames({"n", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+    for (int n : kNs)
+      for (int t : kThreads) b->Args({n, t});
+  }
+}
+
+// Strips `--read_mib=M` from argv (Google Benchmark rejects flags it does not know).
+std::size_t take_read_mib(int& argc, char** argv) {
+  std::size_t mib = 1024;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const char* prefix = "--read_mib=";
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) {
+      const char* text = argv[i] + std::strlen(prefix);
+      char* end = nullptr;
+      const unsigned long long value = std::strtoull(text, &end, 10);
+      if (end == text || *end != '\0' || value < 1 || value > (1ULL << 20)) {
+        std::fprintf(stderr, "bench_decode_bandwidth: --read_mib: expected an integer in "
+                             "[1, 1048576], got '%s'\n", text);
+        std::exit(2);
+      }
+      mib = static_cast<std::size_t>(value);
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return mib;
+}
+
+void print_table(const kvlab_bench::MedianReporter& reporter, std::size_t l3) {
+  using kvlab_bench::MedianReporter;
+  std::printf("\nEffective bandwidth of one decode step (K+V bytes read once per K/V head / "
+              "median time). fraction: of the read bandwidth at the same thread\ncount (below); "
+              "same bytes: of a vectorised sum over the step's own K and V, run just before it "
+              "(median over the repetitions).\n");
+  std::printf("%-32s %7s %6s %9s %10s %9s %9s %11s  %s\n", "shape", "threads", "n", "K+V MiB",
+              "time (us)", "GB/s", "fraction", "same bytes", "regime");
+  for (const Config& c : {kMha, kGqa}) {
+    for (int t : kThreads) {
+      for (int n : kNs) {
+        const std::string key = std::string("decode_bandwidth/") + c.name + "/n:" +
+                                std::to_string(n) + "/threads:" + std::to_string(t);
+        const auto* m = reporter.find(key);
+        if (m == nullptr) continue;
+        const double mib = MedianReporter::counter(*m, "kv_MiB");
+        const double bytes = mib * (1 << 20);
+        const double gbps = bytes * 1e-9 / m->seconds;
+        const char* regime = bytes <= static_cast<double>(l3) ? "fits in L3"
+                             : bytes >= 2.0 * static_cast<double>(l3) ? "DRAM"
+                                                                      : "partly L3";
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "%s %d heads / %d K/V x %d", c.name, c.num_heads,
+                      c.num_kv_heads, c.head_dim);
+        std::printf("%-32s %7d %6d %9.0f %10.1f %9.2f %9.2f %11.2f  %s\n", shape, t, n, mib,
+                    m->seconds * 1e6, gbps, gbps / g_read_gbps[static_cast<std::size_t>(t)],
+                    MedianReporter::counter(*m, "fraction_same_bytes"), regime);
+      }
+    }
+  }
+  std::printf("\nRead bandwidth (vectorised sum over a buffer beyond the caches, median of %d "
+              "runs):", kReadRuns);
+  for (int t : kThreads) std::printf(" %d thread%s %.2f GB/s;", t, t == 1 ? "" : "s",
+                                     g_read_gbps[static_cast<std::size_t>(t)]);
+  std::printf("\nL3: %zu MiB (regime column: K+V bytes against it). A cache no larger than the L3 "
+              "(with 32 MiB: MHA n = 1024, GQA n <= 4096; GQA n = 4096 is exactly 32 MiB) is\n"
+              "partly re-read from it by the repeated calls; caches of at least twice the L3 "
+              "(MHA n >= 2048, GQA n >= 8192) are the clean DRAM regime.\n",
+              l3 >> 20);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::size_t read_mib = take_read_mib(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  // The machine's read bandwidth, before any benchmark (the buffer is freed afterwards).
+  {
+    std::vector<float> buffer((read_mib << 20) / sizeof(float), 1.0f);  // [read_mib MiB / 4]
+    for (int t : kThreads) {
+      g_read_gbps[static_cast<std::size_t>(t)] =
+          read_bandwidth({{buffer.data(), buffer.size()}}, t, kReadRuns);
+    }
+  }
+  const std::size_t l3 = l3_bytes();
+  std::printf("Read bandwidth over %zu MiB (vectorised sum, median of %d):", read_mib, kReadRuns);
+  for (int t : kThreads) {
+    const double gbps = g_read_gbps[static_cast<std::size_t>(t)];
+    std::printf(" %d thread%s %.2f GB/s;", t, t == 1 ? "" : "s", gbps);
+    benchmark::AddCustomContext("read_bandwidth_GBps_threads_" + std::to_string(t),
+                                std::to_string(gbps));
+  }
+  std::printf("\n");
+  benchmark::AddCustomContext("read_bandwidth_buffer_MiB", std::to_string(read_mib));
+  benchmark::AddCustomContext("l3_MiB", std::to_string(l3 >> 20));
+
+  register_benchmarks();
+  kvlab_bench::MedianReporter reporter;
+  std::fflush(stdout);  // Google Benchmark writes its context to stderr
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  print_table(reporter, l3);
+  return 0;
+}

@@ -1,0 +1,449 @@
+// kvlab-gap: the O(n²)-vs-O(n) gap of decoding without and with a KV cache, as a table.
+//
+// For n = 64, 128, ..., 2048 generated tokens, runs NaiveDecoder and CachedDecoder on the same
+// random model and the same random inputs (one prompt token through prefill, then n - 1
+// decode steps) and prints, per n: the exact K/V projections and q·k dot products of each
+// decoder (from CostCounters), and the median wall time of each. It checks that both decoders
+// give the same output at every step and exits non-zero if they do not.
+//
+// Build and run (Release):
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-gap
+//   build/bench/kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T] [--svg FILE]
+// (scripts/run.sh does both). --help lists the options.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <kvlab/kvlab.hpp>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The model and the run
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kDModel = 64;
+constexpr int kNumHeads = 4;
+constexpr int kNumKvHeads = 2;
+constexpr int kHeadDim = 16;
+constexpr std::uint64_t kModelSeed = 2024;  // weights
+constexpr std::uint64_t kInputSeed = 7;     // token inputs (drawn per n)
+constexpr int kFirstN = 64;
+constexpr double kTolerance = 1e-4;  // max |naive - cached| / max |naive| per step, float
+
+struct Options {
+  int layers = 1;
+  int max_n = 2048;
+  int reps = 5;
+  int threads = 1;
+  std::string svg;  // empty: no plot
+};
+
+// One line of the table.
+struct Row {
+  int n = 0;
+  kvlab::CostCounters naive;   // total over the n tokens
+  kvlab::CostCounters cached;  // total over the n tokens
+  double naive_ms = 0;         // median wall time of one whole generation
+  double cached_ms = 0;
+  int naive_reps = 0;
+  int cached_reps = 0;
+  double max_rel_diff = 0;  // over the n steps: max |naive - cached| / max |naive|
+};
+
+// Feeds `inputs` to `decoder` (row 0 as the prompt, through prefill; rows 1.. one decode step
+// each) and stores every step's output. Returns the wall time in milliseconds.
+double generate(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>& inputs,
+                kvlab::RowMatrix<float>& outputs) {
+  const auto start = std::chrono::steady_clock::now();
+  decoder.reset();
+  outputs.row(0) = decoder.prefill(inputs.topRows(1)).row(0);
+  for (Eigen::Index t = 1; t < inputs.rows(); ++t) outputs.row(t) = decoder.decode(inputs.row(t));
+  const auto stop = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::milli>(stop - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t m = values.size() / 2;
+  return values.size() % 2 == 1 ? values[m] : 0.5 * (values[m - 1] + values[m]);
+}
+
+// Runs `decoder` `reps` times on `inputs` and returns the median time; `outputs` holds the last
+// run's outputs, `reps_done` the number of runs. Runs slower than 2 s stop after two (their
+// median), which keeps the demo short with --layers > 1 or a large --max-n.
+double timed_runs(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>& inputs,
+                  kvlab::RowMatrix<float>& outputs, int reps, int& reps_done) {
+  constexpr double kSlowRunMs = 2000;
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    times.push_back(generate(decoder, inputs, outputs));
+    if (times.back() > kSlowRunMs && times.size() >= 2) break;
+  }
+  reps_done = static_cast<int>(times.size());
+  return median(times);
+}
+
+// Closed forms of the total counts (see CostCounters): n tokens, one prompt token then n - 1
+// decode steps; step t (t tokens so far) re-projects t rows in every layer without a cache, one
+// with it; without a cache the layers below the top recompute t queries over t keys.
+struct ClosedForms {
+  std::uint64_t naive_kv, cached_kv, naive_dots, cached_dots;
+};
+ClosedForms closed_forms(int n, int layers) {
+  const std::uint64_t nn = static_cast<std::uint64_t>(n);
+  const std::uint64_t tri = nn * (nn + 1) / 2;                  // sum of t, t = 1..n
+  const std::uint64_t squares = nn * (nn + 1) * (2 * nn + 1) / 6;  // sum of t², t = 1..n
+  const std::uint64_t l = static_cast<std::uint64_t>(layers);
+  return {l * kNumKvHeads * tri, l * kNumKvHeads * nn,
+          kNumHeads * ((l - 1) * squares + tri), l * kNumHeads * tri};
+}
+
+// Runs both decoders for n tokens. A disagreement is reported through the Row, not thrown.
+Row run_one(int n, int reps, const std::shared_ptr<const kvlab::AttentionStack<float>>& stack) {
+  kvlab::Rng rng(kInputSeed + static_cast<std::uint64_t>(n));
+  const kvlab::RowMatrix<float> inputs = kvlab::random_matrix<float>(n, kDModel, rng);  // [n, d_model]
+  kvlab::RowMatrix<float> naive_out(n, kDModel);   // [n, d_model]: output of each step
+  kvlab::RowMatrix<float> cached_out(n, kDModel);  // [n, d_model]
+
+  kvlab::NaiveDecoder<float> naive(stack);
+  kvlab::CachedDecoder<float> cached(stack, /*capacity=*/n);
+  Row row;
+  row.n = n;
+  row.cached_ms = timed_runs(cached, inputs, cached_out, reps, row.cached_reps);
+  row.naive_ms = timed_runs(naive, inputs, naive_out, reps, row.naive_reps);
+  row.naive = naive.total();
+  row.cached = cached.total();
+  for (int t = 0; t < n; ++t) {
+    const double scale = std::max(naive_out.row(t).cwiseAbs().maxCoeff(), 1e-30f);
+    const double diff = (naive_out.row(t) - cached_out.row(t)).cwiseAbs().maxCoeff();
+    const double rel = diff / scale;
+    // A NaN anywhere counts as the largest disagreement (std::max would drop it).
+    row.max_rel_diff = std::isnan(rel) ? HUGE_VAL : std::max(row.max_rel_diff, rel);
+  }
+  return row;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output: the table and the SVG plot
+// ---------------------------------------------------------------------------------------------
+
+void print_header(const Options& options) {
+  std::printf("kvlab-gap: generating n tokens without a KV cache (NaiveDecoder) and with one "
+              "(CachedDecoder)\n");
+  std::printf("config: %d layer%s, d_model %d, %d query heads, %d K/V heads, head_dim %d, float; "
+              "model seed %llu; 1 prompt token + n-1 decode steps; %d thread%s; times are the "
+              "median of %d run%s\n",
+              options.layers, options.layers == 1 ? "" : "s", kDModel, kNumHeads, kNumKvHeads,
+              kHeadDim, static_cast<unsigned long long>(kModelSeed), options.threads,
+              options.threads == 1 ? "" : "s", options.reps, options.reps == 1 ? "" : "s");
+  std::printf("Θ(n²): K/V projections without a cache, n(n+1)/2 per layer and K/V head (each "
+              "step re-projects the whole prefix).\n");
+  std::printf("Θ(n):  K/V projections with a cache, n per layer and K/V head (each step "
+              "projects only the new token).\n");
+  if (options.layers == 1) {
+    std::printf("Not changed by the cache: q·k dot products, n(n+1)/2 per query head for both "
+                "(every new query meets every past key).\n");
+  } else {
+    std::printf("q·k dot products: n(n+1)/2 per layer and query head with a cache; without one "
+                "the %s also recompute%s every position, Θ(n³).\n",
+                options.layers == 2 ? "lower layer" : "lower layers",
+                options.layers == 2 ? "s" : "");
+  }
+  std::printf("Counts are exact totals over all layers and heads (CostCounters).\n\n");
+  std::printf("%6s | %37s | %25s | %28s | %9s\n", "", "K/V projections", "q·k dot products",
+              "time (ms)", "agreement");
+  std::printf("%6s | %12s %12s %11s | %12s %12s | %9s %9s %8s | %9s\n", "n", "naive", "cached",
+              "ratio", "naive", "cached", "naive", "cached", "ratio", "max diff");
+}
+
+void print_row(const Row& r) {
+  const double kv_ratio =
+      static_cast<double>(r.naive.kv_projections) / static_cast<double>(r.cached.kv_projections);
+  std::printf("%6d | %12llu %12llu %11.1f | %12llu %12llu | %9.3f %9.3f %8.1f | %9.1e\n", r.n,
+              static_cast<unsigned long long>(r.naive.kv_projections),
+              static_cast<unsigned long long>(r.cached.kv_projections), kv_ratio,
+              static_cast<unsigned long long>(r.naive.qk_dots),
+              static_cast<unsigned long long>(r.cached.qk_dots), r.naive_ms, r.cached_ms,
+              r.naive_ms / r.cached_ms, r.max_rel_diff);
+  std::fflush(stdout);
+}
+
+// One log-log panel of the SVG: two series (naive, cached) against n.
+struct Series {
+  std::string name;
+  std::string colour;
+  std::vector<double> y;
+};
+
+void svg_panel(std::ostringstream& svg, double x0, double y0, double width, double height,
+               const std::string& title, const std::vector<double>& ns,
+               const std::vector<Series>& series) {
+  double lo = 1e300, hi = 0;
+  for (const Series& s : series)
+    for (double v : s.y) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  const double y_lo = std::floor(std::log10(lo));
+  const double y_hi = std::max(std::ceil(std::log10(hi)), y_lo + 1);
+  const double x_lo = std::log2(ns.front());
+  const double x_hi = std::max(std::log2(ns.back()), x_lo + 1);
+  const auto px = [&](double n) { return x0 + (std::log2(n) - x_lo) / (x_hi - x_lo) * width; };
+  const auto py = [&](double v) {
+    return y0 + height - (std::log10(v) - y_lo) / (y_hi - y_lo) * height;
+  };
+
+  svg << "<text x=\"" << x0 + width / 2 << "\" y=\"" << y0 - 12
+      << "\" text-anchor=\"middle\" font-size=\"14\">" << title << "</text>\n";
+  svg << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << width << "\" height=\""
+      << height << "\" fill=\"none\" stroke=\"#333\"/>\n";
+  // Decades on y, one tick per n on x.
+  for (double e = y_lo; e <= y_hi + 0.5; e += 1) {
+    const double y = py(std::pow(10.0, e));
+    svg << "<line x1=\"" << x0 << "\" y1=\"" << y << "\" x2=\"" << x0 + width << "\" y2=\"" << y
+        << "\" stroke=\"#ddd\"/>\n";
+    svg << "<text x=\"" << x0 - 6 << "\" y=\"" << y + 4
+        << "\" text-anchor=\"end\" font-size=\"11\">1e" << static_cast<int>(e) << "</text>\n";
+  }
+  for (double n : ns) {
+    const double x = px(n);
+    svg << "<line x1=\"" << x << "\" y1=\"" << y0 << "\" x2=\"" << x << "\" y2=\"" << y0 + height
+        << "\" stroke=\"#eee\"/>\n";
+    svg << "<text x=\"" << x << "\" y=\"" << y0 + height + 16
+        << "\" text-anchor=\"middle\" font-size=\"11\">" << static_cast<long>(n) << "</text>\n";
+  }
+  svg << "<text x=\"" << x0 + width / 2 << "\" y=\"" << y0 + height + 34
+      << "\" text-anchor=\"middle\" font-size=\"12\">n (generated tokens)</text>\n";
+  // The series, with a legend entry each.
+  for (std::size_t s = 0; s < series.size(); ++s) {
+    svg << "<polyline fill=\"none\" stroke=\"" << series[s].colour << "\" stroke-width=\"2\" points=\"";
+    for (std::size_t i = 0; i < ns.size(); ++i) svg << px(ns[i]) << "," << py(series[s].y[i]) << " ";
+    svg << "\"/>\n";
+    for (std::size_t i = 0; i < ns.size(); ++i) {
+      svg << "<circle cx=\"" << px(ns[i]) << "\" cy=\"" << py(series[s].y[i])
+          << "\" r=\"3\" fill=\"" << series[s].colour << "\"/>\n";
+    }
+    const double ly = y0 + 16 + 16 * static_cast<double>(s);
+    svg << "<line x1=\"" << x0 + 10 << "\" y1=\"" << ly - 4 << "\" x2=\"" << x0 + 30 << "\" y2=\""
+        << ly - 4 << "\" stroke=\"" << series[s].colour << "\" stroke-width=\"2\"/>\n";
+    svg << "<text x=\"" << x0 + 36 << "\" y=\"" << ly << "\" font-size=\"12\">" << series[s].name
+        << "</text>\n";
+  }
+}
+
+// Writes a two-panel log-log plot (K/V projections, time) of both decoders against n.
+void write_svg(const std::string& path, const Options& options, const std::vector<Row>& rows) {
+  std::vector<double> ns;
+  Series naive_kv{"naive (no cache)", "#c0392b", {}}, cached_kv{"cached", "#2471a3", {}};
+  Series naive_ms{"naive (no cache)", "#c0392b", {}}, cached_ms{"cached", "#2471a3", {}};
+  for (const Row& r : rows) {
+    ns.push_back(r.n);
+    naive_kv.y.push_back(static_cast<double>(r.naive.kv_projections));
+    cached_kv.y.push_back(static_cast<double>(r.cached.kv_projections));
+    naive_ms.y.push_back(r.naive_ms);
+    cached_ms.y.push_back(r.cached_ms);
+  }
+  const double panel_w = 360, panel_h = 280, top = 70, left1 = 70, left2 = 530;
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"420\" "
+         "font-family=\"sans-serif\">\n";
+  svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  svg << "<text x=\"470\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">Decoding n tokens "
+         "without and with a KV cache (" << options.layers << " layer"
+      << (options.layers == 1 ? "" : "s") << ", d_model " << kDModel << ", " << kNumHeads
+      << " heads, " << kNumKvHeads << " K/V heads, head_dim " << kHeadDim << ")</text>\n";
+  svg_panel(svg, left1, top, panel_w, panel_h, "K/V projections, total (exact)", ns,
+            {naive_kv, cached_kv});
+  svg_panel(svg, left2, top, panel_w, panel_h, "time, ms (median)", ns, {naive_ms, cached_ms});
+  svg << "</svg>\n";
+  std::ofstream file(path);
+  file << svg.str();
+  if (!file) throw std::runtime_error("--svg: could not write '" + path + "'");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+
+const char* const kUsage =
+    "usage: kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T] [--svg FILE] [--help]\n"
+    "  --layers L   attention layers in the model (default 1; the naive decoder is Θ(n³) in\n"
+    "               q·k dots for L > 1, so keep --max-n small then)\n"
+    "  --max-n N    largest n; n runs over 64, 128, ... up to N (default 2048, N >= 64)\n"
+    "  --reps R     runs per decoder and n; the median time is printed (default 5)\n"
+    "  --threads T  OpenMP threads: K/V heads, Eigen products (default 1, so that the\n"
+    "               times do not depend on another core being free)\n"
+    "  --svg FILE   also write a log-log plot of K/V projections and times vs n\n"
+    "  --help       print this and exit\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int parse_int(const std::string& option, const char* text, int minimum) {
+  const std::string expected = "an integer >= " + std::to_string(minimum);
+  if (text == nullptr) throw UsageError(option + ": expected " + expected + ", got nothing");
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || errno == ERANGE || value < minimum || value > 1L << 30) {
+    throw UsageError(option + ": expected " + expected + ", got '" + text + "'");
+  }
+  return static_cast<int>(value);
+}
+
+// Returns false when --help was given (and printed).
+bool parse_options(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return false;
+    } else if (arg == "--layers") {
+      options.layers = parse_int(arg, value, 1);
+      ++i;
+    } else if (arg == "--max-n") {
+      options.max_n = parse_int(arg, value, kFirstN);
+      ++i;
+    } else if (arg == "--reps") {
+      options.reps = parse_int(arg, value, 1);
+      ++i;
+    } else if (arg == "--threads") {
+      options.threads = parse_int(arg, value, 1);
+      ++i;
+    } else if (arg == "--svg") {
+      if (value == nullptr || value[0] == '\0') {
+        throw UsageError("--svg: expected a file name, got nothing");
+      }
+      options.svg = value;
+      ++i;
+    } else {
+      throw UsageError("unknown option '" + arg + "': expected one of --layers, --max-n, --reps, "
+                       "--threads, --svg, --help");
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  try {
+    if (!parse_options(argc, argv, options)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "kvlab-gap: %s (try --help)\n", e.what());
+    return 2;
+  }
+  if (!options.svg.empty() && !std::ofstream(options.svg)) {  // fail now, not after the run
+    std::fprintf(stderr, "kvlab-gap: --svg: expected a writable file, got '%s'\n",
+                 options.svg.c_str());
+    return 2;
+  }
+#if defined(_OPENMP)
+  omp_set_num_threads(options.threads);
+#else
+  if (options.threads != 1) std::fprintf(stderr, "kvlab-gap: built without OpenMP; using 1 thread\n");
+  options.threads = 1;
+#endif
+
+  const auto start = std::chrono::steady_clock::now();
+  const kvlab::AttentionShape shape(kNumHeads, kNumKvHeads, kHeadDim);
+  const auto stack = kvlab::AttentionStack<float>::random(options.layers, shape, kDModel, kModelSeed);
+
+  print_header(options);
+  std::vector<Row> rows;
+  bool counts_ok = true;
+  double max_rel_diff = 0;
+  for (int n = kFirstN; n <= options.max_n; n *= 2) {
+    std::fprintf(stderr, "kvlab-gap: n = %d ...\n", n);
+    const Row row = run_one(n, options.reps, stack);
+    print_row(row);
+    rows.push_back(row);
+    max_rel_diff = std::max(max_rel_diff, row.max_rel_diff);
+    const ClosedForms f = closed_forms(n, options.layers);
+    if (row.naive.kv_projections != f.naive_kv || row.cached.kv_projections != f.cached_kv ||
+        row.naive.qk_dots != f.naive_dots || row.cached.qk_dots != f.cached_dots) {
+      std::fprintf(stderr,
+                   "kvlab-gap: n = %d: counts differ from the closed forms: K/V projections "
+                   "expected %llu / %llu, got %llu / %llu; q·k dots expected %llu / %llu, got "
+                   "%llu / %llu (naive / cached)\n",
+                   n, static_cast<unsigned long long>(f.naive_kv),
+                   static_cast<unsigned long long>(f.cached_kv),
+                   static_cast<unsigned long long>(row.naive.kv_projections),
+                   static_cast<unsigned long long>(row.cached.kv_projections),
+                   static_cast<unsigned long long>(f.naive_dots),
+                   static_cast<unsigned long long>(f.cached_dots),
+                   static_cast<unsigned long long>(row.naive.qk_dots),
+                   static_cast<unsigned long long>(row.cached.qk_dots));
+      counts_ok = false;
+    }
+  }
+  for (const Row& r : rows) {
+    if (r.naive_reps < options.reps || r.cached_reps < options.reps) {
+      std::printf("n = %d: median of %d naive and %d cached runs (a run took over 2 s)\n", r.n,
+                  r.naive_reps, r.cached_reps);
+    }
+  }
+
+  const Row& last = rows.back();
+  std::printf("\nAt n = %d the cache saves %.1fx the K/V projections ((n+1)/2 per layer) and "
+              "%.1fx the time; the q·k dot products are %s.\n",
+              last.n,
+              static_cast<double>(last.naive.kv_projections) /
+                  static_cast<double>(last.cached.kv_projections),
+              last.naive_ms / last.cached_ms,
+              last.naive.qk_dots == last.cached.qk_dots ? "the same for both" : "fewer with it");
+  const double macs_ratio =
+      static_cast<double>(last.naive.macs) / static_cast<double>(last.cached.macs);
+  if (options.layers == 1) {
+    std::printf("The time ratio stays below the K/V ratio because the attention itself (q·k and "
+                "p·v, Θ(t) per step) remains with the cache: total multiply-adds differ %.1fx "
+                "(naive %.3g, cached %.3g).\n",
+                macs_ratio, static_cast<double>(last.naive.macs),
+                static_cast<double>(last.cached.macs));
+  } else {
+    std::printf("Total multiply-adds differ %.1fx (naive %.3g, cached %.3g).\n", macs_ratio,
+                static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
+  }
+  std::printf("Counts %s the closed forms. Outputs %s at every step: max |naive - cached| / "
+              "max |naive| = %.1e (tolerance %.0e).\n",
+              counts_ok ? "match" : "DO NOT match",
+              max_rel_diff <= kTolerance ? "agree" : "DO NOT agree", max_rel_diff, kTolerance);
+
+  if (!options.svg.empty()) {
+    try {
+      write_svg(options.svg, options, rows);
+      std::printf("Plot written to %s\n", options.svg.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kvlab-gap: %s\n", e.what());
+      return 1;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("Total run time: %.1f s.\n", seconds);
+
+  if (max_rel_diff > kTolerance) {
+    std::fprintf(stderr, "kvlab-gap: the decoders disagree: max relative difference %.2e > %.0e\n",
+                 max_rel_diff, kTolerance);
+    return 1;
+  }
+  return counts_ok ? 0 : 1;
+}
