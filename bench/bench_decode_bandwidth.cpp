@@ -12,7 +12,7 @@
 // than the caches, split between T threads, median of several runs; it is the ceiling a decode
 // step could reach. User counters: GB_per_s; fraction, of the read bandwidth at the same thread
 // count; fraction_same_bytes, of a vectorised sum over the step's own K and V run just before
-// it (memory bandwidth on a shared VM drifts from minute to minute; this ratio does not); and
+// it (memory bandwidth on a virtualised machine drifts from minute to minute; this ratio does not); and
 // kv_MiB. The read bandwidth also goes into the JSON context. A table follows the run. A cache
 // no larger than the L3 is partly re-read from it by the repeated calls, so only caches well
 // beyond the L3 (here GQA n >= 8192, MHA n >= 2048) measure DRAM.
@@ -186,7 +186,7 @@ void bm_decode_bandwidth(benchmark::State& state, Config c) {
   const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, heads * head_dim]
   kvlab::RowMatrix<float> out(1, shape.q_width());                                         // [1, heads * head_dim]
 
-  // The same bytes read by a plain vectorised sum, now: memory bandwidth on this shared VM drifts
+  // The same bytes read by a plain vectorised sum, now: memory bandwidth on a virtualised machine drifts
   // by tens of percent from minute to minute, and this ratio does not depend on when it ran.
   const std::size_t per_tensor =
       static_cast<std::size_t>(cache.num_kv_heads) * cache.capacity * cache.head_dim;

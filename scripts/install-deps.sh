@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages kvlab builds with, if any is missing (with sudo when
-# not root). Sourced or run by scripts/run.sh and scripts/test.sh; safe to run again.
+# not root). Run by scripts/run.sh and scripts/test.sh; safe to run again.
 set -euo pipefail
 packages=(cmake g++ make libeigen3-dev catch2 libbenchmark-dev doxygen graphviz doxygen-awesome-css)
 missing=()

@@ -8,6 +8,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #include <limits>
 #include <vector>
 
@@ -18,6 +21,7 @@ using kvlab::AttentionShape;
 using kvlab::RowMatrix;
 using kvlab_test::max_row_relative_error;
 using kvlab_test::names;
+using kvlab_test::tolerance;
 using kvlab_test::reference_attention;
 
 namespace {
@@ -25,10 +29,6 @@ namespace {
 // A [rows, cols] float matrix of zeros (a plain matrix, as the kernels' arguments are).
 RowMatrix<float> zeros(Eigen::Index rows, Eigen::Index cols) { return RowMatrix<float>::Zero(rows, cols); }
 
-template <typename T>
-double tolerance() {
-  return std::is_same<T, double>::value ? 1e-12 : 1e-5;
-}
 
 // A view over caller-owned storage, [num_kv_heads, capacity, head_dim], holding rows of `k`
 // and `v` ([length, kv_width]) and NaN in every slot past `length`, so that a kernel that
@@ -108,6 +108,33 @@ TEST_CASE("decode_attention equals naive_attention over long caches") {
   }
 }
 
+TEST_CASE("decode_attention gives the same bits on 1 and 2 threads") {
+  // 8 K/V heads x 4096 rows x 64 values: above kDecodeParallelMinElements, so with OpenMP the
+  // K/V heads are split between threads. Each head is computed by one thread in the same order
+  // either way, so the results must be identical, not merely close.
+  const AttentionShape shape(32, 8, 64);
+  const int kv_len = 4096;
+  REQUIRE(1LL * kv_len * 64 * 8 >= kvlab::cpu::kDecodeParallelMinElements);
+  kvlab::Rng rng(8);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+  const RowMatrix<float> k = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng);
+  const RowMatrix<float> v = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng);
+  const PaddedCache<float> cache(shape, k, v, kv_len);
+#if defined(_OPENMP)
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const RowMatrix<float> one = kvlab::cpu::decode_attention(shape, q, cache.view);
+  omp_set_num_threads(2);
+  const RowMatrix<float> two = kvlab::cpu::decode_attention(shape, q, cache.view);
+  omp_set_num_threads(threads_before);
+  CHECK(one == two);
+#else
+  WARN("built without OpenMP: only the serial path is checked");
+  const RowMatrix<float> one = kvlab::cpu::decode_attention(shape, q, cache.view);
+#endif
+  CHECK(max_row_relative_error(one, kvlab::cpu::naive_attention(shape, q, k, v)) <= tolerance<float>());
+}
+
 TEST_CASE("counters: naive materialises every score; decode reads K/V once per group") {
   const AttentionShape shape(8, 2, 16);  // group size 4
   const int q_len = 5, kv_len = 12;
@@ -136,6 +163,25 @@ TEST_CASE("counters: naive materialises every score; decode reads K/V once per g
   (void)kvlab::cpu::decode_attention(shape, one, cache.view, &step);
   CHECK(step.qk_dots == 8u * kv_len);
   CHECK(step.kv_bytes_read == 2u * 2 * kv_len * 16 * sizeof(double));
+}
+
+TEST_CASE("decode_attention counters over several query tiles") {
+  // A prefill of 40 rows after 10 cached tokens: tiles of 16, 16 and 8 query rows. Each tile
+  // streams the rows its last query sees: 10 + 16, 10 + 32, 10 + 40 = 118 rows per K/V head.
+  const AttentionShape shape(6, 3, 8);
+  kvlab::Rng rng(4);
+  const int prefix = 10, q_len = 40;
+  const RowMatrix<double> q = kvlab::random_matrix<double>(q_len, shape.q_width(), rng);
+  const RowMatrix<double> k = kvlab::random_matrix<double>(prefix + q_len, shape.kv_width(), rng);
+  const RowMatrix<double> v = kvlab::random_matrix<double>(prefix + q_len, shape.kv_width(), rng);
+  const PaddedCache<double> cache(shape, k, v, prefix + q_len);
+  kvlab::CostCounters c;
+  const RowMatrix<double> out = kvlab::cpu::decode_attention(shape, q, cache.view, &c);
+  CHECK(c.kv_bytes_read == 2u * 3 * 118 * 8 * sizeof(double));
+  // Query i sees 11 + i keys: 40 * 10 + (1 + ... + 40) = 1220 per query head.
+  CHECK(c.qk_dots == 6u * 1220);
+  CHECK(c.macs == 2u * 6 * 1220 * 8);
+  CHECK(max_row_relative_error(out, reference_attention(shape, q, k, v)) <= tolerance<double>());
 }
 
 TEST_CASE("attention with logits of +-1e4 stays finite and picks the dominant key") {

@@ -98,10 +98,12 @@ TEST_CASE("constructor and accessors reject bad sizes, naming them") {
   CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 0, 1, 1), InvalidArgument, names("num_kv_heads", ">= 1", "0"));
   CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1, -2, 1), InvalidArgument, names("head_dim", ">= 1", "-2"));
   CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1, 1, 0), InvalidArgument, names("capacity", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1000, 1 << 20, 1 << 20, 1 << 30), InvalidArgument,
+  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(10000, 1 << 10, 1 << 10, 1 << 30), InvalidArgument,
                        names("capacity", "at most", std::to_string(1 << 30)));
+  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1 << 16, 1 << 16, 1), InvalidArgument,
+                       names("num_kv_heads * head_dim", "at most 2147483647", "4294967296"));
   ContiguousKVCache<double> cache(1, 2, 3, 4);
-  CHECK_THROWS_MATCHES(cache.keys(0, 2), InvalidArgument, names("head", "in [0, 2)", "2"));
+  CHECK_THROWS_MATCHES(cache.keys(0, 2), InvalidArgument, names("kv_head", "in [0, 2)", "2"));
   CHECK_THROWS_MATCHES(cache.values(1, 0), InvalidArgument, names("layer", "in [0, 1)", "1"));
   CHECK_THROWS_MATCHES(cache.view(-1), InvalidArgument, names("layer", "in [0, 1)", "-1"));
   CHECK_THROWS_MATCHES(cache.length(5), InvalidArgument, names("layer", "in [0, 1)", "5"));

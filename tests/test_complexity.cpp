@@ -87,8 +87,22 @@ TEST_CASE("per-step and total counts equal their closed forms") {
         REQUIRE(a.q_projections == H * t + (L - 1) * H * recomputed);
         // Scores, cached: the prompt's causal triangle P(P+1)/2, then t' per decode step.
         REQUIRE(b.qk_dots == L * H * (t * (t + 1) / 2));
-        // Bytes of K/V read by the cached kernel: each of the t' rows once per K/V head per step.
-        REQUIRE(b.kv_bytes_read == L * Hkv * 2 * head_dim * sizeof(float) * (t * (t + 1) / 2 - P * (P - 1) / 2));
+        // Scores, naive: every step materialises [rows, t'] per head: the top layer's new rows
+        // (P rows in the prefill, 1 after) and all t' rows in each lower layer.
+        u64 naive_dots = P * P, lower_dots = 0;
+        for (u64 s = P + 1; s <= t; ++s) naive_dots += s;
+        for (u64 s = P; s <= t; ++s) lower_dots += s * s;
+        REQUIRE(a.qk_dots == H * naive_dots + (L - 1) * H * lower_dots);
+        // Bytes of K/V read: cached, each of the t' rows once per K/V head per step (one query
+        // tile: P <= 16); naive, each row once per query head per layer per step.
+        REQUIRE(b.kv_bytes_read == L * Hkv * 2 * head_dim * sizeof(float) * naive_kv);
+        REQUIRE(a.kv_bytes_read == L * H * 2 * head_dim * sizeof(float) * naive_kv);
+        // Multiply-adds: d_model * head_dim per query (projection in, projection out), 2 *
+        // d_model * head_dim per K/V projection, 2 * head_dim per score (q.k and p.v).
+        for (const CostCounters* c : {&a, &b}) {
+          REQUIRE(c->macs == 2 * static_cast<u64>(head_dim) *
+                                 (static_cast<u64>(d_model) * (c->q_projections + c->kv_projections) + c->qk_dots));
+        }
       }
     }
   }

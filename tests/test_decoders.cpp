@@ -25,13 +25,10 @@ using kvlab::RowMatrix;
 using kvlab::RowVector;
 using kvlab_test::max_row_relative_error;
 using kvlab_test::names;
+using kvlab_test::tolerance;
 
 namespace {
 
-template <typename T>
-double tolerance() {
-  return std::is_same<T, double>::value ? 1e-12 : 1e-5;
-}
 
 struct Case {
   int num_heads, num_kv_heads, head_dim, d_model, layers, n;
@@ -106,6 +103,30 @@ TEMPLATE_TEST_CASE("naive and cached decoders agree at every step", "", float, d
   for (const Case& c : grid()) check_equal_at_every_step<TestType>(c, seed++);
 }
 
+TEST_CASE("a multi-layer stack equals the same stack written out with the triple-loop attention") {
+  for (int layers : {1, 2, 3}) {
+    const AttentionShape shape(4, 2, 8);
+    const auto stack = AttentionStack<double>::random(layers, shape, 16, 31);
+    kvlab::Rng rng(32);
+    const RowMatrix<double> x = kvlab::random_matrix<double>(9, 16, rng);  // [tokens, d_model]
+    RowMatrix<double> h = x;
+    for (int l = 0; l < layers; ++l) {
+      const kvlab::AttentionLayer<double>& layer = stack->layer(l);
+      const RowMatrix<double> q = h * layer.wq().transpose(), k = h * layer.wk().transpose(),
+                              v = h * layer.wv().transpose();
+      h += kvlab_test::reference_attention(shape, q, k, v) * layer.wo().transpose();
+    }
+    NaiveDecoder<double> naive(stack);
+    CachedDecoder<double> cached(stack, 9);
+    INFO("layers " << layers);
+    CHECK(max_row_relative_error(naive.prefill(x), h) <= tolerance<double>());
+    (void)cached.prefill(x.topRows(4));
+    RowMatrix<double> stepped(5, 16);
+    for (int t = 4; t < 9; ++t) stepped.row(t - 4) = cached.decode(x.row(t));
+    CHECK(max_row_relative_error(stepped, h.bottomRows(5)) <= tolerance<double>());
+  }
+}
+
 TEST_CASE("decode returns one row; prefill returns the prompt's rows") {
   const auto stack = AttentionStack<float>::random(2, AttentionShape(4, 2, 8), 16, 1);
   CachedDecoder<float> decoder(stack, 10);
@@ -146,12 +167,15 @@ TEST_CASE("decoders reject bad input and stay unchanged") {
   const RowMatrix<float> inputs = kvlab::random_matrix<float>(8, 16, rng);
 
   NaiveDecoder<float> naive(stack);
+  NaiveDecoder<float> fresh_naive(stack);  // fed the same tokens, never given a bad one
   CachedDecoder<float> cached(stack, 6);
-  CachedDecoder<float> fresh(stack, 6);  // fed the same tokens, never given a bad one
+  CachedDecoder<float> fresh(stack, 6);
   (void)naive.prefill(inputs.topRows(5));
+  (void)fresh_naive.prefill(inputs.topRows(5));
   (void)cached.prefill(inputs.topRows(5));
   (void)fresh.prefill(inputs.topRows(5));
   const kvlab::CostCounters before = cached.total();
+  const kvlab::CostCounters naive_before = naive.total();
 
   for (kvlab::Decoder<float>* d : std::vector<kvlab::Decoder<float>*>{&naive, &cached}) {
     CHECK_THROWS_MATCHES(d->prefill(RowMatrix<float>::Zero(2, 15)), kvlab::InvalidArgument,
@@ -161,6 +185,8 @@ TEST_CASE("decoders reject bad input and stay unchanged") {
                          names("x.cols()", "16 (d_model)", "17"));
     CHECK(d->position() == 5);
   }
+  CHECK(naive.total() == naive_before);
+  CHECK(naive.decode(inputs.row(5)) == fresh_naive.decode(inputs.row(5)));
   // Two tokens where one fits: a typed error before any layer is touched.
   CHECK_THROWS_MATCHES(cached.prefill(inputs.middleRows(5, 2)), kvlab::CapacityError,
                        names("x.rows()", "at most 1 (capacity 6, position 5)", "2"));

@@ -9,12 +9,22 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
 
 namespace kvlab_test {
+
+/// The tolerance of every float/double comparison between two kvlab paths (see
+/// `max_row_relative_error`): they compute the same sums in different orders, so they differ by
+/// rounding only — double 1e-12 (eps 1.1e-16, a few hundred roundings deep at most), float
+/// 1e-5 (eps 6e-8; sums over head_dim up to 256, thousands of keys, and up to 3 layers).
+template <typename T>
+double tolerance() {
+  return std::is_same<T, double>::value ? 1e-12 : 1e-5;
+}
 
 /// Causal attention written as plainly as possible, in long double, for checking the kernels:
 /// query row i sits at position kv_len - q_len + i and sees keys [0, that position].

@@ -18,7 +18,8 @@
 #include "kvlab/model/naive_decoder.hpp"
 #include "kvlab/model/cached_decoder.hpp"
 
-/// kvlab: naive, KV-cached and paged attention, side by side, with exact cost counters.
+/// kvlab: how a transformer decoder attends to its past — naive and KV-cached attention side by
+/// side, with exact cost counters.
 namespace kvlab {
 /// CPU reference kernels (Eigen).
 namespace cpu {}

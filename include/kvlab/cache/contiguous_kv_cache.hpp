@@ -3,6 +3,7 @@
 /// `[num_layers][num_kv_heads][capacity][head_dim]` for K and for V.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -31,7 +32,8 @@ template <typename T>
 class ContiguousKVCache {
  public:
   /// An empty cache for `capacity` tokens.
-  /// \throws InvalidArgument if any argument is below 1 or the size overflows `size_t`.
+  /// \throws InvalidArgument if any argument is below 1, a K/V row (num_kv_heads * head_dim)
+  ///         does not fit in an `int`, or the cache does not fit in the address space.
   ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
       : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
         capacity_(capacity) {
@@ -40,6 +42,10 @@ class ContiguousKVCache {
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     detail::require_at_least(kWhere, "capacity", capacity, 1);
+    if (num_kv_heads > INT_MAX / head_dim) {
+      detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
+                   1LL * num_kv_heads * head_dim);
+    }
     // Elements per layer and tensor, checked against overflow before they are multiplied.
     const std::size_t row = static_cast<std::size_t>(num_kv_heads) * head_dim;
     const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
@@ -99,14 +105,13 @@ class ContiguousKVCache {
           k.rows());
     }
     // Scatter each token's row, head by head, into the head-major blocks.
+    const ContiguousKVView<T> layout = view(layer);
     for (Eigen::Index t = 0; t < k.rows(); ++t) {
       const int pos = length_[l] + static_cast<int>(t);
-      for (int h = 0; h < num_kv_heads_; ++h) {
-        const std::ptrdiff_t dst = (static_cast<std::ptrdiff_t>(h) * capacity_ + pos) * head_dim_;
-        for (int d = 0; d < head_dim_; ++d) {
-          k_[l][static_cast<std::size_t>(dst + d)] = k(t, h * head_dim_ + d);
-          v_[l][static_cast<std::size_t>(dst + d)] = v(t, h * head_dim_ + d);
-        }
+      for (int kv_head = 0; kv_head < num_kv_heads_; ++kv_head) {
+        const std::ptrdiff_t dst = layout.offset(kv_head, pos);
+        Eigen::Map<RowVector<T>>(k_[l].data() + dst, head_dim_) = k.row(t).segment(kv_head * head_dim_, head_dim_);
+        Eigen::Map<RowVector<T>>(v_[l].data() + dst, head_dim_) = v.row(t).segment(kv_head * head_dim_, head_dim_);
       }
     }
     length_[l] = static_cast<int>(new_length);
@@ -141,22 +146,22 @@ class ContiguousKVCache {
                                length_[l]};
   }
 
-  /// Keys of one head, [length(layer), head_dim], as an Eigen map into the cache. The map keeps
+  /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The map keeps
   /// the length it was made with: rows appended later are not in it.
   /// \throws InvalidArgument if `layer` or `head` is out of range.
-  Eigen::Map<const RowMatrix<T>> keys(int layer, int head) const {
-    check_head("kvlab::ContiguousKVCache::keys", layer, head);
+  Eigen::Map<const RowMatrix<T>> keys(int layer, int kv_head) const {
+    check_head("kvlab::ContiguousKVCache::keys", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
-    return Eigen::Map<const RowMatrix<T>>(v.key(head, 0), v.length, head_dim_);
+    return Eigen::Map<const RowMatrix<T>>(v.key(kv_head, 0), v.length, head_dim_);
   }
 
-  /// Values of one head, [length(layer), head_dim], as an Eigen map into the cache. The map
+  /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The map
   /// keeps the length it was made with: rows appended later are not in it.
   /// \throws InvalidArgument if `layer` or `head` is out of range.
-  Eigen::Map<const RowMatrix<T>> values(int layer, int head) const {
-    check_head("kvlab::ContiguousKVCache::values", layer, head);
+  Eigen::Map<const RowMatrix<T>> values(int layer, int kv_head) const {
+    check_head("kvlab::ContiguousKVCache::values", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
-    return Eigen::Map<const RowMatrix<T>>(v.value(head, 0), v.length, head_dim_);
+    return Eigen::Map<const RowMatrix<T>>(v.value(kv_head, 0), v.length, head_dim_);
   }
 
   /// Bytes reserved for K and V in all layers.
@@ -178,10 +183,10 @@ class ContiguousKVCache {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
     }
   }
-  void check_head(const char* where, int layer, int head) const {
+  void check_head(const char* where, int layer, int kv_head) const {
     check_layer(where, layer);
-    if (head < 0 || head >= num_kv_heads_) {
-      detail::fail(where, "head", "in [0, " + std::to_string(num_kv_heads_) + ")", head);
+    if (kv_head < 0 || kv_head >= num_kv_heads_) {
+      detail::fail(where, "kv_head", "in [0, " + std::to_string(num_kv_heads_) + ")", kv_head);
     }
   }
 

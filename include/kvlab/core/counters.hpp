@@ -36,7 +36,9 @@ struct CostCounters {
   /// materialises the full score matrix counts its masked entries too, since it computes them.
   std::uint64_t qk_dots = 0;
   /// Bytes of K and V that attention streamed: each K/V row counted once per pass that reads
-  /// it (once per query head for a per-head GEMM, once per K/V head for a grouped kernel).
+  /// it — once per query head in `cpu::naive_attention` (a GEMM per head), once per K/V head
+  /// and per tile of up to `cpu::kDecodeQueryTile` query rows in `cpu::decode_attention`
+  /// (so once per K/V head in a decode step, whatever the GQA group size).
   std::uint64_t kv_bytes_read = 0;
   /// Multiply-accumulates in projections (q, k, v, output) and attention (q.k and p.v);
   /// softmax and residual adds are not counted.
@@ -58,6 +60,8 @@ struct CostCounters {
            qk_dots == other.qk_dots && kv_bytes_read == other.kv_bytes_read &&
            macs == other.macs;
   }
+  /// True when any count differs.
+  KVLAB_HOST_DEVICE bool operator!=(const CostCounters& other) const { return !(*this == other); }
 };
 
 }  // namespace kvlab

@@ -24,14 +24,14 @@ struct ContiguousKVView {
   int capacity = 0;      ///< rows reserved per head
   int length = 0;        ///< rows filled per head (0 <= length <= capacity)
 
-  /// Offset, in elements, of row `pos` of head `head` from `k` (or `v`).
-  KVLAB_HOST_DEVICE std::ptrdiff_t offset(int head, int pos) const {
-    return (static_cast<std::ptrdiff_t>(head) * capacity + pos) * head_dim;
+  /// Offset, in elements, of row `pos` of K/V head `kv_head` from `k` (or `v`).
+  KVLAB_HOST_DEVICE std::ptrdiff_t offset(int kv_head, int pos) const {
+    return (static_cast<std::ptrdiff_t>(kv_head) * capacity + pos) * head_dim;
   }
-  /// Key row `pos` of head `head`: `head_dim` values.
-  KVLAB_HOST_DEVICE const T* key(int head, int pos) const { return k + offset(head, pos); }
-  /// Value row `pos` of head `head`: `head_dim` values.
-  KVLAB_HOST_DEVICE const T* value(int head, int pos) const { return v + offset(head, pos); }
+  /// Key row `pos` of K/V head `kv_head`: `head_dim` values.
+  KVLAB_HOST_DEVICE const T* key(int kv_head, int pos) const { return k + offset(kv_head, pos); }
+  /// Value row `pos` of K/V head `kv_head`: `head_dim` values.
+  KVLAB_HOST_DEVICE const T* value(int kv_head, int pos) const { return v + offset(kv_head, pos); }
 };
 
 }  // namespace kvlab

@@ -6,12 +6,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/naive_attention.hpp"
+#include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/softmax.hpp"
 #include "kvlab/cpu/types.hpp"
 
@@ -19,6 +20,10 @@ namespace kvlab::cpu {
 
 /// Query rows processed together by `decode_attention` (a decode step has one).
 constexpr int kDecodeQueryTile = 16;
+
+/// K/V elements (per tensor, all heads) below which `decode_attention` runs on one thread:
+/// starting threads costs microseconds, more than streaming a cache this small.
+constexpr long long kDecodeParallelMinElements = 1 << 16;
 
 /// Attention of `q_len` new queries over the `cache.length` tokens of a contiguous cache.
 ///
@@ -34,8 +39,10 @@ constexpr int kDecodeQueryTile = 16;
 ///  2. each query's visible scores are softmaxed;
 ///  3. the value rows are streamed once, and each one is added to every query's output with
 ///     its probability as weight.
-/// So K and V are read once per group, not once per query head. Only visible (unmasked)
-/// scores are computed. K/V heads run in parallel when OpenMP is enabled.
+/// So K and V are read once per K/V head for the whole group (and once more per further tile
+/// of query rows in a prefill), not once per query head. Only visible (unmasked) scores are
+/// computed. K/V heads run in parallel when OpenMP is enabled; an exception in one of them
+/// (out of memory) is passed on to the caller after the loop.
 ///
 /// \param shape     the head layout; `cache` must have its num_kv_heads and head_dim
 /// \param q         queries, [q_len, num_heads * head_dim], 1 <= q_len <= cache.length
@@ -71,10 +78,13 @@ void decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
   const T scale = static_cast<T>(shape.scale());
   out.resize(q_len, shape.q_width());
 
+  std::exception_ptr error;  // the first exception of any K/V head; none may leave the loop
+  const bool parallel = 1LL * cache.length * hd * shape.num_kv_heads() >= kDecodeParallelMinElements;
+  (void)parallel;  // unused without OpenMP
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
 #endif
-  for (int hk = 0; hk < shape.num_kv_heads(); ++hk) {
+  for (int hk = 0; hk < shape.num_kv_heads(); ++hk) try {
     RowMatrix<T> queries;  // [rows * group, head_dim]: query (row i, head hk*group + j) at i*group + j
     RowMatrix<T> probs;    // [rows * group, span]: scores, then probabilities
     RowMatrix<T> acc;      // [rows * group, head_dim]: outputs
@@ -111,18 +121,22 @@ void decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
       for (int qi = 0; qi < m; ++qi)
         out.block(r0 + qi / group, (hk * group + qi % group) * hd, 1, hd) = acc.row(qi);
     }
+  } catch (...) {
+#if defined(_OPENMP)
+#pragma omp critical(kvlab_decode_attention_error)
+#endif
+    if (!error) error = std::current_exception();
   }
+  if (error) std::rethrow_exception(error);
 
   if (counters != nullptr) {
-    // Per K/V head and tile: the visible scores of its queries, and the rows it streams.
-    std::uint64_t dots = 0;
+    // Query row i sees first_position + i + 1 keys; every tile streams the rows its last row sees.
+    const auto n = static_cast<std::uint64_t>(q_len);
+    const std::uint64_t dots = static_cast<std::uint64_t>(shape.num_heads()) *
+                               (n * static_cast<std::uint64_t>(first_position) + n * (n + 1) / 2);
     std::uint64_t rows_streamed = 0;
-    for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
-      const int rows = std::min(kDecodeQueryTile, q_len - r0);
-      for (int i = 0; i < rows; ++i) dots += static_cast<std::uint64_t>(first_position + r0 + i + 1);
-      rows_streamed += static_cast<std::uint64_t>(first_position + r0 + rows);
-    }
-    dots *= static_cast<std::uint64_t>(shape.num_heads());
+    for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile)
+      rows_streamed += static_cast<std::uint64_t>(first_position + r0 + std::min(kDecodeQueryTile, q_len - r0));
     counters->qk_dots += dots;
     counters->macs += 2 * dots * static_cast<std::uint64_t>(hd);
     counters->kv_bytes_read += 2 * sizeof(T) * rows_streamed *

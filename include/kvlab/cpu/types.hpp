@@ -18,12 +18,8 @@ using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMaj
 template <typename T>
 using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic, Eigen::RowMajor>;
 
-/// A column vector, `[n]`, e.g. one cached key row used as the right operand of a product.
-template <typename T>
-using ColVector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-
-/// Fills `m` with values drawn uniformly from `[lo, hi)` by `rng`, row by row; the values are
-/// the same on every platform for the same seed.
+/// Fills `m` with values drawn uniformly from `[lo, hi)` by `rng`, row by row (rounding to
+/// `float` may give `hi` itself); the values are the same on every platform for the same seed.
 template <typename Derived>
 void fill_uniform(Eigen::DenseBase<Derived>& m, Rng& rng, double lo, double hi) {
   using Scalar = typename Derived::Scalar;

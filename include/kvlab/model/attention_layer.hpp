@@ -89,11 +89,15 @@ class AttentionLayer {
   }
 
   /// Keys and values of `x` ([n, d_model]): `k`, `v` become [n, num_kv_heads * head_dim].
-  /// Counts n * num_kv_heads K/V projections.
+  /// Counts n * num_kv_heads K/V projections. `k`, `v` and `x` must be three distinct matrices.
   /// \throws InvalidArgument if `x.cols() != d_model()`.
   void project_kv(const RowMatrix<T>& x, RowMatrix<T>& k, RowMatrix<T>& v,
                   CostCounters* counters = nullptr) const {
     check_input("kvlab::AttentionLayer::project_kv", x);
+    if (&k == &x || &v == &x || &k == &v) {
+      detail::fail("kvlab::AttentionLayer::project_kv", "k, v", "two matrices distinct from x and each other",
+                   "an alias");
+    }
     if (counters != nullptr) {
       counters->kv_projections += static_cast<std::uint64_t>(x.rows()) * shape_.num_kv_heads();
       counters->macs += 2 * static_cast<std::uint64_t>(x.rows()) * d_model_ * shape_.kv_width();
@@ -163,6 +167,10 @@ class AttentionStack {
                             first.shape().num_kv_heads(), "layers[0]");
       detail::require_equal(kWhere, name + ".shape().head_dim()", s.head_dim(),
                             first.shape().head_dim(), "layers[0]");
+      if (s.scale() != first.shape().scale()) {
+        detail::fail(kWhere, name + ".shape().scale()",
+                     std::to_string(first.shape().scale()) + " (layers[0])", s.scale());
+      }
     }
   }
 
