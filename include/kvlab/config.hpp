@@ -39,6 +39,12 @@ class CapacityError : public std::length_error {
   using std::length_error::length_error;
 };
 
+/// A block pool has fewer free blocks than an operation needs. Nothing was allocated.
+class OutOfBlocks : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 
 /// Builds the standard message and throws `Error`.

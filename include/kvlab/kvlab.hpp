@@ -1,14 +1,19 @@
 /// \file
-/// \brief Umbrella header of kvlab's CPU side: shapes, counters, the contiguous KV cache, the
-/// naive and cached attention paths and the decoders built on them.
+/// \brief Umbrella header of kvlab's CPU side: shapes, counters, the contiguous and paged KV
+/// caches, the size calculator, the naive and cached attention paths and the decoders.
 #pragma once
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/views.hpp"
+#include "kvlab/cache/block_allocator.hpp"
+#include "kvlab/cache/block_tables.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/cache/kv_cache_size.hpp"
+#include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/cpu/types.hpp"
 #include "kvlab/cpu/softmax.hpp"
 #include "kvlab/cpu/naive_attention.hpp"

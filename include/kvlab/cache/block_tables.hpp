@@ -1,0 +1,141 @@
+/// \file
+/// \brief `BlockTables`: the block tables of a batch of sequences in CSR form (indptr,
+/// indices, last_page_len), checked on construction, and the `PagedKVView` they give over a
+/// block pool.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/paged_view.hpp"
+
+namespace kvlab {
+
+/// Owns the CSR arrays of a batch's block tables (see `PagedKVView` for their meaning) and
+/// guarantees their invariants: `indptr` starts at 0 and grows by at least one block per
+/// sequence, every index is a block of the pool, and `1 <= last_page_len[s] <= block_size`.
+class BlockTables {
+ public:
+  /// Tables from their CSR arrays, checked.
+  /// \param indptr         [batch + 1], batch >= 1
+  /// \param indices        [indptr[batch]], each in [0, num_blocks)
+  /// \param last_page_len  [batch], each in [1, block_size]
+  /// \param num_blocks     blocks in the pool the indices point into, >= 1
+  /// \param block_size     tokens per block, >= 1
+  /// \throws InvalidArgument naming the first array element that breaks an invariant.
+  BlockTables(std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
+              std::vector<std::int32_t> last_page_len, int num_blocks, int block_size)
+      : indptr_(std::move(indptr)), indices_(std::move(indices)),
+        last_page_len_(std::move(last_page_len)), num_blocks_(num_blocks), block_size_(block_size) {
+    constexpr const char* kWhere = "kvlab::BlockTables";
+    detail::require_at_least(kWhere, "num_blocks", num_blocks, 1);
+    detail::require_at_least(kWhere, "block_size", block_size, 1);
+    detail::require_at_least(kWhere, "indptr.size()", indptr_.size(), std::size_t{2});
+    const std::size_t batch = indptr_.size() - 1;
+    detail::require_equal(kWhere, "indptr[0]", indptr_[0], 0);
+    for (std::size_t s = 0; s < batch; ++s) {
+      if (indptr_[s + 1] <= indptr_[s]) {
+        detail::fail(kWhere, "indptr[" + std::to_string(s + 1) + "]",
+                     "> indptr[" + std::to_string(s) + "] (" + std::to_string(indptr_[s]) +
+                         "): every sequence holds at least one block",
+                     indptr_[s + 1]);
+      }
+      const std::int64_t pages = indptr_[s + 1] - indptr_[s];
+      if (pages > INT_MAX / block_size) {
+        detail::fail(kWhere, "indptr[" + std::to_string(s + 1) + "]",
+                     "a sequence of at most " + std::to_string(INT_MAX / block_size) + " blocks",
+                     std::to_string(pages) + " blocks");
+      }
+    }
+    detail::require_equal(kWhere, "indices.size()", indices_.size(),
+                          static_cast<std::size_t>(indptr_.back()), "indptr[batch]");
+    for (std::size_t i = 0; i < indices_.size(); ++i) {
+      if (indices_[i] < 0 || indices_[i] >= num_blocks) {
+        detail::fail(kWhere, "indices[" + std::to_string(i) + "]",
+                     "in [0, " + std::to_string(num_blocks) + ")", indices_[i]);
+      }
+    }
+    detail::require_equal(kWhere, "last_page_len.size()", last_page_len_.size(), batch, "batch");
+    for (std::size_t s = 0; s < batch; ++s) {
+      if (last_page_len_[s] < 1 || last_page_len_[s] > block_size) {
+        detail::fail(kWhere, "last_page_len[" + std::to_string(s) + "]",
+                     "in [1, block_size (" + std::to_string(block_size) + ")]", last_page_len_[s]);
+      }
+    }
+  }
+
+  /// Tables from one list of physical blocks per sequence and the sequences' lengths in tokens
+  /// (each list must hold exactly ceil(length / block_size) blocks).
+  /// \throws InvalidArgument if a list has the wrong number of blocks, or as the constructor.
+  static BlockTables from_lists(const std::vector<std::vector<std::int32_t>>& blocks,
+                                const std::vector<int>& lengths, int num_blocks, int block_size) {
+    constexpr const char* kWhere = "kvlab::BlockTables::from_lists";
+    detail::require_at_least(kWhere, "block_size", block_size, 1);
+    detail::require_equal(kWhere, "lengths.size()", lengths.size(), blocks.size(), "blocks.size()");
+    std::vector<std::int32_t> indptr{0}, indices, last_page_len;
+    for (std::size_t s = 0; s < blocks.size(); ++s) {
+      const std::string name = "blocks[" + std::to_string(s) + "].size()";
+      detail::require_at_least(kWhere, "lengths[" + std::to_string(s) + "]", lengths[s], 1);
+      const int pages = (lengths[s] - 1) / block_size + 1;
+      detail::require_equal(kWhere, name, blocks[s].size(), static_cast<std::size_t>(pages),
+                            "ceil(lengths[" + std::to_string(s) + "] / block_size)");
+      indices.insert(indices.end(), blocks[s].begin(), blocks[s].end());
+      indptr.push_back(static_cast<std::int32_t>(indices.size()));
+      last_page_len.push_back(lengths[s] - (pages - 1) * block_size);
+    }
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len), num_blocks,
+                       block_size);
+  }
+
+  /// Sequences in the batch.
+  int batch() const { return static_cast<int>(indptr_.size()) - 1; }
+  /// Tokens per block.
+  int block_size() const { return block_size_; }
+  /// Blocks in the pool.
+  int num_blocks() const { return num_blocks_; }
+  /// CSR row pointers, [batch + 1].
+  const std::vector<std::int32_t>& indptr() const { return indptr_; }
+  /// Physical block ids, [indptr[batch]].
+  const std::vector<std::int32_t>& indices() const { return indices_; }
+  /// Tokens in each sequence's last block, [batch].
+  const std::vector<std::int32_t>& last_page_len() const { return last_page_len_; }
+  /// Tokens in sequence `seq`.
+  /// \throws InvalidArgument if `seq` is not in [0, batch()).
+  int seq_len(int seq) const {
+    if (seq < 0 || seq >= batch()) {
+      detail::fail("kvlab::BlockTables::seq_len", "seq", "in [0, " + std::to_string(batch()) + ")", seq);
+    }
+    return view<float>(nullptr, nullptr, 1, 1).seq_len(seq);
+  }
+
+  /// The view of a pool `[num_blocks, block_size, num_kv_heads, head_dim]` (K at `k`, V at
+  /// `v`) through these tables; valid while both live.
+  template <typename T>
+  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim) const {
+    PagedKVView<T> out;
+    out.k = k;
+    out.v = v;
+    out.num_blocks = num_blocks_;
+    out.block_size = block_size_;
+    out.num_kv_heads = num_kv_heads;
+    out.head_dim = head_dim;
+    out.batch = batch();
+    out.indptr = indptr_.data();
+    out.indices = indices_.data();
+    out.last_page_len = last_page_len_.data();
+    return out;
+  }
+
+ private:
+  std::vector<std::int32_t> indptr_;         // [batch + 1]
+  std::vector<std::int32_t> indices_;        // [indptr[batch]]
+  std::vector<std::int32_t> last_page_len_;  // [batch]
+  int num_blocks_;
+  int block_size_;
+};
+
+}  // namespace kvlab

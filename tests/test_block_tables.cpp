@@ -1,0 +1,87 @@
+// BlockTables and PagedKVView: the CSR arrays round-trip, token addresses follow the
+// documented NHD pool layout through arbitrary (non-monotonic) block tables, and malformed
+// tables are rejected with the offending element named.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "kvlab/cache/block_allocator.hpp"
+#include "kvlab/cache/block_tables.hpp"
+#include "kvlab/core/random.hpp"
+#include "test_support.hpp"
+
+using kvlab::BlockTables;
+using kvlab::InvalidArgument;
+using kvlab_test::names;
+
+TEST_CASE("from_lists builds the CSR arrays") {
+  // Block size 4: lengths 4 (one full block), 5 (one full + 1), 3 (one partial block).
+  const BlockTables t = BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, 10, 4);
+  CHECK(t.batch() == 3);
+  CHECK(t.indptr() == std::vector<std::int32_t>{0, 1, 3, 4});
+  CHECK(t.indices() == std::vector<std::int32_t>{7, 2, 9, 0});
+  CHECK(t.last_page_len() == std::vector<std::int32_t>{4, 1, 3});
+  CHECK(t.seq_len(0) == 4);
+  CHECK(t.seq_len(1) == 5);
+  CHECK(t.seq_len(2) == 3);
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, 10, 4), InvalidArgument,
+                       names("blocks[0].size()", "1 (ceil(lengths[0] / block_size))", "2"));
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 10, 4), InvalidArgument, names("lengths[0]", ">= 1", "0"));
+}
+
+TEST_CASE("a token's address is ((block * block_size + slot) * num_kv_heads + head) * head_dim") {
+  const int num_blocks = 16, kv_heads = 3, head_dim = 5;
+  for (int block_size : {1, 3, 16}) {
+    INFO("block_size " << block_size);
+    // Take blocks from a pool in a shuffled order so that the tables are non-monotonic.
+    kvlab::BlockAllocator pool(num_blocks);
+    kvlab::Rng rng(static_cast<std::uint64_t>(block_size));
+    std::vector<std::int32_t> order = pool.allocate(num_blocks);
+    for (std::size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+    const std::vector<int> lengths = {1, block_size, block_size + 1, 2 * block_size - 1};
+    std::vector<std::vector<std::int32_t>> lists;
+    std::size_t next = 0;
+    for (int len : lengths) {
+      const int pages = (len - 1) / block_size + 1;
+      lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
+                         order.begin() + static_cast<std::ptrdiff_t>(next + static_cast<std::size_t>(pages)));
+      next += static_cast<std::size_t>(pages);
+    }
+    const BlockTables tables = BlockTables::from_lists(lists, lengths, num_blocks, block_size);
+    std::vector<float> pool_k(static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
+    const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim);
+    REQUIRE(view.batch == 4);
+    for (int s = 0; s < 4; ++s) {
+      REQUIRE(view.seq_len(s) == lengths[static_cast<std::size_t>(s)]);
+      for (int pos = 0; pos < lengths[static_cast<std::size_t>(s)]; ++pos) {
+        const int block = lists[static_cast<std::size_t>(s)][static_cast<std::size_t>(pos / block_size)];
+        REQUIRE(view.block_of(s, pos) == block);
+        for (int h = 0; h < kv_heads; ++h) {
+          const std::ptrdiff_t want = ((static_cast<std::ptrdiff_t>(block) * block_size + pos % block_size) * kv_heads + h) * head_dim;
+          REQUIRE(view.offset(s, pos, h) == want);
+          REQUIRE(view.key(s, pos, h) == pool_k.data() + want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("malformed tables are rejected, naming the element") {
+  const auto make = [](std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
+                       std::vector<std::int32_t> last, int num_blocks = 8, int block_size = 4) {
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last), num_blocks, block_size);
+  };
+  CHECK_NOTHROW(make({0, 2, 3}, {5, 1, 7}, {4, 1}));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 5}), InvalidArgument,
+                       names("last_page_len[1]", "in [1, block_size (4)]", "5"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {0, 1}), InvalidArgument,
+                       names("last_page_len[0]", "in [1, block_size (4)]", "0"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 8, 7}, {4, 1}), InvalidArgument, names("indices[1]", "in [0, 8)", "8"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, -1, 7}, {4, 1}), InvalidArgument, names("indices[1]", "in [0, 8)", "-1"));
+  CHECK_THROWS_MATCHES(make({0, 2, 2}, {5, 1}, {4, 1}), InvalidArgument, names("indptr[2]", "> indptr[1] (2)", "2"));
+  CHECK_THROWS_MATCHES(make({1, 2}, {5, 1}, {4}), InvalidArgument, names("indptr[0]", "0", "1"));
+  CHECK_THROWS_MATCHES(make({0, 2}, {5, 1, 7}, {4}), InvalidArgument, names("indices.size()", "2 (indptr[batch])", "3"));
+  CHECK_THROWS_MATCHES(make({0, 2}, {5, 1}, {4, 4}), InvalidArgument, names("last_page_len.size()", "1 (batch)", "2"));
+  CHECK_THROWS_MATCHES(make({0}, {}, {}), InvalidArgument, names("indptr.size()", ">= 2", "1"));
+  CHECK_THROWS_MATCHES(make({0, 1}, {0}, {1}, 8, 0), InvalidArgument, names("block_size", ">= 1", "0"));
+}

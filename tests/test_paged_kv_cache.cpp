@@ -1,0 +1,232 @@
+// PagedKVCache: blocks on demand, tokens stored where the block tables say, forks share blocks
+// and copy on write, failures change nothing, and 10^5 random operations (add, append, fork,
+// free) keep every invariant of a simple model.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+#include <vector>
+
+#include "kvlab/cache/paged_kv_cache.hpp"
+#include "test_support.hpp"
+
+using kvlab::PagedKVCache;
+using kvlab::RowMatrix;
+using kvlab_test::names;
+
+namespace {
+
+// Appends `values.size()` tokens to `seq`; token i gets key `values[i]` and value `-values[i]`
+// in every head, value and layer.
+void append_tokens(PagedKVCache<double>& cache, int seq, const std::vector<double>& values) {
+  const std::vector<std::int64_t> slots = cache.append(seq, static_cast<int>(values.size()));
+  const int width = cache.num_kv_heads() * cache.head_dim();
+  RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);
+  for (std::size_t i = 0; i < values.size(); ++i) k.row(static_cast<Eigen::Index>(i)).setConstant(values[i]);
+  const RowMatrix<double> v = -k;
+  for (int l = 0; l < cache.num_layers(); ++l) cache.write(l, slots, k, v);
+}
+
+// Every token of `seq`, read back through the block tables (key of head 0, element 0, layer
+// `layer`), after checking that all heads, elements and the value agree with it.
+std::vector<double> read_tokens(const PagedKVCache<double>& cache, int seq, int layer = 0) {
+  const kvlab::BlockTables tables = cache.tables({seq});
+  const kvlab::PagedKVView<double> view = cache.view(layer, tables);
+  std::vector<double> out;
+  bool consistent = true;
+  for (int pos = 0; pos < view.seq_len(0); ++pos) {
+    const double key = view.key(0, pos, 0)[0];
+    for (int h = 0; h < view.num_kv_heads; ++h)
+      for (int c = 0; c < view.head_dim; ++c)
+        consistent = consistent && view.key(0, pos, h)[c] == key && view.value(0, pos, h)[c] == -key;
+    out.push_back(key);
+  }
+  REQUIRE(consistent);  // every head, element and the value agree with the key read
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("blocks are taken only on block boundaries") {
+  PagedKVCache<double> cache(2, 2, 3, /*block_size=*/4, /*num_blocks=*/10);
+  const int s = cache.add_sequence();
+  CHECK(cache.blocks(s).empty());
+  append_tokens(cache, s, {1});
+  CHECK(cache.blocks(s).size() == 1);
+  append_tokens(cache, s, {2, 3, 4});  // fills block 0 exactly
+  CHECK(cache.blocks(s).size() == 1);
+  append_tokens(cache, s, {5});  // one past the boundary
+  CHECK(cache.blocks(s).size() == 2);
+  append_tokens(cache, s, {6, 7, 8, 9, 10, 11, 12, 13});  // 3 + 4 + 1
+  CHECK(cache.blocks(s).size() == 4);
+  CHECK(cache.length(s) == 13);
+  CHECK(cache.allocator().num_used() == 4);
+  CHECK(read_tokens(cache, s) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+  CHECK(read_tokens(cache, s, 1) == read_tokens(cache, s, 0));
+}
+
+TEST_CASE("interleaved sequences share the pool without touching each other") {
+  PagedKVCache<double> cache(1, 1, 2, 3, 20);
+  const int a = cache.add_sequence(), b = cache.add_sequence(), c = cache.add_sequence();
+  append_tokens(cache, a, {1, 2});
+  append_tokens(cache, b, {10});
+  append_tokens(cache, a, {3, 4});
+  append_tokens(cache, c, {100, 101, 102, 103});
+  append_tokens(cache, b, {11, 12, 13});
+  CHECK(read_tokens(cache, a) == std::vector<double>{1, 2, 3, 4});
+  CHECK(read_tokens(cache, b) == std::vector<double>{10, 11, 12, 13});
+  CHECK(read_tokens(cache, c) == std::vector<double>{100, 101, 102, 103});
+  const kvlab::BlockTables batch = cache.tables({c, a, b});
+  CHECK(batch.batch() == 3);
+  CHECK(batch.seq_len(0) == 4);
+  CHECK(batch.last_page_len() == std::vector<std::int32_t>{1, 1, 1});
+}
+
+TEST_CASE("fork shares blocks; appending into a shared partial block copies it first") {
+  PagedKVCache<double> cache(2, 1, 2, 4, 10);
+  const int parent = cache.add_sequence();
+  append_tokens(cache, parent, {1, 2, 3, 4, 5, 6});  // blocks [x, y], y holds 2 tokens
+  const std::vector<std::int32_t> before = cache.blocks(parent);
+  const int child = cache.fork(parent);
+  CHECK(cache.blocks(child) == before);
+  for (std::int32_t blk : before) CHECK(cache.allocator().ref_count(blk) == 2);
+  CHECK(cache.allocator().num_used() == 2);
+
+  append_tokens(cache, child, {70});  // copy on write of y
+  CHECK(cache.blocks(child)[0] == before[0]);   // the full block stays shared
+  CHECK(cache.blocks(child)[1] != before[1]);   // the partial one is now private
+  CHECK(cache.allocator().ref_count(before[0]) == 2);
+  CHECK(cache.allocator().ref_count(before[1]) == 1);
+  CHECK(read_tokens(cache, child) == std::vector<double>{1, 2, 3, 4, 5, 6, 70});
+  CHECK(read_tokens(cache, child, 1) == std::vector<double>{1, 2, 3, 4, 5, 6, 70});
+  CHECK(read_tokens(cache, parent) == std::vector<double>{1, 2, 3, 4, 5, 6});
+
+  append_tokens(cache, parent, {7});  // y is the parent's alone now: no copy
+  CHECK(cache.blocks(parent) == before);
+  CHECK(read_tokens(cache, parent) == std::vector<double>{1, 2, 3, 4, 5, 6, 7});
+
+  SECTION("a fork at a block boundary copies nothing") {
+    append_tokens(cache, parent, {8});  // parent: 8 tokens, 2 full blocks
+    const int twin = cache.fork(parent);
+    const int used = cache.allocator().num_used();
+    append_tokens(cache, twin, {9});
+    CHECK(cache.allocator().num_used() == used + 1);
+    CHECK(cache.allocator().ref_count(before[1]) == 2);
+    CHECK(read_tokens(cache, parent) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8});
+  }
+  SECTION("freeing returns only the blocks nobody holds") {
+    cache.free_sequence(parent);
+    CHECK(cache.allocator().ref_count(before[0]) == 1);  // still the child's
+    CHECK(cache.allocator().ref_count(before[1]) == 0);
+    cache.free_sequence(child);
+    CHECK(cache.allocator().num_free() == 10);
+    CHECK_THROWS_MATCHES(cache.length(child), kvlab::InvalidArgument, names("seq", "a live sequence id", std::to_string(child)));
+  }
+}
+
+TEST_CASE("failed operations change nothing") {
+  PagedKVCache<double> cache(1, 1, 2, 4, 3);
+  const int a = cache.add_sequence();
+  append_tokens(cache, a, {1, 2, 3, 4, 5, 6});  // 2 of 3 blocks
+  const int b = cache.fork(a);
+  const auto blocks = cache.blocks(a);
+  // b needs a copy of the shared partial block plus 2 new blocks for 7 tokens: 3 > 1 free.
+  CHECK_THROWS_MATCHES(cache.append(b, 7), kvlab::OutOfBlocks,
+                       names("free blocks", "at least 3 for 7 tokens of sequence 1", "1"));
+  CHECK(cache.length(b) == 6);
+  CHECK(cache.blocks(b) == blocks);
+  CHECK(cache.allocator().num_free() == 1);
+  CHECK(cache.allocator().ref_count(blocks[1]) == 2);
+  CHECK_THROWS_MATCHES(cache.append(a, 0), kvlab::InvalidArgument, names("n", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(cache.append(9, 1), kvlab::InvalidArgument, names("seq", "a live sequence id", "9"));
+  CHECK_THROWS_MATCHES(cache.write(1, {0}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),
+                       kvlab::InvalidArgument, names("layer", "in [0, 1)", "1"));
+  CHECK_THROWS_MATCHES(cache.write(0, {12}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),
+                       kvlab::InvalidArgument, names("slots[0]", "in [0, 12)", "12"));
+  CHECK_THROWS_MATCHES(cache.write(0, {0}, RowMatrix<double>::Zero(1, 3), RowMatrix<double>::Zero(1, 2)),
+                       kvlab::InvalidArgument, names("k.cols()", "2 (num_kv_heads * head_dim)", "3"));
+  CHECK_THROWS_MATCHES(cache.tables({}), kvlab::InvalidArgument, names("seqs.size()", ">= 1", "0"));
+  const int empty = cache.add_sequence();
+  CHECK_THROWS_MATCHES(cache.tables({a, empty}), kvlab::InvalidArgument,
+                       names("seqs", "non-empty sequences", "sequence 2 (empty)"));
+  CHECK(read_tokens(cache, a) == std::vector<double>{1, 2, 3, 4, 5, 6});
+  CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument, names("block_size", ">= 1", "0"));
+}
+
+TEST_CASE("10^5 random add / append / fork / free operations keep every invariant") {
+  for (int block_size : {1, 3, 16}) {
+    INFO("block_size " << block_size);
+    const int kBlocks = block_size == 16 ? 24 : 64;  // small enough to run dry now and then
+    PagedKVCache<double> cache(1, 1, 1, block_size, kBlocks);
+    kvlab::Rng rng(static_cast<std::uint64_t>(block_size) * 7919);
+    std::map<int, std::vector<double>> model;  // sequence id -> its tokens' keys
+    double next_value = 1;
+    int out_of_blocks = 0, copies_checked = 0;
+    const int ops = block_size == 16 ? 100000 : 20000;
+    for (int op = 0; op < ops; ++op) {
+      const double u = rng.uniform();
+      auto pick = [&] { auto it = model.begin(); std::advance(it, static_cast<long>(rng.next_u64() % model.size())); return it->first; };
+      // Adds and forks (20 %) are outnumbered by frees (20 % + whenever 40 sequences are
+      // live), so the population stays small and the pool runs dry now and then.
+      if (model.empty() || (u < 0.10 && model.size() < 40)) {
+        model[cache.add_sequence()] = {};
+      } else if (u < 0.70 && model.size() < 40) {
+        const int seq = pick();
+        const int n = 1 + static_cast<int>(rng.next_u64() % 5);
+        std::vector<double> values;
+        for (int i = 0; i < n; ++i) values.push_back(next_value++);
+        const auto blocks_before = cache.blocks(seq);
+        const int free_before = cache.allocator().num_free();
+        try {
+          append_tokens(cache, seq, values);
+          model[seq].insert(model[seq].end(), values.begin(), values.end());
+        } catch (const kvlab::OutOfBlocks&) {
+          ++out_of_blocks;
+          REQUIRE(cache.blocks(seq) == blocks_before);
+          REQUIRE(cache.allocator().num_free() == free_before);
+        }
+      } else if (u < 0.80 && model.size() < 40) {
+        const int seq = pick();
+        model[cache.fork(seq)] = model[seq];
+      } else {
+        const int seq = pick();
+        cache.free_sequence(seq);
+        model.erase(seq);
+      }
+      // Invariants: reference counts equal the number of tables holding each block; a block
+      // is in use exactly when some table holds it (no leak, no double free); each table has
+      // ceil(length / block_size) blocks; free + used = total.
+      std::vector<int> holders(kBlocks, 0);
+      bool tables_ok = true;
+      for (const auto& entry : model) {
+        const auto& blocks = cache.blocks(entry.first);
+        const auto length = static_cast<int>(entry.second.size());
+        tables_ok = tables_ok && cache.length(entry.first) == length &&
+                    static_cast<int>(blocks.size()) == (length + block_size - 1) / block_size;
+        for (std::int32_t b : blocks) ++holders[static_cast<std::size_t>(b)];
+      }
+      int used = 0;
+      bool counts_ok = true;
+      for (std::int32_t b = 0; b < kBlocks; ++b) {
+        counts_ok = counts_ok && cache.allocator().ref_count(b) == holders[static_cast<std::size_t>(b)];
+        used += holders[static_cast<std::size_t>(b)] > 0;
+      }
+      INFO("operation " << op);
+      REQUIRE(tables_ok);
+      REQUIRE(counts_ok);
+      REQUIRE(cache.allocator().num_used() == used);
+      REQUIRE(cache.allocator().num_free() + used == kBlocks);
+      REQUIRE(cache.sequences().size() == model.size());
+      // Contents, every 97 operations: every sequence reads back exactly its own tokens.
+      if (op % 97 == 0) {
+        for (const auto& entry : model)
+          if (!entry.second.empty()) {
+            REQUIRE(read_tokens(cache, entry.first) == entry.second);
+            ++copies_checked;
+          }
+      }
+    }
+    CHECK(out_of_blocks > 0);
+    CHECK(copies_checked > 0);
+  }
+}
