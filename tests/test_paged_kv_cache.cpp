@@ -1,6 +1,6 @@
 // PagedKVCache: blocks on demand, tokens stored where the block tables say, forks share blocks
-// and copy on write, failures change nothing, and 10^5 random operations (add, append, fork,
-// free) keep every invariant of a simple model.
+// and copy on write, truncation releases blocks, failures change nothing, and 10^5 random
+// operations (add, append, fork, truncate, free) keep every invariant of a simple model.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -153,7 +153,31 @@ TEST_CASE("failed operations change nothing") {
   CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument, names("block_size", ">= 1", "0"));
 }
 
-TEST_CASE("10^5 random add / append / fork / free operations keep every invariant") {
+TEST_CASE("truncate drops the blocks past the new end; a shared block kept is copied on the next append") {
+  PagedKVCache<double> cache(2, 1, 2, 4, 8);
+  const int a = cache.add_sequence();
+  append_tokens(cache, a, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // 3 blocks
+  const int b = cache.fork(a);
+  const auto blocks = cache.blocks(a);
+  cache.truncate(b, 6);  // b keeps 2 shared blocks, drops its hold on the third
+  CHECK(cache.blocks(b) == std::vector<std::int32_t>{blocks[0], blocks[1]});
+  CHECK(cache.allocator().ref_count(blocks[2]) == 1);
+  CHECK(cache.allocator().ref_count(blocks[1]) == 2);
+  append_tokens(cache, b, {60, 70});  // into the shared, now partly filled block 1: copied first
+  CHECK(cache.blocks(b)[1] != blocks[1]);
+  CHECK(read_tokens(cache, b) == std::vector<double>{1, 2, 3, 4, 5, 6, 60, 70});
+  CHECK(read_tokens(cache, a) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  CHECK(read_tokens(cache, a, 1) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  cache.truncate(a, 0);  // an empty sequence holds no block
+  CHECK(cache.blocks(a).empty());
+  CHECK(cache.allocator().num_used() == 2);
+  CHECK_THROWS_MATCHES(cache.truncate(b, 9), kvlab::InvalidArgument, names("length", "in [0, 8]", "9"));
+  CHECK_THROWS_MATCHES(cache.truncate(b, -1), kvlab::InvalidArgument, names("length", "in [0, 8]", "-1"));
+  CHECK_THROWS_MATCHES(cache.truncate(7, 0), kvlab::InvalidArgument, names("seq", "a live sequence id", "7"));
+  CHECK(cache.length(b) == 8);
+}
+
+TEST_CASE("10^5 random add / append / fork / truncate / free operations keep every invariant") {
   for (int block_size : {1, 3, 16}) {
     INFO("block_size " << block_size);
     const int kBlocks = block_size == 16 ? 24 : 64;  // small enough to run dry now and then
@@ -185,9 +209,14 @@ TEST_CASE("10^5 random add / append / fork / free operations keep every invarian
           REQUIRE(cache.blocks(seq) == blocks_before);
           REQUIRE(cache.allocator().num_free() == free_before);
         }
-      } else if (u < 0.80 && model.size() < 40) {
+      } else if (u < 0.76 && model.size() < 40) {
         const int seq = pick();
         model[cache.fork(seq)] = model[seq];
+      } else if (u < 0.80) {  // truncate to a random shorter length (a rewind)
+        const int seq = pick();
+        const int length = static_cast<int>(rng.next_u64() % (model[seq].size() + 1));
+        cache.truncate(seq, length);
+        model[seq].resize(static_cast<std::size_t>(length));
       } else {
         const int seq = pick();
         cache.free_sequence(seq);

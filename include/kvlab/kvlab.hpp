@@ -1,6 +1,6 @@
 /// \file
 /// \brief Umbrella header of kvlab's CPU side: shapes, counters, the contiguous and paged KV
-/// caches, the size calculator, the naive and cached attention paths and the decoders.
+/// caches, the size calculator, the naive, cached and paged attention paths and the decoders.
 #pragma once
 
 #include "kvlab/config.hpp"
@@ -18,13 +18,15 @@
 #include "kvlab/cpu/softmax.hpp"
 #include "kvlab/cpu/naive_attention.hpp"
 #include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/cpu/paged_attention.hpp"
 #include "kvlab/model/attention_layer.hpp"
 #include "kvlab/model/decoder.hpp"
 #include "kvlab/model/naive_decoder.hpp"
 #include "kvlab/model/cached_decoder.hpp"
+#include "kvlab/model/paged_decoder.hpp"
 
-/// kvlab: how a transformer decoder attends to its past — naive and KV-cached attention side by
-/// side, with exact cost counters.
+/// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention side
+/// by side, with exact cost counters.
 namespace kvlab {
 /// CPU reference kernels (Eigen).
 namespace cpu {}

@@ -177,6 +177,23 @@ class PagedKVCache {
     return next_id_++;
   }
 
+  /// Shortens `seq` to its first `length` tokens: the blocks past them lose this holder (and
+  /// return to the pool when no other sequence holds them). The kept tokens are untouched; a
+  /// later append overwrites the dropped slots of a private last block, and copies a shared one
+  /// first, as usual.
+  /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
+  void truncate(int seq, int length) {
+    constexpr const char* kWhere = "kvlab::PagedKVCache::truncate";
+    Sequence& s = find(kWhere, seq);
+    if (length < 0 || length > s.length) {
+      detail::fail(kWhere, "length", "in [0, " + std::to_string(s.length) + "]", length);
+    }
+    const std::size_t keep = length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
+    for (std::size_t b = keep; b < s.blocks.size(); ++b) allocator_.release(s.blocks[b]);
+    s.blocks.resize(keep);
+    s.length = length;
+  }
+
   /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
   /// \throws InvalidArgument if `seq` is not live.
   void free_sequence(int seq) {

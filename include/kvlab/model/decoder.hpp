@@ -20,7 +20,8 @@ namespace kvlab {
 /// Tokens arrive as rows of `d_model` values (embedding them is the model's business).
 /// `prefill` takes several tokens at once (the prompt; causal within it) and `decode` one
 /// token. Implementations differ only in what they keep between steps: `NaiveDecoder` keeps
-/// the inputs and recomputes, `CachedDecoder` keeps K and V. Each call records its work in
+/// the inputs and recomputes, `CachedDecoder` keeps K and V in one contiguous buffer,
+/// `PagedDecoder` keeps them in blocks of a shared pool. Each call records its work in
 /// `last_step()` and adds it to `total()`.
 template <typename T>
 class Decoder {
@@ -37,8 +38,9 @@ class Decoder {
   /// Feeds `x.rows()` tokens at once (a prompt, or a later chunk of one).
   /// \param x  [p, d_model], p >= 1
   /// \return   [p, d_model]: the stack's output at each of the p positions
-  /// \throws InvalidArgument for a wrong shape; CapacityError if a cache is full. Either way
-  ///         the decoder is unchanged.
+  /// \throws InvalidArgument for a wrong shape; CapacityError (`CachedDecoder`) or
+  ///         OutOfBlocks (`PagedDecoder`) if its cache is full. Either way the decoder is
+  ///         unchanged.
   RowMatrix<T> prefill(const RowMatrix<T>& x) {
     constexpr const char* kWhere = "kvlab::Decoder::prefill";
     detail::require_at_least(kWhere, "x.rows()", static_cast<long>(x.rows()), 1L);
@@ -87,6 +89,11 @@ class Decoder {
   }
 
  protected:
+  /// The stack, shared (for a decoder that makes another of its kind, e.g. a fork).
+  const std::shared_ptr<const AttentionStack<T>>& stack_pointer() const { return stack_; }
+  /// Takes `other`'s position: for a decoder made to continue `other`'s tokens (a fork).
+  void continue_from(const Decoder& other) { position_ = other.position_; }
+
   /// Runs the stack on new tokens `x` ([p, d_model], checked) at positions
   /// [position(), position() + p), adds the work to `counters` and returns [p, d_model].
   /// Must leave the decoder unchanged if it throws.

@@ -1,0 +1,253 @@
+// Paged attention (cpu::paged_decode_attention, cpu::paged_prefill_attention) against the
+// triple loop of test_support.hpp and against decode_attention on a contiguous cache holding
+// the same rows: ragged batches, block sizes 1/3/16/32, lengths on and beside block boundaries,
+// MHA/GQA/MQA, head_dim 64..256, block tables in random physical order, NaN in every slot no
+// sequence owns (vLLM's padding test); exact counters; argument checks.
+//
+// Tolerances (as test_attention.cpp, see test_support.hpp): the kernels and the long-double
+// reference differ by rounding only: double 1e-12, float 1e-5 relative to max(1, row max).
+// Paged and contiguous run the same arithmetic in the same order, but Eigen's vectorised dot
+// product peels its first elements by the run-time alignment of the row, which differs between
+// a pool slot and a contiguous row; so they too are compared with the same tolerance, not bits.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvlab/cpu/paged_attention.hpp"
+#include "kvlab/kvlab.hpp"
+#include "test_support.hpp"
+
+using kvlab::AttentionShape;
+using kvlab::RowMatrix;
+using kvlab_test::max_row_relative_error;
+using kvlab_test::names;
+using kvlab_test::reference_attention;
+using kvlab_test::tolerance;
+
+namespace {
+
+// A ragged batch in a block pool built by hand: every sequence's rows are written to blocks
+// taken in a random permutation of the pool (so tables are non-monotonic), a few blocks stay
+// unused, and every slot that no sequence owns — the tails of last blocks and the unused
+// blocks — holds NaN. The same rows are kept per sequence as [len, kv_width] matrices.
+template <typename T>
+struct RaggedPool {
+  std::vector<RowMatrix<T>> keys, values;  // [batch][len, kv_width]
+  std::vector<T> k, v;                     // [num_blocks, block_size, num_kv_heads, head_dim]
+  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
+  kvlab::PagedKVView<T> view;
+
+  RaggedPool(const AttentionShape& shape, int block_size, const std::vector<int>& lengths, kvlab::Rng& rng) {
+    int pages = 0;
+    for (int len : lengths) pages += (len - 1) / block_size + 1;
+    const int num_blocks = pages + 3;  // three blocks nobody owns
+    std::vector<std::int32_t> order(static_cast<std::size_t>(num_blocks));
+    std::iota(order.begin(), order.end(), 0);
+    for (std::size_t i = order.size() - 1; i > 0; --i)  // Fisher-Yates with kvlab's generator
+      std::swap(order[i], order[static_cast<std::size_t>(rng.next_u64() % (i + 1))]);
+
+    const std::size_t pool = static_cast<std::size_t>(num_blocks) * block_size * shape.kv_width();
+    k.assign(pool, std::numeric_limits<T>::quiet_NaN());
+    v.assign(pool, std::numeric_limits<T>::quiet_NaN());
+    std::vector<std::vector<std::int32_t>> lists;
+    std::size_t next = 0;
+    for (int len : lengths) {
+      keys.push_back(kvlab::random_matrix<T>(len, shape.kv_width(), rng));
+      values.push_back(kvlab::random_matrix<T>(len, shape.kv_width(), rng));
+      lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
+                         order.begin() + static_cast<std::ptrdiff_t>(next) + (len - 1) / block_size + 1);
+      next += lists.back().size();
+    }
+    tables = kvlab::BlockTables::from_lists(lists, lengths, num_blocks, block_size);
+    view = tables.view(k.data(), v.data(), shape.num_kv_heads(), shape.head_dim());
+    for (std::size_t s = 0; s < lengths.size(); ++s)
+      for (int pos = 0; pos < lengths[s]; ++pos)
+        for (int h = 0; h < shape.num_kv_heads(); ++h)
+          for (int c = 0; c < shape.head_dim(); ++c) {
+            const auto at = static_cast<std::size_t>(view.offset(static_cast<int>(s), pos, h) + c);
+            k[at] = keys[s](pos, h * shape.head_dim() + c);
+            v[at] = values[s](pos, h * shape.head_dim() + c);
+          }
+  }
+};
+
+// Lengths on, just before and just after the first two block boundaries, plus one longer.
+std::vector<int> boundary_lengths(int block_size) {
+  std::vector<int> lengths;
+  for (int len : {1, block_size - 1, block_size, block_size + 1, 2 * block_size - 1, 2 * block_size,
+                  2 * block_size + 1, 3 * block_size + 5})
+    if (len >= 1 && std::find(lengths.begin(), lengths.end(), len) == lengths.end()) lengths.push_back(len);
+  return lengths;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("paged_decode_attention equals a triple loop over ragged batches with NaN padding", "",
+                   float, double) {
+  struct Heads {
+    int num_heads, num_kv_heads;
+  };
+  const Heads layouts[] = {{4, 4}, {8, 2}, {4, 1}};  // MHA, GQA, MQA
+  std::uint64_t seed = 1;
+  for (int block_size : {1, 3, 16, 32})
+    for (const Heads& heads : layouts)
+      for (int head_dim : {64, 80, 96, 112, 128, 256}) {
+        const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
+        std::vector<int> lengths = boundary_lengths(block_size);
+        kvlab::Rng rng(seed++);
+        std::shuffle(lengths.begin(), lengths.end(), std::mt19937(static_cast<unsigned>(seed)));
+        const RaggedPool<TestType> batch(shape, block_size, lengths, rng);
+        const RowMatrix<TestType> q = kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
+        const RowMatrix<TestType> got = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+        for (int s = 0; s < batch.view.batch; ++s) {
+          CAPTURE(block_size, heads.num_heads, heads.num_kv_heads, head_dim, s, lengths[static_cast<std::size_t>(s)]);
+          const RowMatrix<TestType> q_s = q.row(s);
+          const RowMatrix<TestType> want = reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
+                                                               batch.values[static_cast<std::size_t>(s)]);
+          const RowMatrix<TestType> got_s = got.row(s);
+          CHECK(max_row_relative_error(got_s, want) <= tolerance<TestType>());
+        }
+      }
+}
+
+TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within each") {
+  const AttentionShape shape(8, 2, 64);
+  for (int block_size : {1, 3, 16, 32}) {
+    kvlab::Rng rng(100 + static_cast<std::uint64_t>(block_size));
+    const std::vector<int> lengths = {2 * block_size + 1, 37, 1, block_size + 1, 50};
+    const std::vector<int> q_lens = {2 * block_size + 1, 0, 1, 2, 17};  // whole prompt, none, ..., tile + 1
+    const RaggedPool<double> batch(shape, block_size, lengths, rng);
+    std::vector<std::int32_t> qo_indptr{0};
+    for (int n : q_lens) qo_indptr.push_back(qo_indptr.back() + n);
+    const RowMatrix<double> q = kvlab::random_matrix<double>(qo_indptr.back(), shape.q_width(), rng);
+    kvlab::CostCounters counters;
+    const RowMatrix<double> got = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view, &counters);
+
+    kvlab::CostCounters want_counters;
+    for (std::size_t s = 0; s < lengths.size(); ++s) {
+      CAPTURE(block_size, s);
+      if (q_lens[s] == 0) continue;
+      const RowMatrix<double> q_s = q.middleRows(qo_indptr[s], q_lens[s]);
+      const RowMatrix<double> want = reference_attention(shape, q_s, batch.keys[s], batch.values[s]);
+      const RowMatrix<double> got_s = got.middleRows(qo_indptr[s], q_lens[s]);
+      CHECK(max_row_relative_error(got_s, want) <= tolerance<double>());
+      // decode_attention on a contiguous cache with the same rows: the same counts, the same values.
+      kvlab::ContiguousKVCache<double> contiguous(1, shape.num_kv_heads(), shape.head_dim(), lengths[s]);
+      contiguous.append(0, batch.keys[s], batch.values[s]);
+      const RowMatrix<double> flat = kvlab::cpu::decode_attention(shape, q_s, contiguous.view(0), &want_counters);
+      CHECK(max_row_relative_error(got_s, flat) <= tolerance<double>());
+    }
+    CHECK(counters == want_counters);
+  }
+}
+
+TEST_CASE("paged_decode_attention: the same counts as decode_attention per sequence") {
+  const AttentionShape shape(32, 8, 128);
+  kvlab::Rng rng(7);
+  const std::vector<int> lengths = {1, 15, 16, 17, 100};
+  const RaggedPool<float> batch(shape, 16, lengths, rng);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
+  kvlab::CostCounters counters;
+  kvlab::cpu::paged_decode_attention(shape, q, batch.view, &counters);
+  const std::uint64_t tokens = 1 + 15 + 16 + 17 + 100;
+  CHECK(counters.qk_dots == 32 * tokens);                  // every head meets every key of its sequence
+  CHECK(counters.macs == 2 * 128 * 32 * tokens);           // score and weighted sum, head_dim each
+  CHECK(counters.kv_bytes_read == 2 * 4 * 8 * 128 * tokens);  // K and V, once per K/V head
+  CHECK(counters.q_projections == 0);
+  CHECK(counters.kv_projections == 0);
+}
+
+TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
+#if defined(_OPENMP)
+  const AttentionShape shape(8, 2, 128);
+  kvlab::Rng rng(11);
+  const std::vector<int> lengths = {700, 3, 1200, 64, 999, 1};  // ragged: dynamic schedule
+  const RaggedPool<float> batch(shape, 16, lengths, rng);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(6, shape.q_width(), rng);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const RowMatrix<float> one = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+  omp_set_num_threads(2);
+  const RowMatrix<float> two = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+  omp_set_num_threads(before);
+  CHECK((one.array() == two.array()).all());
+#else
+  WARN("built without OpenMP: only one thread to compare");
+  SUCCEED();
+#endif
+}
+
+TEST_CASE("paged attention rejects bad arguments and views, naming them; out stays unchanged") {
+  using kvlab::InvalidArgument;
+  const AttentionShape shape(4, 2, 8);
+  kvlab::Rng rng(3);
+  RaggedPool<float> batch(shape, 4, {5, 9}, rng);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(2, shape.q_width(), rng);
+  RowMatrix<float> out = RowMatrix<float>::Constant(1, 1, 42.0f);
+  kvlab::CostCounters counters;
+  const auto decode = [&](const kvlab::PagedKVView<float>& view) {
+    kvlab::cpu::paged_decode_attention(shape, q, view, out, &counters);
+  };
+
+  kvlab::PagedKVView<float> bad = batch.view;
+  bad.num_kv_heads = 1;
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument, names("cache.num_kv_heads", "2", "1"));
+  bad = batch.view;
+  bad.head_dim = 16;
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument, names("cache.head_dim", "8", "16"));
+  bad = batch.view;
+  bad.k = nullptr;
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument,
+                       names("cache.k / v / indptr / indices / last_page_len", "non-null pointers", "a null pointer"));
+  // Raw arrays that break the block-table invariants.
+  std::vector<std::int32_t> indices = batch.tables.indices();
+  indices[3] = bad.num_blocks;  // one past the pool
+  bad = batch.view;
+  bad.indices = indices.data();
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument,
+                       names("cache.indices[3]", "in [0, " + std::to_string(bad.num_blocks) + ")",
+                             std::to_string(bad.num_blocks)));
+  std::vector<std::int32_t> last = batch.tables.last_page_len();
+  last[1] = 5;  // above block_size 4
+  bad = batch.view;
+  bad.last_page_len = last.data();
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument, names("cache.last_page_len[1]", "in [1, block_size (4)]", "5"));
+  std::vector<std::int32_t> indptr = {0, 2, 2};
+  bad = batch.view;
+  bad.indptr = indptr.data();
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument, names("cache.indptr[2]", "> cache.indptr[1] (2)", "2"));
+
+  const RowMatrix<float> three = kvlab::random_matrix<float>(3, shape.q_width(), rng);
+  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, three, batch.view, out), InvalidArgument,
+                       names("q.rows()", "2", "3"));
+  const RowMatrix<float> narrow = kvlab::random_matrix<float>(2, 8, rng);
+  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, narrow, batch.view, out), InvalidArgument,
+                       names("q.cols()", "32", "8"));
+  RowMatrix<float> same = q;
+  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, same, batch.view, same), InvalidArgument,
+                       names("out", "a matrix other than q", "q"));
+
+  const auto prefill = [&](const std::vector<std::int32_t>& qo) {
+    kvlab::cpu::paged_prefill_attention(shape, q, qo, batch.view, out, &counters);
+  };
+  CHECK_THROWS_MATCHES(prefill({0, 1}), InvalidArgument, names("qo_indptr.size()", "3", "2"));
+  CHECK_THROWS_MATCHES(prefill({1, 1, 2}), InvalidArgument, names("qo_indptr[0]", "0", "1"));
+  CHECK_THROWS_MATCHES(prefill({0, 6, 2}), InvalidArgument,
+                       names("qo_indptr[1]", "in [qo_indptr[0] (0), that + the sequence's length (5)]", "6"));
+  CHECK_THROWS_MATCHES(prefill({0, 1, 0}), InvalidArgument,
+                       names("qo_indptr[2]", "in [qo_indptr[1] (1), that + the sequence's length (9)]", "0"));
+  CHECK_THROWS_MATCHES(prefill({0, 1, 1}), InvalidArgument, names("qo_indptr[batch]", "2", "1"));
+
+  // Nothing was written by any failed call.
+  CHECK(out.rows() == 1);
+  CHECK(out(0, 0) == 42.0f);
+  CHECK(counters == kvlab::CostCounters{});
+}
