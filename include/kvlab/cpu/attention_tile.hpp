@@ -26,18 +26,21 @@ constexpr int kDecodeQueryTile = 16;
 
 namespace detail {
 
-/// The rows of K/V head `head` in a contiguous cache: row `pos` at `base + pos * head_dim`.
+/// The rows of a contiguous cache from K/V head `head` on: row `pos` of head `head + j` at
+/// `base + j * capacity * head_dim + pos * head_dim` (head-major: one head's rows are adjacent).
 template <typename T>
 struct ContiguousRows {
   const ContiguousKVView<T>& cache;
   int head;
 
-  /// Calls `f(pos, row)` for the key rows `pos` in [0, end), in order.
+  /// Calls `f(pos, row)` for the key rows `pos` in [0, end) of head `head`, in order.
   template <typename F>
   void keys(int end, F&& f) const { walk(cache.key(head, 0), end, f); }
-  /// Calls `f(pos, row)` for the value rows `pos` in [0, end), in order.
+  /// Calls `f(pos, row)` for the value rows `pos` in [0, end) of head `head`, in order.
   template <typename F>
   void values(int end, F&& f) const { walk(cache.value(head, 0), end, f); }
+  /// Elements from a row of head h to the same token's row of head h + 1.
+  std::ptrdiff_t head_stride() const { return static_cast<std::ptrdiff_t>(cache.capacity) * cache.head_dim; }
 
  private:
   template <typename F>
@@ -46,20 +49,23 @@ struct ContiguousRows {
   }
 };
 
-/// The rows of K/V head `head` of sequence `seq` in a paged cache, block by block: the block
-/// table is read once per block, not once per row.
+/// The rows of sequence `seq` in a paged cache from K/V head `head` on, block by block: the
+/// block table is read once per block, not once per row. In the NHD pool a token's heads are
+/// adjacent, so the rows of several heads are one contiguous read per token.
 template <typename T>
 struct PagedRows {
   const PagedKVView<T>& cache;
   int seq;
   int head;
 
-  /// Calls `f(pos, row)` for the key rows `pos` in [0, end), in order.
+  /// Calls `f(pos, row)` for the key rows `pos` in [0, end) of head `head`, in order.
   template <typename F>
   void keys(int end, F&& f) const { walk(cache.k, end, f); }
-  /// Calls `f(pos, row)` for the value rows `pos` in [0, end), in order.
+  /// Calls `f(pos, row)` for the value rows `pos` in [0, end) of head `head`, in order.
   template <typename F>
   void values(int end, F&& f) const { walk(cache.v, end, f); }
+  /// Elements from a row of head h to the same token's row of head h + 1.
+  std::ptrdiff_t head_stride() const { return cache.head_dim; }
 
  private:
   template <typename F>
@@ -76,59 +82,88 @@ struct PagedRows {
 /// Scratch buffers of one worker, reused from tile to tile.
 template <typename T>
 struct TileScratch {
-  RowMatrix<T> queries;  ///< [rows * group, head_dim]: query (row i, head hk*group + j) at i*group + j
-  RowMatrix<T> probs;    ///< [rows * group, span]: scores, then probabilities
-  RowMatrix<T> acc;      ///< [rows * group, head_dim]: outputs
+  RowMatrix<T> queries;  ///< [heads * rows * group, head_dim]: query (K/V head hk0 + j, row i, member g) at (j*rows + i)*group + g
+  RowMatrix<T> probs;    ///< [heads * rows * group, >= span]: scores, then probabilities (see `padded_span`)
+  RowMatrix<T> acc;      ///< [heads * rows * group, head_dim]: outputs
 };
 
+/// Columns to allocate for `span` scores per query: `span` rounded up to whole 64-byte lines,
+/// and to an odd number of them. Score rows are then an odd number of lines apart, so the
+/// rows of up to 64 queries fall in different sets of an L1 cache with 64-byte lines and 64
+/// sets. With exactly `span` columns, a span that is a multiple of 1024 floats puts every row
+/// in the same set, and a tile of 32 queries, which writes one score to each row per key,
+/// evicts its own lines at every key.
+template <typename T>
+int padded_span(int span) {
+  constexpr int kLine = 64 / static_cast<int>(sizeof(T)) > 0 ? 64 / static_cast<int>(sizeof(T)) : 1;  // elements per line
+  int lines = (span + kLine - 1) / kLine;
+  if (lines % 2 == 0) ++lines;
+  return lines * kLine;
+}
+
 /// Attention of the query rows [row0, row0 + rows) of `q` — consecutive tokens of one sequence,
-/// row `row0` at position `first_position` — for the query heads of K/V head `hk`, over the
-/// key/value rows of `source` (`ContiguousRows` or `PagedRows`). Writes the same rows of `out`.
+/// row `row0` at position `first_position` — for the query heads of K/V heads [hk0, hk0 +
+/// heads), over the key/value rows of `source` (`ContiguousRows` or `PagedRows` from head
+/// hk0). Writes the same rows and heads of `out`.
 ///
-/// The queries of the group and of the tile's rows are gathered; then
-///  1. the key rows are streamed once, and each one is scored against every query that sees it;
+/// The queries of the groups and of the tile's rows are gathered; then
+///  1. the key rows are streamed once (for each token, the rows of the `heads` K/V heads), and
+///     each one is scored against every query of its group that sees it;
 ///  2. each query's visible scores are softmaxed;
 ///  3. the value rows are streamed once, and each one is added to every query's output with
 ///     its probability as weight.
+/// Each query's arithmetic is the same whatever `heads` is: it changes only the order in which
+/// rows are read (one head at a time suits the head-major contiguous cache, all heads of a
+/// token at once suits the token-major paged pool).
 template <typename T, typename Source>
-void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows,
-                 int first_position, int hk, const Source& source, TileScratch<T>& scratch,
-                 RowMatrix<T>& out) {
+void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows, int first_position,
+                 int hk0, int heads, const Source& source, TileScratch<T>& scratch, RowMatrix<T>& out) {
   const int group = shape.group_size();
   const int hd = shape.head_dim();
   const T scale = static_cast<T>(shape.scale());
-  const int m = rows * group;
+  const int per_head = rows * group;  // queries of one K/V head in the tile
+  const int m = heads * per_head;
   const int span = first_position + rows;  // keys seen by the tile's last row
+  const std::ptrdiff_t head_stride = source.head_stride();
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
-  RowMatrix<T>& probs = scratch.probs;      // [m, span]
+  RowMatrix<T>& probs = scratch.probs;      // [m, padded_span(span)]: columns [0, span) used
   RowMatrix<T>& acc = scratch.acc;          // [m, head_dim]
   queries.resize(m, hd);
-  for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < group; ++j)
-      queries.row(i * group + j) = q.block(row0 + i, (hk * group + j) * hd, 1, hd);
-  // Query qi of the tile sees keys [0, shared + qi / group]: all of them see [0, shared), and
-  // the tile's later rows see up to `rows - 1` more (the causal corner).
+  for (int j = 0; j < heads; ++j)
+    for (int i = 0; i < rows; ++i)
+      for (int g = 0; g < group; ++g)
+        queries.row(j * per_head + i * group + g) = q.block(row0 + i, ((hk0 + j) * group + g) * hd, 1, hd);
+  // Query qi (< per_head) of a head sees keys [0, shared + qi / group]: all of them see [0,
+  // shared), and the tile's later rows see up to `rows - 1` more (the causal corner).
   const int shared = first_position + 1;
   const auto visible = [&](int qi) { return shared + qi / group; };
-  // The first query of the tile that sees key `pos` (0 outside the corner).
+  // The first query of a head that sees key `pos` (0 outside the corner).
   const auto first_seeing = [&](int pos) { return pos < shared ? 0 : (pos - shared + 1) * group; };
 
-  // 1. Scores: each key row is read once and met by every query of the tile that sees it.
-  probs.resize(m, span);
+  // 1. Scores: each key row is read once and met by every query of its group that sees it.
+  probs.resize(m, padded_span<T>(span));
   source.keys(span, [&](int pos, const T* row) {
-    const Eigen::Map<const RowVector<T>> key(row, hd);  // [head_dim]
-    for (int qi = first_seeing(pos); qi < m; ++qi) probs(qi, pos) = scale * queries.row(qi).dot(key);
+    const int first = first_seeing(pos);
+    for (int j = 0; j < heads; ++j) {
+      const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
+      for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi)
+        probs(qi, pos) = scale * queries.row(qi).dot(key);
+    }
   });
   // 2. Softmax of each query's visible scores.
-  for (int qi = 0; qi < m; ++qi) cpu::softmax_inplace(&probs(qi, 0), visible(qi));
+  for (int qi = 0; qi < m; ++qi) cpu::softmax_inplace(&probs(qi, 0), visible(qi % per_head));
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
   source.values(span, [&](int pos, const T* row) {
-    const Eigen::Map<const RowVector<T>> value(row, hd);  // [head_dim]
-    for (int qi = first_seeing(pos); qi < m; ++qi) acc.row(qi) += probs(qi, pos) * value;
+    const int first = first_seeing(pos);
+    for (int j = 0; j < heads; ++j) {
+      const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
+      for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi) acc.row(qi) += probs(qi, pos) * value;
+    }
   });
-  for (int qi = 0; qi < m; ++qi)
-    out.block(row0 + qi / group, (hk * group + qi % group) * hd, 1, hd) = acc.row(qi);
+  for (int j = 0; j < heads; ++j)
+    for (int qi = 0; qi < per_head; ++qi)
+      out.block(row0 + qi / group, ((hk0 + j) * group + qi % group) * hd, 1, hd) = acc.row(j * per_head + qi);
 }
 
 /// Adds the work of `q_len` query rows of one sequence, the first at position

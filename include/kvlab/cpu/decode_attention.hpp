@@ -83,7 +83,7 @@ void decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
     const detail::ContiguousRows<T> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
     for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
       const int rows = std::min(kDecodeQueryTile, q_len - r0);
-      detail::attend_tile(shape, q, r0, rows, first_position + r0, hk, rows_of_head, scratch, out);
+      detail::attend_tile(shape, q, r0, rows, first_position + r0, hk, 1, rows_of_head, scratch, out);
     }
   } catch (...) {
 #if defined(_OPENMP)

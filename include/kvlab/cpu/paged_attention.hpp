@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #include <string>
 #include <vector>
 
@@ -71,27 +74,36 @@ void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q, const s
                      const PagedKVView<T>& cache, RowMatrix<T>& out, CostCounters* counters) {
   out.resize(q.rows(), shape.q_width());
   const int kv_heads = shape.num_kv_heads();
-  const int items = cache.batch * kv_heads;  // one (sequence, K/V head) pair each
-  long long elements = 0;                    // K/V elements per tensor in the batch
+  long long elements = 0;  // K/V elements per tensor in the batch
   for (int s = 0; s < cache.batch; ++s) elements += 1LL * cache.seq_len(s) * kv_heads * shape.head_dim();
   const bool parallel = elements >= cpu::kDecodeParallelMinElements;
-  (void)parallel;  // unused without OpenMP
+  // Work items: (sequence, chunk of K/V heads). A token's heads are adjacent in the NHD pool,
+  // so one item reads whole token rows; the heads are split only as far as needed to give
+  // every thread work (a batch smaller than the thread count). The result does not depend on
+  // the split: each query's arithmetic is the same.
+  int chunks = 1;
+#if defined(_OPENMP)
+  if (parallel) chunks = std::min(kv_heads, std::max(1, (omp_get_max_threads() + cache.batch - 1) / cache.batch));
+#endif
+  const int items = cache.batch * chunks;
 
   std::exception_ptr error;  // the first exception of any item; none may leave the loop
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
 #endif
   for (int item = 0; item < items; ++item) try {
-    const int s = item / kv_heads;
-    const int hk = item % kv_heads;
-    const int row_begin = qo_indptr[s];                  // the sequence's queries: rows [row_begin, row_end) of q
+    const int s = item / chunks;
+    const int chunk = item % chunks;
+    const int hk0 = chunk * kv_heads / chunks;               // this item's K/V heads: [hk0, hk1)
+    const int hk1 = (chunk + 1) * kv_heads / chunks;
+    const int row_begin = qo_indptr[s];                      // the sequence's queries: rows [row_begin, row_end) of q
     const int q_len = qo_indptr[s + 1] - row_begin;
-    const int first_position = cache.seq_len(s) - q_len;  // position of its first query
-    const PagedRows<T> rows_of_head{cache, s, hk};        // row pos at cache.key(s, pos, hk)
+    const int first_position = cache.seq_len(s) - q_len;     // position of its first query
+    const PagedRows<T> token_rows{cache, s, hk0};            // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_dim
     TileScratch<T> scratch;
     for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile) {
       const int rows = std::min(cpu::kDecodeQueryTile, q_len - r0);
-      attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk, rows_of_head, scratch, out);
+      attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk0, hk1 - hk0, token_rows, scratch, out);
     }
   } catch (...) {
 #if defined(_OPENMP)
@@ -119,10 +131,11 @@ namespace cpu {
 /// Query row `s` belongs to sequence `s` of `cache`; its token is the sequence's last (append
 /// its K/V to the pool first, then attend), so it sees every token of its own sequence and
 /// nothing else. Sequences may have any lengths; one call serves them all. For each sequence
-/// and K/V head the queries of the GQA group are gathered and the K and V rows are streamed
-/// once, block by block — the same arithmetic as `decode_attention` on a contiguous cache
-/// holding the same rows, so the two agree to rounding. (Sequence, K/V head) pairs run in
-/// parallel when OpenMP is enabled.
+/// the queries of every GQA group are gathered and the K and V rows are streamed once, block
+/// by block, token by token (all K/V heads of a token are adjacent in the pool) — the same
+/// arithmetic per query as `decode_attention` on a contiguous cache holding the same rows, so
+/// the two agree to rounding. Sequences (and, for a batch smaller than the thread count,
+/// chunks of K/V heads) run in parallel when OpenMP is enabled.
 ///
 /// \param shape     the head layout; `cache` must have its num_kv_heads and head_dim
 /// \param q         queries, [batch, num_heads * head_dim]: row s for sequence s
@@ -163,8 +176,8 @@ RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const RowMatrix
 /// Sequence `s` owns query rows `[qo_indptr[s], qo_indptr[s + 1])` of `q` (CSR, as FlashInfer's
 /// batch prefill). Its `q_len` new tokens must already be in the pool, as its last `q_len`
 /// tokens (write the prompt into its blocks first, then attend): query row `i` of the sequence
-/// is the token at position `seq_len - q_len + i` and sees that sequence's tokens `[0, seq_len
-/// - q_len + i]`. A sequence may bring no query (`q_len == 0`): it is skipped. With one query
+/// is the token at position `seq_len - q_len + i` and sees that sequence's tokens
+/// `[0, seq_len - q_len + i]`. A sequence may bring no query (`q_len == 0`): it is skipped. With one query
 /// per sequence this is `paged_decode_attention`; with one sequence it equals
 /// `decode_attention` on a contiguous cache holding the same rows.
 ///
