@@ -16,7 +16,8 @@
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_02_kv_cache && build/tutorials/02_kv_cache
 //
-// Next: the cost model page of the docs, which sums up what each counter counts.
+// Next: the cost model page of the docs, which sums up what each counter counts; then
+// 03_paged_cache.cpp — the same cache in blocks of a shared pool.
 
 #include <kvlab/kvlab.hpp>
 
