@@ -43,8 +43,12 @@
 #include <kvlab/kvlab.hpp>
 
 #include "median_reporter.hpp"
+#include "read_bandwidth.hpp"
 
 namespace {
+
+using kvlab_bench::l3_bytes;
+using kvlab_bench::read_bandwidth;
 
 struct Config {
   const char* name;
@@ -74,75 +78,6 @@ void set_threads(int threads) {
 #else
   (void)threads;
 #endif
-}
-
-// ---------------------------------------------------------------------------------------------
-// The machine's read bandwidth
-// ---------------------------------------------------------------------------------------------
-
-// Sums `data[0, count)` with `threads` threads, each summing one contiguous chunk with Eigen
-// (vectorised: a plain float loop is not, without -ffast-math, and would understate the memory).
-float parallel_sum(const float* data, std::size_t count, int threads) {
-  const auto size = static_cast<std::ptrdiff_t>(count);
-  std::array<float, kMaxThreads> partial{};  // [threads]
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-#endif
-  {
-#if defined(_OPENMP)
-    const int id = omp_get_thread_num();
-    const int num = omp_get_num_threads();
-#else
-    const int id = 0;
-    const int num = 1;
-#endif
-    const std::ptrdiff_t begin = size * id / num;
-    const std::ptrdiff_t end = size * (id + 1) / num;
-    partial[static_cast<std::size_t>(id)] =
-        Eigen::Map<const Eigen::ArrayXf>(data + begin, end - begin).sum();
-  }
-  (void)threads;
-  float total = 0;
-  for (float p : partial) total += p;
-  return total;
-}
-
-// Median read bandwidth (GB/s) of `runs` sums over the arrays `parts` (pointer, element count)
-// with `threads` threads.
-double read_bandwidth(const std::vector<std::pair<const float*, std::size_t>>& parts, int threads,
-                      int runs) {
-  std::size_t count = 0;
-  for (const auto& p : parts) count += p.second;
-  const double bytes = static_cast<double>(count * sizeof(float));
-  const auto sum_all = [&] {
-    float sum = 0;
-    for (const auto& p : parts) sum += parallel_sum(p.first, p.second, threads);
-    return sum;
-  };
-  std::vector<double> gbps;
-  benchmark::DoNotOptimize(sum_all());  // warm-up
-  for (int r = 0; r < runs; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    const float sum = sum_all();
-    const auto stop = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(sum);
-    gbps.push_back(bytes * 1e-9 / std::chrono::duration<double>(stop - start).count());
-  }
-  std::sort(gbps.begin(), gbps.end());
-  return gbps[gbps.size() / 2];
-}
-
-// The L3 size in bytes as Linux reports it for cpu0 (32 MiB if unknown).
-std::size_t l3_bytes() {
-  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index3/size");
-  std::string text;
-  if (file >> text && !text.empty()) {
-    const char unit = text.back();
-    const std::size_t value = std::strtoull(text.c_str(), nullptr, 10);
-    if (value > 0 && unit == 'K') return value << 10;
-    if (value > 0 && unit == 'M') return value << 20;
-  }
-  return std::size_t{32} << 20;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,356 @@
+// bench_paged_decode: the price of paging for one decode step. The same float rows sit in a
+// contiguous cache and in block pools of block size 1, 16 and 32 whose blocks are in random
+// physical order (a fragmented pool, as a long-running server has); one query per step:
+//   contiguous  kvlab::cpu::decode_attention        over [num_kv_heads, n, head_dim]
+//   paged/B     kvlab::cpu::paged_decode_attention  over [num_blocks, B, num_kv_heads, head_dim]
+// Shapes: mha (32 heads, 32 K/V heads, head_dim 128: 32 KiB of K+V per token) and gqa (32/8 x
+// 128: 8 KiB per token); n = 1024 ... 16384.
+//
+// Method: per shape, n and thread count, --reps repetitions; in each, every path (in an order
+// rotated from one repetition to the next) runs back to back for at least --min-time seconds and
+// its mean time per call is kept. Printed: each path's median time, its effective bandwidth
+// (CostCounters::kv_bytes_read / time) and that bandwidth's fraction of the read bandwidth
+// measured at the start (kvlab_bench::read_bandwidth over --read-mib, default 1 GiB); and paged/contiguous, the median
+// over repetitions of the ratio within one repetition (paths timed seconds apart, not minutes:
+// memory bandwidth on a virtualised machine drifts). Before timing, every paged output is
+// checked against the contiguous one (max row-relative difference <= 1e-5, the float tolerance
+// of tests/test_paged_attention.cpp); a mismatch exits non-zero.
+//
+// Build and run (Release, from the repository root):
+//   cmake --build build-bench --target bench_paged_decode
+//   build-bench/bench/bench_paged_decode --json bench/results/cpu-paged-decode.json
+// --help lists the options.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <kvlab/kvlab.hpp>
+
+#include "read_bandwidth.hpp"
+
+namespace {
+
+struct Config {
+  const char* name;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+};
+constexpr Config kConfigs[] = {{"mha", 32, 32, 128}, {"gqa", 32, 8, 128}};
+constexpr int kBlockSizes[] = {1, 16, 32};
+constexpr std::uint64_t kSeed = 5;
+constexpr double kTolerance = 1e-5;
+
+struct Options {
+  int max_n = 16384;
+  int reps = 7;
+  double min_time = 0.05;
+  std::vector<int> threads = {1, 2};
+  int read_mib = 1024;  // the read-bandwidth buffer
+  std::string json;     // empty: no JSON
+};
+
+// One line of results: a path at one (shape, n, threads).
+struct Result {
+  std::string shape, path;
+  int n = 0, threads = 0, block_size = 0;  // block_size 0: contiguous
+  double seconds = 0, gbps = 0, fraction = 0, ratio = 1;
+};
+
+// A block pool holding the rows of `cache` through a table of blocks in random physical order.
+struct Pool {
+  std::vector<float> k, v;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
+  kvlab::PagedKVView<float> view;
+
+  Pool(const kvlab::ContiguousKVView<float>& cache, int block_size) {
+    const int n = cache.length;
+    const int num_blocks = (n - 1) / block_size + 1;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(num_blocks));  // [num_blocks]
+    std::iota(order.begin(), order.end(), 0);
+    kvlab::Rng rng(kSeed + static_cast<std::uint64_t>(block_size));
+    for (std::size_t i = order.size() - 1; i > 0; --i)
+      std::swap(order[i], order[static_cast<std::size_t>(rng.next_u64() % (i + 1))]);
+    tables = kvlab::BlockTables::from_lists({order}, {n}, num_blocks, block_size);
+    const std::size_t size = static_cast<std::size_t>(num_blocks) * block_size * cache.num_kv_heads * cache.head_dim;
+    k.assign(size, 0.0f);
+    v.assign(size, 0.0f);
+    view = tables.view(k.data(), v.data(), cache.num_kv_heads, cache.head_dim);
+    const auto bytes = static_cast<std::size_t>(cache.head_dim) * sizeof(float);
+    for (int pos = 0; pos < n; ++pos)
+      for (int h = 0; h < cache.num_kv_heads; ++h) {
+        std::memcpy(k.data() + view.offset(0, pos, h), cache.key(h, pos), bytes);
+        std::memcpy(v.data() + view.offset(0, pos, h), cache.value(h, pos), bytes);
+      }
+  }
+};
+
+void set_threads(int threads) {
+#if defined(_OPENMP)
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+}
+
+// Mean seconds per call of `call`, run back to back for at least `min_time` seconds (3 calls at least).
+template <typename F>
+double time_per_call(F&& call, double min_time) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  int calls = 0;
+  double elapsed = 0;
+  do {
+    call();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < min_time || calls < 3);
+  return elapsed / calls;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t m = values.size() / 2;
+  return values.size() % 2 == 1 ? values[m] : 0.5 * (values[m - 1] + values[m]);
+}
+
+// Max over rows of max |a - b| / max(1, max |b|): the rule of tests/test_support.hpp.
+double row_relative_difference(const kvlab::RowMatrix<float>& a, const kvlab::RowMatrix<float>& b) {
+  double worst = 0;
+  for (Eigen::Index r = 0; r < b.rows(); ++r) {
+    const double scale = std::max(1.0, static_cast<double>(b.row(r).cwiseAbs().maxCoeff()));
+    worst = std::max(worst, static_cast<double>((a.row(r) - b.row(r)).cwiseAbs().maxCoeff()) / scale);
+  }
+  return worst;
+}
+
+// Runs every path for one shape and n; appends one Result per path and thread count.
+void run_case(const Config& c, int n, const Options& options, const std::vector<double>& read_gbps,
+              std::vector<Result>& results) {
+  const kvlab::AttentionShape shape(c.num_heads, c.num_kv_heads, c.head_dim);
+  kvlab::ContiguousKVCache<float> contiguous(1, c.num_kv_heads, c.head_dim, n);
+  kvlab::Rng rng(kSeed);
+  for (int t0 = 0; t0 < n; t0 += 512) {
+    const int rows = std::min(512, n - t0);
+    const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);  // [rows, kv_width]
+    const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);  // [rows, kv_width]
+    contiguous.append(0, k, v);
+  }
+  const kvlab::ContiguousKVView<float> flat = contiguous.view(0);
+  std::vector<Pool> pools;
+  for (int b : kBlockSizes) pools.emplace_back(flat, b);
+  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, heads * head_dim]
+  kvlab::RowMatrix<float> out(1, shape.q_width());                                         // [1, heads * head_dim]
+
+  // Checked before timed: every paged output equals the contiguous one.
+  kvlab::CostCounters counters;
+  const kvlab::RowMatrix<float> want = kvlab::cpu::decode_attention(shape, q, flat, &counters);
+  for (const Pool& pool : pools) {
+    const double diff = row_relative_difference(kvlab::cpu::paged_decode_attention(shape, q, pool.view), want);
+    if (!(diff <= kTolerance)) {
+      throw std::runtime_error("paged and contiguous outputs differ: " + std::to_string(diff));
+    }
+  }
+  const double gb = static_cast<double>(counters.kv_bytes_read) * 1e-9;
+
+  const std::size_t paths = 1 + pools.size();  // 0: contiguous, then one per block size
+  const auto call = [&](std::size_t path) {
+    if (path == 0) {
+      kvlab::cpu::decode_attention(shape, q, flat, out);
+    } else {
+      kvlab::cpu::paged_decode_attention(shape, q, pools[path - 1].view, out);
+    }
+  };
+  for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
+    const int threads = options.threads[ti];
+    set_threads(threads);
+    std::vector<std::vector<double>> seconds(paths);  // [path][rep]
+    std::vector<std::vector<double>> ratios(paths);   // [path][rep]: paged / contiguous, same rep
+    for (std::size_t p = 0; p < paths; ++p) call(p);  // warm-up
+    for (int rep = 0; rep < options.reps; ++rep) {
+      std::vector<double> now(paths);
+      for (std::size_t i = 0; i < paths; ++i) {
+        const std::size_t p = (i + static_cast<std::size_t>(rep)) % paths;
+        now[p] = time_per_call([&] { call(p); }, options.min_time);
+      }
+      for (std::size_t p = 0; p < paths; ++p) {
+        seconds[p].push_back(now[p]);
+        ratios[p].push_back(now[p] / now[0]);
+      }
+    }
+    for (std::size_t p = 0; p < paths; ++p) {
+      Result r;
+      r.shape = c.name;
+      r.n = n;
+      r.threads = threads;
+      r.block_size = p == 0 ? 0 : kBlockSizes[p - 1];
+      r.path = p == 0 ? "contiguous" : "paged/" + std::to_string(r.block_size);
+      r.seconds = median(seconds[p]);
+      r.gbps = gb / r.seconds;
+      r.fraction = r.gbps / read_gbps[ti];
+      r.ratio = median(ratios[p]);
+      results.push_back(r);
+    }
+  }
+}
+
+void print_table(const std::vector<Result>& results, const Options& options, const std::vector<double>& read_gbps) {
+  std::printf("\nOne decode step, contiguous vs paged (blocks in random physical order). time: median of %d "
+              "repetitions;\nGB/s: K+V bytes read / time; frac: of the read bandwidth; ratio: paged / contiguous "
+              "time within a repetition, median.\n",
+              options.reps);
+  std::printf("%-4s %7s %6s | %-22s | %-28s | %-28s | %-28s\n", "", "threads", "n", "contiguous: us GB/s frac",
+              "paged/1: us GB/s frac ratio", "paged/16: us GB/s frac ratio", "paged/32: us GB/s frac ratio");
+  for (std::size_t i = 0; i + 4 <= results.size(); i += 4) {
+    const Result* r = &results[i];
+    std::printf("%-4s %7d %6d | %8.0f %6.2f %5.2f |", r[0].shape.c_str(), r[0].threads, r[0].n, r[0].seconds * 1e6,
+                r[0].gbps, r[0].fraction);
+    for (int j = 1; j < 4; ++j)
+      std::printf(" %8.0f %6.2f %5.2f %5.3f |", r[j].seconds * 1e6, r[j].gbps, r[j].fraction, r[j].ratio);
+    std::printf("\n");
+  }
+  std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15):", options.read_mib);
+  for (std::size_t t = 0; t < options.threads.size(); ++t)
+    std::printf(" %d thread%s %.2f GB/s;", options.threads[t], options.threads[t] == 1 ? "" : "s", read_gbps[t]);
+  std::printf("\nL3: %zu MiB. K+V of mha is 32 MiB per 1024 tokens, of gqa 8 MiB: caches within about twice the "
+              "L3 are partly re-read from it.\n",
+              kvlab_bench::l3_bytes() >> 20);
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results, const Options& options,
+                const std::vector<double>& read_gbps) {
+  std::ofstream file(path);
+  if (!file) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
+  file << "{\n  \"program\": \"bench_paged_decode\",\n  \"reps\": " << options.reps
+       << ",\n  \"min_time_s\": " << options.min_time << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
+       << ",\n  \"read_bandwidth_buffer_MiB\": " << options.read_mib << ",\n  \"read_bandwidth_GBps\": {";
+  for (std::size_t t = 0; t < options.threads.size(); ++t)
+    file << (t ? ", " : "") << "\"" << options.threads[t] << "\": " << read_gbps[t];
+  file << "},\n  \"results\": [\n";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n << ", \"threads\": " << r.threads
+         << ", \"path\": \"" << r.path << "\", \"block_size\": " << r.block_size << ", \"median_us\": "
+         << r.seconds * 1e6 << ", \"GB_per_s\": " << r.gbps << ", \"fraction_of_read_bandwidth\": " << r.fraction
+         << ", \"ratio_to_contiguous\": " << r.ratio << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  file << "  ]\n}\n";
+}
+
+const char* const kUsage =
+    "usage: bench_paged_decode [--max-n N] [--reps R] [--min-time S] [--threads T,...] [--read-mib M] [--json FILE] [--help]\n"
+    "  --max-n N       largest n; n runs over 1024, 2048, ... up to N (default 16384, N >= 1024)\n"
+    "  --reps R        repetitions; medians are printed (default 7)\n"
+    "  --min-time S    seconds each path runs per repetition (default 0.05)\n"
+    "  --threads T,... OpenMP thread counts (default 1,2)\n"
+    "  --read-mib M    size of the read-bandwidth buffer in MiB (default 1024)\n"
+    "  --json FILE     also write the results as JSON\n"
+    "  --help          print this and exit\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+double parse_number(const std::string& option, const char* text, double minimum, double maximum) {
+  const std::string expected = "a number in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
+  if (text == nullptr) throw UsageError(option + ": expected " + expected + ", got nothing");
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || errno == ERANGE || !(value >= minimum && value <= maximum)) {
+    throw UsageError(option + ": expected " + expected + ", got '" + text + "'");
+  }
+  return value;
+}
+
+int parse_int(const std::string& option, const char* text, int minimum, int maximum) {
+  const double value = parse_number(option, text, minimum, maximum);
+  if (value != std::floor(value)) throw UsageError(option + ": expected an integer, got '" + text + "'");
+  return static_cast<int>(value);
+}
+
+// Returns false when --help was given (and printed).
+bool parse_options(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return false;
+    } else if (arg == "--max-n") {
+      options.max_n = parse_int(arg, value, 1024, 1 << 20);
+    } else if (arg == "--reps") {
+      options.reps = parse_int(arg, value, 1, 1000);
+    } else if (arg == "--min-time") {
+      options.min_time = parse_number(arg, value, 0.0, 60.0);
+    } else if (arg == "--threads") {
+      options.threads.clear();
+      std::string list = value == nullptr ? "" : value;
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        options.threads.push_back(parse_int(arg, list.substr(at, comma - at).c_str(), 1, 256));
+        at = comma + 1;
+      }
+    } else if (arg == "--read-mib") {
+      options.read_mib = parse_int(arg, value, 1, 1 << 16);
+    } else if (arg == "--json") {
+      if (value == nullptr || value[0] == '\0') throw UsageError("--json: expected a file name, got nothing");
+      options.json = value;
+    } else {
+      throw UsageError("unknown option '" + arg + "': expected one of --max-n, --reps, --min-time, --threads, "
+                       "--read-mib, --json, --help");
+    }
+    ++i;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  try {
+    if (!parse_options(argc, argv, options)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "bench_paged_decode: %s (try --help)\n", e.what());
+    return 2;
+  }
+#if !defined(_OPENMP)
+  if (options.threads != std::vector<int>{1}) std::fprintf(stderr, "bench_paged_decode: built without OpenMP; 1 thread\n");
+  options.threads = {1};
+#endif
+  try {
+    std::vector<double> read_gbps;  // [threads]
+    {
+      std::vector<float> buffer((static_cast<std::size_t>(options.read_mib) << 20) / sizeof(float), 1.0f);
+      for (int t : options.threads) read_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
+    }
+    std::vector<Result> results;
+    for (const Config& c : kConfigs)
+      for (int n = 1024; n <= options.max_n; n *= 2) {
+        std::fprintf(stderr, "bench_paged_decode: %s n = %d ...\n", c.name, n);
+        run_case(c, n, options, read_gbps, results);
+      }
+    print_table(results, options, read_gbps);
+    if (!options.json.empty()) write_json(options.json, results, options, read_gbps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_paged_decode: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
