@@ -42,6 +42,7 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include "cli.hpp"
 #include "median_reporter.hpp"
 #include "read_bandwidth.hpp"
 
@@ -49,6 +50,7 @@ namespace {
 
 using kvlab_bench::l3_bytes;
 using kvlab_bench::read_bandwidth;
+using kvlab_bench::set_threads;
 
 struct Config {
   const char* name;
@@ -71,14 +73,6 @@ constexpr int kSameBytesRuns = 5;  // runs of the sum over a benchmark's own K a
 
 // Read bandwidth in GB/s, by thread count (index = threads); filled before any benchmark runs.
 std::array<double, kMaxThreads + 1> g_read_gbps{};
-
-void set_threads(int threads) {
-#if defined(_OPENMP)
-  omp_set_num_threads(threads);
-#else
-  (void)threads;
-#endif
-}
 
 // ---------------------------------------------------------------------------------------------
 // The decode step

@@ -73,7 +73,13 @@
 #include <kvlab/cache/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
 
+#include "cli.hpp"
+
 namespace {
+
+using kvlab_bench::parse_double;
+using kvlab_bench::parse_long;
+using kvlab_bench::UsageError;
 
 constexpr double kPi = 3.14159265358979323846;
 const int kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
@@ -297,35 +303,6 @@ const char* const kUsage =
     "  --median T      median total length in tokens (default 256)\n"
     "  --sigma S       sigma of ln(total length) (default 1.0)\n"
     "  --json FILE     also write the results as JSON\n";
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-long parse_long(const std::string& option, const char* text, long minimum, long maximum) {
-  const std::string expected = "an integer in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
-  if (text == nullptr) throw UsageError(option + ": expected " + expected + ", got nothing");
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || errno == ERANGE || value < minimum || value > maximum) {
-    throw UsageError(option + ": expected " + expected + ", got '" + text + "'");
-  }
-  return value;
-}
-
-double parse_double(const std::string& option, const char* text, double minimum, double maximum) {
-  char range[64];
-  std::snprintf(range, sizeof range, "a number in [%g, %g]", minimum, maximum);
-  if (text == nullptr) throw UsageError(option + ": expected " + range + ", got nothing");
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text, &end);
-  if (end == text || *end != '\0' || errno == ERANGE || !(value >= minimum && value <= maximum)) {
-    throw UsageError(option + ": expected " + range + ", got '" + text + "'");
-  }
-  return value;
-}
 
 // Returns false when --help was given (and printed).
 bool parse_options(int argc, char** argv, Options& o) {

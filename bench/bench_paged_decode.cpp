@@ -41,9 +41,13 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include "cli.hpp"
 #include "read_bandwidth.hpp"
 
 namespace {
+
+using kvlab_bench::set_threads;
+using kvlab_bench::UsageError;
 
 struct Config {
   const char* name;
@@ -99,14 +103,6 @@ struct Pool {
       }
   }
 };
-
-void set_threads(int threads) {
-#if defined(_OPENMP)
-  omp_set_num_threads(threads);
-#else
-  (void)threads;
-#endif
-}
 
 // Mean seconds per call of `call`, run back to back for at least `min_time` seconds (3 calls at least).
 template <typename F>
@@ -262,26 +258,8 @@ const char* const kUsage =
     "  --json FILE     also write the results as JSON\n"
     "  --help          print this and exit\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-double parse_number(const std::string& option, const char* text, double minimum, double maximum) {
-  const std::string expected = "a number in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
-  if (text == nullptr) throw UsageError(option + ": expected " + expected + ", got nothing");
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text, &end);
-  if (end == text || *end != '\0' || errno == ERANGE || !(value >= minimum && value <= maximum)) {
-    throw UsageError(option + ": expected " + expected + ", got '" + text + "'");
-  }
-  return value;
-}
-
 int parse_int(const std::string& option, const char* text, int minimum, int maximum) {
-  const double value = parse_number(option, text, minimum, maximum);
-  if (value != std::floor(value)) throw UsageError(option + ": expected an integer, got '" + text + "'");
-  return static_cast<int>(value);
+  return static_cast<int>(kvlab_bench::parse_long(option, text, minimum, maximum));
 }
 
 // Returns false when --help was given (and printed).
@@ -297,7 +275,7 @@ bool parse_options(int argc, char** argv, Options& options) {
     } else if (arg == "--reps") {
       options.reps = parse_int(arg, value, 1, 1000);
     } else if (arg == "--min-time") {
-      options.min_time = parse_number(arg, value, 0.0, 60.0);
+      options.min_time = kvlab_bench::parse_double(arg, value, 0.0, 60.0);
     } else if (arg == "--threads") {
       options.threads.clear();
       std::string list = value == nullptr ? "" : value;

@@ -30,7 +30,11 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include "cli.hpp"
+
 namespace {
+
+using kvlab_bench::UsageError;
 
 // ---------------------------------------------------------------------------------------------
 // The model and the run
@@ -293,21 +297,9 @@ const char* const kUsage =
     "  --svg FILE   also write a log-log plot of K/V projections and times vs n\n"
     "  --help       print this and exit\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
+// At most 2^29, so that doubling n up to the limit never overflows an int.
 int parse_int(const std::string& option, const char* text, int minimum) {
-  // At most 2^29, so that doubling n up to the limit never overflows an int.
-  const std::string expected = "an integer in [" + std::to_string(minimum) + ", " + std::to_string(1L << 29) + "]";
-  if (text == nullptr) throw UsageError(option + ": expected " + expected + ", got nothing");
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || errno == ERANGE || value < minimum || value > 1L << 29) {
-    throw UsageError(option + ": expected " + expected + ", got '" + text + "'");
-  }
-  return static_cast<int>(value);
+  return static_cast<int>(kvlab_bench::parse_long(option, text, minimum, 1L << 29));
 }
 
 // Returns false when --help was given (and printed).
