@@ -1,8 +1,10 @@
 // bench_paged_decode: the price of paging for one decode step. The same float rows sit in a
-// contiguous cache and in block pools of block size 1, 16 and 32 whose blocks are in random
-// physical order (a fragmented pool, as a long-running server has); one query per step:
+// contiguous cache and in block pools of block size 1, 16 and 32, in both pool layouts, whose
+// blocks are in random physical order (a fragmented pool, as a long-running server has); one
+// query per step:
 //   contiguous  kvlab::cpu::decode_attention        over [num_kv_heads, n, head_dim]
-//   paged/B     kvlab::cpu::paged_decode_attention  over [num_blocks, B, num_kv_heads, head_dim]
+//   NHD/B       kvlab::cpu::paged_decode_attention  over [num_blocks, B, num_kv_heads, head_dim]
+//   HND/B       kvlab::cpu::paged_decode_attention  over [num_blocks, num_kv_heads, B, head_dim]
 // Shapes: mha (32 heads, 32 K/V heads, head_dim 128: 32 KiB of K+V per token) and gqa (32/8 x
 // 128: 8 KiB per token); n = 1024 ... 16384.
 //
@@ -29,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -57,6 +60,7 @@ struct Config {
 };
 constexpr Config kConfigs[] = {{"mha", 32, 32, 128}, {"gqa", 32, 8, 128}};
 constexpr int kBlockSizes[] = {1, 16, 32};
+constexpr kvlab::KVLayout kLayouts[] = {kvlab::KVLayout::NHD, kvlab::KVLayout::HND};
 constexpr std::uint64_t kSeed = 5;
 constexpr double kTolerance = 1e-5;
 
@@ -71,18 +75,18 @@ struct Options {
 
 // One line of results: a path at one (shape, n, threads).
 struct Result {
-  std::string shape, path;
+  std::string shape, path, layout;          // layout "" for contiguous
   int n = 0, threads = 0, block_size = 0;  // block_size 0: contiguous
   double seconds = 0, gbps = 0, fraction = 0, ratio = 1;
 };
 
 // A block pool holding the rows of `cache` through a table of blocks in random physical order.
 struct Pool {
-  std::vector<float> k, v;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  std::vector<float> k, v;  // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads, block_size, head_dim] (HND)
   kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
   kvlab::PagedKVView<float> view;
 
-  Pool(const kvlab::ContiguousKVView<float>& cache, int block_size) {
+  Pool(const kvlab::ContiguousKVView<float>& cache, int block_size, kvlab::KVLayout layout) {
     const int n = cache.length;
     const int num_blocks = (n - 1) / block_size + 1;
     std::vector<std::int32_t> order(static_cast<std::size_t>(num_blocks));  // [num_blocks]
@@ -94,7 +98,7 @@ struct Pool {
     const std::size_t size = static_cast<std::size_t>(num_blocks) * block_size * cache.num_kv_heads * cache.head_dim;
     k.assign(size, 0.0f);
     v.assign(size, 0.0f);
-    view = tables.view(k.data(), v.data(), cache.num_kv_heads, cache.head_dim);
+    view = tables.view(k.data(), v.data(), cache.num_kv_heads, cache.head_dim, layout);
     const auto bytes = static_cast<std::size_t>(cache.head_dim) * sizeof(float);
     for (int pos = 0; pos < n; ++pos)
       for (int h = 0; h < cache.num_kv_heads; ++h) {
@@ -149,7 +153,9 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
   }
   const kvlab::ContiguousKVView<float> flat = contiguous.view(0);
   std::vector<Pool> pools;
-  for (int b : kBlockSizes) pools.emplace_back(flat, b);
+  pools.reserve(std::size(kLayouts) * std::size(kBlockSizes));
+  for (kvlab::KVLayout layout : kLayouts)
+    for (int b : kBlockSizes) pools.emplace_back(flat, b, layout);
   const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, heads * head_dim]
   kvlab::RowMatrix<float> out(1, shape.q_width());                                         // [1, heads * head_dim]
 
@@ -194,8 +200,9 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
       r.shape = c.name;
       r.n = n;
       r.threads = threads;
-      r.block_size = p == 0 ? 0 : kBlockSizes[p - 1];
-      r.path = p == 0 ? "contiguous" : "paged/" + std::to_string(r.block_size);
+      r.block_size = p == 0 ? 0 : pools[p - 1].view.block_size;
+      r.layout = p == 0 ? "" : kvlab::to_string(pools[p - 1].view.layout);
+      r.path = p == 0 ? "contiguous" : r.layout + "/" + std::to_string(r.block_size);
       r.seconds = median(seconds[p]);
       r.gbps = gb / r.seconds;
       r.fraction = r.gbps / read_gbps[ti];
@@ -207,18 +214,23 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
 
 void print_table(const std::vector<Result>& results, const Options& options, const std::vector<double>& read_gbps) {
   std::printf("\nOne decode step, contiguous vs paged (blocks in random physical order). time: median of %d "
-              "repetitions;\nGB/s: K+V bytes read / time; frac: of the read bandwidth; ratio: paged / contiguous "
-              "time within a repetition, median.\n",
+              "repetitions;\nGB/s: K+V bytes read / time; frac: of the read bandwidth; paged columns: paged / "
+              "contiguous time within a repetition, median; HND/16 frac: its fraction of the read bandwidth.\n",
               options.reps);
-  std::printf("%-4s %7s %6s | %-22s | %-28s | %-28s | %-28s\n", "", "threads", "n", "contiguous: us GB/s frac",
-              "paged/1: us GB/s frac ratio", "paged/16: us GB/s frac ratio", "paged/32: us GB/s frac ratio");
-  for (std::size_t i = 0; i + 4 <= results.size(); i += 4) {
+  const std::size_t paths = 1 + std::size(kLayouts) * std::size(kBlockSizes);
+  std::printf("%-4s %7s %6s | %-22s |", "", "threads", "n", "contiguous: us GB/s frac");
+  for (std::size_t j = 1; j < paths; ++j) std::printf(" %7s", results[j].path.c_str());
+  std::printf(" | HND/16 frac\n");
+  for (std::size_t i = 0; i + paths <= results.size(); i += paths) {
     const Result* r = &results[i];
     std::printf("%-4s %7d %6d | %8.0f %6.2f %5.2f |", r[0].shape.c_str(), r[0].threads, r[0].n, r[0].seconds * 1e6,
                 r[0].gbps, r[0].fraction);
-    for (int j = 1; j < 4; ++j)
-      std::printf(" %8.0f %6.2f %5.2f %5.3f |", r[j].seconds * 1e6, r[j].gbps, r[j].fraction, r[j].ratio);
-    std::printf("\n");
+    double hnd16 = 0;
+    for (std::size_t j = 1; j < paths; ++j) {
+      std::printf(" %7.3f", r[j].ratio);
+      if (r[j].path == "HND/16") hnd16 = r[j].fraction;
+    }
+    std::printf(" | %5.2f\n", hnd16);
   }
   std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15):", options.read_mib);
   for (std::size_t t = 0; t < options.threads.size(); ++t)
@@ -241,7 +253,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n << ", \"threads\": " << r.threads
-         << ", \"path\": \"" << r.path << "\", \"block_size\": " << r.block_size << ", \"median_us\": "
+         << ", \"path\": \"" << r.path << "\", \"layout\": \"" << r.layout << "\", \"block_size\": " << r.block_size << ", \"median_us\": "
          << r.seconds * 1e6 << ", \"GB_per_s\": " << r.gbps << ", \"fraction_of_read_bandwidth\": " << r.fraction
          << ", \"ratio_to_contiguous\": " << r.ratio << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }

@@ -1,8 +1,9 @@
 // BlockTables and PagedKVView: the CSR arrays round-trip, token addresses follow the
-// documented NHD pool layout through arbitrary (non-monotonic) block tables, and malformed
+// documented NHD and HND pool layouts through arbitrary (non-monotonic) block tables, and malformed
 // tables are rejected with the offending element named.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "kvlab/cache/block_allocator.hpp"
@@ -29,10 +30,13 @@ TEST_CASE("from_lists builds the CSR arrays") {
   CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 10, 4), InvalidArgument, names("lengths[0]", ">= 1", "0"));
 }
 
-TEST_CASE("a token's address is ((block * block_size + slot) * num_kv_heads + head) * head_dim") {
+TEST_CASE("a token's address: ((block * block_size + slot) * num_kv_heads + head) * head_dim in NHD, "
+          "((block * num_kv_heads + head) * block_size + slot) * head_dim in HND") {
   const int num_blocks = 16, kv_heads = 3, head_dim = 5;
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  const bool hnd = layout == kvlab::KVLayout::HND;
   for (int block_size : {1, 3, 16}) {
-    INFO("block_size " << block_size);
+    INFO("block_size " << block_size << ", layout " << kvlab::to_string(layout));
     // Take blocks from a pool in a shuffled order so that the tables are non-monotonic.
     kvlab::BlockAllocator pool(num_blocks);
     kvlab::Rng rng(static_cast<std::uint64_t>(block_size));
@@ -49,20 +53,34 @@ TEST_CASE("a token's address is ((block * block_size + slot) * num_kv_heads + he
     }
     const BlockTables tables = BlockTables::from_lists(lists, lengths, num_blocks, block_size);
     std::vector<float> pool_k(static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
-    const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim);
+    const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim, layout);
     REQUIRE(view.batch == 4);
+    REQUIRE(view.layout == layout);
+    REQUIRE(view.token_stride() == (hnd ? head_dim : kv_heads * head_dim));
+    REQUIRE(view.head_stride() == (hnd ? block_size * head_dim : head_dim));
+    std::vector<int> hits(pool_k.size(), 0);  // every element of the pool is addressed exactly once
     for (int s = 0; s < 4; ++s) {
       REQUIRE(view.seq_len(s) == lengths[static_cast<std::size_t>(s)]);
       for (int pos = 0; pos < lengths[static_cast<std::size_t>(s)]; ++pos) {
         const int block = lists[static_cast<std::size_t>(s)][static_cast<std::size_t>(pos / block_size)];
         REQUIRE(view.block_of(s, pos) == block);
         for (int h = 0; h < kv_heads; ++h) {
-          const std::ptrdiff_t want = ((static_cast<std::ptrdiff_t>(block) * block_size + pos % block_size) * kv_heads + h) * head_dim;
+          const std::ptrdiff_t slot = pos % block_size;
+          const std::ptrdiff_t want = hnd ? ((static_cast<std::ptrdiff_t>(block) * kv_heads + h) * block_size + slot) * head_dim
+                                          : ((static_cast<std::ptrdiff_t>(block) * block_size + slot) * kv_heads + h) * head_dim;
           REQUIRE(view.offset(s, pos, h) == want);
+          REQUIRE(view.slot_offset(static_cast<std::int64_t>(block) * block_size + slot, h) == want);
           REQUIRE(view.key(s, pos, h) == pool_k.data() + want);
+          if (slot > 0) REQUIRE(view.offset(s, pos - 1, h) + view.token_stride() == want);
+          if (h > 0) REQUIRE(view.offset(s, pos, h - 1) + view.head_stride() == want);
         }
       }
     }
+    // Over every slot of every block: the rows of all (slot, head) pairs tile the pool.
+    for (std::int64_t slot = 0; slot < static_cast<std::int64_t>(num_blocks) * block_size; ++slot)
+      for (int h = 0; h < kv_heads; ++h)
+        for (int c = 0; c < head_dim; ++c) ++hits[static_cast<std::size_t>(view.slot_offset(slot, h) + c)];
+    REQUIRE(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
   }
 }
 

@@ -1,8 +1,9 @@
 // Paged attention (cpu::paged_decode_attention, cpu::paged_prefill_attention) against the
 // triple loop of test_support.hpp and against decode_attention on a contiguous cache holding
 // the same rows: ragged batches, block sizes 1/3/16/32, lengths on and beside block boundaries,
-// MHA/GQA/MQA, head_dim 64..256, block tables in random physical order, NaN in every slot no
-// sequence owns (vLLM's padding test); exact counters; argument checks.
+// MHA/GQA/MQA, head_dim 64..256, both pool layouts (NHD, HND), block tables in random physical
+// order, NaN in every slot no sequence owns (vLLM's padding test); the split-K path (fewer
+// sequences than threads) against one pass; exact counters; argument checks.
 //
 // Tolerances (as test_attention.cpp, see test_support.hpp): the kernels and the long-double
 // reference differ by rounding only: double 1e-12, float 1e-5 relative to max(1, row max).
@@ -41,11 +42,12 @@ namespace {
 template <typename T>
 struct RaggedPool {
   std::vector<RowMatrix<T>> keys, values;  // [batch][len, kv_width]
-  std::vector<T> k, v;                     // [num_blocks, block_size, num_kv_heads, head_dim]
+  std::vector<T> k, v;                     // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads, block_size, head_dim] (HND)
   kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
   kvlab::PagedKVView<T> view;
 
-  RaggedPool(const AttentionShape& shape, int block_size, const std::vector<int>& lengths, kvlab::Rng& rng) {
+  RaggedPool(const AttentionShape& shape, int block_size, const std::vector<int>& lengths, kvlab::Rng& rng,
+             kvlab::KVLayout layout = kvlab::KVLayout::NHD) {
     int pages = 0;
     for (int len : lengths) pages += (len - 1) / block_size + 1;
     const int num_blocks = pages + 3;  // three blocks nobody owns
@@ -67,7 +69,7 @@ struct RaggedPool {
       next += lists.back().size();
     }
     tables = kvlab::BlockTables::from_lists(lists, lengths, num_blocks, block_size);
-    view = tables.view(k.data(), v.data(), shape.num_kv_heads(), shape.head_dim());
+    view = tables.view(k.data(), v.data(), shape.num_kv_heads(), shape.head_dim(), layout);
     for (std::size_t s = 0; s < lengths.size(); ++s)
       for (int pos = 0; pos < lengths[s]; ++pos)
         for (int h = 0; h < shape.num_kv_heads(); ++h)
@@ -96,6 +98,7 @@ TEMPLATE_TEST_CASE("paged_decode_attention equals a triple loop over ragged batc
     int num_heads, num_kv_heads;
   };
   const Heads layouts[] = {{4, 4}, {8, 2}, {4, 1}};  // MHA, GQA, MQA
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   std::uint64_t seed = 1;
   for (int block_size : {1, 3, 16, 32})
     for (const Heads& heads : layouts)
@@ -104,11 +107,12 @@ TEMPLATE_TEST_CASE("paged_decode_attention equals a triple loop over ragged batc
         std::vector<int> lengths = boundary_lengths(block_size);
         kvlab::Rng rng(seed++);
         std::shuffle(lengths.begin(), lengths.end(), std::mt19937(static_cast<unsigned>(seed)));
-        const RaggedPool<TestType> batch(shape, block_size, lengths, rng);
+        const RaggedPool<TestType> batch(shape, block_size, lengths, rng, layout);
         const RowMatrix<TestType> q = kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
         const RowMatrix<TestType> got = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
         for (int s = 0; s < batch.view.batch; ++s) {
-          CAPTURE(block_size, heads.num_heads, heads.num_kv_heads, head_dim, s, lengths[static_cast<std::size_t>(s)]);
+          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads, head_dim, s,
+                  lengths[static_cast<std::size_t>(s)]);
           const RowMatrix<TestType> q_s = q.row(s);
           const RowMatrix<TestType> want = reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
                                                                batch.values[static_cast<std::size_t>(s)]);
@@ -120,11 +124,12 @@ TEMPLATE_TEST_CASE("paged_decode_attention equals a triple loop over ragged batc
 
 TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within each") {
   const AttentionShape shape(8, 2, 64);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   for (int block_size : {1, 3, 16, 32}) {
     kvlab::Rng rng(100 + static_cast<std::uint64_t>(block_size));
     const std::vector<int> lengths = {2 * block_size + 1, 37, 1, block_size + 1, 50};
     const std::vector<int> q_lens = {2 * block_size + 1, 0, 1, 2, 17};  // whole prompt, none, ..., tile + 1
-    const RaggedPool<double> batch(shape, block_size, lengths, rng);
+    const RaggedPool<double> batch(shape, block_size, lengths, rng, layout);
     std::vector<std::int32_t> qo_indptr{0};
     for (int n : q_lens) qo_indptr.push_back(qo_indptr.back() + n);
     const RowMatrix<double> q = kvlab::random_matrix<double>(qo_indptr.back(), shape.q_width(), rng);
@@ -133,7 +138,7 @@ TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within e
 
     kvlab::CostCounters want_counters;
     for (std::size_t s = 0; s < lengths.size(); ++s) {
-      CAPTURE(block_size, s);
+      CAPTURE(kvlab::to_string(layout), block_size, s);
       if (q_lens[s] == 0) continue;
       const RowMatrix<double> q_s = q.middleRows(qo_indptr[s], q_lens[s]);
       const RowMatrix<double> want = reference_attention(shape, q_s, batch.keys[s], batch.values[s]);
@@ -151,9 +156,10 @@ TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within e
 
 TEST_CASE("paged_decode_attention: the same counts as decode_attention per sequence") {
   const AttentionShape shape(32, 8, 128);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   kvlab::Rng rng(7);
   const std::vector<int> lengths = {1, 15, 16, 17, 100};
-  const RaggedPool<float> batch(shape, 16, lengths, rng);
+  const RaggedPool<float> batch(shape, 16, lengths, rng, layout);
   const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
   kvlab::CostCounters counters;
   kvlab::cpu::paged_decode_attention(shape, q, batch.view, &counters);
@@ -168,9 +174,10 @@ TEST_CASE("paged_decode_attention: the same counts as decode_attention per seque
 TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
 #if defined(_OPENMP)
   const AttentionShape shape(8, 2, 128);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   kvlab::Rng rng(11);
   const std::vector<int> lengths = {700, 3, 1200, 64, 999, 1};  // ragged: dynamic schedule
-  const RaggedPool<float> batch(shape, 16, lengths, rng);
+  const RaggedPool<float> batch(shape, 16, lengths, rng, layout);
   const RowMatrix<float> q = kvlab::random_matrix<float>(6, shape.q_width(), rng);
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -185,7 +192,49 @@ TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
 #endif
 }
 
-TEST_CASE("paged attention rejects bad arguments and views, naming them; out stays unchanged") {
+// Split-K: an NHD batch with fewer sequences than threads cuts each sequence's blocks into
+// partitions (one per thread and sequence) and merges them by the log-sum-exp rule. Its result
+// differs from one pass by rounding only: compared with the triple loop at the usual tolerance,
+// for partitions that end on, before and after block boundaries, uneven last partitions, a
+// sequence shorter than one partition, and NaN in every unused slot. The counts do not change.
+TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences than threads", "", float, double) {
+#if defined(_OPENMP)
+  const int before = omp_get_max_threads();
+  std::uint64_t seed = 500;
+  for (int block_size : {1, 3, 16})
+    for (int threads : {2, 3, 8}) {
+      const AttentionShape shape(8, 2, 64);
+      for (const std::vector<int>& lengths : {std::vector<int>{1000}, std::vector<int>{5 * block_size + 2, 1},
+                                              std::vector<int>{777, 2 * block_size, 64}}) {
+        if (static_cast<int>(lengths.size()) >= threads) continue;  // split-K needs fewer sequences than threads
+        CAPTURE(block_size, threads, lengths);
+        kvlab::Rng rng(seed++);
+        const RaggedPool<TestType> batch(shape, block_size, lengths, rng, kvlab::KVLayout::NHD);
+        const RowMatrix<TestType> q = kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
+        omp_set_num_threads(1);
+        kvlab::CostCounters one_pass_counts;
+        const RowMatrix<TestType> one_pass = kvlab::cpu::paged_decode_attention(shape, q, batch.view, &one_pass_counts);
+        omp_set_num_threads(threads);
+        kvlab::CostCounters split_counts;
+        const RowMatrix<TestType> split = kvlab::cpu::paged_decode_attention(shape, q, batch.view, &split_counts);
+        omp_set_num_threads(before);
+        CHECK(split_counts == one_pass_counts);
+        CHECK(max_row_relative_error(split, one_pass) <= tolerance<TestType>());
+        for (int s = 0; s < batch.view.batch; ++s) {
+          const RowMatrix<TestType> q_s = q.row(s);
+          const RowMatrix<TestType> want = reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
+                                                               batch.values[static_cast<std::size_t>(s)]);
+          CHECK(max_row_relative_error(RowMatrix<TestType>(split.row(s)), want) <= tolerance<TestType>());
+        }
+      }
+    }
+#else
+  WARN("built without OpenMP: there is no split-K path");
+  SUCCEED();
+#endif
+}
+
+TEST_CASE("paged attention rejects bad arguments and views, naming them: out stays unchanged") {
   using kvlab::InvalidArgument;
   const AttentionShape shape(4, 2, 8);
   kvlab::Rng rng(3);

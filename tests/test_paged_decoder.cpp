@@ -1,7 +1,8 @@
 // PagedDecoder == CachedDecoder == NaiveDecoder at every step, over block sizes {1, 3, 16, 32},
 // prompts that end just before, on and just after a block boundary (and decode steps crossing
-// the next ones), MHA/GQA/MQA and head_dim {64, 80, 96, 112, 128, 256}; several decoders
-// interleaved in random order in one pool; forks that diverge; rewind; a dry pool; bad input.
+// the next ones), MHA/GQA/MQA and head_dim {64, 80, 96, 112, 128, 256}, pools in both layouts
+// (NHD, HND); several decoders interleaved in random order in one pool; forks that diverge;
+// rewind; a dry pool; bad input.
 //
 // Tolerances (see test_support.hpp): the decoders compute the same sums in different orders,
 // so outputs differ by rounding only: double 1e-12, float 1e-5 relative to max(1, row max).
@@ -32,13 +33,14 @@ namespace {
 // Prefills `prompt` tokens of `inputs`, then decodes the rest one by one with the three
 // decoders, comparing outputs at every step and the paged/cached counters exactly.
 template <typename T>
-void check_three_decoders(const AttentionShape& shape, int layers, int block_size, int prompt,
-                          const RowMatrix<T>& inputs, std::uint64_t seed) {
+void check_three_decoders(const AttentionShape& shape, int layers, int block_size, kvlab::KVLayout layout,
+                          int prompt, const RowMatrix<T>& inputs, std::uint64_t seed) {
   const int n = static_cast<int>(inputs.rows());
   const auto stack = AttentionStack<T>::random(layers, shape, static_cast<int>(inputs.cols()), seed);
   NaiveDecoder<T> naive(stack);
   CachedDecoder<T> cached(stack, n);
-  PagedDecoder<T> paged(stack, block_size, (n - 1) / block_size + 1);  // exactly enough blocks
+  PagedDecoder<T> paged(stack, block_size, (n - 1) / block_size + 1, layout);  // exactly enough blocks
+  CHECK(paged.cache().layout() == layout);
 
   const RowMatrix<T> x = inputs.topRows(prompt);
   const RowMatrix<T> y = paged.prefill(x);
@@ -64,10 +66,14 @@ TEMPLATE_TEST_CASE("paged, cached and naive decoders agree at every step", "", f
     int num_heads, num_kv_heads;
   };
   const Heads layouts[] = {{4, 4}, {8, 2}, {4, 1}};  // MHA, GQA, MQA
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   std::uint64_t seed = 1;
   for (int block_size : {1, 3, 16, 32})
     for (const Heads& heads : layouts)
       for (int head_dim : {64, 80, 96, 112, 128, 256}) {
+        // HND on two head sizes only: the kernel grid of test_paged_attention covers every head
+        // size in both layouts; here the decoders' bookkeeping is what is under test.
+        if (layout == kvlab::KVLayout::HND && head_dim != 64 && head_dim != 128) continue;
         const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
         const int layers = head_dim == 64 ? 2 : 1;  // two layers where it is cheap
         const int n = 2 * block_size + 2;           // decode crosses the boundary at 2 * block_size
@@ -75,8 +81,8 @@ TEMPLATE_TEST_CASE("paged, cached and naive decoders agree at every step", "", f
         const RowMatrix<TestType> inputs = kvlab::random_matrix<TestType>(n, 48, rng);  // [n, d_model]
         for (int prompt : {block_size - 1, block_size, block_size + 1}) {
           if (prompt < 1) continue;
-          CAPTURE(block_size, heads.num_heads, heads.num_kv_heads, head_dim, layers, prompt);
-          check_three_decoders<TestType>(shape, layers, block_size, prompt, inputs, seed++);
+          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads, head_dim, layers, prompt);
+          check_three_decoders<TestType>(shape, layers, block_size, layout, prompt, inputs, seed++);
         }
       }
 }
@@ -84,11 +90,12 @@ TEMPLATE_TEST_CASE("paged, cached and naive decoders agree at every step", "", f
 TEST_CASE("decoders interleaved in random order in one pool each equal their own cached decoder") {
   const AttentionShape shape(8, 2, 16);
   const auto stack = AttentionStack<double>::random(2, shape, 32, 5);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   for (int block_size : {1, 3, 16}) {
-    CAPTURE(block_size);
+    CAPTURE(kvlab::to_string(layout), block_size);
     constexpr int kDecoders = 5;
     const int num_blocks = kDecoders * ((200 + block_size - 1) / block_size);  // 200 tokens each
-    auto pool = std::make_shared<PagedKVCache<double>>(2, 2, 16, block_size, num_blocks);
+    auto pool = std::make_shared<PagedKVCache<double>>(2, 2, 16, block_size, num_blocks, layout);
     std::vector<std::unique_ptr<PagedDecoder<double>>> paged;
     std::vector<std::unique_ptr<CachedDecoder<double>>> cached;
     for (int i = 0; i < kDecoders; ++i) {
@@ -123,7 +130,9 @@ TEST_CASE("forked decoders share the prompt's blocks and diverge after the fork"
   const auto stack = AttentionStack<double>::random(2, shape, 16, 9);
   kvlab::Rng rng(21);
   const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);  // 2.5 blocks of 4
-  auto a = std::make_unique<PagedDecoder<double>>(stack, 4, 32);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  CAPTURE(kvlab::to_string(layout));
+  auto a = std::make_unique<PagedDecoder<double>>(stack, 4, 32, layout);
   a->prefill(prompt);
   std::unique_ptr<PagedDecoder<double>> b = a->fork();
   CHECK(b->position() == 10);

@@ -1,6 +1,7 @@
 // PagedKVCache: blocks on demand, tokens stored where the block tables say, forks share blocks
 // and copy on write, truncation releases blocks, failures change nothing, and 10^5 random
-// operations (add, append, fork, truncate, free) keep every invariant of a simple model.
+// operations (add, append, fork, truncate, free) keep every invariant of a simple model. Every
+// case runs on both pool layouts (NHD and HND), with two K/V heads so that the layouts differ.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -16,13 +17,20 @@ using kvlab_test::names;
 
 namespace {
 
-// Appends `values.size()` tokens to `seq`; token i gets key `values[i]` and value `-values[i]`
-// in every head, value and layer.
+// The key stored for token value `x` in head `h`, element `c`: distinct per head and element,
+// so a row written to or read from the wrong place shows (x < 1e6, head_dim <= 10).
+double key_of(double x, int h, int c) { return x + 1e7 * h + 1e6 * c; }
+
+// Appends `values.size()` tokens to `seq`; token i gets key `key_of(values[i], h, c)` and the
+// negated value in head h, element c, of every layer.
 void append_tokens(PagedKVCache<double>& cache, int seq, const std::vector<double>& values) {
   const std::vector<std::int64_t> slots = cache.append(seq, static_cast<int>(values.size()));
   const int width = cache.num_kv_heads() * cache.head_dim();
-  RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);
-  for (std::size_t i = 0; i < values.size(); ++i) k.row(static_cast<Eigen::Index>(i)).setConstant(values[i]);
+  RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);  // [n, num_kv_heads * head_dim]
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (int h = 0; h < cache.num_kv_heads(); ++h)
+      for (int c = 0; c < cache.head_dim(); ++c)
+        k(static_cast<Eigen::Index>(i), h * cache.head_dim() + c) = key_of(values[i], h, c);
   const RowMatrix<double> v = -k;
   for (int l = 0; l < cache.num_layers(); ++l) cache.write(l, slots, k, v);
 }
@@ -38,7 +46,8 @@ std::vector<double> read_tokens(const PagedKVCache<double>& cache, int seq, int 
     const double key = view.key(0, pos, 0)[0];
     for (int h = 0; h < view.num_kv_heads; ++h)
       for (int c = 0; c < view.head_dim; ++c)
-        consistent = consistent && view.key(0, pos, h)[c] == key && view.value(0, pos, h)[c] == -key;
+        consistent = consistent && view.key(0, pos, h)[c] == key_of(key, h, c) &&
+                     view.value(0, pos, h)[c] == -key_of(key, h, c);
     out.push_back(key);
   }
   REQUIRE(consistent);  // every head, element and the value agree with the key read
@@ -48,7 +57,10 @@ std::vector<double> read_tokens(const PagedKVCache<double>& cache, int seq, int 
 }  // namespace
 
 TEST_CASE("blocks are taken only on block boundaries") {
-  PagedKVCache<double> cache(2, 2, 3, /*block_size=*/4, /*num_blocks=*/10);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  CAPTURE(kvlab::to_string(layout));
+  PagedKVCache<double> cache(2, 2, 3, /*block_size=*/4, /*num_blocks=*/10, layout);
+  CHECK(cache.layout() == layout);
   const int s = cache.add_sequence();
   CHECK(cache.blocks(s).empty());
   append_tokens(cache, s, {1});
@@ -66,7 +78,9 @@ TEST_CASE("blocks are taken only on block boundaries") {
 }
 
 TEST_CASE("interleaved sequences share the pool without touching each other") {
-  PagedKVCache<double> cache(1, 1, 2, 3, 20);
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  CAPTURE(kvlab::to_string(layout));
+  PagedKVCache<double> cache(1, 2, 2, 3, 20, layout);
   const int a = cache.add_sequence(), b = cache.add_sequence(), c = cache.add_sequence();
   append_tokens(cache, a, {1, 2});
   append_tokens(cache, b, {10});
@@ -82,8 +96,10 @@ TEST_CASE("interleaved sequences share the pool without touching each other") {
   CHECK(batch.last_page_len() == std::vector<std::int32_t>{1, 1, 1});
 }
 
-TEST_CASE("fork shares blocks; appending into a shared partial block copies it first") {
-  PagedKVCache<double> cache(2, 1, 2, 4, 10);
+TEST_CASE("fork shares blocks: appending into a shared partial block copies it first") {
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  CAPTURE(kvlab::to_string(layout));
+  PagedKVCache<double> cache(2, 2, 2, 4, 10, layout);
   const int parent = cache.add_sequence();
   append_tokens(cache, parent, {1, 2, 3, 4, 5, 6});  // blocks [x, y], y holds 2 tokens
   const std::vector<std::int32_t> before = cache.blocks(parent);
@@ -125,7 +141,7 @@ TEST_CASE("fork shares blocks; appending into a shared partial block copies it f
 }
 
 TEST_CASE("failed operations change nothing") {
-  PagedKVCache<double> cache(1, 1, 2, 4, 3);
+  PagedKVCache<double> cache(1, 2, 1, 4, 3);
   const int a = cache.add_sequence();
   append_tokens(cache, a, {1, 2, 3, 4, 5, 6});  // 2 of 3 blocks
   const int b = cache.fork(a);
@@ -153,8 +169,10 @@ TEST_CASE("failed operations change nothing") {
   CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument, names("block_size", ">= 1", "0"));
 }
 
-TEST_CASE("truncate drops the blocks past the new end; a shared block kept is copied on the next append") {
-  PagedKVCache<double> cache(2, 1, 2, 4, 8);
+TEST_CASE("truncate drops the blocks past the new end: a shared block kept is copied on the next append") {
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  CAPTURE(kvlab::to_string(layout));
+  PagedKVCache<double> cache(2, 2, 2, 4, 8, layout);
   const int a = cache.add_sequence();
   append_tokens(cache, a, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // 3 blocks
   const int b = cache.fork(a);
@@ -178,10 +196,11 @@ TEST_CASE("truncate drops the blocks past the new end; a shared block kept is co
 }
 
 TEST_CASE("10^5 random add / append / fork / truncate / free operations keep every invariant") {
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   for (int block_size : {1, 3, 16}) {
-    INFO("block_size " << block_size);
+    INFO("block_size " << block_size << ", layout " << kvlab::to_string(layout));
     const int kBlocks = block_size == 16 ? 24 : 64;  // small enough to run dry now and then
-    PagedKVCache<double> cache(1, 1, 1, block_size, kBlocks);
+    PagedKVCache<double> cache(1, 2, 1, block_size, kBlocks, layout);
     kvlab::Rng rng(static_cast<std::uint64_t>(block_size) * 7919);
     std::map<int, std::vector<double>> model;  // sequence id -> its tokens' keys
     double next_value = 1;

@@ -7,6 +7,7 @@
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/views.hpp"
 #include "kvlab/cache/block_allocator.hpp"

@@ -112,10 +112,16 @@ class BlockTables {
     return view<float>(nullptr, nullptr, 1, 1).seq_len(seq);
   }
 
-  /// The view of a pool `[num_blocks, block_size, num_kv_heads, head_dim]` (K at `k`, V at
-  /// `v`) through these tables; valid while both live.
+  /// The view of a pool through these tables; valid while both live.
+  /// \param k             keys, `num_blocks * block_size * num_kv_heads * head_dim` values in `layout`
+  /// \param v             values, the same
+  /// \param num_kv_heads  K/V heads per token
+  /// \param head_dim      values per head
+  /// \param layout        `KVLayout::NHD`: `[num_blocks, block_size, num_kv_heads, head_dim]`;
+  ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
   template <typename T>
-  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim) const {
+  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,
+                      KVLayout layout = KVLayout::NHD) const {
     PagedKVView<T> out;
     out.k = k;
     out.v = v;
@@ -126,6 +132,7 @@ class BlockTables {
     out.batch = batch();
     out.indptr = indptr_.data();
     out.indices = indices_.data();
+    out.layout = layout;
     out.last_page_len = last_page_len_.data();
     return out;
   }

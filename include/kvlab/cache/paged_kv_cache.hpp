@@ -22,8 +22,9 @@ namespace kvlab {
 /// The KV caches of many sequences, in one pool of `num_blocks` blocks of `block_size` tokens.
 ///
 /// Per layer the pool is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and the same
-/// for V (see `PagedKVView`); one `BlockAllocator` and one block table per sequence serve all
-/// layers (a block id means the same slots in every layer).
+/// for V (`KVLayout::NHD`, the default), or `[num_blocks, num_kv_heads, block_size, head_dim]`
+/// (`KVLayout::HND`; see `PagedKVView`); one `BlockAllocator` and one block table per sequence
+/// serve all layers (a block id means the same slots in every layer).
 ///
 /// A step of a decoder is two calls: `append(seq, n)` makes room for n tokens — a new block
 /// only when the last one is full — and returns their slots; then, layer by layer,
@@ -39,10 +40,17 @@ template <typename T>
 class PagedKVCache {
  public:
   /// An empty cache.
-  /// \throws InvalidArgument if any argument is below 1 or the pool overflows the address space.
-  PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks)
+  /// \param num_layers    layers, each with a K and a V pool
+  /// \param num_kv_heads  K/V heads per token
+  /// \param head_dim      values per head
+  /// \param block_size    tokens per block
+  /// \param num_blocks    blocks in the pool (shared by all layers)
+  /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
+  /// \throws InvalidArgument if any size is below 1 or the pool overflows the address space.
+  PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
+               KVLayout layout = KVLayout::NHD)
       : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
-        block_size_(block_size), allocator_(num_blocks) {
+        block_size_(block_size), layout_(layout), allocator_(num_blocks) {
     constexpr const char* kWhere = "kvlab::PagedKVCache";
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
@@ -68,6 +76,8 @@ class PagedKVCache {
   int head_dim() const { return head_dim_; }
   /// Tokens per block.
   int block_size() const { return block_size_; }
+  /// The order of a block's values.
+  KVLayout layout() const { return layout_; }
   /// The pool's allocator (read-only): free and used blocks, reference counts.
   const BlockAllocator& allocator() const { return allocator_; }
 
@@ -158,12 +168,14 @@ class PagedKVCache {
       }
     }
     const auto l = static_cast<std::size_t>(layer);
-    for (std::size_t i = 0; i < slots.size(); ++i) {  // a token's row is contiguous in NHD
-      const auto dst = static_cast<std::size_t>(slots[i] * width);
-      std::copy(k.row(static_cast<Eigen::Index>(i)).data(), k.row(static_cast<Eigen::Index>(i)).data() + width,
-                k_[l].begin() + static_cast<std::ptrdiff_t>(dst));
-      std::copy(v.row(static_cast<Eigen::Index>(i)).data(), v.row(static_cast<Eigen::Index>(i)).data() + width,
-                v_[l].begin() + static_cast<std::ptrdiff_t>(dst));
+    const PagedKVView<T> pool = layout_view(layer);  // slot_offset() of the pool's layout
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const auto row = static_cast<Eigen::Index>(i);
+      for (int h = 0; h < num_kv_heads_; ++h) {  // NHD: the heads of a token are one contiguous row
+        const auto dst = static_cast<std::ptrdiff_t>(pool.slot_offset(slots[i], h));
+        std::copy(k.row(row).data() + h * head_dim_, k.row(row).data() + (h + 1) * head_dim_, k_[l].begin() + dst);
+        std::copy(v.row(row).data() + h * head_dim_, v.row(row).data() + (h + 1) * head_dim_, v_[l].begin() + dst);
+      }
     }
   }
 
@@ -227,7 +239,7 @@ class PagedKVCache {
     detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(), allocator_.num_blocks(), "num_blocks");
     detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size_, "block_size");
     const auto l = static_cast<std::size_t>(layer);
-    return tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_);
+    return tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
   }
 
  private:
@@ -251,15 +263,32 @@ class PagedKVCache {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
     }
   }
-  // Copies the first `tokens` slots of block `from` into block `to`, in every layer.
+  // A view of `layer` without block tables: for its slot_offset() only.
+  PagedKVView<T> layout_view(int layer) const {
+    PagedKVView<T> pool;
+    pool.k = k_[static_cast<std::size_t>(layer)].data();
+    pool.v = v_[static_cast<std::size_t>(layer)].data();
+    pool.num_blocks = allocator_.num_blocks();
+    pool.block_size = block_size_;
+    pool.num_kv_heads = num_kv_heads_;
+    pool.head_dim = head_dim_;
+    pool.layout = layout_;
+    return pool;
+  }
+  // Copies the first `tokens` slots of block `from` into block `to`, in every layer: one run of
+  // `tokens` rows per head (HND), or of `tokens` whole token rows (NHD).
   void copy_block(std::int32_t from, std::int32_t to, int tokens) {
-    const std::size_t token = static_cast<std::size_t>(num_kv_heads_) * head_dim_;
-    const std::size_t block = token * static_cast<std::size_t>(block_size_);
+    const bool hnd = layout_ == KVLayout::HND;
+    const int runs = hnd ? num_kv_heads_ : 1;
+    const std::size_t run = static_cast<std::size_t>(tokens) * head_dim_ * (hnd ? 1 : num_kv_heads_);
     for (int l = 0; l < num_layers_; ++l) {
-      for (std::vector<T>* pool : {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
-        const auto src = pool->begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(from) * block);
-        std::copy(src, src + static_cast<std::ptrdiff_t>(token * static_cast<std::size_t>(tokens)),
-                  pool->begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(to) * block));
+      const PagedKVView<T> pool = layout_view(l);
+      for (std::vector<T>* values : {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
+        for (int h = 0; h < runs; ++h) {
+          const auto src = values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size_, h);
+          std::copy(src, src + static_cast<std::ptrdiff_t>(run),
+                    values->begin() + pool.slot_offset(static_cast<std::int64_t>(to) * block_size_, h));
+        }
       }
     }
   }
@@ -268,9 +297,10 @@ class PagedKVCache {
   int num_kv_heads_;
   int head_dim_;
   int block_size_;
+  KVLayout layout_;
   BlockAllocator allocator_;
-  std::vector<std::vector<T>> k_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim]
-  std::vector<std::vector<T>> v_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim]
+  std::vector<std::vector<T>> k_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  std::vector<std::vector<T>> v_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
   std::map<int, Sequence> sequences_;
   int next_id_ = 0;
 };

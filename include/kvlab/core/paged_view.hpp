@@ -11,11 +11,27 @@
 
 namespace kvlab {
 
+/// How a block pool orders the values of one block: the two layouts that vLLM and FlashInfer
+/// offer (FlashInfer's `kv_layout`). Both hold `block_size` tokens of one sequence per block.
+enum class KVLayout : int {
+  /// `[num_blocks, block_size, num_kv_heads, head_dim]`: token-major; one token's K/V heads are
+  /// adjacent, so writing a token is one contiguous copy.
+  NHD = 0,
+  /// `[num_blocks, num_kv_heads, block_size, head_dim]`: head-major within each block; one
+  /// head's rows of a block are adjacent, so attention reads each head as the contiguous cache
+  /// does (`[num_kv_heads, capacity, head_dim]`), block by block.
+  HND = 1,
+};
+
+/// Name of a layout: "NHD" or "HND".
+inline const char* to_string(KVLayout layout) { return layout == KVLayout::HND ? "HND" : "NHD"; }
+
 /// Read-only view of one layer of a paged KV cache and the block tables of a batch.
 ///
-/// Pool layout ("NHD"): `k` and `v` each point to `[num_blocks, block_size, num_kv_heads,
-/// head_dim]` values. A block holds `block_size` consecutive tokens of one sequence, each token
-/// with all its K/V heads.
+/// Pool layout (`layout`): `k` and `v` each point to `num_blocks` blocks of `block_size *
+/// num_kv_heads * head_dim` values, ordered `[block_size, num_kv_heads, head_dim]` in each
+/// block (NHD, the default) or `[num_kv_heads, block_size, head_dim]` (HND). A block holds
+/// `block_size` consecutive tokens of one sequence, each token with all its K/V heads.
 ///
 /// Block tables, in the CSR form FlashInfer uses: sequence `s` of the batch owns the logical
 /// blocks `indices[indptr[s]] … indices[indptr[s + 1] - 1]` (physical block ids, in any order),
@@ -25,8 +41,8 @@ namespace kvlab {
 /// virtual address. Slots past a sequence's end hold nothing meaningful and are never read.
 template <typename T>
 struct PagedKVView {
-  const T* k = nullptr;                        ///< keys:   [num_blocks, block_size, num_kv_heads, head_dim]
-  const T* v = nullptr;                        ///< values: [num_blocks, block_size, num_kv_heads, head_dim]
+  const T* k = nullptr;                        ///< keys:   [num_blocks, block_size, num_kv_heads, head_dim] (NHD)
+  const T* v = nullptr;                        ///< values: the same layout as `k`
   int num_blocks = 0;                          ///< blocks in the pool
   int block_size = 0;                          ///< tokens per block, >= 1
   int num_kv_heads = 0;                        ///< K/V heads
@@ -35,6 +51,7 @@ struct PagedKVView {
   const std::int32_t* indptr = nullptr;        ///< [batch + 1]: CSR row pointers into indices
   const std::int32_t* indices = nullptr;       ///< [indptr[batch]]: physical block ids
   const std::int32_t* last_page_len = nullptr; ///< [batch]: tokens in each last block, 1..block_size
+  KVLayout layout = KVLayout::NHD;             ///< order of the values within a block
 
   /// Blocks held by sequence `seq`.
   KVLAB_HOST_DEVICE int num_pages(int seq) const { return indptr[seq + 1] - indptr[seq]; }
@@ -46,11 +63,27 @@ struct PagedKVView {
   KVLAB_HOST_DEVICE std::int32_t block_of(int seq, int pos) const {
     return indices[indptr[seq] + pos / block_size];
   }
+  /// Offset, in elements, of head `head` of the token in physical slot `slot` (`block *
+  /// block_size + slot in block`, as `PagedKVCache::append` returns) from `k` (or `v`).
+  KVLAB_HOST_DEVICE std::ptrdiff_t slot_offset(std::int64_t slot, int head) const {
+    const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(slot / block_size);
+    const std::ptrdiff_t in_block = static_cast<std::ptrdiff_t>(slot % block_size);
+    return layout == KVLayout::HND ? ((block * num_kv_heads + head) * block_size + in_block) * head_dim
+                                   : ((block * block_size + in_block) * num_kv_heads + head) * head_dim;
+  }
   /// Offset, in elements, of head `head` of token `pos` of sequence `seq` from `k` (or `v`).
   KVLAB_HOST_DEVICE std::ptrdiff_t offset(int seq, int pos, int head) const {
-    const std::ptrdiff_t slot =
-        static_cast<std::ptrdiff_t>(block_of(seq, pos)) * block_size + pos % block_size;
-    return (slot * num_kv_heads + head) * head_dim;
+    return slot_offset(static_cast<std::int64_t>(block_of(seq, pos)) * block_size + pos % block_size, head);
+  }
+  /// Elements from a token's row of one head to the next token's row of the same head in the
+  /// same block: `num_kv_heads * head_dim` (NHD) or `head_dim` (HND).
+  KVLAB_HOST_DEVICE std::ptrdiff_t token_stride() const {
+    return layout == KVLayout::HND ? head_dim : static_cast<std::ptrdiff_t>(num_kv_heads) * head_dim;
+  }
+  /// Elements from a token's row of head h to the same token's row of head h + 1: `head_dim`
+  /// (NHD) or `block_size * head_dim` (HND).
+  KVLAB_HOST_DEVICE std::ptrdiff_t head_stride() const {
+    return layout == KVLayout::HND ? static_cast<std::ptrdiff_t>(block_size) * head_dim : head_dim;
   }
   /// Key of head `head` of token `pos` of sequence `seq`: `head_dim` values.
   KVLAB_HOST_DEVICE const T* key(int seq, int pos, int head) const { return k + offset(seq, pos, head); }

@@ -8,12 +8,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/softmax.hpp"
 #include "kvlab/cpu/types.hpp"
 
 namespace kvlab {
@@ -33,47 +34,49 @@ struct ContiguousRows {
   const ContiguousKVView<T>& cache;
   int head;
 
-  /// Calls `f(pos, row)` for the key rows `pos` in [0, end) of head `head`, in order.
+  /// Calls `f(pos, row)` for the key rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void keys(int end, F&& f) const { walk(cache.key(head, 0), end, f); }
-  /// Calls `f(pos, row)` for the value rows `pos` in [0, end) of head `head`, in order.
+  void keys(int begin, int end, F&& f) const { walk(cache.key(head, 0), begin, end, f); }
+  /// Calls `f(pos, row)` for the value rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void values(int end, F&& f) const { walk(cache.value(head, 0), end, f); }
+  void values(int begin, int end, F&& f) const { walk(cache.value(head, 0), begin, end, f); }
   /// Elements from a row of head h to the same token's row of head h + 1.
   std::ptrdiff_t head_stride() const { return static_cast<std::ptrdiff_t>(cache.capacity) * cache.head_dim; }
 
  private:
   template <typename F>
-  void walk(const T* base, int end, F& f) const {
-    for (int pos = 0; pos < end; ++pos) f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.head_dim);
+  void walk(const T* base, int begin, int end, F& f) const {
+    for (int pos = begin; pos < end; ++pos) f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.head_dim);
   }
 };
 
 /// The rows of sequence `seq` in a paged cache from K/V head `head` on, block by block: the
-/// block table is read once per block, not once per row. In the NHD pool a token's heads are
-/// adjacent, so the rows of several heads are one contiguous read per token.
+/// block table is read once per block, not once per row. Within a block a head's rows are
+/// `token_stride()` apart: whole token rows in the NHD pool (a token's heads adjacent, so the
+/// rows of several heads are one contiguous read per token), one head's rows back to back in
+/// the HND pool.
 template <typename T>
 struct PagedRows {
   const PagedKVView<T>& cache;
   int seq;
   int head;
 
-  /// Calls `f(pos, row)` for the key rows `pos` in [0, end) of head `head`, in order.
+  /// Calls `f(pos, row)` for the key rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void keys(int end, F&& f) const { walk(cache.k, end, f); }
-  /// Calls `f(pos, row)` for the value rows `pos` in [0, end) of head `head`, in order.
+  void keys(int begin, int end, F&& f) const { walk(cache.k, begin, end, f); }
+  /// Calls `f(pos, row)` for the value rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void values(int end, F&& f) const { walk(cache.v, end, f); }
+  void values(int begin, int end, F&& f) const { walk(cache.v, begin, end, f); }
   /// Elements from a row of head h to the same token's row of head h + 1.
-  std::ptrdiff_t head_stride() const { return cache.head_dim; }
+  std::ptrdiff_t head_stride() const { return cache.head_stride(); }
 
  private:
   template <typename F>
-  void walk(const T* pool, int end, F& f) const {
-    const std::ptrdiff_t stride = static_cast<std::ptrdiff_t>(cache.num_kv_heads) * cache.head_dim;  // token to token
-    for (int pos = 0; pos < end;) {
-      const T* row = pool + cache.offset(seq, pos, head);  // slot 0 of this block (pos % block_size == 0)
-      const int last = std::min(end, pos + cache.block_size);
+  void walk(const T* pool, int begin, int end, F& f) const {
+    const std::ptrdiff_t stride = cache.token_stride();  // token to token within a block
+    for (int pos = begin; pos < end;) {
+      const T* row = pool + cache.offset(seq, pos, head);  // slot pos % block_size of this block
+      const int last = std::min(end, (pos / cache.block_size + 1) * cache.block_size);
       for (; pos < last; ++pos, row += stride) f(pos, row);
     }
   }
@@ -82,9 +85,10 @@ struct PagedRows {
 /// Scratch buffers of one worker, reused from tile to tile.
 template <typename T>
 struct TileScratch {
-  RowMatrix<T> queries;  ///< [heads * rows * group, head_dim]: query (K/V head hk0 + j, row i, member g) at (j*rows + i)*group + g
-  RowMatrix<T> probs;    ///< [heads * rows * group, >= span]: scores, then probabilities (see `padded_span`)
-  RowMatrix<T> acc;      ///< [heads * rows * group, head_dim]: outputs
+  RowMatrix<T> queries;                ///< [heads * rows * group, head_dim]: query (K/V head hk0 + j, row i, member g) at (j*rows + i)*group + g
+  RowMatrix<T> probs;                  ///< [heads * rows * group, >= keys]: scores, then exp(score - max) (see `padded_span`)
+  RowMatrix<T> acc;                    ///< [heads * rows * group, head_dim]: Σ exp(score - max) · value
+  std::vector<SoftmaxState<T>> state;  ///< [heads * rows * group]: max and Σ exp(score - max) of each query
 };
 
 /// Columns to allocate for `span` scores per query: `span` rounded up to whole 64-byte lines,
@@ -101,32 +105,38 @@ int padded_span(int span) {
   return lines * kLine;
 }
 
-/// Attention of the query rows [row0, row0 + rows) of `q` — consecutive tokens of one sequence,
-/// row `row0` at position `first_position` — for the query heads of K/V heads [hk0, hk0 +
-/// heads), over the key/value rows of `source` (`ContiguousRows` or `PagedRows` from head
-/// hk0). Writes the same rows and heads of `out`.
+/// The unnormalised attention of the query rows [row0, row0 + rows) of `q` — consecutive tokens
+/// of one sequence, row `row0` at position `first_position` — for the query heads of K/V heads
+/// [hk0, hk0 + heads), over the keys in [key_begin, key_end) that each row sees, read through
+/// `source` (`ContiguousRows` or `PagedRows` from head hk0). Leaves in `scratch`, for query
+/// `qi` (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
+/// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form in
+/// which partial results over disjoint key ranges merge (`merge_softmax_states`).
 ///
 /// The queries of the groups and of the tile's rows are gathered; then
 ///  1. the key rows are streamed once (for each token, the rows of the `heads` K/V heads), and
 ///     each one is scored against every query of its group that sees it;
-///  2. each query's visible scores are softmaxed;
-///  3. the value rows are streamed once, and each one is added to every query's output with
-///     its probability as weight.
+///  2. each query's visible scores become exp(score − max), and their sum is kept;
+///  3. the value rows are streamed once, and each one is added to every query's sum with its
+///     weight exp(score − max).
 /// Each query's arithmetic is the same whatever `heads` is: it changes only the order in which
-/// rows are read (one head at a time suits the head-major contiguous cache, all heads of a
-/// token at once suits the token-major paged pool).
+/// rows are read (one head at a time suits the head-major contiguous cache and HND pool, all
+/// heads of a token at once suits the token-major NHD pool). A key range other than [0,
+/// first_position + rows) — one partition of a split context — is for a single row
+/// (`rows == 1`), which sees every key up to its position.
 template <typename T, typename Source>
-void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows, int first_position,
-                 int hk0, int heads, const Source& source, TileScratch<T>& scratch, RowMatrix<T>& out) {
+void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows, int first_position,
+                    int hk0, int heads, const Source& source, int key_begin, int key_end,
+                    TileScratch<T>& scratch) {
   const int group = shape.group_size();
   const int hd = shape.head_dim();
   const T scale = static_cast<T>(shape.scale());
   const int per_head = rows * group;  // queries of one K/V head in the tile
   const int m = heads * per_head;
-  const int span = first_position + rows;  // keys seen by the tile's last row
+  const int span = key_end;  // keys of the range: [key_begin, span), the tile's last row sees them all
   const std::ptrdiff_t head_stride = source.head_stride();
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
-  RowMatrix<T>& probs = scratch.probs;      // [m, padded_span(span)]: columns [0, span) used
+  RowMatrix<T>& probs = scratch.probs;      // [m, padded_span(span - key_begin)]: key pos in column pos - key_begin
   RowMatrix<T>& acc = scratch.acc;          // [m, head_dim]
   queries.resize(m, hd);
   for (int j = 0; j < heads; ++j)
@@ -136,34 +146,56 @@ void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, i
   // Query qi (< per_head) of a head sees keys [0, shared + qi / group]: all of them see [0,
   // shared), and the tile's later rows see up to `rows - 1` more (the causal corner).
   const int shared = first_position + 1;
-  const auto visible = [&](int qi) { return shared + qi / group; };
+  const auto visible = [&](int qi) { return std::min(span, shared + qi / group); };  // end of qi's keys
   // The first query of a head that sees key `pos` (0 outside the corner).
   const auto first_seeing = [&](int pos) { return pos < shared ? 0 : (pos - shared + 1) * group; };
 
   // 1. Scores: each key row is read once and met by every query of its group that sees it.
-  probs.resize(m, padded_span<T>(span));
-  source.keys(span, [&](int pos, const T* row) {
+  probs.resize(m, padded_span<T>(span - key_begin));
+  source.keys(key_begin, span, [&](int pos, const T* row) {
     const int first = first_seeing(pos);
     for (int j = 0; j < heads; ++j) {
       const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
       for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi)
-        probs(qi, pos) = scale * queries.row(qi).dot(key);
+        probs(qi, pos - key_begin) = scale * queries.row(qi).dot(key);
     }
   });
-  // 2. Softmax of each query's visible scores.
-  for (int qi = 0; qi < m; ++qi) cpu::softmax_inplace(&probs(qi, 0), visible(qi % per_head));
+  // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their sum.
+  scratch.state.resize(static_cast<std::size_t>(m));
+  for (int qi = 0; qi < m; ++qi) {
+    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, 0), visible(qi % per_head) - key_begin);  // [visible keys]
+    const T max = x.maxCoeff();
+    x = (x - max).exp();
+    scratch.state[static_cast<std::size_t>(qi)] = SoftmaxState<T>{max, x.sum()};
+  }
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
-  source.values(span, [&](int pos, const T* row) {
+  source.values(key_begin, span, [&](int pos, const T* row) {
     const int first = first_seeing(pos);
     for (int j = 0; j < heads; ++j) {
       const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
-      for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi) acc.row(qi) += probs(qi, pos) * value;
+      for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi)
+        acc.row(qi) += probs(qi, pos - key_begin) * value;
     }
   });
+}
+
+/// Attention of the query rows [row0, row0 + rows) of `q` over all the keys each sees (see
+/// `attend_partial`), normalised — output = Σ exp(score − max) · value / Σ exp(score − max),
+/// the softmax-weighted sum — and written to the same rows and heads of `out`.
+template <typename T, typename Source>
+void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows, int first_position,
+                 int hk0, int heads, const Source& source, TileScratch<T>& scratch, RowMatrix<T>& out) {
+  attend_partial(shape, q, row0, rows, first_position, hk0, heads, source, 0, first_position + rows, scratch);
+  const int group = shape.group_size();
+  const int hd = shape.head_dim();
+  const int per_head = rows * group;
   for (int j = 0; j < heads; ++j)
-    for (int qi = 0; qi < per_head; ++qi)
-      out.block(row0 + qi / group, ((hk0 + j) * group + qi % group) * hd, 1, hd) = acc.row(j * per_head + qi);
+    for (int qi = 0; qi < per_head; ++qi) {
+      const int at = j * per_head + qi;
+      out.block(row0 + qi / group, ((hk0 + j) * group + qi % group) * hd, 1, hd) =
+          scratch.acc.row(at) / scratch.state[static_cast<std::size_t>(at)].sum;
+    }
 }
 
 /// Adds the work of `q_len` query rows of one sequence, the first at position

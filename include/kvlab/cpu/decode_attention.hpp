@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <exception>
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
@@ -14,6 +13,7 @@
 #include "kvlab/core/views.hpp"
 #include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/attention_tile.hpp"
+#include "kvlab/cpu/parallel.hpp"
 #include "kvlab/cpu/types.hpp"
 
 namespace kvlab::cpu {
@@ -33,9 +33,11 @@ constexpr long long kDecodeParallelMinElements = 1 << 16;
 /// For each K/V head, the queries of its group (and of up to `kDecodeQueryTile` query rows)
 /// are gathered (`detail::attend_tile`, shared with the paged kernels); then
 ///  1. the key rows are streamed once, and each one is scored against every gathered query;
-///  2. each query's visible scores are softmaxed;
+///  2. each query's visible scores s become exp(s - max) (max: the query's largest score), and
+///     their sum is kept;
 ///  3. the value rows are streamed once, and each one is added to every query's output with
-///     its probability as weight.
+///     its weight exp(s - max); the output is finally divided by the sum — the softmax-weighted
+///     sum of the values.
 /// So K and V are read once per K/V head for the whole group (and once more per further tile
 /// of query rows in a prefill), not once per query head. Only visible (unmasked) scores are
 /// computed. K/V heads run in parallel when OpenMP is enabled; an exception in one of them
@@ -72,26 +74,15 @@ void decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
   const int first_position = cache.length - q_len;  // position of query row 0
   out.resize(q_len, shape.q_width());
 
-  std::exception_ptr error;  // the first exception of any K/V head; none may leave the loop
   const bool parallel = 1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
-  (void)parallel;  // unused without OpenMP
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (parallel)
-#endif
-  for (int hk = 0; hk < shape.num_kv_heads(); ++hk) try {
+  detail::parallel_for(shape.num_kv_heads(), parallel, [&](int hk) {
     detail::TileScratch<T> scratch;
     const detail::ContiguousRows<T> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
     for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
       const int rows = std::min(kDecodeQueryTile, q_len - r0);
       detail::attend_tile(shape, q, r0, rows, first_position + r0, hk, 1, rows_of_head, scratch, out);
     }
-  } catch (...) {
-#if defined(_OPENMP)
-#pragma omp critical(kvlab_decode_attention_error)
-#endif
-    if (!error) error = std::current_exception();
-  }
-  if (error) std::rethrow_exception(error);
+  });
 
   if (counters != nullptr) detail::count_attention(shape, sizeof(T), q_len, first_position, *counters);
 }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <exception>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -18,9 +17,11 @@
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/softmax_state.hpp"
 #include "kvlab/cpu/attention_tile.hpp"
 #include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/cpu/parallel.hpp"
 #include "kvlab/cpu/types.hpp"
 
 namespace kvlab {
@@ -68,50 +69,104 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
   }
 }
 
-/// The kernel of `paged_prefill_attention`, arguments checked.
+/// Split-K decode: one query per sequence, each sequence's blocks cut into up to `parts`
+/// partitions of whole blocks (`partition_size`), every (sequence, partition) a work item that
+/// reads whole token rows of its blocks; the partial results of a sequence are then merged in
+/// partition order with the log-sum-exp rule (`merge_softmax_states`). Used for NHD pools when
+/// there are fewer sequences than threads: splitting the context keeps each thread on whole
+/// token rows, where splitting the heads would give each thread a strided half of every row.
+template <typename T>
+void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q, const std::int32_t* qo_indptr,
+                          const PagedKVView<T>& cache, int parts, RowMatrix<T>& out) {
+  const int hd = shape.head_dim();
+  const int heads = shape.num_heads();  // query heads of one row: query h of K/V head h / group is qi = h
+  struct Partition {
+    int seq, begin, end;  // keys [begin, end) of sequence seq
+  };
+  std::vector<Partition> partitions;  // in sequence order, then key order
+  for (int s = 0; s < cache.batch; ++s) {
+    if (qo_indptr[s + 1] == qo_indptr[s]) continue;  // no query
+    const int len = cache.seq_len(s);
+    const int size = partition_size(len, parts, cache.block_size);
+    for (int begin = 0; begin < len; begin += size) partitions.push_back({s, begin, std::min(len, begin + size)});
+  }
+  const int items = static_cast<int>(partitions.size());
+  std::vector<SoftmaxState<T>> state(static_cast<std::size_t>(items) * heads);  // [items * heads]
+  RowMatrix<T> acc(static_cast<Eigen::Index>(items) * heads, hd);               // [items * heads, head_dim]
+  parallel_for(items, true, [&](int item) {
+    const Partition& p = partitions[static_cast<std::size_t>(item)];
+    TileScratch<T> scratch;
+    attend_partial(shape, q, qo_indptr[p.seq], 1, cache.seq_len(p.seq) - 1, 0, shape.num_kv_heads(),
+                   PagedRows<T>{cache, p.seq, 0}, p.begin, p.end, scratch);
+    std::copy(scratch.state.begin(), scratch.state.end(), state.begin() + static_cast<std::ptrdiff_t>(item) * heads);
+    acc.middleRows(static_cast<Eigen::Index>(item) * heads, heads) = scratch.acc;
+  });
+  // Merge each sequence's partitions into its first, in order, and normalise.
+  for (int first = 0; first < items;) {
+    const int s = partitions[static_cast<std::size_t>(first)].seq;
+    int next = first + 1;
+    for (; next < items && partitions[static_cast<std::size_t>(next)].seq == s; ++next)
+      for (int h = 0; h < heads; ++h) {
+        const auto a = static_cast<std::size_t>(first) * heads + h;
+        const auto b = static_cast<std::size_t>(next) * heads + h;
+        merge_softmax_states(state[a], &acc(static_cast<Eigen::Index>(a), 0), state[b],
+                             &acc(static_cast<Eigen::Index>(b), 0), hd);
+      }
+    for (int h = 0; h < heads; ++h) {
+      const auto a = static_cast<std::size_t>(first) * heads + h;
+      out.block(qo_indptr[s], h * hd, 1, hd) = acc.row(static_cast<Eigen::Index>(a)) / state[a].sum;
+    }
+    first = next;
+  }
+}
+
+/// The kernel of `paged_prefill_attention` and `paged_decode_attention`, arguments checked.
 template <typename T>
 void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q, const std::int32_t* qo_indptr,
                      const PagedKVView<T>& cache, RowMatrix<T>& out, CostCounters* counters) {
   out.resize(q.rows(), shape.q_width());
   const int kv_heads = shape.num_kv_heads();
   long long elements = 0;  // K/V elements per tensor in the batch
-  for (int s = 0; s < cache.batch; ++s) elements += 1LL * cache.seq_len(s) * kv_heads * shape.head_dim();
-  const bool parallel = elements >= cpu::kDecodeParallelMinElements;
-  // Work items: (sequence, chunk of K/V heads). A token's heads are adjacent in the NHD pool,
-  // so one item reads whole token rows; the heads are split only as far as needed to give
-  // every thread work (a batch smaller than the thread count). The result does not depend on
-  // the split: each query's arithmetic is the same.
-  int chunks = 1;
-#if defined(_OPENMP)
-  if (parallel) chunks = std::min(kv_heads, std::max(1, (omp_get_max_threads() + cache.batch - 1) / cache.batch));
-#endif
-  const int items = cache.batch * chunks;
-
-  std::exception_ptr error;  // the first exception of any item; none may leave the loop
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-#endif
-  for (int item = 0; item < items; ++item) try {
-    const int s = item / chunks;
-    const int chunk = item % chunks;
-    const int hk0 = chunk * kv_heads / chunks;               // this item's K/V heads: [hk0, hk1)
-    const int hk1 = (chunk + 1) * kv_heads / chunks;
-    const int row_begin = qo_indptr[s];                      // the sequence's queries: rows [row_begin, row_end) of q
-    const int q_len = qo_indptr[s + 1] - row_begin;
-    const int first_position = cache.seq_len(s) - q_len;     // position of its first query
-    const PagedRows<T> token_rows{cache, s, hk0};            // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_dim
-    TileScratch<T> scratch;
-    for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile) {
-      const int rows = std::min(cpu::kDecodeQueryTile, q_len - r0);
-      attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk0, hk1 - hk0, token_rows, scratch, out);
-    }
-  } catch (...) {
-#if defined(_OPENMP)
-#pragma omp critical(kvlab_paged_attention_error)
-#endif
-    if (!error) error = std::current_exception();
+  bool decode = true;      // at most one query per sequence
+  for (int s = 0; s < cache.batch; ++s) {
+    elements += 1LL * cache.seq_len(s) * kv_heads * shape.head_dim();
+    decode = decode && qo_indptr[s + 1] - qo_indptr[s] <= 1;
   }
-  if (error) std::rethrow_exception(error);
+  const bool parallel = elements >= cpu::kDecodeParallelMinElements;
+  int threads = 1;
+#if defined(_OPENMP)
+  if (parallel) threads = omp_get_max_threads();
+#endif
+  // Work items. The result does not depend on the split by heads: each query's arithmetic is
+  // the same; the split-K path (NHD decode of fewer sequences than threads) merges partial
+  // results, which changes the rounding only.
+  //  - HND: (sequence, K/V head); a head's rows of a block are adjacent — the contiguous
+  //    kernel's access pattern, block by block.
+  //  - NHD: a token's heads are adjacent, so one item reads whole token rows of a sequence;
+  //    with fewer sequences than threads, decode splits each sequence's context (split-K)
+  //    and prefill splits its heads.
+  if (cache.layout == KVLayout::NHD && decode && threads > cache.batch) {
+    paged_decode_split_k(shape, q, qo_indptr, cache, (threads + cache.batch - 1) / cache.batch, out);
+  } else {
+    int chunks = cache.layout == KVLayout::HND ? kv_heads : 1;
+    if (cache.layout == KVLayout::NHD && threads > cache.batch)
+      chunks = std::min(kv_heads, (threads + cache.batch - 1) / cache.batch);
+    parallel_for(cache.batch * chunks, parallel, [&](int item) {
+      const int s = item / chunks;
+      const int chunk = item % chunks;
+      const int hk0 = chunk * kv_heads / chunks;            // this item's K/V heads: [hk0, hk1)
+      const int hk1 = (chunk + 1) * kv_heads / chunks;
+      const int row_begin = qo_indptr[s];                   // the sequence's queries: rows [row_begin, row_end) of q
+      const int q_len = qo_indptr[s + 1] - row_begin;
+      const int first_position = cache.seq_len(s) - q_len;  // position of its first query
+      const PagedRows<T> rows_from{cache, s, hk0};          // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_stride
+      TileScratch<T> scratch;
+      for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile) {
+        const int rows = std::min(cpu::kDecodeQueryTile, q_len - r0);
+        attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk0, hk1 - hk0, rows_from, scratch, out);
+      }
+    });
+  }
 
   if (counters != nullptr) {
     for (int s = 0; s < cache.batch; ++s) {
@@ -132,15 +187,20 @@ namespace cpu {
 /// its K/V to the pool first, then attend), so it sees every token of its own sequence and
 /// nothing else. Sequences may have any lengths; one call serves them all. For each sequence
 /// the queries of every GQA group are gathered and the K and V rows are streamed once, block
-/// by block, token by token (all K/V heads of a token are adjacent in the pool) — the same
-/// arithmetic per query as `decode_attention` on a contiguous cache holding the same rows, so
-/// the two agree to rounding. Sequences (and, for a batch smaller than the thread count,
-/// chunks of K/V heads) run in parallel when OpenMP is enabled.
+/// by block — in an HND pool one K/V head at a time (its rows of a block are adjacent), in an
+/// NHD pool token by token with all K/V heads at once (a token's heads are adjacent) — the
+/// same arithmetic per query as `decode_attention` on a contiguous cache holding the same
+/// rows, so the two agree to rounding. With OpenMP, sequences run in parallel, and so do the
+/// K/V heads of an HND pool. An NHD batch with fewer sequences than threads is split along the
+/// context instead (split-K, as flash-decoding does): each thread takes whole blocks of a
+/// sequence, and the partial results merge by the log-sum-exp rule (`merge_softmax_states`),
+/// which changes the rounding, not the result.
 ///
 /// \param shape     the head layout; `cache` must have its num_kv_heads and head_dim
 /// \param q         queries, [batch, num_heads * head_dim]: row s for sequence s
-/// \param cache     one layer's pool [num_blocks, block_size, num_kv_heads, head_dim] (K and V)
-///                  and the batch's block tables (see `PagedKVView`)
+/// \param cache     one layer's pool, [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or
+///                  [num_blocks, num_kv_heads, block_size, head_dim] (HND), K and V, and the
+///                  batch's block tables (see `PagedKVView`)
 /// \param out       output, [batch, num_heads * head_dim] (resized); must not be q
 /// \param counters  if not null, receives the work done (the same counts as `decode_attention`
 ///                  would give for each sequence on its own)

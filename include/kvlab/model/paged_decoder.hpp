@@ -38,12 +38,14 @@ namespace kvlab {
 template <typename T>
 class PagedDecoder : public Decoder<T> {
  public:
-  /// A decoder with a pool of its own: `num_blocks` blocks of `block_size` tokens.
+  /// A decoder with a pool of its own: `num_blocks` blocks of `block_size` tokens, their values
+  /// in `layout`.
   /// \throws InvalidArgument if `block_size` or `num_blocks` is below 1.
-  PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int block_size, int num_blocks)
+  PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int block_size, int num_blocks,
+               KVLayout layout = KVLayout::NHD)
       : Decoder<T>(std::move(stack)),
         pool_(std::make_shared<PagedKVCache<T>>(this->stack().num_layers(), this->stack().shape().num_kv_heads(),
-                                                this->stack().shape().head_dim(), block_size, num_blocks)),
+                                                this->stack().shape().head_dim(), block_size, num_blocks, layout)),
         seq_(pool_->add_sequence()) {}
 
   /// A decoder that adds its sequence to `pool`, shared with other decoders of the same stack.
