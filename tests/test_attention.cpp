@@ -135,7 +135,7 @@ TEST_CASE("decode_attention gives the same bits on 1 and 2 threads") {
   CHECK(max_row_relative_error(one, kvlab::cpu::naive_attention(shape, q, k, v)) <= tolerance<float>());
 }
 
-TEST_CASE("counters: naive materialises every score; decode reads K/V once per group") {
+TEST_CASE("counters: naive materialises every score, decode reads K/V once per group") {
   const AttentionShape shape(8, 2, 16);  // group size 4
   const int q_len = 5, kv_len = 12;
   kvlab::Rng rng(3);

@@ -127,7 +127,7 @@ TEST_CASE("a multi-layer stack equals the same stack written out with the triple
   }
 }
 
-TEST_CASE("decode returns one row; prefill returns the prompt's rows") {
+TEST_CASE("decode returns one row, prefill returns the prompt's rows") {
   const auto stack = AttentionStack<float>::random(2, AttentionShape(4, 2, 8), 16, 1);
   CachedDecoder<float> decoder(stack, 10);
   kvlab::Rng rng(1);

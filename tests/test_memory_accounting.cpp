@@ -271,7 +271,7 @@ TEST_CASE("the formulas agree with a real PagedKVCache under random appends, for
   }
 }
 
-TEST_CASE("paging wastes less than one block per sequence; contiguous wastes max_len - len") {
+TEST_CASE("paging wastes less than one block per sequence, contiguous wastes max_len - len") {
   kvlab::Rng rng(11);
   std::vector<std::int64_t> lengths;
   for (int i = 0; i < 500; ++i) lengths.push_back(1 + static_cast<std::int64_t>(rng.uniform() * 2048));

@@ -234,7 +234,7 @@ TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences tha
 #endif
 }
 
-TEST_CASE("paged attention rejects bad arguments and views, naming them: out stays unchanged") {
+TEST_CASE("paged attention rejects bad arguments and views, naming them, and out stays unchanged") {
   using kvlab::InvalidArgument;
   const AttentionShape shape(4, 2, 8);
   kvlab::Rng rng(3);

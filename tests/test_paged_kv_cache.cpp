@@ -96,7 +96,7 @@ TEST_CASE("interleaved sequences share the pool without touching each other") {
   CHECK(batch.last_page_len() == std::vector<std::int32_t>{1, 1, 1});
 }
 
-TEST_CASE("fork shares blocks: appending into a shared partial block copies it first") {
+TEST_CASE("fork shares blocks, and appending into a shared partial block copies it first") {
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   CAPTURE(kvlab::to_string(layout));
   PagedKVCache<double> cache(2, 2, 2, 4, 10, layout);
@@ -169,7 +169,7 @@ TEST_CASE("failed operations change nothing") {
   CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument, names("block_size", ">= 1", "0"));
 }
 
-TEST_CASE("truncate drops the blocks past the new end: a shared block kept is copied on the next append") {
+TEST_CASE("truncate drops the blocks past the new end, and a shared block kept is copied on the next append") {
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   CAPTURE(kvlab::to_string(layout));
   PagedKVCache<double> cache(2, 2, 2, 4, 8, layout);
