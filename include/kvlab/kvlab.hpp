@@ -26,6 +26,7 @@
 #include "kvlab/model/naive_decoder.hpp"
 #include "kvlab/model/cached_decoder.hpp"
 #include "kvlab/model/paged_decoder.hpp"
+#include "kvlab/model/tokenizer.hpp"
 
 /// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention side
 /// by side, with exact cost counters.

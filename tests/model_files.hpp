@@ -1,0 +1,41 @@
+// Where the tests find real model files (llama2.c checkpoints and tokenizers), and how a test
+// that needs one reports itself skipped when it is absent.
+//
+// The directory is $KVLAB_MODELS_DIR if set, else the `models` folder of the `shared` directory
+// beside the source tree (KVLAB_TEST_MODELS_DIR, set by tests/CMakeLists.txt). The project does
+// not commit these files; README.md says where to get them.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace kvlab_test {
+
+/// The directory holding the model files.
+inline std::string models_dir() {
+  const char* env = std::getenv("KVLAB_MODELS_DIR");
+  if (env != nullptr && env[0] != '\0') return env;
+#if defined(KVLAB_TEST_MODELS_DIR)
+  return KVLAB_TEST_MODELS_DIR;
+#else
+  return "../shared/models";
+#endif
+}
+
+/// The path of model file `name`; if it cannot be opened, prints why and exits with 77, which
+/// CTest reports as "Skipped" for this test (every Catch2 test runs in a process of its own
+/// under CTest; SKIP_RETURN_CODE 77 is set in tests/CMakeLists.txt).
+inline std::string model_file_or_skip(const std::string& name) {
+  const std::string path = models_dir() + "/" + name;
+  if (!std::ifstream(path, std::ios::binary)) {
+    std::printf("SKIPPED: %s not found (set KVLAB_MODELS_DIR to the folder holding %s)\n", path.c_str(),
+                name.c_str());
+    std::fflush(stdout);
+    std::exit(77);
+  }
+  return path;
+}
+
+}  // namespace kvlab_test
