@@ -26,6 +26,12 @@
 #include "kvlab/model/naive_decoder.hpp"
 #include "kvlab/model/cached_decoder.hpp"
 #include "kvlab/model/paged_decoder.hpp"
+#include "kvlab/model/llama_config.hpp"
+#include "kvlab/model/llama_weights.hpp"
+#include "kvlab/model/llama_checkpoint.hpp"
+#include "kvlab/model/llama_model.hpp"
+#include "kvlab/model/sampler.hpp"
+#include "kvlab/model/llama_generate.hpp"
 #include "kvlab/model/tokenizer.hpp"
 
 /// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention side

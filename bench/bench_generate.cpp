@@ -1,0 +1,359 @@
+// bench_generate: tokens per second of greedy generation with each attention backend of
+// kvlab::LlamaModel — naive (recompute the prefix every step), cached (contiguous KV cache) and
+// paged (KV cache in blocks) — on stories260K.bin (when present) and on a model of the
+// stories15M shape (dim 288, 6 layers, 6 heads, vocab 32000) with random weights, on 1 and 2
+// threads.
+//
+// Method: per model and thread count, --reps repetitions; in each, the three backends (in an
+// order rotated from one repetition to the next) each generate --steps greedy tokens from BOS
+// (a prefill of 1 token, then steps - 1 decode steps), timed as prefill + decode. Printed: each
+// backend's median tokens/s and ms per token; naive/cached, the median over repetitions of the
+// time ratio within one repetition, beside the ratio of their multiply-adds (exact, from
+// kvlab::LlamaCounters: the op-count ratio); and for the cached backend the bytes one decode
+// step streams (every weight once: LlamaConfig::decode_weight_bytes, plus the K/V it reads) per
+// second, as a fraction of two read bandwidths measured in the same run
+// (kvlab_bench::read_bandwidth): a vectorised sum over the model's own weight arrays (the limit
+// for streaming exactly those bytes, from wherever they sit in the cache hierarchy) and over a
+// --read-mib buffer (main memory). Before timing counts, every backend's tokens are checked
+// against the cached backend's (greedy, so they must be identical); a mismatch exits non-zero.
+//
+// Build and run (Release, from the repository root):
+//   cmake --build build-bench --target bench_generate
+//   build-bench/bench/bench_generate --json bench/results/cpu-generate.json
+// --help lists the options.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <kvlab/kvlab.hpp>
+
+#include "cli.hpp"
+#include "read_bandwidth.hpp"
+
+namespace {
+
+using kvlab::LlamaBackend;
+using kvlab_bench::UsageError;
+
+struct Options {
+  int steps = 256;
+  int reps = 5;
+  std::vector<int> threads = {1, 2};
+  std::vector<std::string> models = {"stories260K", "stories15M-shape"};
+  std::string models_dir;  // empty: $KVLAB_MODELS_DIR, else ../shared/models
+  std::string model_file;  // an extra checkpoint (e.g. a real stories15M.bin)
+  int block_size = 16;
+  int read_mib = 1024;
+  std::string json;
+};
+
+struct Model {
+  std::string name, source;
+  std::shared_ptr<const kvlab::LlamaWeights> weights;
+};
+
+// One line of results: a backend on one model at one thread count.
+struct Result {
+  std::string model, backend;
+  int threads = 0, steps = 0, block_size = 0;
+  double tokens_per_second = 0;  // median over repetitions: steps / (prefill + decode time)
+  double ms_per_token = 0;
+  double ratio_to_cached = 1;    // median over repetitions of time / cached time
+  kvlab::LlamaCounters work;     // of one generation
+  // Cached only: decode bandwidth.
+  double step_bytes = 0, gbps = 0, weights_read_gbps = 0, dram_read_gbps = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::string default_models_dir() {
+  const char* env = std::getenv("KVLAB_MODELS_DIR");
+  return env != nullptr && env[0] != '\0' ? env : "../shared/models";
+}
+
+// The weight arrays a decode step reads (for the read-bandwidth reference): every matrix and
+// norm, and the classifier (the embedding table when shared).
+std::vector<std::pair<const float*, std::size_t>> weight_arrays(const kvlab::LlamaWeights& w) {
+  std::vector<std::pair<const float*, std::size_t>> parts;
+  const auto add = [&](const auto& m) { parts.emplace_back(m.data(), static_cast<std::size_t>(m.size())); };
+  for (const kvlab::LlamaLayerWeights& l : w.layers) {
+    add(l.rms_att);
+    add(l.wq);
+    add(l.wk);
+    add(l.wv);
+    add(l.wo);
+    add(l.rms_ffn);
+    add(l.w1);
+    add(l.w2);
+    add(l.w3);
+  }
+  add(w.rms_final);
+  add(w.classifier());
+  return parts;
+}
+
+// Runs every backend on `model` at `threads` threads; appends one Result per backend.
+void run_model(const Model& model, int threads, const Options& o, double dram_gbps, std::vector<Result>& results) {
+  kvlab_bench::set_threads(threads);
+  const kvlab::LlamaConfig& c = model.weights->config;
+  const int steps = std::min(o.steps, c.seq_len);
+  const std::vector<LlamaBackend> backends = {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged};
+  std::vector<std::unique_ptr<kvlab::LlamaModel>> models;
+  for (LlamaBackend b : backends) models.push_back(std::make_unique<kvlab::LlamaModel>(model.weights, b, o.block_size));
+  const std::size_t reference = 1;  // cached
+
+  std::vector<std::vector<double>> seconds(backends.size()), decode_seconds(backends.size()), ratios(backends.size());
+  std::vector<std::vector<int>> tokens(backends.size());
+  int decode_steps = 0;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    std::vector<double> now(backends.size());
+    for (std::size_t i = 0; i < backends.size(); ++i) {
+      const std::size_t b = (i + static_cast<std::size_t>(rep)) % backends.size();
+      std::fprintf(stderr, "bench_generate: %s, %d thread%s, rep %d, %s ...\n", model.name.c_str(), threads,
+                   threads == 1 ? "" : "s", rep + 1, kvlab::to_string(backends[b]));
+      kvlab::LlamaModel& m = *models[b];
+      m.reset();
+      kvlab::Sampler greedy(c.vocab_size, 0.0f, 1.0f, 0);
+      const kvlab::Generation g = kvlab::generate(m, greedy, {kvlab::Tokenizer::kBos}, steps);
+      now[b] = g.prefill_seconds + g.decode_seconds;
+      decode_seconds[b].push_back(g.decode_seconds);
+      decode_steps = g.decode_steps;
+      if (rep == 0) tokens[b] = g.tokens;
+    }
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      seconds[b].push_back(now[b]);
+      ratios[b].push_back(now[b] / now[reference]);
+    }
+  }
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    if (tokens[b] != tokens[reference]) {
+      throw std::runtime_error(model.name + ": the " + kvlab::to_string(backends[b]) +
+                               " backend generated other tokens than the cached one");
+    }
+  }
+
+  // Bytes of one cached decode step: the weights, once, and the K/V rows it attends to.
+  kvlab::LlamaModel probe(model.weights, LlamaBackend::Cached);
+  probe.prefill({kvlab::Tokenizer::kBos});
+  const double kv_decode_bytes = static_cast<double>(models[reference]->total().attention.kv_bytes_read -
+                                                     probe.total().attention.kv_bytes_read);
+  const double step_bytes = static_cast<double>(c.decode_weight_bytes()) + kv_decode_bytes / decode_steps;
+  const double weights_gbps = kvlab_bench::read_bandwidth(weight_arrays(*model.weights), threads, 15);
+
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    Result r;
+    r.model = model.name;
+    r.backend = backends[b] == LlamaBackend::Paged ? "paged/" + std::to_string(o.block_size) : kvlab::to_string(backends[b]);
+    r.threads = threads;
+    r.steps = steps;
+    r.block_size = backends[b] == LlamaBackend::Paged ? o.block_size : 0;
+    r.tokens_per_second = steps / median(seconds[b]);
+    r.ms_per_token = 1e3 / r.tokens_per_second;
+    r.ratio_to_cached = median(ratios[b]);
+    r.work = models[b]->total();
+    if (b == reference) {
+      r.step_bytes = step_bytes;
+      r.gbps = step_bytes * decode_steps / median(decode_seconds[b]) * 1e-9;
+      r.weights_read_gbps = weights_gbps;
+      r.dram_read_gbps = dram_gbps;
+    }
+    results.push_back(r);
+  }
+}
+
+void print_table(const std::vector<Result>& results, const Options& o) {
+  std::printf("\nGreedy generation from BOS: %d tokens per run (prefill 1, then decode), median of %d repetitions, "
+              "backends timed in turn within each.\n", o.steps, o.reps);
+  std::printf("time/cached: median over repetitions of the time ratio; ops/cached: ratio of multiply-adds (exact, "
+              "attention + MLP + classifier).\n\n");
+  std::printf("%-18s %3s %-9s | %10s %9s | %11s %10s | %12s %14s\n", "model", "thr", "backend", "tok/s", "ms/token",
+              "time/cached", "ops/cached", "K/V proj", "multiply-adds");
+  for (const Result& r : results) {
+    // The cached row of the same (model, threads): the reference of the ratios.
+    const Result* ref = nullptr;
+    for (const Result& x : results)
+      if (x.model == r.model && x.threads == r.threads && x.backend == "cached") ref = &x;
+    const double ops = ref ? static_cast<double>(r.work.macs()) / static_cast<double>(ref->work.macs()) : 0.0;
+    std::printf("%-18s %3d %-9s | %10.1f %9.3f | %11.2f %10.2f | %12llu %14.4g\n", r.model.c_str(), r.threads,
+                r.backend.c_str(), r.tokens_per_second, r.ms_per_token, r.ratio_to_cached, ops,
+                static_cast<unsigned long long>(r.work.attention.kv_projections), static_cast<double>(r.work.macs()));
+  }
+  std::printf("\nCached decode against the memory: bytes streamed per decode step (every weight once + the K/V read), "
+              "per second, and that as a fraction of\nthe read bandwidth over the model's own weight arrays (same run, "
+              "same threads) and over %d MiB (main memory).\n", o.read_mib);
+  std::printf("%-18s %3s | %12s %9s | %13s %6s | %13s %6s\n", "model", "thr", "bytes/step", "GB/s", "weights GB/s",
+              "frac", "memory GB/s", "frac");
+  for (const Result& r : results) {
+    if (r.backend != "cached") continue;
+    std::printf("%-18s %3d | %12.0f %9.2f | %13.2f %6.2f | %13.2f %6.2f\n", r.model.c_str(), r.threads, r.step_bytes,
+                r.gbps, r.weights_read_gbps, r.gbps / r.weights_read_gbps, r.dram_read_gbps, r.gbps / r.dram_read_gbps);
+  }
+  std::printf("L3: %zu MiB.\n", kvlab_bench::l3_bytes() >> 20);
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results, const Options& o,
+                const std::vector<Model>& models) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
+  f << "{\n  \"program\": \"bench_generate\",\n  \"steps\": " << o.steps << ",\n  \"reps\": " << o.reps
+    << ",\n  \"read_bandwidth_buffer_MiB\": " << o.read_mib << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
+    << ",\n  \"models\": [";
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    f << (i ? ", " : "") << "{\"name\": \"" << models[i].name << "\", \"source\": \"" << models[i].source
+      << "\", \"config\": \"" << kvlab::to_string(models[i].weights->config) << "\"}";
+  }
+  f << "],\n  \"results\": [\n";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads << ", \"backend\": \"" << r.backend
+      << "\", \"tokens_per_second\": " << r.tokens_per_second << ", \"ms_per_token\": " << r.ms_per_token
+      << ", \"time_ratio_to_cached\": " << r.ratio_to_cached << ", \"kv_projections\": " << r.work.attention.kv_projections
+      << ", \"macs\": " << r.work.macs();
+    if (r.backend == "cached") {
+      f << ", \"decode_step_bytes\": " << r.step_bytes << ", \"decode_GB_per_s\": " << r.gbps
+        << ", \"weights_read_GB_per_s\": " << r.weights_read_gbps << ", \"memory_read_GB_per_s\": " << r.dram_read_gbps;
+    }
+    f << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+const char* const kUsage =
+    "usage: bench_generate [--steps N] [--reps R] [--threads T,...] [--models NAME,...] [--models-dir DIR]\n"
+    "                      [--model FILE] [--block-size B] [--read-mib M] [--json FILE] [--help]\n"
+    "  --steps N          greedy tokens per run (default 256)\n"
+    "  --reps R           repetitions; medians are printed (default 5)\n"
+    "  --threads T,...    OpenMP thread counts (default 1,2)\n"
+    "  --models NAME,...  of stories260K (from --models-dir; skipped if absent), stories15M-shape (random\n"
+    "                     weights), tiny (the built-in model); default stories260K,stories15M-shape\n"
+    "  --models-dir DIR   where stories260K.bin is (default $KVLAB_MODELS_DIR, else ../shared/models)\n"
+    "  --model FILE       also run this llama2.c checkpoint (e.g. stories15M.bin)\n"
+    "  --block-size B     block size of the paged backend (default 16)\n"
+    "  --read-mib M       size of the main-memory read-bandwidth buffer in MiB (default 1024)\n"
+    "  --json FILE        also write the results as JSON\n"
+    "  --help             print this and exit\n";
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> parts;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    parts.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return parts;
+}
+
+bool parse_options(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return false;
+    }
+    if (value == nullptr) throw UsageError(arg + ": expected a value, got nothing");
+    if (arg == "--steps") {
+      o.steps = static_cast<int>(kvlab_bench::parse_long(arg, value, 2, 1 << 20));
+    } else if (arg == "--reps") {
+      o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1000));
+    } else if (arg == "--threads") {
+      o.threads.clear();
+      for (const std::string& t : split(value)) o.threads.push_back(static_cast<int>(kvlab_bench::parse_long(arg, t.c_str(), 1, 256)));
+    } else if (arg == "--models") {
+      o.models = split(value);
+      for (const std::string& m : o.models) {
+        if (m != "stories260K" && m != "stories15M-shape" && m != "tiny") {
+          throw UsageError("--models: expected stories260K, stories15M-shape or tiny, got '" + m + "'");
+        }
+      }
+    } else if (arg == "--models-dir") {
+      o.models_dir = value;
+    } else if (arg == "--model") {
+      o.model_file = value;
+    } else if (arg == "--block-size") {
+      o.block_size = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1 << 20));
+    } else if (arg == "--read-mib") {
+      o.read_mib = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1 << 16));
+    } else if (arg == "--json") {
+      o.json = value;
+    } else {
+      throw UsageError("unknown option '" + arg + "': expected one of --steps, --reps, --threads, --models, "
+                       "--models-dir, --model, --block-size, --read-mib, --json, --help");
+    }
+    ++i;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    if (!parse_options(argc, argv, o)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "bench_generate: %s (try --help)\n", e.what());
+    return 2;
+  }
+#if !defined(_OPENMP)
+  if (o.threads != std::vector<int>{1}) std::fprintf(stderr, "bench_generate: built without OpenMP; 1 thread\n");
+  o.threads = {1};
+#endif
+  try {
+    std::vector<Model> models;
+    const std::string dir = o.models_dir.empty() ? default_models_dir() : o.models_dir;
+    for (const std::string& name : o.models) {
+      if (name == "stories260K") {
+        const std::string path = dir + "/stories260K.bin";
+        if (!std::ifstream(path)) {
+          std::printf("stories260K: %s not found, skipped (set --models-dir or KVLAB_MODELS_DIR)\n", path.c_str());
+          continue;
+        }
+        models.push_back({name, path, std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path))});
+      } else if (name == "stories15M-shape") {
+        // A separate classifier: random weights with a shared one make every token predict itself
+        // (LlamaConfig::tiny); a decode step reads the same bytes either way.
+        kvlab::LlamaConfig shape = kvlab::LlamaConfig::stories15m();
+        shape.shared_classifier = false;
+        models.push_back({name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
+                          std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape))});
+      } else {
+        models.push_back({name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
+                          std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin())});
+      }
+    }
+    if (!o.model_file.empty()) {
+      models.push_back({o.model_file, o.model_file,
+                        std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(o.model_file))});
+    }
+    if (models.empty()) throw std::runtime_error("no model to run");
+    for (const Model& m : models) std::printf("%s: %s (%s)\n", m.name.c_str(), kvlab::to_string(m.weights->config).c_str(), m.source.c_str());
+
+    std::vector<double> dram_gbps;  // [threads]
+    {
+      std::vector<float> buffer((static_cast<std::size_t>(o.read_mib) << 20) / sizeof(float), 1.0f);
+      for (int t : o.threads) dram_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
+    }
+    std::vector<Result> results;
+    for (const Model& m : models)
+      for (std::size_t t = 0; t < o.threads.size(); ++t) run_model(m, o.threads[t], o, dram_gbps[t], results);
+    print_table(results, o);
+    if (!o.json.empty()) write_json(o.json, results, o, models);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_generate: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,323 @@
+// kvlab-generate: text generation with a Llama-style model through one of kvlab's attention
+// backends, as llama2.c's `run` does it: prefill the prompt, then decode one token a step.
+//
+// It reads a llama2.c checkpoint (legacy version-0 .bin: stories260K.bin, stories15M.bin, ...)
+// and optionally its tokenizer.bin; without --model it runs a built-in model with random
+// weights from a fixed seed, so it works with no file at all. It prints the text as it is
+// generated (token ids when no tokenizer is given) on standard output, then on standard error
+// the timing of each phase (prefill, decode), tokens per second and the work counted by the
+// backend (K/V projections: Θ(n²) naive, Θ(n) cached and paged).
+//
+// Build and run (Release, from the repository root):
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-generate
+//   build/bench/kvlab-generate                                   # built-in model, token ids
+//   build/bench/kvlab-generate --model stories15M.bin --tokenizer tokenizer.bin --prompt "Once upon a time"
+//   build/bench/kvlab-generate --model ../shared/models/stories260K.bin --backend naive --temperature 0
+// --help lists the options.
+#include <chrono>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#define KVLAB_HAS_ISATTY 1
+#endif
+
+#include <kvlab/kvlab.hpp>
+
+#include "cli.hpp"
+
+namespace {
+
+using kvlab_bench::UsageError;
+
+struct Options {
+  std::string model;      // empty: the built-in model
+  std::string builtin = "tiny";
+  std::string tokenizer;  // empty: print token ids
+  kvlab::LlamaBackend backend = kvlab::LlamaBackend::Cached;
+  int steps = 256;
+  bool steps_given = false;
+  std::string prompt;
+  bool prompt_given = false;
+  double temperature = 1.0;
+  double top_p = 0.9;
+  std::uint64_t seed = 42;
+  int block_size = 16;
+  int threads = 1;
+  bool quiet = false;
+};
+
+const char* const kUsage =
+    "usage: kvlab-generate [--model FILE] [--tokenizer FILE] [--backend naive|cached|paged] [--steps N]\n"
+    "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size B]\n"
+    "                      [--threads T] [--builtin tiny|stories15M] [--quiet] [--help]\n"
+    "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, stories260K.bin);\n"
+    "                      without it: a built-in model with random weights (see --builtin)\n"
+    "  --tokenizer FILE    llama2.c tokenizer.bin with the model's vocabulary; without it, token ids are\n"
+    "                      printed and --prompt is a list of ids\n"
+    "  --backend B         naive (recompute the prefix every step), cached (contiguous KV cache, default)\n"
+    "                      or paged (KV cache in blocks)\n"
+    "  --steps N           tokens to generate (default 256; at most what the model's seq_len leaves)\n"
+    "  --prompt TEXT       the prompt: text with --tokenizer (BOS is put first), else token ids separated\n"
+    "                      by spaces or commas (default: BOS alone, id 1)\n"
+    "  --temperature T     0 is greedy; default 1.0\n"
+    "  --top-p P           nucleus sampling threshold in (0, 1], 1 = off; default 0.9\n"
+    "  --seed S            seed of the sampler (default 42: runs are reproducible)\n"
+    "  --block-size B      tokens per block of the paged backend (default 16)\n"
+    "  --threads T         OpenMP threads (default 1)\n"
+    "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; default) or\n"
+    "                      stories15M (the stories15M shape: dim 288, 6 layers, vocab 32000, but a separate\n"
+    "                      classifier), random weights\n"
+    "  --quiet             no progress lines on standard error\n"
+    "  --help              print this and exit\n"
+    "Generation stops early when the model draws BOS (id 1), as llama2.c's run does.\n";
+
+int parse_int(const std::string& option, const char* text, long minimum, long maximum) {
+  return static_cast<int>(kvlab_bench::parse_long(option, text, minimum, maximum));
+}
+
+const char* need_value(const std::string& option, const char* value) {
+  if (value == nullptr) throw UsageError(option + ": expected a value, got nothing");
+  return value;
+}
+
+// Returns false when --help was given (and printed).
+bool parse_options(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return false;
+    }
+    if (arg == "--quiet") {
+      o.quiet = true;
+      continue;
+    }
+    ++i;  // every other option takes a value
+    if (arg == "--model") {
+      o.model = need_value(arg, value);
+    } else if (arg == "--tokenizer") {
+      o.tokenizer = need_value(arg, value);
+    } else if (arg == "--backend") {
+      const std::string name = need_value(arg, value);
+      if (name != "naive" && name != "cached" && name != "paged") {
+        throw UsageError("--backend: expected naive, cached or paged, got '" + name + "'");
+      }
+      o.backend = kvlab::parse_llama_backend(name);
+    } else if (arg == "--steps") {
+      o.steps = parse_int(arg, value, 1, 1L << 30);
+      o.steps_given = true;
+    } else if (arg == "--prompt") {
+      o.prompt = need_value(arg, value);
+      o.prompt_given = true;
+    } else if (arg == "--temperature") {
+      o.temperature = kvlab_bench::parse_double(arg, value, 0.0, 1e6);
+    } else if (arg == "--top-p") {
+      o.top_p = kvlab_bench::parse_double(arg, value, 1e-9, 1.0);
+    } else if (arg == "--seed") {
+      o.seed = static_cast<std::uint64_t>(kvlab_bench::parse_long(arg, value, 0, 2147483647L));
+    } else if (arg == "--block-size") {
+      o.block_size = parse_int(arg, value, 1, 1 << 20);
+    } else if (arg == "--threads") {
+      o.threads = parse_int(arg, value, 1, 256);
+    } else if (arg == "--builtin") {
+      o.builtin = need_value(arg, value);
+      if (o.builtin != "tiny" && o.builtin != "stories15M") {
+        throw UsageError("--builtin: expected tiny or stories15M, got '" + o.builtin + "'");
+      }
+    } else {
+      throw UsageError("unknown option '" + arg + "': expected one of --model, --tokenizer, --backend, --steps, "
+                       "--prompt, --temperature, --top-p, --seed, --block-size, --threads, --builtin, --quiet, --help");
+    }
+  }
+  return true;
+}
+
+// Token ids of a prompt written as numbers separated by spaces or commas.
+std::vector<int> parse_ids(const std::string& text, int vocab_size) {
+  std::string spaced = text;
+  for (char& c : spaced) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream in(spaced);
+  std::vector<int> ids;
+  std::string word;
+  while (in >> word) {
+    const int id = parse_int("--prompt", word.c_str(), 0, vocab_size - 1);
+    ids.push_back(id);
+  }
+  if (ids.empty()) throw UsageError("--prompt: expected token ids (no --tokenizer was given), got '" + text + "'");
+  return ids;
+}
+
+// Prints a piece as llama2.c's safe_printf: a lone byte that is neither printable nor space
+// (a control code from a byte token) is skipped.
+void print_piece(const std::string& piece) {
+  if (piece.size() == 1) {
+    const unsigned char byte = static_cast<unsigned char>(piece[0]);
+    if (!(std::isprint(byte) || std::isspace(byte))) return;
+  }
+  std::fputs(piece.c_str(), stdout);
+}
+
+bool stdout_is_terminal() {
+#if defined(KVLAB_HAS_ISATTY)
+  return isatty(fileno(stdout)) != 0;
+#else
+  return false;
+#endif
+}
+
+int run(const Options& o) {
+  kvlab_bench::set_threads(o.threads);
+
+  // The model.
+  std::shared_ptr<const kvlab::LlamaWeights> weights;
+  std::string description;
+  if (!o.model.empty()) {
+    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(o.model));
+    description = o.model;
+  } else {
+    kvlab::LlamaConfig shape = kvlab::LlamaConfig::tiny();
+    if (o.builtin == "stories15M") {
+      // The stories15M shape with a separate classifier: with random weights a shared one makes
+      // every token predict itself (see LlamaConfig::tiny); a decode step reads the same bytes.
+      shape = kvlab::LlamaConfig::stories15m();
+      shape.shared_classifier = false;
+    }
+    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
+    description = "built-in " + o.builtin + " model (random weights, seed " +
+                  std::to_string(kvlab::LlamaWeights::kBuiltinSeed) + ")";
+  }
+  const kvlab::LlamaConfig& config = weights->config;
+
+  // The tokenizer: it must have the model's vocabulary.
+  std::unique_ptr<kvlab::Tokenizer> tokenizer;
+  if (!o.tokenizer.empty()) {
+    tokenizer = std::make_unique<kvlab::Tokenizer>(kvlab::Tokenizer::load(o.tokenizer));
+    if (tokenizer->vocab_size() != config.vocab_size) {
+      throw std::runtime_error("--tokenizer: expected a tokenizer of " + std::to_string(config.vocab_size) +
+                               " pieces (the model's vocab_size), got " + std::to_string(tokenizer->vocab_size()) +
+                               " in '" + o.tokenizer + "' (this model was trained with another tokenizer)");
+    }
+  }
+  const std::vector<int> prompt =
+      tokenizer ? tokenizer->encode(o.prompt, /*bos=*/true, /*eos=*/false)
+                : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size) : std::vector<int>{kvlab::Tokenizer::kBos});
+
+  kvlab::LlamaModel model(weights, o.backend, o.block_size);
+  const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;  // tokens generate() can make
+  if (room < 1) {
+    throw std::runtime_error("--prompt: expected at most " + std::to_string(model.max_tokens()) +
+                             " tokens (seq_len), got " + std::to_string(prompt.size()));
+  }
+  int steps = o.steps;
+  if (steps > room) {
+    if (o.steps_given) {
+      std::fprintf(stderr, "kvlab-generate: --steps %d is more than seq_len %d leaves after a prompt of %zu tokens; "
+                   "generating %d\n", steps, config.seq_len, prompt.size(), room);
+    }
+    steps = room;
+  }
+  kvlab::Sampler sampler(config.vocab_size, static_cast<float>(o.temperature), static_cast<float>(o.top_p), o.seed);
+
+  std::fprintf(stderr, "kvlab-generate: %s\n  %s\n  backend %s%s, %zu prompt tokens, up to %d new, temperature %g, "
+               "top-p %g, seed %llu, %d thread%s\n",
+               description.c_str(), kvlab::to_string(config).c_str(), kvlab::to_string(o.backend),
+               o.backend == kvlab::LlamaBackend::Paged ? (" (block size " + std::to_string(o.block_size) + ")").c_str() : "",
+               prompt.size(), steps, o.temperature, o.top_p, static_cast<unsigned long long>(o.seed), o.threads,
+               o.threads == 1 ? "" : "s");
+
+  // The prompt as it goes in, then each token as it comes out.
+  if (tokenizer) {
+    for (std::size_t i = 1; i < prompt.size(); ++i) print_piece(tokenizer->decode(prompt[i - 1], prompt[i]));
+  } else {
+    for (int id : prompt) std::printf("%d ", id);
+    std::printf("| ");
+  }
+  std::fflush(stdout);
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto last_note = start;
+  const bool progress = !o.quiet && !stdout_is_terminal();  // on a terminal the text itself shows progress
+  int previous = prompt.back();
+  int generated = 0;
+  const auto on_token = [&](int token) {
+    if (tokenizer) {
+      print_piece(tokenizer->decode(previous, token));
+    } else {
+      std::printf("%d ", token);
+    }
+    std::fflush(stdout);
+    previous = token;
+    ++generated;
+    const auto now = Clock::now();
+    if (progress && std::chrono::duration<double>(now - last_note).count() >= 2.0) {
+      const double seconds = std::chrono::duration<double>(now - start).count();
+      std::fprintf(stderr, "kvlab-generate: %d/%d tokens, %.1f tok/s so far\n", generated, steps, generated / seconds);
+      last_note = now;
+    }
+  };
+  const kvlab::Generation g = kvlab::generate(model, sampler, prompt, steps, on_token, kvlab::Tokenizer::kBos);
+  std::printf("\n");
+  std::fflush(stdout);
+
+  // The summary.
+  const kvlab::LlamaCounters& work = model.total();
+  std::fprintf(stderr, "\nkvlab-generate: %zu tokens generated%s\n", g.tokens.size(),
+               g.stopped ? " (stopped: the model drew BOS, the end of a story)" : "");
+  std::fprintf(stderr, "  prefill: %4d token%s in %9.3f ms  %10.1f tok/s\n", g.prompt_tokens,
+               g.prompt_tokens == 1 ? " " : "s", g.prefill_seconds * 1e3, g.prefill_tokens_per_second());
+  std::fprintf(stderr, "  decode:  %4d step%s  in %9.3f ms  %10.1f tok/s\n", g.decode_steps,
+               g.decode_steps == 1 ? " " : "s", g.decode_seconds * 1e3, g.decode_tokens_per_second());
+  const double total_seconds = g.prefill_seconds + g.decode_seconds;
+  std::fprintf(stderr, "  total:   %4zu token%s in %9.3f ms  %10.1f tok/s (generated tokens / prefill + decode time)\n",
+               g.tokens.size(), g.tokens.size() == 1 ? " " : "s", total_seconds * 1e3,
+               total_seconds > 0 ? static_cast<double>(g.tokens.size()) / total_seconds : 0.0);
+  std::fprintf(stderr, "  work (%s): %llu K/V projections, %llu q.k dot products, %.4g multiply-adds "
+               "(attention %.3g, MLP %.3g, classifier %.3g)\n",
+               kvlab::to_string(o.backend), static_cast<unsigned long long>(work.attention.kv_projections),
+               static_cast<unsigned long long>(work.attention.qk_dots), static_cast<double>(work.macs()),
+               static_cast<double>(work.attention.macs), static_cast<double>(work.mlp_macs),
+               static_cast<double>(work.classifier_macs));
+  if (const kvlab::ContiguousKVCache<float>* cache = model.contiguous_cache()) {
+    std::fprintf(stderr, "  KV cache: contiguous, %d of %d positions used, %.1f KiB reserved\n", cache->length(0),
+                 cache->capacity(), static_cast<double>(cache->bytes_reserved()) / 1024);
+  } else if (const kvlab::PagedKVCache<float>* pool = model.paged_cache()) {
+    std::fprintf(stderr, "  KV cache: paged, %d positions in %zu blocks of %d (%d blocks in the pool)\n",
+                 pool->length(model.paged_sequence()), pool->blocks(model.paged_sequence()).size(), pool->block_size(),
+                 pool->allocator().num_blocks());
+  } else {
+    std::fprintf(stderr, "  KV cache: none (naive: every step re-projects K and V of all %d positions)\n",
+                 model.position());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  try {
+    if (!parse_options(argc, argv, options)) return 0;
+  } catch (const std::exception& e) {  // UsageError, or a number out of range
+    std::fprintf(stderr, "kvlab-generate: %s (try --help)\n", e.what());
+    return 2;
+  }
+  try {
+    return run(options);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kvlab-generate: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,186 @@
+/// \file
+/// \brief `LlamaConfig`: the seven numbers of a llama2.c checkpoint header (dim, hidden_dim,
+/// n_layers, n_heads, n_kv_heads, vocab_size, seq_len) and whether the classifier shares the
+/// token embedding; validated, with the sizes they imply computed in checked 64-bit arithmetic.
+/// Checked in the tests against the header of stories260K.bin and against absurd headers.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "kvlab/config.hpp"
+
+namespace kvlab {
+
+namespace detail {
+
+/// `a * b` for sizes; throws InvalidArgument naming `where` and `what` if the product does not
+/// fit in a signed 64-bit integer.
+inline std::uint64_t checked_size_product(const char* where, const std::string& what, std::uint64_t a,
+                                          std::uint64_t b) {
+  constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (a != 0 && b > kMax / a) {
+    fail(where, what, "a size below 2^63", std::to_string(a) + " * " + std::to_string(b) + " (overflows)");
+  }
+  return a * b;
+}
+
+/// `a + b` for sizes; throws InvalidArgument naming `where` and `what` on overflow past 2^63.
+inline std::uint64_t checked_size_sum(const char* where, const std::string& what, std::uint64_t a, std::uint64_t b) {
+  constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (b > kMax - a) {
+    fail(where, what, "a size below 2^63", std::to_string(a) + " + " + std::to_string(b) + " (overflows)");
+  }
+  return a + b;
+}
+
+}  // namespace detail
+
+/// The shape of a Llama-style decoder, as llama2.c's `Config` holds it.
+///
+/// A model has `n_layers` blocks of (RMSNorm, attention with `n_heads` query heads over
+/// `n_kv_heads` K/V heads of `dim / n_heads` values each, RMSNorm, SwiGLU MLP of width
+/// `hidden_dim`) on a residual stream of width `dim`; tokens are ids in `[0, vocab_size)`;
+/// positions run up to `seq_len`. The classifier that turns the final hidden state into
+/// `vocab_size` logits is the token embedding itself (`shared_classifier`, as in every
+/// TinyStories checkpoint) or a separate `[vocab_size, dim]` matrix. llama2.c's file format
+/// stores the flag as the sign of `vocab_size` (negative: separate classifier).
+///
+/// `validate()` checks everything the forward pass relies on: sizes >= 1, `n_heads` a multiple
+/// of `n_kv_heads` (grouped-query attention), `dim` a multiple of `n_heads`, an even head size
+/// (RoPE rotates pairs of values), and no size overflowing 64 bits.
+struct LlamaConfig {
+  int dim = 0;                     ///< width of the residual stream (= n_heads * head_dim)
+  int hidden_dim = 0;              ///< width of the SwiGLU MLP
+  int n_layers = 0;                ///< transformer blocks
+  int n_heads = 0;                 ///< query heads per layer
+  int n_kv_heads = 0;              ///< key/value heads per layer (divides n_heads)
+  int vocab_size = 0;              ///< token ids are in [0, vocab_size)
+  int seq_len = 0;                 ///< the longest sequence (prompt + generated tokens)
+  bool shared_classifier = true;   ///< true: logits use the token embedding as classifier
+
+  /// Values per head: `dim / n_heads`.
+  int head_dim() const { return dim / n_heads; }
+  /// Width of a K or V row: `n_kv_heads * head_dim()`.
+  int kv_dim() const { return n_kv_heads * head_dim(); }
+
+  /// Throws InvalidArgument, naming `where` and the field (prefixed by `prefix`, e.g. a file
+  /// name and ": "), for the first value that breaks the rules above.
+  void validate(const char* where, const std::string& prefix = "") const {
+    const auto at_least_one = [&](const char* name, int value) {
+      if (value < 1) detail::fail(where, prefix + name, ">= 1", value);
+    };
+    at_least_one("dim", dim);
+    at_least_one("hidden_dim", hidden_dim);
+    at_least_one("n_layers", n_layers);
+    at_least_one("n_heads", n_heads);
+    at_least_one("n_kv_heads", n_kv_heads);
+    at_least_one("vocab_size", vocab_size);
+    at_least_one("seq_len", seq_len);
+    if (n_heads % n_kv_heads != 0) {
+      detail::fail(where, prefix + "n_heads", "a multiple of n_kv_heads (" + std::to_string(n_kv_heads) + ")",
+                   n_heads);
+    }
+    if (dim % n_heads != 0) {
+      detail::fail(where, prefix + "dim", "a multiple of n_heads (" + std::to_string(n_heads) + ")", dim);
+    }
+    if (head_dim() % 2 != 0) {
+      detail::fail(where, prefix + "dim / n_heads", "an even head size (RoPE rotates pairs of values)", head_dim());
+    }
+    (void)num_weights(where, prefix);  // throws if a size overflows
+  }
+
+  /// Parameters of the model: embedding, per layer (2 norms, wq, wk, wv, wo, w1, w2, w3), final
+  /// norm, and the classifier when it is not shared. Checked against overflow.
+  /// \throws InvalidArgument (naming `where`) if a size overflows 64 bits.
+  std::uint64_t num_parameters(const char* where = "kvlab::LlamaConfig::num_parameters",
+                               const std::string& prefix = "") const {
+    using detail::checked_size_product;
+    using detail::checked_size_sum;
+    const std::string what = prefix + "parameter count";
+    const auto u = [](int v) { return static_cast<std::uint64_t>(v < 0 ? 0 : v); };
+    const std::uint64_t d = u(dim), kv = u(n_kv_heads) * u(dim / (n_heads < 1 ? 1 : n_heads));
+    const std::uint64_t embedding = checked_size_product(where, what, u(vocab_size), d);   // [vocab_size, dim]
+    std::uint64_t layer = 2 * d;                                                           // rms_att, rms_ffn: [dim] each
+    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));   // wq [dim, dim]
+    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, 2 * kv, d));  // wk, wv [kv_dim, dim]
+    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));   // wo [dim, dim]
+    layer = checked_size_sum(where, what, layer,
+                             checked_size_product(where, what, 3 * u(hidden_dim), d));     // w1, w3 [hidden, dim]; w2 [dim, hidden]
+    std::uint64_t total = checked_size_sum(where, what, embedding, checked_size_product(where, what, u(n_layers), layer));
+    total = checked_size_sum(where, what, total, d);  // rms_final [dim]
+    if (!shared_classifier) total = checked_size_sum(where, what, total, embedding);  // wcls [vocab_size, dim]
+    return total;
+  }
+
+  /// float32 values after the header of a llama2.c version-0 file: the parameters plus the
+  /// legacy RoPE tables `freq_cis_real` and `freq_cis_imag` (seq_len * head_dim / 2 each), which
+  /// run.c skips and kvlab skips too (it computes the rotation as run.c does).
+  /// \throws InvalidArgument (naming `where`) if a size overflows 64 bits.
+  std::uint64_t num_weights(const char* where = "kvlab::LlamaConfig::num_weights", const std::string& prefix = "") const {
+    const std::uint64_t params = num_parameters(where, prefix);
+    const std::uint64_t rope = detail::checked_size_product(where, prefix + "freq_cis size",
+                                                            static_cast<std::uint64_t>(seq_len < 0 ? 0 : seq_len),
+                                                            static_cast<std::uint64_t>(dim / (n_heads < 1 ? 1 : n_heads)));
+    return detail::checked_size_sum(where, prefix + "weight count", params, rope);  // 2 tables of rope / 2 each
+  }
+
+  /// Bytes of a llama2.c version-0 checkpoint of this shape: the 28-byte header (7 int32) and
+  /// `num_weights()` float32 values.
+  /// \throws InvalidArgument (naming `where`) if the size overflows 64 bits.
+  std::uint64_t checkpoint_bytes(const char* where = "kvlab::LlamaConfig::checkpoint_bytes",
+                                 const std::string& prefix = "") const {
+    const std::uint64_t floats = num_weights(where, prefix);
+    return detail::checked_size_sum(where, prefix + "file size", 28,
+                                    detail::checked_size_product(where, prefix + "file size", floats, 4));
+  }
+
+  /// Bytes of weights that one decode step (one token through the model) reads: every layer's
+  /// norms and matrices, the final norm, the whole classifier (the embedding table when shared)
+  /// and one embedding row. Decoding one token is a pass over these bytes, so at batch size 1 it
+  /// is bound by memory bandwidth: time per token >= this / bandwidth.
+  std::uint64_t decode_weight_bytes() const {
+    const std::uint64_t d = static_cast<std::uint64_t>(dim);
+    const std::uint64_t per_layer = 2 * d + 2 * d * d + 2 * static_cast<std::uint64_t>(kv_dim()) * d +
+                                    3 * static_cast<std::uint64_t>(hidden_dim) * d;
+    const std::uint64_t floats = static_cast<std::uint64_t>(n_layers) * per_layer + d +
+                                 static_cast<std::uint64_t>(vocab_size) * d + d;
+    return 4 * floats;
+  }
+
+  /// A small model for tests, tutorials and `kvlab-generate` without `--model`: dim 48, hidden
+  /// 128, 3 layers, 6 query heads over 2 K/V heads (GQA, head_dim 8), vocab 256, seq_len 512,
+  /// separate classifier. Small enough that the naive backend runs 200+ steps in about a second.
+  /// (With random weights a shared classifier makes every token predict itself — its embedding
+  /// is closest to itself — so greedy decoding would repeat one token; a separate one does not.)
+  static LlamaConfig tiny() { return {48, 128, 3, 6, 2, 256, 512, false}; }
+
+  /// The shape of stories260K.bin (llama2.c's smallest TinyStories model): dim 64, hidden 172,
+  /// 5 layers, 8 heads over 4 K/V heads, vocab 512, seq_len 512, shared classifier.
+  static LlamaConfig stories260k() { return {64, 172, 5, 8, 4, 512, 512, true}; }
+
+  /// The shape of stories15M.bin: dim 288, hidden 768, 6 layers, 6 heads (MHA), vocab 32000,
+  /// seq_len 256, shared classifier (about 15 million parameters, 60 MB of float32).
+  static LlamaConfig stories15m() { return {288, 768, 6, 6, 6, 32000, 256, true}; }
+
+  /// True when every field is equal.
+  bool operator==(const LlamaConfig& o) const {
+    return dim == o.dim && hidden_dim == o.hidden_dim && n_layers == o.n_layers && n_heads == o.n_heads &&
+           n_kv_heads == o.n_kv_heads && vocab_size == o.vocab_size && seq_len == o.seq_len &&
+           shared_classifier == o.shared_classifier;
+  }
+  /// True when any field differs.
+  bool operator!=(const LlamaConfig& o) const { return !(*this == o); }
+};
+
+/// One line describing `config`, e.g. "dim 64, hidden 172, 5 layers, 8 heads / 4 kv heads,
+/// vocab 512, seq_len 512, shared classifier".
+inline std::string to_string(const LlamaConfig& c) {
+  return "dim " + std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
+         std::to_string(c.n_layers) + " layers, " + std::to_string(c.n_heads) + " heads / " +
+         std::to_string(c.n_kv_heads) + " kv heads, vocab " + std::to_string(c.vocab_size) + ", seq_len " +
+         std::to_string(c.seq_len) + (c.shared_classifier ? ", shared classifier" : ", separate classifier");
+}
+
+}  // namespace kvlab

@@ -1,0 +1,152 @@
+// Tutorial 05: generation end to end.
+//
+// What you will learn:
+//  1. A whole Llama-style decoder, kvlab::LlamaModel, as llama2.c's run.c computes it: token
+//     embedding; per layer RMSNorm, q/k/v, RoPE, attention, output projection, RMSNorm, SwiGLU
+//     MLP; final norm; classifier. Its attention backend is chosen per model: naive (recompute
+//     the prefix every step), cached (a contiguous KV cache) or paged (a KV cache in blocks).
+//  2. Prefill, then decode: the prompt goes in at once, then each step feeds the token just
+//     drawn and reads the logits of the next.
+//  3. The three backends compute the same function: the same greedy tokens, logits equal to
+//     rounding. What differs is the work (K/V projections: Θ(n²) naive, Θ(n) cached) and so the
+//     time, shown on a real model, stories260K.bin, when it is found.
+// It runs the built-in model (random weights, no file needed) and checks itself: it exits
+// non-zero if a backend picks another token, logits differ beyond rounding or a count is off.
+//
+// Build and run (from the repository root, with `build/` configured by CMake):
+//   cmake --build build --target tutorial_05_generation && build/tutorials/05_generation [stories260K.bin]
+// Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in ../shared/models
+// beside the source tree.
+//
+// Next: kvlab-generate (bench/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
+// bench_generate measures tokens/s of the three backends.
+
+#include <kvlab/kvlab.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace {
+
+using kvlab::LlamaBackend;
+
+// Logits of two backends differ by rounding only (sums in other orders): about 1e-7 relative
+// here. 3e-5 relative to max(1, |largest logit|) is the bound of tests/test_llama_model.cpp.
+constexpr double kRtol = 3e-5;
+
+double rel_diff(const kvlab::RowVector<float>& a, const kvlab::RowVector<float>& b) {
+  return (a - b).cwiseAbs().maxCoeff() / std::max(1.0f, b.cwiseAbs().maxCoeff());
+}
+
+// stories260K.bin: the argument, else $KVLAB_MODELS_DIR, else ../shared/models beside the
+// source tree (found from this file's path); "" if none exists.
+std::string find_stories260k(int argc, char** argv) {
+  std::vector<std::string> candidates;
+  if (argc > 1) candidates.push_back(argv[1]);
+  if (const char* dir = std::getenv("KVLAB_MODELS_DIR")) candidates.push_back(std::string(dir) + "/stories260K.bin");
+  const std::string here = __FILE__;  // .../tutorials/05_generation.cpp
+  candidates.push_back(here.substr(0, here.rfind("tutorials")) + "../shared/models/stories260K.bin");
+  for (const std::string& path : candidates)
+    if (std::ifstream(path)) return path;
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if defined(_OPENMP)
+  omp_set_num_threads(1);  // one thread: the times below compare the backends, not the cores
+#endif
+  bool ok = true;
+
+  // [model]
+  // The built-in model: dim 48, 3 layers, 6 query heads over 2 K/V heads, vocab 256, random
+  // weights from a fixed seed. Weights are shared; each LlamaModel holds one sequence.
+  const auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  kvlab::LlamaModel naive(weights, LlamaBackend::Naive);      // keeps token ids, recomputes all
+  kvlab::LlamaModel cached(weights, LlamaBackend::Cached);    // K/V of 512 positions reserved
+  kvlab::LlamaModel paged(weights, LlamaBackend::Paged, 4);   // K/V in blocks of 4 tokens
+  // [model]
+  std::printf("Built-in model: %s\n\n", kvlab::to_string(weights->config).c_str());
+
+  // [lockstep]
+  // Prefill the prompt (BOS first, as llama2.c does), then decode greedily, the three in step.
+  const std::vector<int> prompt{kvlab::Tokenizer::kBos, 17, 42, 99};
+  kvlab::RowVector<float> l_naive = naive.prefill(prompt);     // [vocab]: logits after the prompt
+  kvlab::RowVector<float> l_cached = cached.prefill(prompt);
+  kvlab::RowVector<float> l_paged = paged.prefill(prompt);
+  const int steps = 40;
+  double worst = 0;
+  std::printf("greedy tokens (cached):");
+  for (int s = 0; s < steps; ++s) {
+    const int token = kvlab::sample_argmax(l_cached.data(), static_cast<int>(l_cached.size()));
+    ok = ok && kvlab::sample_argmax(l_naive.data(), static_cast<int>(l_naive.size())) == token &&
+         kvlab::sample_argmax(l_paged.data(), static_cast<int>(l_paged.size())) == token;
+    worst = std::max({worst, rel_diff(l_naive, l_cached), rel_diff(l_paged, l_cached)});
+    std::printf(" %d", token);
+    if (s + 1 == steps) break;
+    l_naive = naive.decode(token);  // feed the token just drawn, read the next logits
+    l_cached = cached.decode(token);
+    l_paged = paged.decode(token);
+  }
+  // [lockstep]
+  ok = ok && worst <= kRtol;
+  std::printf("\nsame tokens from naive, cached and paged: %s; max logit difference %.1e (bound %.0e)\n\n",
+              ok ? "yes" : "NO", worst, kRtol);
+
+  // [counts]
+  // n tokens fed (P = 4 in the prefill, then one per step); per layer and K/V head the naive
+  // backend projects P, then t at step t: n(n+1)/2 - P(P-1)/2. The cached and paged ones: n.
+  const unsigned long long n = static_cast<unsigned long long>(cached.position()), p = prompt.size();
+  const unsigned long long per_token = 1ULL * weights->config.n_layers * weights->config.n_kv_heads;  // 3 x 2
+  ok = ok && naive.total().attention.kv_projections == per_token * (n * (n + 1) / 2 - p * (p - 1) / 2) &&
+       cached.total().attention.kv_projections == per_token * n && paged.total() == cached.total();
+  // [counts]
+  std::printf("%-7s %16s %14s %16s\n", "backend", "K/V projections", "q.k dots", "multiply-adds");
+  for (const kvlab::LlamaModel* m : {&naive, &cached, &paged}) {
+    const kvlab::LlamaCounters& c = m->total();
+    std::printf("%-7s %16llu %14llu %16.4g\n", kvlab::to_string(m->backend()),
+                static_cast<unsigned long long>(c.attention.kv_projections),
+                static_cast<unsigned long long>(c.attention.qk_dots), static_cast<double>(c.macs()));
+  }
+  std::printf("(%llu tokens fed: naive %llu = 6 x (n(n+1)/2 - P(P-1)/2), cached %llu = 6 x n)\n\n", n,
+              static_cast<unsigned long long>(naive.total().attention.kv_projections),
+              static_cast<unsigned long long>(cached.total().attention.kv_projections));
+
+  // [real]
+  // A real model: the same three backends generate 100 greedy tokens from BOS, timed.
+  const std::string path = find_stories260k(argc, argv);
+  if (path.empty()) {
+    std::printf("stories260K.bin not found: the timing part is skipped (see the header comment).\n");
+  } else {
+    const auto real = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path));
+    std::printf("stories260K.bin: %s\n", kvlab::to_string(real->config).c_str());
+    std::vector<int> reference;
+    for (LlamaBackend backend : {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged}) {
+      kvlab::LlamaModel model(real, backend, 16);
+      kvlab::Sampler greedy(real->config.vocab_size, /*temperature=*/0.0f, /*top_p=*/1.0f, /*seed=*/0);
+      const kvlab::Generation g = kvlab::generate(model, greedy, {kvlab::Tokenizer::kBos}, 100);
+      if (reference.empty()) reference = g.tokens;
+      ok = ok && g.tokens == reference;
+      std::printf("  %-6s 100 tokens, %6llu K/V projections, time %8.2f ms (%.0f tok/s)%s\n",
+                  kvlab::to_string(backend), static_cast<unsigned long long>(model.total().attention.kv_projections),
+                  (g.prefill_seconds + g.decode_seconds) * 1e3,
+                  g.tokens.size() / (g.prefill_seconds + g.decode_seconds), g.tokens == reference ? "" : "  DIFFERENT TOKENS");
+    }
+    std::printf("  first tokens (tok512 ids): ");
+    for (int i = 0; i < 12; ++i) std::printf("%d ", reference[static_cast<std::size_t>(i)]);
+    std::printf("...\n  (times vary from run to run; the counts and tokens do not)\n");
+  }
+  // [real]
+
+  std::printf("\n%s\n", ok ? "All checks passed." : "MISMATCH: a token, a logit or a count differs (see above).");
+  return ok ? 0 : 1;
+}
