@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +27,7 @@
 #include "kvlab/cpu/decode_attention.hpp"
 #include "kvlab/cpu/naive_attention.hpp"
 #include "kvlab/cpu/paged_attention.hpp"
+#include "kvlab/cpu/parallel.hpp"
 #include "kvlab/cpu/types.hpp"
 #include "kvlab/model/llama_config.hpp"
 #include "kvlab/model/llama_weights.hpp"
@@ -180,27 +180,11 @@ inline void matmul_wt(const RowMatrix<float>& x, const RowMatrix<float>& w, RowM
     out.noalias() = x * w.transpose();
     return;
   }
-  std::exception_ptr error;
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-#endif
-  {
-#if defined(_OPENMP)
-    const int id = omp_get_thread_num(), num = omp_get_num_threads();
-#else
-    const int id = 0, num = 1;
-#endif
-    const Eigen::Index r0 = w.rows() * id / num, r1 = w.rows() * (id + 1) / num;  // this thread's rows of W
-    try {
-      out.middleCols(r0, r1 - r0).noalias() = x * w.middleRows(r0, r1 - r0).transpose();
-    } catch (...) {
-#if defined(_OPENMP)
-#pragma omp critical(kvlab_matmul_wt_error)
-#endif
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  // Chunk c of `threads` computes W's rows [r0, r1) — its columns of out.
+  parallel_for(threads, true, [&](int c) {
+    const Eigen::Index r0 = w.rows() * c / threads, r1 = w.rows() * (c + 1) / threads;
+    out.middleCols(r0, r1 - r0).noalias() = x * w.middleRows(r0, r1 - r0).transpose();
+  });
 }
 
 /// RMSNorm of every row, as run.c: `out = weight * x / sqrt(mean(x^2) + 1e-5)`.
