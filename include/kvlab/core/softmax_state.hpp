@@ -35,34 +35,6 @@ KVLAB_HOST_DEVICE SoftmaxState<T> empty_softmax_state() {
   return SoftmaxState<T>{-INFINITY, T(0)};
 }
 
-/// Merges subset b into subset a (disjoint subsets of one query's keys): afterwards `a` and
-/// `acc_a` describe the union. With M = max(a.max, b.max):
-/// `sum = a.sum·exp(a.max − M) + b.sum·exp(b.max − M)` and
-/// `acc = acc_a·exp(a.max − M) + acc_b·exp(b.max − M)`. Either side may be empty; the rescaling
-/// exponents are ≤ 0, so nothing overflows.
-/// \param a      in: subset a; out: the union
-/// \param acc_a  [head_dim] in: subset a's accumulator; out: the union's
-/// \param b      subset b
-/// \param acc_b  [head_dim]: subset b's accumulator
-/// \param head_dim  values per accumulator
-template <typename T>
-KVLAB_HOST_DEVICE void merge_softmax_states(SoftmaxState<T>& a, T* acc_a, const SoftmaxState<T>& b, const T* acc_b,
-                                            int head_dim) {
-  if (b.sum == T(0)) return;  // b is empty: nothing to add
-  if (a.sum == T(0)) {        // a is empty: the union is b
-    a = b;
-    for (int c = 0; c < head_dim; ++c) acc_a[c] = acc_b[c];
-    return;
-  }
-  const T max = a.max > b.max ? a.max : b.max;
-  using std::exp;
-  const T scale_a = exp(a.max - max);  // <= 1
-  const T scale_b = exp(b.max - max);  // <= 1
-  for (int c = 0; c < head_dim; ++c) acc_a[c] = acc_a[c] * scale_a + acc_b[c] * scale_b;
-  a.sum = a.sum * scale_a + b.sum * scale_b;
-  a.max = max;
-}
-
 /// The factors by which two accumulators combine when one subset is merged into another:
 /// `acc = acc_a · a + acc_b · b` (see `merge_softmax_scales`).
 template <typename T>
@@ -71,11 +43,11 @@ struct SoftmaxScales {
   T b;  ///< factor of subset b's accumulator: exp(b.max − M), or 0 if b is empty
 };
 
-/// `merge_softmax_states` for a caller that keeps the accumulators elsewhere: merges state `b`
-/// into `a` (the same arithmetic on max and sum) and returns the factors with which the caller
-/// combines the accumulators, `acc_a[c] = acc_a[c] · a + acc_b[c] · b` — for instance a GPU
-/// block whose threads each hold some of the accumulator's values, and rescale them all by the
-/// factors that one thread computed. An empty `b` gives {1, 0}; an empty `a` becomes `b` and
+/// The merge of `merge_softmax_states` without the accumulators: merges state `b` into `a` and
+/// returns the factors with which the accumulators combine, `acc_a[c] = acc_a[c] · a + acc_b[c]
+/// · b` — for a caller that keeps the accumulators elsewhere, such as a GPU block whose threads
+/// each hold some of the accumulator's values and rescale them by the factors one thread
+/// computed. An empty `b` gives {1, 0}; an empty `a` becomes `b` and
 /// gives {0, 1} (its accumulator is zeros).
 template <typename T>
 KVLAB_HOST_DEVICE SoftmaxScales<T> merge_softmax_scales(SoftmaxState<T>& a, const SoftmaxState<T>& b) {
@@ -90,6 +62,25 @@ KVLAB_HOST_DEVICE SoftmaxScales<T> merge_softmax_scales(SoftmaxState<T>& a, cons
   a.sum = a.sum * scales.a + b.sum * scales.b;
   a.max = max;
   return scales;
+}
+
+/// Merges subset b into subset a (disjoint subsets of one query's keys): afterwards `a` and
+/// `acc_a` describe the union. With M = max(a.max, b.max):
+/// `sum = a.sum·exp(a.max − M) + b.sum·exp(b.max − M)` and
+/// `acc = acc_a·exp(a.max − M) + acc_b·exp(b.max − M)`. Either side may be empty; the rescaling
+/// exponents are ≤ 0, so nothing overflows.
+/// \param a      in: subset a; out: the union
+/// \param acc_a  [head_dim] in: subset a's accumulator; out: the union's
+/// \param b      subset b
+/// \param acc_b  [head_dim]: subset b's accumulator
+/// \param head_dim  values per accumulator
+template <typename T>
+KVLAB_HOST_DEVICE void merge_softmax_states(SoftmaxState<T>& a, T* acc_a, const SoftmaxState<T>& b, const T* acc_b,
+                                            int head_dim) {
+  if (b.sum == T(0)) return;           // b is empty: its accumulator is not read
+  const bool a_empty = a.sum == T(0);  // then a's accumulator is not read either: the union is b
+  const SoftmaxScales<T> scale = merge_softmax_scales(a, b);
+  for (int c = 0; c < head_dim; ++c) acc_a[c] = a_empty ? acc_b[c] : acc_a[c] * scale.a + acc_b[c] * scale.b;
 }
 
 /// How split-K cuts `length` keys into at most `parts` partitions of whole `align`-key units

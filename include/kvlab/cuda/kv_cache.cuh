@@ -1,0 +1,556 @@
+/// \file
+/// \brief KV caches in device memory: `cuda::ContiguousKVCache` and `cuda::PagedKVCache`, the
+/// device counterparts of `ContiguousKVCache` and `PagedKVCache` (same layouts, same calls, same
+/// slot semantics), their write kernels (append rows; scatter rows to slots, vLLM's
+/// reshape_and_cache), and `DeviceBlockTables`, the CSR block tables copied to the device.
+/// Writes are copies, checked for exact equality against the CPU caches in tests/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvlab/cache/block_allocator.hpp"
+#include "kvlab/cache/block_tables.hpp"
+#include "kvlab/config.hpp"
+#include "kvlab/core/paged_view.hpp"
+#include "kvlab/core/views.hpp"
+#include "kvlab/cuda/device_memory.cuh"
+#include "kvlab/cuda/error.cuh"
+
+namespace kvlab::cuda {
+namespace detail {
+
+/// Threads per block of the write kernels.
+constexpr int kWriteThreads = 256;
+
+/// Blocks for a grid-stride loop over `count` elements.
+inline unsigned write_blocks(std::int64_t count) {
+  const std::int64_t blocks = (count + kWriteThreads - 1) / kWriteThreads;
+  return static_cast<unsigned>(blocks < (1 << 20) ? (blocks > 0 ? blocks : 1) : (1 << 20));
+}
+
+/// Appends `n` token rows to one layer of a contiguous cache: row t of `k` and `v` ([n,
+/// num_kv_heads * head_dim], token-major) goes, head by head, to position `first + t` of the
+/// head-major cache (`layout.offset`). One thread per value (grid-stride loop).
+/// \param k_cache  [num_kv_heads, capacity, head_dim], this layer's keys
+/// \param v_cache  [num_kv_heads, capacity, head_dim], this layer's values
+template <typename T>
+__global__ void append_rows_kernel(const T* k, const T* v, int n, T* k_cache, T* v_cache, ContiguousKVView<T> layout,
+                                   int first) {
+  const int width = layout.num_kv_heads * layout.head_dim;
+  const std::int64_t count = static_cast<std::int64_t>(n) * width;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(i / width);
+    const int in_row = static_cast<int>(i % width);
+    const std::ptrdiff_t dst = layout.offset(in_row / layout.head_dim, first + t) + in_row % layout.head_dim;
+    k_cache[dst] = k[i];
+    v_cache[dst] = v[i];
+  }
+}
+
+/// Scatters `n` token rows to pool slots (vLLM's reshape_and_cache): row t of `k` and `v` ([n,
+/// num_kv_heads * head_dim]) goes, head by head, to `slots[t]` (`layout.slot_offset`, either
+/// pool layout). A negative slot is skipped (vLLM's padding convention). One thread per value.
+/// \param slots   [n] in device memory
+/// \param k_pool  this layer's keys, [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or
+///                [num_blocks, num_kv_heads, block_size, head_dim] (HND)
+/// \param v_pool  this layer's values, the same layout
+template <typename T>
+__global__ void write_slots_kernel(const T* k, const T* v, const std::int64_t* slots, int n, T* k_pool, T* v_pool,
+                                   PagedKVView<T> layout) {
+  const int width = layout.num_kv_heads * layout.head_dim;
+  const std::int64_t count = static_cast<std::int64_t>(n) * width;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t slot = slots[i / width];
+    if (slot < 0) continue;
+    const int in_row = static_cast<int>(i % width);
+    const std::ptrdiff_t dst = layout.slot_offset(slot, in_row / layout.head_dim) + in_row % layout.head_dim;
+    k_pool[dst] = k[i];
+    v_pool[dst] = v[i];
+  }
+}
+
+/// Checks that `k` and `v` are both [rows >= min_rows, width] device matrices.
+template <typename T>
+void check_rows(const char* where, DeviceMatrix<const T> k, DeviceMatrix<const T> v, int width, int min_rows) {
+  kvlab::detail::require_at_least(where, "k.rows", k.rows, min_rows);
+  kvlab::detail::require_equal(where, "k.cols", k.cols, width, "num_kv_heads * head_dim");
+  kvlab::detail::require_equal(where, "v.rows", v.rows, k.rows, "k.rows");
+  kvlab::detail::require_equal(where, "v.cols", v.cols, width, "num_kv_heads * head_dim");
+  if (k.rows > 0 && (k.data == nullptr || v.data == nullptr)) {
+    kvlab::detail::fail(where, "k.data / v.data", "device pointers", "a null pointer");
+  }
+}
+
+}  // namespace detail
+
+/// The KV cache of one sequence in device memory, preallocated for `capacity` tokens in every
+/// layer: the device counterpart of `kvlab::ContiguousKVCache`, with the same layout (per layer
+/// `[num_kv_heads, capacity, head_dim]` for K and for V) and the same calls; `view(layer)` is a
+/// `ContiguousKVView` of device pointers, what `cuda::decode_attention` reads.
+template <typename T>
+class ContiguousKVCache {
+ public:
+  /// An empty cache for `capacity` tokens (device memory, uninitialised).
+  /// \throws InvalidArgument if any argument is below 1 or the sizes overflow; CudaError if the
+  ///         allocation fails.
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
+      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), capacity_(capacity),
+        k_(elements(num_layers, num_kv_heads, head_dim, capacity)), v_(k_.size()),
+        length_(static_cast<std::size_t>(num_layers), 0) {}
+
+  /// Number of layers.
+  int num_layers() const { return num_layers_; }
+  /// K/V heads per layer.
+  int num_kv_heads() const { return num_kv_heads_; }
+  /// Values per head.
+  int head_dim() const { return head_dim_; }
+  /// Tokens reserved per layer.
+  int capacity() const { return capacity_; }
+  /// Tokens stored in `layer`.
+  /// \throws InvalidArgument if `layer` is out of range.
+  int length(int layer) const {
+    check_layer("kvlab::cuda::ContiguousKVCache::length", layer);
+    return length_[static_cast<std::size_t>(layer)];
+  }
+
+  /// Appends `n` tokens to `layer` (`append_rows_kernel`), as `ContiguousKVCache::append`.
+  /// \param layer   in [0, num_layers)
+  /// \param k       keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1, device memory
+  /// \param v       values of the new tokens, [n, num_kv_heads * head_dim], device memory
+  /// \param stream  the stream to run on
+  /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
+  ///         more than `capacity()` tokens (either way nothing is written); CudaError if the
+  ///         launch fails.
+  void append(int layer, DeviceMatrix<const T> k, DeviceMatrix<const T> v, cudaStream_t stream = nullptr) {
+    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
+    check_layer(kWhere, layer);
+    detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
+    const auto l = static_cast<std::size_t>(layer);
+    if (k.rows > capacity_ - length_[l]) {
+      kvlab::detail::fail<CapacityError>(kWhere, "k.rows",
+                                         "at most " + std::to_string(capacity_ - length_[l]) + " (capacity " +
+                                             std::to_string(capacity_) + ", length " + std::to_string(length_[l]) + ")",
+                                         k.rows);
+    }
+    const ContiguousKVView<T> layout = view(layer);
+    detail::append_rows_kernel<T>
+        <<<detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_), detail::kWriteThreads, 0,
+           stream>>>(k.data, v.data, k.rows, layer_data(k_, layer), layer_data(v_, layer), layout, length_[l]);
+    KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::append_rows_kernel");
+    length_[l] += k.rows;
+  }
+
+  /// Forgets every token at position `length` and after, in every layer.
+  /// \throws InvalidArgument if `length` is negative or above a layer's current length.
+  void truncate(int length) {
+    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::truncate";
+    kvlab::detail::require_at_least(kWhere, "length", length, 0);
+    for (int l = 0; l < num_layers_; ++l) {
+      if (length > length_[static_cast<std::size_t>(l)]) {
+        kvlab::detail::fail(kWhere, "length",
+                            "at most the length of layer " + std::to_string(l) + " (" +
+                                std::to_string(length_[static_cast<std::size_t>(l)]) + ")",
+                            length);
+      }
+    }
+    for (int& len : length_) len = length;
+  }
+  /// Empties every layer; the memory stays reserved.
+  void clear() { truncate(0); }
+
+  /// A view of `layer` holding device pointers, valid until the cache is destroyed.
+  /// \throws InvalidArgument if `layer` is out of range.
+  ContiguousKVView<T> view(int layer) const {
+    check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
+    return ContiguousKVView<T>{layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, capacity_,
+                               length_[static_cast<std::size_t>(layer)]};
+  }
+
+  /// Bytes reserved for K and V in all layers.
+  std::size_t bytes_reserved() const { return k_.bytes() + v_.bytes(); }
+
+ private:
+  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity) {
+    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache";
+    kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
+    kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
+    kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
+    kvlab::detail::require_at_least(kWhere, "capacity", capacity, 1);
+    if (num_kv_heads > INT_MAX / head_dim) {
+      kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
+                          1LL * num_kv_heads * head_dim);
+    }
+    const std::size_t row = static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
+    const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers);
+    if (row > limit / static_cast<std::size_t>(capacity)) {
+      kvlab::detail::fail(kWhere, "capacity", "at most " + std::to_string(limit / row), capacity);
+    }
+    return static_cast<std::size_t>(num_layers) * row * static_cast<std::size_t>(capacity);
+  }
+  void check_layer(const char* where, int layer) const {
+    if (layer < 0 || layer >= num_layers_) {
+      kvlab::detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
+    }
+  }
+  T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
+    const std::size_t per_layer = buffer.size() / static_cast<std::size_t>(num_layers_);
+    return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
+  }
+
+  int num_layers_;
+  int num_kv_heads_;
+  int head_dim_;
+  int capacity_;
+  DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, head_dim]
+  DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, head_dim]
+  std::vector<int> length_;  // [num_layers]
+};
+
+/// `BlockTables` copied to device memory, for the paged kernels. The host copy is kept too
+/// (`host()`), for sizes and counts.
+class DeviceBlockTables {
+ public:
+  /// Copies `tables` (indptr, indices, last_page_len) to the device.
+  /// \throws CudaError if an allocation or copy fails.
+  explicit DeviceBlockTables(BlockTables tables)
+      : host_(std::move(tables)), indptr_(host_.indptr()), indices_(host_.indices()),
+        last_page_len_(host_.last_page_len()) {}
+
+  /// The tables on the host.
+  const BlockTables& host() const { return host_; }
+  /// Sequences in the batch.
+  int batch() const { return host_.batch(); }
+
+  /// The view of a device pool through these tables, with every array in device memory; valid
+  /// while both live.
+  /// \param k             the pool's keys, device memory, in `layout`
+  /// \param v             the pool's values, device memory, in `layout`
+  /// \param num_kv_heads  K/V heads
+  /// \param head_dim      values per head
+  /// \param layout        `KVLayout::NHD`: `[num_blocks, block_size, num_kv_heads, head_dim]`;
+  ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
+  template <typename T>
+  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim, KVLayout layout = KVLayout::NHD) const {
+    PagedKVView<T> out = host_.view(k, v, num_kv_heads, head_dim, layout);
+    out.indptr = indptr_.data();
+    out.indices = indices_.data();
+    out.last_page_len = last_page_len_.data();
+    return out;
+  }
+
+ private:
+  BlockTables host_;
+  DeviceBuffer<std::int32_t> indptr_;         // [batch + 1]
+  DeviceBuffer<std::int32_t> indices_;        // [indptr[batch]]
+  DeviceBuffer<std::int32_t> last_page_len_;  // [batch]
+};
+
+/// The KV caches of many sequences in one pool of fixed-size blocks in device memory: the
+/// device counterpart of `kvlab::PagedKVCache`, with the same pool layouts, the same calls and
+/// the same slot semantics. The bookkeeping (a `BlockAllocator`, one block list per sequence,
+/// fork with copy on write) runs on the host; only K and V live on the device.
+///
+/// A step is `append(seq, n)` (room for n tokens; returns their slots, `block * block_size +
+/// offset`), then per layer `write(layer, slots, k, v)` (`write_slots_kernel`); attention reads
+/// the pool through `view(layer, tables)` with tables from `tables(seqs)` copied to the device
+/// (`DeviceBlockTables`). A copy on write copies the whole shared block (all layers, K and V)
+/// on the default stream.
+template <typename T>
+class PagedKVCache {
+ public:
+  /// An empty cache (device memory, uninitialised).
+  /// \param num_layers    layers, >= 1
+  /// \param num_kv_heads  K/V heads per layer, >= 1
+  /// \param head_dim      values per head, >= 1
+  /// \param block_size    tokens per block, >= 1
+  /// \param num_blocks    blocks in the pool, >= 1
+  /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
+  /// \throws InvalidArgument if any size is below 1 or the pool overflows; CudaError if the
+  ///         allocation fails.
+  PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
+               KVLayout layout = KVLayout::NHD)
+      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), block_size_(block_size),
+        layout_(layout), allocator_(num_blocks),
+        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks)), v_(k_.size()) {}
+
+  /// Layers.
+  int num_layers() const { return num_layers_; }
+  /// K/V heads per layer.
+  int num_kv_heads() const { return num_kv_heads_; }
+  /// Values per head.
+  int head_dim() const { return head_dim_; }
+  /// Tokens per block.
+  int block_size() const { return block_size_; }
+  /// The order of a block's values.
+  KVLayout layout() const { return layout_; }
+  /// The pool's allocator (read-only).
+  const BlockAllocator& allocator() const { return allocator_; }
+
+  /// Starts an empty sequence and returns its id; ids are never reused.
+  int add_sequence() {
+    sequences_[next_id_] = Sequence{};
+    return next_id_++;
+  }
+  /// Ids of the live sequences, ascending.
+  std::vector<int> sequences() const {
+    std::vector<int> ids;
+    for (const auto& entry : sequences_) ids.push_back(entry.first);
+    return ids;
+  }
+  /// Tokens in sequence `seq`.
+  /// \throws InvalidArgument if `seq` is not live.
+  int length(int seq) const { return find("kvlab::cuda::PagedKVCache::length", seq).length; }
+  /// The block table of `seq`: physical block ids, logical order.
+  /// \throws InvalidArgument if `seq` is not live.
+  const std::vector<std::int32_t>& blocks(int seq) const { return find("kvlab::cuda::PagedKVCache::blocks", seq).blocks; }
+
+  /// Makes room for `n` more tokens of `seq` and returns their slots, [n], as
+  /// `PagedKVCache::append`: a block is allocated when the last one is full; a shared, partly
+  /// filled last block is first copied (all layers, on the device).
+  /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks the
+  ///         blocks (nothing changes); CudaError if the copy fails.
+  std::vector<std::int64_t> append(int seq, int n) {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::append";
+    Sequence& s = find(kWhere, seq);
+    kvlab::detail::require_at_least(kWhere, "n", n, 1);
+    const int filled = s.length % block_size_;  // tokens in the last block, 0 if full or none
+    const bool copy_last = filled != 0 && allocator_.ref_count(s.blocks.back()) > 1;
+    const int room = filled == 0 ? 0 : block_size_ - filled;
+    const int new_blocks = n <= room ? 0 : (n - room - 1) / block_size_ + 1;
+    const int needed = new_blocks + (copy_last ? 1 : 0);
+    if (needed > allocator_.num_free()) {
+      kvlab::detail::fail<OutOfBlocks>(kWhere, "free blocks",
+                                       "at least " + std::to_string(needed) + " for " + std::to_string(n) +
+                                           " tokens of sequence " + std::to_string(seq),
+                                       allocator_.num_free());
+    }
+    if (copy_last) {  // copy on write: this sequence gets a private copy of the shared block
+      const std::int32_t copy = allocator_.allocate();
+      copy_block(s.blocks.back(), copy);
+      allocator_.release(s.blocks.back());
+      s.blocks.back() = copy;
+    }
+    const std::vector<std::int32_t> fresh = allocator_.allocate(new_blocks);
+    s.blocks.insert(s.blocks.end(), fresh.begin(), fresh.end());
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const int pos = s.length + i;
+      slots[static_cast<std::size_t>(i)] =
+          static_cast<std::int64_t>(s.blocks[static_cast<std::size_t>(pos / block_size_)]) * block_size_ +
+          pos % block_size_;
+    }
+    s.length += n;
+    return slots;
+  }
+
+  /// Stores the keys and values of tokens at `slots` (device memory) in `layer`
+  /// (`write_slots_kernel`). The slots are trusted (device memory); a negative one is skipped.
+  /// \param layer   in [0, num_layers)
+  /// \param slots   [k.rows] slots in device memory, each in [0, num_blocks * block_size) or < 0
+  /// \param k       [n, num_kv_heads * head_dim], device memory
+  /// \param v       [n, num_kv_heads * head_dim], device memory
+  /// \param stream  the stream to run on
+  /// \throws InvalidArgument for a wrong layer or shape; CudaError if the launch fails.
+  void write(int layer, const std::int64_t* slots, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
+             cudaStream_t stream = nullptr) {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::write";
+    check_layer(kWhere, layer);
+    detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
+    if (k.rows == 0) return;
+    if (slots == nullptr) kvlab::detail::fail(kWhere, "slots", "a device pointer", "a null pointer");
+    detail::write_slots_kernel<T>
+        <<<detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_), detail::kWriteThreads, 0,
+           stream>>>(k.data, v.data, slots, k.rows, layer_data(k_, layer), layer_data(v_, layer), layout_view(layer));
+    KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::write_slots_kernel");
+  }
+
+  /// Stores the keys and values of tokens at `slots` (host memory, from `append`) in `layer`,
+  /// as `PagedKVCache::write`: the slots are checked, then copied to the device on `stream`.
+  /// \param layer   in [0, num_layers)
+  /// \param slots   [n] slots, each in [0, num_blocks * block_size)
+  /// \param k       [n, num_kv_heads * head_dim], device memory
+  /// \param v       [n, num_kv_heads * head_dim], device memory
+  /// \param stream  the stream to run on
+  /// \throws InvalidArgument for a wrong layer, shape or slot (nothing is written); CudaError if
+  ///         a copy or the launch fails.
+  void write(int layer, const std::vector<std::int64_t>& slots, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
+             cudaStream_t stream = nullptr) {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::write";
+    check_layer(kWhere, layer);
+    detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
+    kvlab::detail::require_equal(kWhere, "k.rows", static_cast<long>(k.rows), static_cast<long>(slots.size()),
+                                 "slots.size()");
+    const std::int64_t num_slots = static_cast<std::int64_t>(allocator_.num_blocks()) * block_size_;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] < 0 || slots[i] >= num_slots) {
+        kvlab::detail::fail(kWhere, "slots[" + std::to_string(i) + "]", "in [0, " + std::to_string(num_slots) + ")",
+                            slots[i]);
+      }
+    }
+    if (slots.empty()) return;
+    if (slots_.size() < slots.size()) slots_ = DeviceBuffer<std::int64_t>(slots.size());
+    KVLAB_CUDA_CHECK(cudaMemcpyAsync(slots_.data(), slots.data(), slots.size() * sizeof(std::int64_t),
+                                     cudaMemcpyHostToDevice, stream));
+    write(layer, slots_.data(), k, v, stream);
+  }
+
+  /// Starts a sequence that shares every block of `seq` and returns its id (no K/V is copied).
+  /// \throws InvalidArgument if `seq` is not live.
+  int fork(int seq) {
+    const Sequence parent = find("kvlab::cuda::PagedKVCache::fork", seq);
+    for (std::int32_t b : parent.blocks) allocator_.share(b);
+    sequences_[next_id_] = parent;
+    return next_id_++;
+  }
+
+  /// Shortens `seq` to its first `length` tokens, as `PagedKVCache::truncate`.
+  /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
+  void truncate(int seq, int length) {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::truncate";
+    Sequence& s = find(kWhere, seq);
+    if (length < 0 || length > s.length) {
+      kvlab::detail::fail(kWhere, "length", "in [0, " + std::to_string(s.length) + "]", length);
+    }
+    const std::size_t keep = length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
+    for (std::size_t b = keep; b < s.blocks.size(); ++b) allocator_.release(s.blocks[b]);
+    s.blocks.resize(keep);
+    s.length = length;
+  }
+
+  /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
+  /// \throws InvalidArgument if `seq` is not live.
+  void free_sequence(int seq) {
+    const Sequence& s = find("kvlab::cuda::PagedKVCache::free_sequence", seq);
+    for (std::int32_t b : s.blocks) allocator_.release(b);
+    sequences_.erase(seq);
+  }
+
+  /// The block tables (host) of a batch of live, non-empty sequences, in the order given;
+  /// `DeviceBlockTables(tables(seqs))` copies them to the device for `view`.
+  /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
+  BlockTables tables(const std::vector<int>& seqs) const {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::tables";
+    kvlab::detail::require_at_least(kWhere, "seqs.size()", seqs.size(), std::size_t{1});
+    std::vector<std::vector<std::int32_t>> lists;
+    std::vector<int> lengths;
+    for (int seq : seqs) {
+      const Sequence& s = find(kWhere, seq);
+      if (s.length == 0) {
+        kvlab::detail::fail(kWhere, "seqs", "non-empty sequences", "sequence " + std::to_string(seq) + " (empty)");
+      }
+      lists.push_back(s.blocks);
+      lengths.push_back(s.length);
+    }
+    return BlockTables::from_lists(lists, lengths, allocator_.num_blocks(), block_size_);
+  }
+
+  /// The view of `layer` through `tables`, every pointer in device memory: what
+  /// `cuda::paged_decode_attention` reads. Valid while both live and until the next append, fork
+  /// or free.
+  /// \throws InvalidArgument if `layer` is out of range or `tables` is for another pool.
+  PagedKVView<T> view(int layer, const DeviceBlockTables& tables) const {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::view";
+    check_layer(kWhere, layer);
+    kvlab::detail::require_equal(kWhere, "tables.num_blocks()", tables.host().num_blocks(), allocator_.num_blocks(),
+                                 "num_blocks");
+    kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(), block_size_, "block_size");
+    return tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, layout_);
+  }
+
+ private:
+  struct Sequence {
+    std::vector<std::int32_t> blocks;  // [ceil(length / block_size)]: physical ids, logical order
+    int length = 0;                    // tokens
+  };
+
+  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache";
+    kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
+    kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
+    kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
+    kvlab::detail::require_at_least(kWhere, "block_size", block_size, 1);
+    if (num_kv_heads > INT_MAX / head_dim) {
+      kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
+                          1LL * num_kv_heads * head_dim);
+    }
+    const std::size_t token = static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
+    const std::size_t limit =
+        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers) / token;
+    const std::size_t tokens = static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks);
+    if (tokens > limit) {
+      kvlab::detail::fail(kWhere, "num_blocks * block_size", "at most " + std::to_string(limit) + " tokens", tokens);
+    }
+    return static_cast<std::size_t>(num_layers) * tokens * token;
+  }
+  Sequence& find(const char* where, int seq) {
+    const auto it = sequences_.find(seq);
+    if (it == sequences_.end()) kvlab::detail::fail(where, "seq", "a live sequence id", seq);
+    return it->second;
+  }
+  const Sequence& find(const char* where, int seq) const {
+    const auto it = sequences_.find(seq);
+    if (it == sequences_.end()) kvlab::detail::fail(where, "seq", "a live sequence id", seq);
+    return it->second;
+  }
+  void check_layer(const char* where, int layer) const {
+    if (layer < 0 || layer >= num_layers_) {
+      kvlab::detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
+    }
+  }
+  std::size_t block_elements() const {
+    return static_cast<std::size_t>(block_size_) * static_cast<std::size_t>(num_kv_heads_) *
+           static_cast<std::size_t>(head_dim_);
+  }
+  T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
+    const std::size_t per_layer = block_elements() * static_cast<std::size_t>(allocator_.num_blocks());
+    return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
+  }
+  // A view of `layer` without block tables: for its slot_offset() only.
+  PagedKVView<T> layout_view(int layer) const {
+    PagedKVView<T> pool;
+    pool.k = layer_data(k_, layer);
+    pool.v = layer_data(v_, layer);
+    pool.num_blocks = allocator_.num_blocks();
+    pool.block_size = block_size_;
+    pool.num_kv_heads = num_kv_heads_;
+    pool.head_dim = head_dim_;
+    pool.layout = layout_;
+    return pool;
+  }
+  // Copies block `from` into block `to` in every layer, K and V: a block is contiguous in both
+  // layouts, so one copy each (the slots past the filled ones are copied too, and never read).
+  void copy_block(std::int32_t from, std::int32_t to) {
+    const std::size_t block = block_elements();
+    for (int l = 0; l < num_layers_; ++l) {
+      for (const DeviceBuffer<T>* values : {&k_, &v_}) {
+        T* base = layer_data(*values, l);
+        KVLAB_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<std::size_t>(to) * block,
+                                         base + static_cast<std::size_t>(from) * block, block * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, nullptr));
+      }
+    }
+  }
+
+  int num_layers_;
+  int num_kv_heads_;
+  int head_dim_;
+  int block_size_;
+  KVLayout layout_;
+  BlockAllocator allocator_;
+  DeviceBuffer<T> k_;  // [num_layers, num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  DeviceBuffer<T> v_;  // the same for V
+  DeviceBuffer<std::int64_t> slots_;  // scratch for the host-slots write: [at least n]
+  std::map<int, Sequence> sequences_;
+  int next_id_ = 0;
+};
+
+}  // namespace kvlab::cuda

@@ -1,0 +1,25 @@
+/// \file
+/// \brief Umbrella header of kvlab's CUDA side: device memory and errors, the naive, decode and
+/// paged attention kernels (with split-K), the device KV caches and their write kernels, the
+/// convenience overloads for host data, and the decoders with a CUDA backend. Include it from a
+/// `.cu` file compiled by nvcc and link `kvlab::cuda`; it includes the CPU umbrella too, so both
+/// sides of every comparison are at hand.
+#pragma once
+
+#include "kvlab/kvlab.hpp"
+#include "kvlab/cuda/attention_plan.hpp"
+#include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/device_memory.cuh"
+#include "kvlab/cuda/numeric.cuh"
+#include "kvlab/cuda/matmul.cuh"
+#include "kvlab/cuda/naive_attention.cuh"
+#include "kvlab/cuda/decode_attention.cuh"
+#include "kvlab/cuda/kv_cache.cuh"
+#include "kvlab/cuda/host_api.cuh"
+#include "kvlab/cuda/decoders.cuh"
+
+namespace kvlab {
+/// CUDA kernels with the names and argument order of their `cpu::` twins, the device memory
+/// they work on, and the decoders with a CUDA backend.
+namespace cuda {}
+}  // namespace kvlab

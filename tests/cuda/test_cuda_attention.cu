@@ -1,0 +1,284 @@
+// The CUDA attention kernels against their CPU twins, every element compared:
+// |gpu - ref| <= atol + rtol * |ref| (cuda_compare.hpp: fp32 rtol 1e-5 / atol 1e-6; fp16 and bf16
+// rtol 1e-2 / atol 1e-4), the CPU reference in float on the same values the GPU stores.
+//  - naive_attention vs cpu::naive_attention;
+//  - decode_attention vs cpu::decode_attention, unused cache rows NaN;
+//  - paged_decode_attention over vLLM's grid (head sizes 64-256, block sizes 16/32/1/3, MHA
+//    (40,40), GQA (64,8) and (32,8), 7 sequences up to 4096 with the last at the maximum, random
+//    non-monotonic block tables, NaN in every unused slot), both pool layouts;
+//  - split-K equals the single pass; paged_prefill_attention vs the CPU; counters; argument
+//    checks; CUDA errors as CudaError.
+// Without a GPU every test reports itself skipped (cuda_skip_listener.cpp).
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cuda_compare.hpp"
+#include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/cpu/naive_attention.hpp"
+#include "kvlab/cpu/paged_attention.hpp"
+#include "kvlab/cuda/host_api.cuh"
+#include "kvlab/cuda/kv_cache.cuh"
+#include "ragged_batch.hpp"
+
+using kvlab::AttentionShape;
+using kvlab::KVLayout;
+using kvlab::RowMatrix;
+using kvlab_test::check_close;
+using kvlab_test::random_rounded;
+namespace kc = kvlab::cuda;
+
+namespace {
+
+// A contiguous cache on the device, [num_kv_heads, capacity, head_dim] of T for K and V, whose
+// rows past `length` hold NaN, filled from token-major host rows k, v ([length, kv_width]).
+template <typename T>
+struct DeviceContiguous {
+  kc::DeviceBuffer<T> k, v;
+  kvlab::ContiguousKVView<T> view;
+
+  DeviceContiguous(const AttentionShape& shape, const RowMatrix<float>& keys, const RowMatrix<float>& values,
+                   int capacity) {
+    const int length = static_cast<int>(keys.rows());
+    const std::size_t size = static_cast<std::size_t>(shape.num_kv_heads()) * capacity * shape.head_dim();
+    std::vector<T> hk(size, kc::from_float<T>(NAN)), hv(size, kc::from_float<T>(NAN));
+    view = kvlab::ContiguousKVView<T>{nullptr, nullptr, shape.num_kv_heads(), shape.head_dim(), capacity, length};
+    for (int h = 0; h < shape.num_kv_heads(); ++h)
+      for (int pos = 0; pos < length; ++pos)
+        for (int c = 0; c < shape.head_dim(); ++c) {
+          const auto at = static_cast<std::size_t>(view.offset(h, pos) + c);
+          hk[at] = kc::from_float<T>(keys(pos, h * shape.head_dim() + c));
+          hv[at] = kc::from_float<T>(values(pos, h * shape.head_dim() + c));
+        }
+    k = kc::DeviceBuffer<T>(hk);
+    v = kc::DeviceBuffer<T>(hv);
+    view.k = k.data();
+    view.v = v.data();
+  }
+};
+
+// A contiguous cache of `length` rows read by `q_len` queries: the device API against
+// cpu::decode_attention on the same (rounded) values.
+template <typename T>
+void check_decode(const AttentionShape& shape, int length, int q_len, int partitions, kvlab::Rng& rng) {
+  CAPTURE(shape.num_heads(), shape.num_kv_heads(), shape.head_dim(), length, q_len, partitions);
+  const RowMatrix<float> keys = random_rounded<T>(length, shape.kv_width(), rng);
+  const RowMatrix<float> values = random_rounded<T>(length, shape.kv_width(), rng);
+  const RowMatrix<float> q = random_rounded<T>(q_len, shape.q_width(), rng);
+  kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), length + 9);
+  cache.append(0, keys, values);
+  kvlab::CostCounters want_counts;
+  const RowMatrix<float> want = kvlab::cpu::decode_attention(shape, q, cache.view(0), &want_counts);
+
+  const DeviceContiguous<T> device(shape, keys, values, length + 9);  // 9 NaN rows per head past the end
+  const kc::DeviceBuffer<T> d_q = kc::to_device<T>(q);
+  kc::DeviceBuffer<T> d_out(static_cast<std::size_t>(q_len) * shape.q_width());
+  kc::LaunchOptions options;
+  options.partitions = partitions;
+  kvlab::CostCounters got_counts;
+  kc::decode_attention(shape, d_q.matrix(q_len, shape.q_width()), device.view, d_out.matrix(q_len, shape.q_width()),
+                       &got_counts, options);
+  check_close<T>(kc::to_host(d_out, q_len, shape.q_width()), want);
+  CHECK(got_counts.qk_dots == want_counts.qk_dots);
+  CHECK(got_counts.macs == want_counts.macs);
+  if (q_len == 1 && shape.group_size() <= kc::kMaxGroupTile) CHECK(got_counts.kv_bytes_read == want_counts.kv_bytes_read);
+}
+
+struct Heads {
+  int num_heads, num_kv_heads;
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda::naive_attention equals cpu::naive_attention per element", "", float, __half, __nv_bfloat16) {
+  std::uint64_t seed = 1;
+  for (const AttentionShape& shape : {AttentionShape(4, 4, 64), AttentionShape(8, 2, 80), AttentionShape(4, 2, 20),
+                                      AttentionShape(6, 1, 128)})
+    for (const std::pair<int, int>& lens : {std::pair<int, int>{1, 1}, {1, 300}, {17, 17}, {33, 100}, {200, 200}}) {
+      CAPTURE(shape.num_heads(), shape.num_kv_heads(), shape.head_dim(), lens.first, lens.second);
+      kvlab::Rng rng(seed++);
+      const RowMatrix<float> q = random_rounded<TestType>(lens.first, shape.q_width(), rng);
+      const RowMatrix<float> k = random_rounded<TestType>(lens.second, shape.kv_width(), rng);
+      const RowMatrix<float> v = random_rounded<TestType>(lens.second, shape.kv_width(), rng);
+      kvlab::CostCounters want_counts, got_counts;
+      const RowMatrix<float> want = kvlab::cpu::naive_attention(shape, q, k, v, &want_counts);
+      const RowMatrix<float> got = kc::naive_attention<TestType>(shape, q, k, v, &got_counts);
+      check_close<TestType>(got, want);
+      if (std::is_same<TestType, float>::value) CHECK(got_counts == want_counts);  // bytes: sizeof(T) differs
+      CHECK(got_counts.qk_dots == want_counts.qk_dots);
+    }
+}
+
+TEMPLATE_TEST_CASE("cuda::decode_attention equals cpu::decode_attention per element, rows past the length unread",
+                   "", float, __half, __nv_bfloat16) {
+  kvlab::Rng rng(2);
+  for (int head_dim : {8, 64, 80, 96, 112, 128, 200, 256})
+    for (const Heads& heads : {Heads{4, 4}, Heads{6, 2}, Heads{8, 1}, Heads{24, 2}})  // groups 1, 3, 8, 12
+      for (int length : {1, 257, 3000})
+        for (int partitions : {1, 0, 3}) {
+          const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
+          check_decode<TestType>(shape, length, 1, partitions, rng);
+          if (length > 5 && partitions != 1) check_decode<TestType>(shape, length, 5, partitions, rng);  // causal rows
+        }
+}
+
+TEMPLATE_TEST_CASE("cuda::paged_decode_attention over vLLM's grid equals cpu::paged_decode_attention per element", "",
+                   float, __half, __nv_bfloat16) {
+  const Heads grid_heads[] = {{40, 40}, {64, 8}, {32, 8}};  // MHA and two GQA layouts, as vLLM's test
+  std::uint64_t seed = 1000;
+  int case_index = 0;
+  for (int head_dim : {64, 80, 96, 112, 128, 256})
+    for (int block_size : {16, 32, 1, 3})
+      for (const Heads& heads : grid_heads)
+        for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+          // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them.
+          if (!std::is_same<TestType, __half>::value && (case_index++ % 2 == 1)) continue;
+          const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
+          kvlab::Rng rng(seed++);
+          const std::vector<int> lengths = kvlab_test::vllm_lengths(7, 4096, rng);
+          CAPTURE(head_dim, block_size, heads.num_heads, heads.num_kv_heads, kvlab::to_string(layout), lengths);
+          const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<TestType>{});
+          const RowMatrix<float> q = random_rounded<TestType>(7, shape.q_width(), rng);
+          const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+          const RowMatrix<float> got = kc::paged_decode_attention<TestType>(shape, q, batch.view);
+          check_close<TestType>(got, want);
+        }
+}
+
+TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
+  // fp32, so that the two are compared at rounding level: the same keys merged in other groupings.
+  const AttentionShape shape(32, 8, 128);
+  kvlab::Rng rng(3);
+  const std::vector<int> lengths{32768, 1, 5000, 257, 256, 4096};
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+    const kvlab_test::RaggedBatch batch(shape, 16, lengths, layout, rng, kvlab_test::NoRounding{});
+    const RowMatrix<float> q = kvlab::random_matrix<float>(6, shape.q_width(), rng);
+    kc::LaunchOptions single;
+    single.partitions = 1;
+    const RowMatrix<float> one = kc::paged_decode_attention(shape, q, batch.view, nullptr, single);
+    check_close<float>(one, kvlab::cpu::paged_decode_attention(shape, q, batch.view));
+    for (int partitions : {2, 7, 64, 0, kc::kMaxPartitions}) {
+      CAPTURE(kvlab::to_string(layout), partitions);
+      kc::LaunchOptions split;
+      split.partitions = partitions;
+      check_close<float>(kc::paged_decode_attention(shape, q, batch.view, nullptr, split), one);
+    }
+  }
+  // Batch 1, one long contiguous context: the case split-K is for.
+  const RowMatrix<float> keys = kvlab::random_matrix<float>(32768, shape.kv_width(), rng);
+  const RowMatrix<float> values = kvlab::random_matrix<float>(32768, shape.kv_width(), rng);
+  kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), 32768);
+  cache.append(0, keys, values);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+  kc::LaunchOptions single;
+  single.partitions = 1;
+  const RowMatrix<float> one = kc::decode_attention(shape, q, cache.view(0), nullptr, single);
+  check_close<float>(one, kvlab::cpu::decode_attention(shape, q, cache.view(0)));
+  for (int partitions : {3, 0, 256}) {
+    CAPTURE(partitions);
+    kc::LaunchOptions split;
+    split.partitions = partitions;
+    check_close<float>(kc::decode_attention(shape, q, cache.view(0), nullptr, split), one);
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_attention per element", "", float,
+                   __half) {
+  std::uint64_t seed = 2000;
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+    for (int block_size : {1, 3, 16, 32})
+      for (const Heads& heads : {Heads{8, 2}, Heads{4, 4}}) {
+        const AttentionShape shape(heads.num_heads, heads.num_kv_heads, 64);
+        CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads);
+        kvlab::Rng rng(seed++);
+        const std::vector<int> lengths{2 * block_size + 1, 37, 1, block_size + 1, 600};
+        const std::vector<std::int32_t> qo_indptr{0, 2 * block_size + 1, 2 * block_size + 1, 2 * block_size + 2,
+                                                  2 * block_size + 4, 2 * block_size + 304};  // 0 and 300 queries too
+        const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<TestType>{});
+        const RowMatrix<float> q = random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
+        kvlab::CostCounters want_counts, got_counts;
+        const RowMatrix<float> want = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view, &want_counts);
+        const RowMatrix<float> got = kc::paged_prefill_attention<TestType>(shape, q, qo_indptr, batch.view, &got_counts);
+        check_close<TestType>(got, want);
+        CHECK(got_counts.qk_dots == want_counts.qk_dots);
+        CHECK(got_counts.macs == want_counts.macs);
+      }
+}
+
+TEST_CASE("cuda decode counters equal the CPU's for a decode step") {
+  for (const AttentionShape& shape : {AttentionShape(32, 8, 128), AttentionShape(40, 40, 64)}) {
+    kvlab::Rng rng(4);
+    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng, kvlab_test::NoRounding{});
+    const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
+    kvlab::CostCounters want, got;
+    kvlab::cpu::paged_decode_attention(shape, q, batch.view, &want);
+    kc::paged_decode_attention(shape, q, batch.view, &got);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("the CUDA attention functions reject bad arguments, naming them") {
+  using kvlab::InvalidArgument;
+  using kvlab_test::message_names;
+  const AttentionShape shape(4, 2, 64);
+  kc::DeviceBuffer<__half> q(4 * 256 + 8), out(4 * 256), k(2 * 64 * 16), v(2 * 64 * 16);
+  for (kc::DeviceBuffer<__half>* buffer : {&q, &out, &k, &v}) buffer->fill_bytes(0);
+  const kvlab::ContiguousKVView<__half> cache{k.data(), v.data(), 2, 64, 16, 10};
+  const auto run = [&](const AttentionShape& s, kc::DeviceMatrix<const __half> qm, const kvlab::ContiguousKVView<__half>& c,
+                       kc::DeviceMatrix<__half> om) { kc::decode_attention(s, qm, c, om); };
+  const kc::DeviceMatrix<const __half> q1(q.data(), 1, 256);
+  const kc::DeviceMatrix<__half> out1(out.data(), 1, 256);
+  CHECK_NOTHROW(run(shape, q1, cache, out1));
+  CHECK_THROWS_MATCHES(run(AttentionShape(4, 2, 60), kc::DeviceMatrix<const __half>(q.data(), 1, 240), cache,
+                           kc::DeviceMatrix<__half>(out.data(), 1, 240)),
+                       InvalidArgument, message_names("shape.head_dim()", "a multiple of 8 in [8, 256]", "60"));
+  CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data(), 1, 128), cache, out1), InvalidArgument,
+                       message_names("q.cols", "256", "128"));
+  CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data() + 1, 1, 256), cache, out1), InvalidArgument,
+                       message_names("q.data", "a 16-byte aligned device pointer", ""));
+  CHECK_THROWS_MATCHES(run(shape, q1, cache, kc::DeviceMatrix<__half>(q.data() + 128, 1, 256)), InvalidArgument,
+                       message_names("out", "memory that does not overlap q", "an overlap"));
+  kvlab::ContiguousKVView<__half> bad = cache;
+  bad.length = 17;
+  CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument,
+                       message_names("cache.length", "in [q.rows (1), cache.capacity (16)]", "17"));
+  bad = cache;
+  bad.num_kv_heads = 1;
+  CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument, message_names("cache.num_kv_heads", "2", "1"));
+  KVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+namespace {
+__global__ void empty_kernel() {}
+}  // namespace
+
+TEST_CASE("a failing CUDA call becomes a CudaError naming the call and CUDA's error") {
+  try {
+    KVLAB_CUDA_CHECK(cudaSetDevice(-1));
+    FAIL("cudaSetDevice(-1) succeeded");
+  } catch (const kvlab::CudaError& e) {
+    const std::string message = e.what();
+    CHECK(e.code() == cudaErrorInvalidDevice);
+    CHECK(message.find("cudaSetDevice(-1)") != std::string::npos);
+    CHECK(message.find(cudaGetErrorString(cudaErrorInvalidDevice)) != std::string::npos);
+    CHECK(message.find("test_cuda_attention.cu") != std::string::npos);
+  }
+  try {
+    empty_kernel<<<1, 4096>>>();  // more threads per block than any GPU allows
+    KVLAB_CUDA_CHECK_LAUNCH("empty_kernel");
+    FAIL("a launch of 4096 threads per block succeeded");
+  } catch (const kvlab::CudaError& e) {
+    CHECK(std::string(e.what()).find("launch of empty_kernel") != std::string::npos);
+  }
+  try {  // a CudaError is a std::runtime_error
+    kc::DeviceBuffer<float> too_big(std::size_t{1} << 50);
+    FAIL("a 4 PiB allocation succeeded");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find("cudaMalloc") != std::string::npos);
+  }
+}

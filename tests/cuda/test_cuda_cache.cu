@@ -1,0 +1,268 @@
+// The device KV caches and the GPU decoders against their CPU twins:
+//  - cuda::ContiguousKVCache::append and cuda::PagedKVCache::write store exactly (bit for bit)
+//    what ContiguousKVCache / PagedKVCache store, in fp32, fp16 and bf16 and both pool layouts,
+//    through the same sequence of appends, forks (copy on write), truncations and frees;
+//  - linear (the projections) against Eigen;
+//  - cuda::NaiveDecoder, CachedDecoder and PagedDecoder against the CPU decoders at every step
+//    (per element, |gpu - cpu| <= 1e-5 + 1e-5 |cpu|: fp32 GEMMs and attention in another order,
+//    through two layers), and their counters.
+// Without a GPU every test reports itself skipped (cuda_skip_listener.cpp).
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "cuda_compare.hpp"
+#include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/cache/paged_kv_cache.hpp"
+#include "kvlab/cuda/decoders.cuh"
+#include "kvlab/cuda/host_api.cuh"
+#include "kvlab/cuda/kv_cache.cuh"
+#include "kvlab/model/cached_decoder.hpp"
+#include "kvlab/model/naive_decoder.hpp"
+#include "kvlab/model/paged_decoder.hpp"
+
+using kvlab::AttentionShape;
+using kvlab::KVLayout;
+using kvlab::RowMatrix;
+using kvlab_test::check_close;
+using kvlab_test::random_rounded;
+namespace kc = kvlab::cuda;
+
+namespace {
+
+template <typename T>
+std::vector<T> download(const T* device, std::size_t count) {
+  std::vector<T> host(count);
+  KVLAB_CUDA_CHECK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// True if the stored T is exactly the float (which is representable in T).
+template <typename T>
+bool same_bits(T stored, float want) {
+  const T expected = kc::from_float<T>(want);
+  return std::memcmp(&stored, &expected, sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda::ContiguousKVCache::append stores what ContiguousKVCache::append stores, bit for bit", "",
+                   float, __half, __nv_bfloat16) {
+  const AttentionShape shape(8, 2, 24);
+  kvlab::Rng rng(1);
+  kvlab::ContiguousKVCache<float> cpu(2, shape.num_kv_heads(), shape.head_dim(), 40);
+  kc::ContiguousKVCache<TestType> gpu(2, shape.num_kv_heads(), shape.head_dim(), 40);
+  for (int n : {1, 5, 17, 1, 16}) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const RowMatrix<float> k = random_rounded<TestType>(n, shape.kv_width(), rng);
+      const RowMatrix<float> v = random_rounded<TestType>(n, shape.kv_width(), rng);
+      cpu.append(layer, k, v);
+      const kc::DeviceBuffer<TestType> dk = kc::to_device<TestType>(k);
+      const kc::DeviceBuffer<TestType> dv = kc::to_device<TestType>(v);
+      gpu.append(layer, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+      REQUIRE(gpu.length(layer) == cpu.length(layer));
+    }
+    for (int layer = 0; layer < 2; ++layer) {
+      const kvlab::ContiguousKVView<TestType> view = gpu.view(layer);
+      const std::size_t size = static_cast<std::size_t>(view.num_kv_heads) * view.capacity * view.head_dim;
+      const std::vector<TestType> keys = download(view.k, size), values = download(view.v, size);
+      long mismatches = 0;
+      for (int h = 0; h < shape.num_kv_heads(); ++h)
+        for (int pos = 0; pos < cpu.length(layer); ++pos)
+          for (int c = 0; c < shape.head_dim(); ++c) {
+            const auto at = static_cast<std::size_t>(view.offset(h, pos) + c);
+            mismatches += !same_bits(keys[at], cpu.keys(layer, h)(pos, c));
+            mismatches += !same_bits(values[at], cpu.values(layer, h)(pos, c));
+          }
+      CHECK(mismatches == 0);
+    }
+  }
+  // Full: 40 rows taken; one more is a CapacityError and changes nothing.
+  const kc::DeviceBuffer<TestType> one(static_cast<std::size_t>(shape.kv_width()));
+  CHECK_THROWS_AS(gpu.append(0, one.matrix(1, shape.kv_width()), one.matrix(1, shape.kv_width())), kvlab::CapacityError);
+  CHECK(gpu.length(0) == 40);
+  gpu.truncate(3);
+  CHECK(gpu.length(1) == 3);
+}
+
+TEMPLATE_TEST_CASE("cuda::PagedKVCache mirrors PagedKVCache: append, write, fork with copy on write, truncate, free",
+                   "", float, __half, __nv_bfloat16) {
+  const AttentionShape shape(4, 2, 16);
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+    for (int block_size : {1, 3, 16}) {
+      CAPTURE(kvlab::to_string(layout), block_size);
+      kvlab::Rng rng(static_cast<std::uint64_t>(block_size));
+      kvlab::PagedKVCache<float> cpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64, layout);
+      kc::PagedKVCache<TestType> gpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64, layout);
+      const auto grow = [&](int cpu_seq, int gpu_seq, int n) {
+        const std::vector<std::int64_t> slots = cpu.append(cpu_seq, n);
+        REQUIRE(gpu.append(gpu_seq, n) == slots);
+        for (int layer = 0; layer < 2; ++layer) {
+          const RowMatrix<float> k = random_rounded<TestType>(n, shape.kv_width(), rng);
+          const RowMatrix<float> v = random_rounded<TestType>(n, shape.kv_width(), rng);
+          cpu.write(layer, slots, k, v);
+          const auto dk = kc::to_device<TestType>(k);
+          const auto dv = kc::to_device<TestType>(v);
+          gpu.write(layer, slots, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+        }
+      };
+      // Every token of every live sequence, read through both caches' block tables.
+      const auto compare = [&]() {
+        const std::vector<int> seqs = cpu.sequences();
+        REQUIRE(gpu.sequences() == seqs);
+        std::vector<int> live;
+        for (int s : seqs) {
+          REQUIRE(gpu.blocks(s) == cpu.blocks(s));
+          if (cpu.length(s) > 0) live.push_back(s);
+        }
+        if (live.empty()) return;
+        const kvlab::BlockTables tables = cpu.tables(live);
+        const kc::DeviceBlockTables device_tables(gpu.tables(live));
+        for (int layer = 0; layer < 2; ++layer) {
+          const kvlab::PagedKVView<float> want = cpu.view(layer, tables);
+          const kvlab::PagedKVView<TestType> got = gpu.view(layer, device_tables);
+          const std::size_t pool = static_cast<std::size_t>(got.num_blocks) * block_size * shape.kv_width();
+          const std::vector<TestType> keys = download(got.k, pool), values = download(got.v, pool);
+          long mismatches = 0;
+          for (int s = 0; s < want.batch; ++s)
+            for (int pos = 0; pos < want.seq_len(s); ++pos)
+              for (int h = 0; h < shape.num_kv_heads(); ++h) {
+                const std::ptrdiff_t at = want.offset(s, pos, h);  // the same block ids: the same offsets
+                for (int c = 0; c < shape.head_dim(); ++c) {
+                  mismatches += !same_bits(keys[static_cast<std::size_t>(at + c)], want.key(s, pos, h)[c]);
+                  mismatches += !same_bits(values[static_cast<std::size_t>(at + c)], want.value(s, pos, h)[c]);
+                }
+              }
+          CHECK(mismatches == 0);
+        }
+      };
+      const int a = cpu.add_sequence();
+      REQUIRE(gpu.add_sequence() == a);
+      grow(a, a, 2 * block_size + 1);  // a prompt, then decode steps
+      compare();
+      for (int step = 0; step < 3; ++step) grow(a, a, 1);
+      compare();
+      const int b = cpu.fork(a);  // shares a's blocks; the next append copies the shared last block
+      REQUIRE(gpu.fork(a) == b);
+      grow(b, b, 2);
+      grow(a, a, 1);
+      compare();
+      cpu.truncate(a, 2);
+      gpu.truncate(a, 2);
+      grow(a, a, block_size + 2);
+      compare();
+      cpu.free_sequence(b);
+      gpu.free_sequence(b);
+      const int c = cpu.add_sequence();
+      REQUIRE(gpu.add_sequence() == c);
+      grow(c, c, 3 * block_size);
+      compare();
+      CHECK(gpu.allocator().num_free() == cpu.allocator().num_free());
+    }
+}
+
+TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {
+  const AttentionShape shape(2, 1, 8);
+  kc::PagedKVCache<float> gpu(1, 1, 8, 4, 2);
+  const int seq = gpu.add_sequence();
+  const std::vector<std::int64_t> slots = gpu.append(seq, 2);
+  const kc::DeviceBuffer<std::int64_t> device_slots(std::vector<std::int64_t>{slots[0], -1});
+  std::vector<float> rows(16);
+  for (int i = 0; i < 16; ++i) rows[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
+  const kc::DeviceBuffer<float> k(rows);
+  const kc::DeviceBuffer<float> v(rows);
+  const kc::DeviceBlockTables tables(gpu.tables({seq}));
+  const kvlab::PagedKVView<float> view = gpu.view(0, tables);
+  KVLAB_CUDA_CHECK(cudaMemset(const_cast<float*>(view.k), 0, 2 * 4 * 8 * sizeof(float)));
+  gpu.write(0, device_slots.data(), k.matrix(2, 8), v.matrix(2, 8));
+  const std::vector<float> pool = download(view.k, 2 * 4 * 8);
+  for (int c = 0; c < 8; ++c) {
+    CHECK(pool[static_cast<std::size_t>(slots[0] * 8 + c)] == static_cast<float>(c + 1));  // row 0 written
+    CHECK(pool[static_cast<std::size_t>(slots[1] * 8 + c)] == 0.f);                         // row 1 skipped
+  }
+}
+
+TEST_CASE("cuda::linear equals Eigen's x W^T, with and without accumulation") {
+  kvlab::Rng rng(2);
+  for (int n : {1, 7, 33})
+    for (int in : {1, 16, 70})
+      for (int out : {1, 5, 64}) {
+        CAPTURE(n, in, out);
+        const RowMatrix<float> x = kvlab::random_matrix<float>(n, in, rng);
+        const RowMatrix<float> w = kvlab::random_matrix<float>(out, in, rng);
+        const RowMatrix<float> y0 = kvlab::random_matrix<float>(n, out, rng);
+        const kc::DeviceBuffer<float> dx(x.data(), static_cast<std::size_t>(x.size()));
+        const kc::DeviceBuffer<float> dw(w.data(), static_cast<std::size_t>(w.size()));
+        kc::DeviceBuffer<float> dy(y0.data(), static_cast<std::size_t>(y0.size()));
+        kc::linear(dx.matrix(n, in), dw.matrix(out, in), dy.matrix(n, out));
+        const RowMatrix<float> want = x * w.transpose();
+        check_close<float>(kc::to_host(dy, n, out), want);
+        kc::linear(dx.matrix(n, in), dw.matrix(out, in), dy.matrix(n, out), /*accumulate=*/true);
+        check_close<float>(kc::to_host(dy, n, out), RowMatrix<float>(want * 2.f));
+      }
+}
+
+TEST_CASE("the GPU decoders equal the CPU decoders at every step, with the same counts") {
+  // Tolerances: fp32 on both sides, two layers of projections and attention summed in other
+  // orders; 1e-5 absolute + 1e-5 relative per element.
+  constexpr double kTol = 1e-5;
+  const AttentionShape shape(8, 2, 32);
+  const auto stack = kvlab::AttentionStack<float>::random(2, shape, 64, /*seed=*/3);
+  kvlab::NaiveDecoder<float> cpu_naive(stack);
+  kvlab::CachedDecoder<float> cpu_cached(stack, 64);
+  kvlab::PagedDecoder<float> cpu_paged(stack, 4, 40, KVLayout::HND);
+  kc::NaiveDecoder<float> gpu_naive(stack);
+  kc::CachedDecoder<float> gpu_cached(stack, 64);
+  kc::PagedDecoder<float> gpu_paged(stack, 4, 40, KVLayout::HND);
+  kvlab::Rng rng(4);
+  const RowMatrix<float> tokens = kvlab::random_matrix<float>(40, 64, rng, -2.0, 2.0);
+
+  const auto step = [&](const RowMatrix<float>& x, bool decode) {
+    const RowMatrix<float> want = cpu_cached.prefill(x);
+    check_close(cpu_naive.prefill(x), want, kTol, kTol);  // the CPU decoders agree (as their tests say)
+    check_close(cpu_paged.prefill(x), want, kTol, kTol);
+    check_close(gpu_naive.prefill(x), want, kTol, kTol);
+    check_close(gpu_cached.prefill(x), want, kTol, kTol);
+    check_close(gpu_paged.prefill(x), want, kTol, kTol);
+    CHECK(gpu_naive.last_step() == cpu_naive.last_step());
+    for (const kvlab::Decoder<float>* gpu : {static_cast<const kvlab::Decoder<float>*>(&gpu_cached),
+                                             static_cast<const kvlab::Decoder<float>*>(&gpu_paged)}) {
+      const kvlab::CostCounters& got = gpu->last_step();
+      const kvlab::CostCounters& cpu = cpu_cached.last_step();
+      CHECK(got.q_projections == cpu.q_projections);
+      CHECK(got.kv_projections == cpu.kv_projections);
+      CHECK(got.qk_dots == cpu.qk_dots);
+      CHECK(got.macs == cpu.macs);
+      if (decode) CHECK(got.kv_bytes_read == cpu.kv_bytes_read);  // a prefill's differs: per query row on the GPU
+    }
+  };
+  step(tokens.topRows(5), false);  // the prompt
+  for (int t = 5; t < 30; ++t) {
+    CAPTURE(t);
+    step(tokens.middleRows(t, 1), true);
+  }
+  // Rewind three tokens and take another path: the caches drop the rows, the outputs agree again.
+  for (kvlab::Decoder<float>* d : {static_cast<kvlab::Decoder<float>*>(&cpu_naive),
+                                   static_cast<kvlab::Decoder<float>*>(&cpu_cached),
+                                   static_cast<kvlab::Decoder<float>*>(&cpu_paged),
+                                   static_cast<kvlab::Decoder<float>*>(&gpu_naive),
+                                   static_cast<kvlab::Decoder<float>*>(&gpu_cached),
+                                   static_cast<kvlab::Decoder<float>*>(&gpu_paged)})
+    d->rewind(27);
+  step(tokens.middleRows(35, 2), false);
+  step(tokens.middleRows(37, 1), true);
+
+  // A fork continues from the same tokens on both sides.
+  const auto cpu_fork = cpu_paged.fork();
+  const auto gpu_fork = gpu_paged.fork();
+  for (int t = 30; t < 33; ++t) {
+    const RowMatrix<float> x = tokens.middleRows(t, 1);
+    check_close(gpu_fork->prefill(x), cpu_fork->prefill(x), kTol, kTol);
+  }
+  check_close(gpu_paged.prefill(tokens.middleRows(38, 1)), cpu_paged.prefill(tokens.middleRows(38, 1)), kTol, kTol);
+  CHECK(gpu_paged.cache().allocator().num_free() == cpu_paged.cache().allocator().num_free());
+}

@@ -1,0 +1,578 @@
+// The arithmetic that kvlab's CUDA kernels share with the host, checked on the CPU (no GPU
+// needed): the split-K merge (core/softmax_state.hpp) against one pass over all keys, and the
+// kernels' index math (cuda/attention_plan.hpp): partitions, lanes, GQA tiles, shared-memory
+// layout, query rows of ragged batches, paged addressing, counts — and, putting them together, a
+// CPU model of the attention kernel, block by block and tile by tile, against
+// cpu::paged_decode_attention / cpu::paged_prefill_attention / cpu::decode_attention.
+//
+// Tolerances: merges in double are compared with the long-double one pass at 1e-12 relative
+// (rounding only: a few dozen operations per value); float paths at 1e-5 relative to max(1, row
+// max), as every float comparison in test_support.hpp. Exact where the arithmetic is exact (a
+// max of maxes; an empty side of a merge).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/ragged_batch.hpp"
+#include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/core/softmax_state.hpp"
+#include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/cpu/paged_attention.hpp"
+#include "kvlab/cuda/attention_plan.hpp"
+#include "test_support.hpp"
+
+using kvlab::AttentionShape;
+using kvlab::KVLayout;
+using kvlab::RowMatrix;
+using kvlab::SoftmaxState;
+using kvlab_test::max_row_relative_error;
+
+namespace {
+
+using Wide = long double;
+
+// Scores and value rows of one query over n keys.
+struct Keys {
+  std::vector<double> scores;          // [n]
+  std::vector<std::vector<double>> v;  // [n][d]
+};
+
+Keys random_keys(int n, int d, kvlab::Rng& rng, double lo = -3.0, double hi = 3.0) {
+  Keys keys;
+  for (int j = 0; j < n; ++j) {
+    keys.scores.push_back(rng.uniform(lo, hi));
+    keys.v.emplace_back();
+    for (int c = 0; c < d; ++c) keys.v.back().push_back(rng.uniform(-1.0, 1.0));
+  }
+  return keys;
+}
+
+// The state and accumulator of keys [begin, end) in one pass (T), the definition in
+// softmax_state.hpp: max, Σ exp(s - max), Σ exp(s - max) v.
+template <typename T>
+SoftmaxState<T> one_pass(const Keys& keys, int begin, int end, std::vector<T>& acc) {
+  const int d = keys.v.empty() ? 0 : static_cast<int>(keys.v[0].size());
+  acc.assign(static_cast<std::size_t>(d), T(0));
+  SoftmaxState<T> state = kvlab::empty_softmax_state<T>();
+  for (int j = begin; j < end; ++j) state.max = std::max(state.max, static_cast<T>(keys.scores[static_cast<std::size_t>(j)]));
+  for (int j = begin; j < end; ++j) {
+    const T w = std::exp(static_cast<T>(keys.scores[static_cast<std::size_t>(j)]) - state.max);
+    state.sum += w;
+    for (int c = 0; c < d; ++c) acc[static_cast<std::size_t>(c)] += w * static_cast<T>(keys.v[static_cast<std::size_t>(j)][static_cast<std::size_t>(c)]);
+  }
+  return state;
+}
+
+// The softmax-weighted sum acc / sum.
+template <typename T>
+std::vector<double> output(const SoftmaxState<T>& state, const std::vector<T>& acc) {
+  std::vector<double> out;
+  for (T a : acc) out.push_back(static_cast<double>(a / state.sum));
+  return out;
+}
+
+double max_relative_diff(const std::vector<double>& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (std::size_t c = 0; c < want.size(); ++c)
+    worst = std::max(worst, std::abs(got[c] - want[c]) / std::max(1.0, std::abs(want[c])));
+  return worst;
+}
+
+// Merges the partitions [cuts[i], cuts[i + 1]) of `keys` in the order `order` (indices into the
+// partitions), each computed in one pass, into an empty state; returns the output.
+std::vector<double> merged_output(const Keys& keys, const std::vector<int>& cuts, const std::vector<int>& order,
+                                  int d, SoftmaxState<double>* final_state = nullptr) {
+  SoftmaxState<double> state = kvlab::empty_softmax_state<double>();
+  std::vector<double> acc(static_cast<std::size_t>(d), 0.0);
+  for (int i : order) {
+    std::vector<double> part_acc;
+    const SoftmaxState<double> part = one_pass(keys, cuts[static_cast<std::size_t>(i)], cuts[static_cast<std::size_t>(i) + 1], part_acc);
+    kvlab::merge_softmax_states(state, acc.data(), part, part_acc.data(), d);
+  }
+  if (final_state != nullptr) *final_state = state;
+  return output(state, acc);
+}
+
+}  // namespace
+
+TEST_CASE("merge_softmax_states over partitions of every size, in any order, equals one pass") {
+  const int n = 37, d = 5;
+  kvlab::Rng rng(1);
+  const Keys keys = random_keys(n, d, rng);
+  std::vector<Wide> wide_acc;
+  const SoftmaxState<Wide> whole = one_pass(keys, 0, n, wide_acc);
+  const std::vector<double> want = output(whole, wide_acc);
+  std::mt19937 shuffle(7);
+  for (int size = 1; size <= n + 3; ++size) {  // sizes past n: one partition
+    CAPTURE(size);
+    std::vector<int> cuts;
+    for (int begin = 0; begin < n; begin += size) cuts.push_back(begin);
+    cuts.push_back(n);
+    std::vector<int> order(cuts.size() - 1);
+    std::iota(order.begin(), order.end(), 0);
+    SoftmaxState<double> state{};
+    CHECK(max_relative_diff(merged_output(keys, cuts, order, d, &state), want) <= 1e-12);
+    CHECK(state.max == static_cast<double>(whole.max));  // a max of maxes: exact
+    CHECK(std::abs(state.sum - static_cast<double>(whole.sum)) <= 1e-12 * static_cast<double>(whole.sum));
+    std::reverse(order.begin(), order.end());
+    CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
+    std::shuffle(order.begin(), order.end(), shuffle);
+    CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
+  }
+  // Uneven cuts, including empty partitions anywhere.
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 0, 5, 5, 36, 37, 37}, std::vector<int>{0, 36, 37},
+                                       std::vector<int>{0, 1, 37}, std::vector<int>{0, 0, 37, 37}}) {
+    std::vector<int> order(cuts.size() - 1);
+    std::iota(order.begin(), order.end(), 0);
+    CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
+    std::shuffle(order.begin(), order.end(), shuffle);
+    CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
+  }
+}
+
+TEST_CASE("an empty partition changes nothing, and a state merged into an empty one is copied") {
+  kvlab::Rng rng(2);
+  const Keys keys = random_keys(9, 4, rng);
+  std::vector<double> acc;
+  const SoftmaxState<double> full = one_pass(keys, 0, 9, acc);
+  const std::vector<double> zeros(4, 0.0);
+  const SoftmaxState<double> empty = kvlab::empty_softmax_state<double>();
+  CHECK(std::isinf(empty.max));
+  CHECK(empty.max < 0);
+  CHECK(empty.sum == 0.0);
+
+  SoftmaxState<double> a = full;  // full <- empty: unchanged, bit for bit
+  std::vector<double> acc_a = acc;
+  kvlab::merge_softmax_states(a, acc_a.data(), empty, zeros.data(), 4);
+  CHECK(a.max == full.max);
+  CHECK(a.sum == full.sum);
+  CHECK(acc_a == acc);
+
+  SoftmaxState<double> b = empty;  // empty <- full: a copy, bit for bit
+  std::vector<double> acc_b = zeros;
+  kvlab::merge_softmax_states(b, acc_b.data(), full, acc.data(), 4);
+  CHECK(b.max == full.max);
+  CHECK(b.sum == full.sum);
+  CHECK(acc_b == acc);
+
+  SoftmaxState<double> c = empty;  // empty <- empty: still empty, no NaN from -inf - -inf
+  std::vector<double> acc_c = zeros;
+  kvlab::merge_softmax_states(c, acc_c.data(), empty, zeros.data(), 4);
+  CHECK(c.sum == 0.0);
+  CHECK(std::isinf(c.max));
+  CHECK(acc_c == zeros);
+}
+
+TEST_CASE("scores of +-1e4 merge without overflow and equal one pass") {
+  const int d = 3;
+  Keys keys;
+  kvlab::Rng rng(3);
+  for (double s : {1e4, -1e4, 1e4 - 1.0, -1e4 + 2.0, 0.0, 9999.5, -9999.0, 1e4}) {
+    keys.scores.push_back(s);
+    keys.v.push_back({rng.uniform(-1, 1), rng.uniform(-1, 1), rng.uniform(-1, 1)});
+  }
+  const int n = static_cast<int>(keys.scores.size());
+  std::vector<Wide> wide_acc;
+  const std::vector<double> want = output(one_pass(keys, 0, n, wide_acc), wide_acc);
+  for (int size = 1; size <= n; ++size) {
+    CAPTURE(size);
+    std::vector<int> cuts;
+    for (int begin = 0; begin < n; begin += size) cuts.push_back(begin);
+    cuts.push_back(n);
+    std::vector<int> order(cuts.size() - 1);
+    std::iota(order.begin(), order.end(), 0);
+    const std::vector<double> got = merged_output(keys, cuts, order, d);
+    for (double x : got) CHECK(std::isfinite(x));
+    CHECK(max_relative_diff(got, want) <= 1e-12);
+    // In float, as the GPU computes: the scores are exact in float, the exponents stay <= 0.
+    SoftmaxState<float> state = kvlab::empty_softmax_state<float>();
+    std::vector<float> acc(static_cast<std::size_t>(d), 0.f);
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      std::vector<float> part_acc;
+      const SoftmaxState<float> part = one_pass<float>(keys, cuts[i], cuts[i + 1], part_acc);
+      kvlab::merge_softmax_states(state, acc.data(), part, part_acc.data(), d);
+    }
+    const std::vector<double> got_float = output(state, acc);
+    for (double x : got_float) CHECK(std::isfinite(x));
+    CHECK(max_relative_diff(got_float, want) <= 1e-5);
+  }
+}
+
+TEST_CASE("merge_softmax_scales gives the state and factors of merge_softmax_states") {
+  kvlab::Rng rng(4);
+  const int d = 6;
+  for (int trial = 0; trial < 200; ++trial) {
+    CAPTURE(trial);
+    const Keys keys = random_keys(12, d, rng, -20.0, 20.0);
+    const int cut = static_cast<int>(rng.next_u64() % 13);  // 0 and 12: one side empty
+    const int start = trial % 3 == 0 ? cut : 0;             // sometimes both sides empty
+    std::vector<double> acc_a, acc_b;
+    SoftmaxState<double> a = one_pass(keys, start, cut, acc_a);
+    const SoftmaxState<double> b = one_pass(keys, cut, 12, acc_b);
+    SoftmaxState<double> a2 = a;
+    std::vector<double> acc_merged = acc_a;
+    kvlab::merge_softmax_states(a, acc_merged.data(), b, acc_b.data(), d);
+    const kvlab::SoftmaxScales<double> f = kvlab::merge_softmax_scales(a2, b);
+    CHECK((a2.max == a.max || (std::isinf(a2.max) && std::isinf(a.max))));
+    CHECK(a2.sum == a.sum);
+    for (int c = 0; c < d; ++c) {
+      const double applied = acc_a[static_cast<std::size_t>(c)] * f.a + acc_b[static_cast<std::size_t>(c)] * f.b;
+      CHECK(std::abs(applied - acc_merged[static_cast<std::size_t>(c)]) <= 1e-15 * std::max(1.0, std::abs(applied)));
+    }
+    CHECK(f.a >= 0.0);
+    CHECK(f.a <= 1.0);
+    CHECK(f.b >= 0.0);
+    CHECK(f.b <= 1.0);
+  }
+}
+
+TEST_CASE("partition_size, partition_count and partition_keys cut a context into whole units") {
+  for (int unit : {1, 3, 16, 256, 258})
+    for (int parts = 1; parts <= 9; ++parts)
+      for (int length = 0; length <= 3 * unit * parts + 5; length += (length < 40 ? 1 : 7)) {
+        CAPTURE(unit, parts, length);
+        const int size = kvlab::partition_size(length, parts, unit);
+        const int count = kvlab::partition_count(length, parts, unit);
+        if (length == 0) {
+          CHECK(size == 0);
+          CHECK(count == 0);
+          continue;
+        }
+        CHECK(size % unit == 0);
+        CHECK(size >= 1);
+        CHECK(count >= 1);
+        CHECK(count <= parts);
+        CHECK(static_cast<long>(count - 1) * size < length);
+        CHECK(static_cast<long>(count) * size >= length);
+        int covered = 0;  // the partitions tile [0, length) in order, then come empty ones
+        for (int p = 0; p < parts + 2; ++p) {
+          const kvlab::cuda::KeyRange r = kvlab::cuda::partition_keys(length, parts, unit, p);
+          if (p < count) {
+            CHECK(r.begin == covered);
+            CHECK(r.end > r.begin);
+            CHECK(r.begin % unit == 0);
+            covered = r.end;
+          } else {
+            CHECK(r.begin == length);
+            CHECK(r.end == length);
+          }
+        }
+        CHECK(covered == length);
+      }
+}
+
+TEST_CASE("lanes per row, GQA tiles and the split-K unit") {
+  using namespace kvlab::cuda;
+  for (int head_dim = 1; head_dim <= 300; ++head_dim) {
+    CAPTURE(head_dim);
+    CHECK(head_dim_supported(head_dim) == (head_dim % 8 == 0 && head_dim <= 256));
+    if (!head_dim_supported(head_dim)) continue;
+    const int lanes = lanes_per_row(head_dim);
+    CHECK((lanes & (lanes - 1)) == 0);           // a power of two: it divides 32
+    CHECK(lanes * kValuesPerThread >= head_dim);  // together the lanes hold the row
+    CHECK(lanes <= 32);
+    CHECK((lanes == 1 || (lanes / 2) * kValuesPerThread < head_dim));  // and no fewer would
+  }
+  CHECK(lanes_per_row(64) == 8);
+  CHECK(lanes_per_row(80) == 16);
+  CHECK(lanes_per_row(128) == 16);
+  CHECK(lanes_per_row(256) == 32);
+  for (int group = 1; group <= 64; ++group) {
+    CAPTURE(group);
+    const int tile = group_tile(group);
+    const int tiles = group_tiles(group);
+    CHECK((tile == 1 || tile == 2 || tile == 4 || tile == 8));
+    CHECK(tiles * tile >= group);
+    CHECK((tiles - 1) * tile < group);
+    CHECK((tiles == 1 || tile == kMaxGroupTile));
+  }
+  for (int block_size = 1; block_size <= 600; ++block_size) {
+    const int unit = split_k_unit(block_size);
+    CHECK(unit % block_size == 0);
+    CHECK(unit >= kKeyTile);
+    CHECK(unit - block_size < std::max(kKeyTile, block_size));
+  }
+}
+
+TEST_CASE("the shared-memory layout: aligned, disjoint, within 48 KiB") {
+  using namespace kvlab::cuda;
+  for (int tile : {1, 2, 4, 8})
+    for (int head_dim = 8; head_dim <= 256; head_dim += 8) {
+      CAPTURE(tile, head_dim);
+      const AttentionSmemLayout l = attention_smem_layout(tile, head_dim);
+      for (std::size_t offset : {l.running, l.scale_a, l.scale_b, l.offsets, l.scores, l.reduce}) CHECK(offset % 16 == 0);
+      const auto t = static_cast<std::size_t>(tile);
+      CHECK(l.scale_a >= l.running + t * sizeof(SoftmaxState<float>));
+      CHECK(l.scale_b >= l.scale_a + t * sizeof(float));
+      CHECK(l.offsets >= l.scale_b + t * sizeof(float));
+      CHECK(l.scores >= l.offsets + kKeyTile * sizeof(std::ptrdiff_t));
+      CHECK(l.bytes >= l.scores + t * kKeyTile * sizeof(float));
+      CHECK(l.reduce >= l.scale_b + t * sizeof(float));  // the running states survive the reduction
+      CHECK(l.bytes >= l.reduce + kAttentionWarps * t * static_cast<std::size_t>(head_dim) * sizeof(float));
+      CHECK(l.bytes <= 48 * 1024);
+    }
+}
+
+TEST_CASE("plan_attention: single pass on request, enough blocks otherwise") {
+  using namespace kvlab::cuda;
+  const AttentionShape gqa(32, 8, 128);
+  CHECK(plan_attention(gqa, 1, 16, 132, 1).partitions == 1);
+  CHECK(plan_attention(gqa, 1, 16, 132, 7).partitions == 7);
+  CHECK(plan_attention(gqa, 1, 16, 132, 100000).partitions == kMaxPartitions);
+  for (int rows : {1, 2, 7, 64, 1000})
+    for (int sms : {1, 108, 132})
+      for (const AttentionShape& shape : {gqa, AttentionShape(40, 40, 64), AttentionShape(64, 8, 256),
+                                          AttentionShape(48, 2, 96)}) {
+        CAPTURE(rows, sms, shape.num_heads(), shape.num_kv_heads());
+        const AttentionPlan plan = plan_attention(shape, rows, 16, sms, 0);
+        const long long per_partition = 1LL * rows * shape.num_kv_heads() * plan.group_tiles;
+        const long long target = 1LL * kTargetBlocksPerSm * sms;
+        CHECK(plan.partitions >= 1);
+        CHECK(plan.partitions <= kMaxPartitions);
+        CHECK((plan.partitions == kMaxPartitions || per_partition * plan.partitions >= target));
+        CHECK((plan.partitions == 1 || per_partition * (plan.partitions - 1) < target));
+        CHECK(plan.lanes == lanes_per_row(shape.head_dim()));
+        CHECK(plan.group_tile == group_tile(shape.group_size()));
+        CHECK(plan.unit == split_k_unit(16));
+        CHECK(plan.smem_bytes == attention_smem_layout(plan.group_tile, shape.head_dim()).bytes);
+        const std::size_t bytes = partial_bytes(shape, rows, plan);
+        CHECK(bytes == (plan.partitions == 1 ? 0
+                                             : static_cast<std::size_t>(rows) * shape.num_heads() * plan.partitions *
+                                                   (shape.head_dim() * sizeof(float) + sizeof(SoftmaxState<float>))));
+      }
+}
+
+TEST_CASE("sequence_of_row finds each query row's sequence, skipping sequences without queries") {
+  kvlab::Rng rng(5);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int batch = 1 + static_cast<int>(rng.next_u64() % 9);
+    std::vector<std::int32_t> qo_indptr{0};
+    for (int s = 0; s < batch; ++s) qo_indptr.push_back(qo_indptr.back() + static_cast<std::int32_t>(rng.next_u64() % 4));
+    if (qo_indptr.back() == 0) qo_indptr.back() = 1;  // at least one row
+    for (int row = 0; row < qo_indptr.back(); ++row) {
+      CAPTURE(trial, qo_indptr, row);
+      const int s = kvlab::cuda::sequence_of_row(qo_indptr.data(), batch, row);
+      REQUIRE(s >= 0);
+      REQUIRE(s < batch);
+      CHECK(qo_indptr[static_cast<std::size_t>(s)] <= row);
+      CHECK(row < qo_indptr[static_cast<std::size_t>(s) + 1]);
+    }
+  }
+}
+
+TEST_CASE("locate_row and row_offset: the keys each row sees and where their rows are") {
+  using kvlab::cuda::locate_row;
+  using kvlab::cuda::row_offset;
+  const AttentionShape shape(8, 2, 16);
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+    for (int block_size : {1, 3, 16}) {
+      CAPTURE(kvlab::to_string(layout), block_size);
+      kvlab::Rng rng(6);
+      const kvlab_test::RaggedBatch batch(shape, block_size, {5, 1, 2 * block_size + 1, 40}, layout, rng,
+                                          kvlab_test::NoRounding{});
+      const kvlab::PagedKVView<float>& view = batch.view;
+      for (int s = 0; s < view.batch; ++s) {  // decode: row s is sequence s, all its keys
+        const kvlab::cuda::QueryRow r = locate_row(view, nullptr, view.batch, s);
+        CHECK(r.seq == s);
+        CHECK(r.keys == batch.lengths[static_cast<std::size_t>(s)]);
+      }
+      const std::vector<std::int32_t> qo_indptr{0, 3, 3, 4, 44};  // prefill: 3, 0, 1 and 40 queries
+      for (int s = 0; s < view.batch; ++s)
+        for (int i = 0; i < qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)]; ++i) {
+          const int row = qo_indptr[static_cast<std::size_t>(s)] + i;
+          const int q_len = qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
+          const kvlab::cuda::QueryRow r = locate_row(view, qo_indptr.data(), 44, row);
+          CHECK(r.seq == s);
+          CHECK(r.keys == batch.lengths[static_cast<std::size_t>(s)] - q_len + i + 1);
+        }
+      // Every row of every sequence: the offset through the block table, written out by hand.
+      for (int s = 0; s < view.batch; ++s)
+        for (int pos = 0; pos < batch.lengths[static_cast<std::size_t>(s)]; ++pos)
+          for (int h = 0; h < shape.num_kv_heads(); ++h) {
+            const std::ptrdiff_t block = batch.tables.indices()[static_cast<std::size_t>(
+                batch.tables.indptr()[static_cast<std::size_t>(s)] + pos / block_size)];
+            const std::ptrdiff_t slot = pos % block_size;
+            const std::ptrdiff_t want =
+                layout == KVLayout::NHD
+                    ? ((block * block_size + slot) * shape.num_kv_heads() + h) * shape.head_dim()
+                    : ((block * shape.num_kv_heads() + h) * block_size + slot) * shape.head_dim();
+            CHECK(row_offset(view, s, pos, h) == want);
+            CHECK(!std::isnan(batch.k[static_cast<std::size_t>(want)]));  // an owned slot, never the NaN padding
+          }
+    }
+  // A contiguous cache: row i of 3 new queries over 10 cached rows sees 8 + i keys.
+  kvlab::ContiguousKVView<float> contiguous{nullptr, nullptr, 2, 16, 12, 10};
+  for (int i = 0; i < 3; ++i) CHECK(locate_row(contiguous, nullptr, 3, i).keys == 8 + i);
+  CHECK(row_offset(contiguous, 0, 5, 1) == (12 + 5) * 16);
+}
+
+namespace {
+
+// The CUDA attention kernel, block by block, as plain C++ (float, as the kernel computes):
+// blocks (row, K/V head, GQA tile, partition) in any order; inside a block, tiles of kKeyTile
+// keys: row offsets through row_offset, scores, the tile's state merged with
+// merge_softmax_scales, values; then either the output (one partition) or the partial state,
+// and the partitions merged in order with merge_softmax_states. Only the thread mapping is left
+// out (which thread adds which product), so this checks every index and every merge the
+// kernel makes.
+template <typename Cache>
+RowMatrix<float> kernel_model(const AttentionShape& shape, const RowMatrix<float>& q, const Cache& cache,
+                              const std::int32_t* qo_indptr, int block_size, int requested_partitions) {
+  using namespace kvlab::cuda;
+  const int rows = static_cast<int>(q.rows());
+  const int hd = shape.head_dim();
+  const AttentionPlan plan = plan_attention(shape, rows, block_size, /*sm_count=*/132, requested_partitions);
+  const auto scale = static_cast<float>(shape.scale());
+  RowMatrix<float> out = RowMatrix<float>::Constant(rows, shape.q_width(), std::numeric_limits<float>::quiet_NaN());
+  const std::size_t slots = static_cast<std::size_t>(rows) * shape.num_heads() * plan.partitions;
+  std::vector<float> partial_acc(slots * static_cast<std::size_t>(hd), std::numeric_limits<float>::quiet_NaN());
+  std::vector<SoftmaxState<float>> partial_state(slots);
+  for (int row = 0; row < rows; ++row)
+    for (int y = 0; y < shape.num_kv_heads() * plan.group_tiles; ++y)
+      for (int part = 0; part < plan.partitions; ++part) {
+        const int kv_head = y / plan.group_tiles;
+        const int tile = y % plan.group_tiles;
+        const QueryRow where = locate_row(cache, qo_indptr, rows, row);
+        const int parts = kvlab::partition_count(where.keys, plan.partitions, plan.unit);
+        if (part >= parts) continue;
+        const KeyRange range = partition_keys(where.keys, plan.partitions, plan.unit, part);
+        const int head0 = kv_head * shape.group_size() + tile * plan.group_tile;
+        const int heads = std::min(plan.group_tile, shape.group_size() - tile * plan.group_tile);
+        std::vector<SoftmaxState<float>> running(static_cast<std::size_t>(heads), kvlab::empty_softmax_state<float>());
+        std::vector<std::vector<float>> acc(static_cast<std::size_t>(heads), std::vector<float>(static_cast<std::size_t>(hd), 0.f));
+        for (int t0 = range.begin; t0 < range.end; t0 += kKeyTile) {
+          const int n = std::min(kKeyTile, range.end - t0);
+          std::vector<std::ptrdiff_t> offsets(static_cast<std::size_t>(n));  // 0. translate
+          for (int j = 0; j < n; ++j) offsets[static_cast<std::size_t>(j)] = row_offset(cache, where.seq, t0 + j, kv_head);
+          for (int g = 0; g < heads; ++g) {
+            const float* qh = &q(row, (head0 + g) * hd);
+            std::vector<float> s(static_cast<std::size_t>(n));  // 1. scores
+            for (int j = 0; j < n; ++j) {
+              float dot = 0.f;
+              for (int c = 0; c < hd; ++c) dot += qh[c] * cache.k[offsets[static_cast<std::size_t>(j)] + c];
+              s[static_cast<std::size_t>(j)] = scale * dot;
+            }
+            const float max = *std::max_element(s.begin(), s.end());  // 2. the tile's state, merged
+            float sum = 0.f;
+            for (float& x : s) sum += (x = std::exp(x - max));
+            const kvlab::SoftmaxScales<float> f =
+                kvlab::merge_softmax_scales(running[static_cast<std::size_t>(g)], SoftmaxState<float>{max, sum});
+            std::vector<float>& a = acc[static_cast<std::size_t>(g)];  // 3. values
+            for (float& x : a) x *= f.a;
+            for (int j = 0; j < n; ++j)
+              for (int c = 0; c < hd; ++c)
+                a[static_cast<std::size_t>(c)] += s[static_cast<std::size_t>(j)] * f.b * cache.v[offsets[static_cast<std::size_t>(j)] + c];
+          }
+        }
+        for (int g = 0; g < heads; ++g) {
+          const int head = head0 + g;
+          const SoftmaxState<float>& state = running[static_cast<std::size_t>(g)];
+          for (int c = 0; c < hd; ++c) {
+            const float total = acc[static_cast<std::size_t>(g)][static_cast<std::size_t>(c)];
+            if (parts == 1) {
+              out(row, head * hd + c) = total / state.sum;
+            } else {
+              const std::size_t slot = (static_cast<std::size_t>(row) * shape.num_heads() + head) * plan.partitions + part;
+              partial_acc[slot * hd + c] = total;
+              partial_state[slot] = state;
+            }
+          }
+        }
+      }
+  // The merge kernel: partitions of a row merged in order.
+  for (int row = 0; row < rows; ++row)
+    for (int head = 0; head < shape.num_heads(); ++head) {
+      const QueryRow where = locate_row(cache, qo_indptr, rows, row);
+      const int parts = kvlab::partition_count(where.keys, plan.partitions, plan.unit);
+      if (parts == 1) continue;
+      const std::size_t first = (static_cast<std::size_t>(row) * shape.num_heads() + head) * plan.partitions;
+      for (int c = 0; c < hd; ++c) {
+        SoftmaxState<float> state = kvlab::empty_softmax_state<float>();
+        float acc = 0.f;
+        for (int p = 0; p < parts; ++p)
+          kvlab::merge_softmax_states(state, &acc, partial_state[first + p], &partial_acc[(first + p) * hd + c], 1);
+        out(row, head * hd + c) = acc / state.sum;
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a CPU model of the CUDA attention kernel equals the CPU paths, split or not") {
+  struct Heads {
+    int num_heads, num_kv_heads;
+  };
+  std::uint64_t seed = 100;
+  for (const Heads& heads : {Heads{4, 4}, Heads{12, 4}, Heads{16, 2}, Heads{24, 2}})  // groups 1, 3, 8, 12 (two tiles)
+    for (int head_dim : {8, 40})
+      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+        for (int block_size : {1, 3, 16})
+          for (int partitions : {1, 2, 5, 0}) {
+            // head_dim 40 (5 lanes' worth of values) only on a few points: the index math does
+            // not depend on it, and the sanitizer build runs this test too.
+            if (head_dim == 40 && !(heads.num_heads == 12 && block_size == 3)) continue;
+            if (partitions == 5 && block_size != 3) continue;
+            const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
+            CAPTURE(heads.num_heads, heads.num_kv_heads, head_dim, kvlab::to_string(layout), block_size, partitions);
+            kvlab::Rng rng(seed++);
+            const std::vector<int> lengths{700, 1, 255, 256, 257, 2 * block_size + 1, 1200};
+            const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::NoRounding{});
+            const RowMatrix<float> q = kvlab::random_matrix<float>(batch.view.batch, shape.q_width(), rng);
+            const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+            const RowMatrix<float> got = kernel_model(shape, q, batch.view, nullptr, block_size, partitions);
+            CHECK(max_row_relative_error(got, want) <= kvlab_test::tolerance<float>());
+            if (partitions == 0 && block_size == 3 && layout == KVLayout::HND) {
+              // Prefill rows (CSR) through the same model: 3, 0, 1, 17, 256, 1 and 40 queries.
+              const std::vector<std::int32_t> qo_indptr{0, 3, 3, 4, 21, 277, 278, 318};
+              const RowMatrix<float> qp = kvlab::random_matrix<float>(qo_indptr.back(), shape.q_width(), rng);
+              const RowMatrix<float> want_p = kvlab::cpu::paged_prefill_attention(shape, qp, qo_indptr, batch.view);
+              const RowMatrix<float> got_p = kernel_model(shape, qp, batch.view, qo_indptr.data(), block_size, 0);
+              CHECK(max_row_relative_error(got_p, want_p) <= kvlab_test::tolerance<float>());
+            }
+          }
+  // A contiguous cache with a prefill of 5 rows, split and not.
+  const AttentionShape shape(8, 2, 64);
+  kvlab::Rng rng(9);
+  const RowMatrix<float> k = kvlab::random_matrix<float>(1000, shape.kv_width(), rng);
+  const RowMatrix<float> v = kvlab::random_matrix<float>(1000, shape.kv_width(), rng);
+  kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), 1100);
+  cache.append(0, k, v);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
+  const RowMatrix<float> want = kvlab::cpu::decode_attention(shape, q, cache.view(0));
+  for (int partitions : {1, 3, 0}) {
+    CAPTURE(partitions);
+    CHECK(max_row_relative_error(kernel_model(shape, q, cache.view(0), nullptr, 1, partitions), want) <=
+          kvlab_test::tolerance<float>());
+  }
+}
+
+TEST_CASE("count_attention: a decode step counts what the CPU decode paths count") {
+  for (const AttentionShape& shape : {AttentionShape(32, 8, 128), AttentionShape(40, 40, 64), AttentionShape(8, 1, 16)}) {
+    CAPTURE(shape.num_heads(), shape.num_kv_heads());
+    kvlab::Rng rng(10);
+    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng, kvlab_test::NoRounding{});
+    const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
+    kvlab::CostCounters cpu_counts, gpu_counts;
+    kvlab::cpu::paged_decode_attention(shape, q, batch.view, &cpu_counts);
+    kvlab::cuda::count_attention(shape, sizeof(float), 1 + 15 + 16 + 17 + 100, gpu_counts);
+    CHECK(gpu_counts == cpu_counts);
+    kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), 100);
+    cache.append(0, kvlab::random_matrix<float>(100, shape.kv_width(), rng),
+                 kvlab::random_matrix<float>(100, shape.kv_width(), rng));
+    kvlab::CostCounters cpu_step, gpu_step;
+    kvlab::cpu::decode_attention(shape, RowMatrix<float>(q.row(0)), cache.view(0), &cpu_step);
+    kvlab::cuda::count_attention(shape, sizeof(float), 100, gpu_step);
+    CHECK(gpu_step == cpu_step);
+  }
+  // More than 8 query heads per K/V head: each of the two GQA tiles reads the rows.
+  kvlab::CostCounters wide;
+  kvlab::cuda::count_attention(AttentionShape(16, 1, 8), 2, 10, wide);
+  CHECK(wide.kv_bytes_read == 2 * 2 * 10 * 1 * 2 * 8);
+}
