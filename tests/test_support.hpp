@@ -1,5 +1,5 @@
 // Helpers shared by kvlab's tests: a plain triple-loop attention (the independent reference),
-// the tolerance rule, and a matcher for kvlab's error messages.
+// the tolerance rule, and (names_matcher.hpp) a matcher for kvlab's error messages.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
+#include "names_matcher.hpp"
 
 namespace kvlab_test {
 
@@ -80,30 +81,6 @@ double max_row_relative_error(const A& got, const B& want) {
     }
   }
   return worst;
-}
-
-/// Matches a kvlab exception whose message names the argument, the expected and the actual
-/// value ("<argument>: expected <expected>, got <actual>").
-class Names : public Catch::MatcherBase<std::exception> {
- public:
-  Names(std::string argument, std::string expected, std::string actual)
-      : argument_(std::move(argument)), expected_(std::move(expected)), actual_(std::move(actual)) {}
-  bool match(const std::exception& e) const override {
-    const std::string message = e.what();
-    return message.find(argument_ + ": expected " + expected_) != std::string::npos &&
-           message.find("got " + actual_) != std::string::npos;
-  }
-  std::string describe() const override {
-    return "names \"" + argument_ + "\", \"expected " + expected_ + "\" and \"got " + actual_ + "\"";
-  }
-
- private:
-  std::string argument_, expected_, actual_;
-};
-
-/// Shorthand for `Names`, for CHECK_THROWS_MATCHES(expr, ExceptionType, names(...)).
-inline Names names(const std::string& argument, const std::string& expected, const std::string& actual) {
-  return Names(argument, expected, actual);
 }
 
 }  // namespace kvlab_test

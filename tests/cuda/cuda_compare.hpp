@@ -17,6 +17,7 @@
 #include "kvlab/core/random.hpp"
 #include "kvlab/cpu/types.hpp"
 #include "kvlab/cuda/numeric.cuh"
+#include "../names_matcher.hpp"
 
 namespace kvlab_test {
 
@@ -70,30 +71,6 @@ inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatr
 template <typename T>
 void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatrix<float>& want) {
   check_close(got, want, Tolerance<T>::rtol, Tolerance<T>::atol);
-}
-
-/// Matches a kvlab exception whose message names the argument, the expected and the actual
-/// value ("<argument>: expected <expected>, got <actual>"), as tests/test_support.hpp's `Names`.
-class MessageNames : public Catch::MatcherBase<std::exception> {
- public:
-  MessageNames(std::string argument, std::string expected, std::string actual)
-      : argument_(std::move(argument)), expected_(std::move(expected)), actual_(std::move(actual)) {}
-  bool match(const std::exception& e) const override {
-    const std::string message = e.what();
-    return message.find(argument_ + ": expected " + expected_) != std::string::npos &&
-           message.find("got " + actual_) != std::string::npos;
-  }
-  std::string describe() const override {
-    return "names \"" + argument_ + "\", \"expected " + expected_ + "\" and \"got " + actual_ + "\"";
-  }
-
- private:
-  std::string argument_, expected_, actual_;
-};
-
-/// Shorthand for `MessageNames`.
-inline MessageNames message_names(const std::string& argument, const std::string& expected, const std::string& actual) {
-  return MessageNames(argument, expected, actual);
 }
 
 /// x rounded to storage type T and back (exact for float).

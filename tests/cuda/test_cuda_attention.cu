@@ -224,7 +224,7 @@ TEST_CASE("cuda decode counters equal the CPU's for a decode step") {
 
 TEST_CASE("the CUDA attention functions reject bad arguments, naming them") {
   using kvlab::InvalidArgument;
-  using kvlab_test::message_names;
+  using kvlab_test::names;
   const AttentionShape shape(4, 2, 64);
   kc::DeviceBuffer<__half> q(4 * 256 + 8), out(4 * 256), k(2 * 64 * 16), v(2 * 64 * 16);
   for (kc::DeviceBuffer<__half>* buffer : {&q, &out, &k, &v}) buffer->fill_bytes(0);
@@ -236,20 +236,20 @@ TEST_CASE("the CUDA attention functions reject bad arguments, naming them") {
   CHECK_NOTHROW(run(shape, q1, cache, out1));
   CHECK_THROWS_MATCHES(run(AttentionShape(4, 2, 60), kc::DeviceMatrix<const __half>(q.data(), 1, 240), cache,
                            kc::DeviceMatrix<__half>(out.data(), 1, 240)),
-                       InvalidArgument, message_names("shape.head_dim()", "a multiple of 8 in [8, 256]", "60"));
+                       InvalidArgument, names("shape.head_dim()", "a multiple of 8 in [8, 256]", "60"));
   CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data(), 1, 128), cache, out1), InvalidArgument,
-                       message_names("q.cols", "256", "128"));
+                       names("q.cols", "256", "128"));
   CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data() + 1, 1, 256), cache, out1), InvalidArgument,
-                       message_names("q.data", "a 16-byte aligned device pointer", ""));
+                       names("q.data", "a 16-byte aligned device pointer", ""));
   CHECK_THROWS_MATCHES(run(shape, q1, cache, kc::DeviceMatrix<__half>(q.data() + 128, 1, 256)), InvalidArgument,
-                       message_names("out", "memory that does not overlap q", "an overlap"));
+                       names("out", "memory that does not overlap q", "an overlap"));
   kvlab::ContiguousKVView<__half> bad = cache;
   bad.length = 17;
   CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument,
-                       message_names("cache.length", "in [q.rows (1), cache.capacity (16)]", "17"));
+                       names("cache.length", "in [q.rows (1), cache.capacity (16)]", "17"));
   bad = cache;
   bad.num_kv_heads = 1;
-  CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument, message_names("cache.num_kv_heads", "2", "1"));
+  CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument, names("cache.num_kv_heads", "2", "1"));
   KVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
