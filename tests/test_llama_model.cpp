@@ -148,11 +148,11 @@ TEST_CASE("built-in shape with a shared classifier: the three backends agree for
   check_backends_agree(shared(LlamaWeights::random(config, 7)), 3, 200, 200);
 }
 
-TEST_CASE("stories260K.bin: cached and paged agree for 256 greedy steps, naive for the first 128") {
-  // Naive stops at 128 tokens: its cost grows as n^2 (projections) and n^3 (attention in the
-  // lower layers); 256 naive steps take 26 s under the sanitizers, 128 about a quarter of that.
+TEST_CASE("stories260K.bin: cached and paged agree for 256 greedy steps, naive for the first 200") {
+  // Naive stops at 200 tokens: its cost grows as n^2 (projections) and n^3 (attention in the
+  // lower layers); 256 naive steps take 26 s under the sanitizers.
   const Weights weights = shared(kvlab::load_llama_checkpoint(kvlab_test::model_file_or_skip("stories260K.bin")));
-  check_backends_agree(weights, 1, 256, 128);
+  check_backends_agree(weights, 1, 256, 200);
 }
 
 TEST_CASE("stories260K.bin: greedy tokens from BOS equal those of llama2.c's forward pass") {
