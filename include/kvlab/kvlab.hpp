@@ -14,6 +14,7 @@
 #include "kvlab/cache/block_tables.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
 #include "kvlab/cache/kv_cache_size.hpp"
+#include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/cache/memory_accounting.hpp"
 #include "kvlab/cpu/types.hpp"

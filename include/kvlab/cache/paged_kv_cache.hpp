@@ -7,12 +7,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "kvlab/cache/block_allocator.hpp"
 #include "kvlab/cache/block_tables.hpp"
+#include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/cpu/types.hpp"
@@ -49,13 +49,12 @@ class PagedKVCache {
   /// \throws InvalidArgument if any size is below 1 or the pool overflows the address space.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
                KVLayout layout = KVLayout::NHD)
-      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
-        block_size_(block_size), layout_(layout), allocator_(num_blocks) {
+      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), layout_(layout),
+        book_(block_size, num_blocks, "kvlab::PagedKVCache") {
     constexpr const char* kWhere = "kvlab::PagedKVCache";
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
-    detail::require_at_least(kWhere, "block_size", block_size, 1);
     const std::size_t token = static_cast<std::size_t>(num_kv_heads) * head_dim;
     const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
                               static_cast<std::size_t>(num_layers) / token;
@@ -75,34 +74,25 @@ class PagedKVCache {
   /// Values per head.
   int head_dim() const { return head_dim_; }
   /// Tokens per block.
-  int block_size() const { return block_size_; }
+  int block_size() const { return book_.block_size(); }
   /// The order of a block's values.
   KVLayout layout() const { return layout_; }
   /// The pool's allocator (read-only): free and used blocks, reference counts.
-  const BlockAllocator& allocator() const { return allocator_; }
+  const BlockAllocator& allocator() const { return book_.allocator(); }
 
   /// Starts an empty sequence (no block yet) and returns its id; ids are never reused.
-  int add_sequence() {
-    sequences_[next_id_] = Sequence{};
-    return next_id_++;
-  }
+  int add_sequence() { return book_.add_sequence(); }
 
   /// Ids of the live sequences, ascending.
-  std::vector<int> sequences() const {
-    std::vector<int> ids;
-    for (const auto& entry : sequences_) ids.push_back(entry.first);
-    return ids;
-  }
+  std::vector<int> sequences() const { return book_.sequences(); }
 
   /// Tokens in sequence `seq`.
   /// \throws InvalidArgument if `seq` is not a live sequence.
-  int length(int seq) const { return find("kvlab::PagedKVCache::length", seq).length; }
+  int length(int seq) const { return book_.length(seq); }
 
   /// The block table of `seq`: physical block ids, logical order.
   /// \throws InvalidArgument if `seq` is not a live sequence.
-  const std::vector<std::int32_t>& blocks(int seq) const {
-    return find("kvlab::PagedKVCache::blocks", seq).blocks;
-  }
+  const std::vector<std::int32_t>& blocks(int seq) const { return book_.blocks(seq); }
 
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n]: slot
   /// `block * block_size + offset` in every layer's pool. A block is allocated when the last
@@ -110,37 +100,7 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks
   ///         the blocks (nothing changes).
   std::vector<std::int64_t> append(int seq, int n) {
-    constexpr const char* kWhere = "kvlab::PagedKVCache::append";
-    Sequence& s = find(kWhere, seq);
-    detail::require_at_least(kWhere, "n", n, 1);
-    const int filled = s.length % block_size_;  // tokens in the last block, 0 if full or none
-    const bool copy_last = filled != 0 && allocator_.ref_count(s.blocks.back()) > 1;
-    const int room = filled == 0 ? 0 : block_size_ - filled;
-    const int new_blocks = n <= room ? 0 : (n - room - 1) / block_size_ + 1;
-    const int needed = new_blocks + (copy_last ? 1 : 0);
-    if (needed > allocator_.num_free()) {
-      detail::fail<OutOfBlocks>(kWhere, "free blocks", "at least " + std::to_string(needed) +
-                                    " for " + std::to_string(n) + " tokens of sequence " +
-                                    std::to_string(seq),
-                                allocator_.num_free());
-    }
-    if (copy_last) {  // copy on write: this sequence gets a private copy of the shared block
-      const std::int32_t copy = allocator_.allocate();
-      copy_block(s.blocks.back(), copy, filled);
-      allocator_.release(s.blocks.back());
-      s.blocks.back() = copy;
-    }
-    const std::vector<std::int32_t> fresh = allocator_.allocate(new_blocks);
-    s.blocks.insert(s.blocks.end(), fresh.begin(), fresh.end());
-    std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) {
-      const int pos = s.length + i;
-      slots[static_cast<std::size_t>(i)] =
-          static_cast<std::int64_t>(s.blocks[static_cast<std::size_t>(pos / block_size_)]) * block_size_ +
-          pos % block_size_;
-    }
-    s.length += n;
-    return slots;
+    return book_.append(seq, n, [this](std::int32_t from, std::int32_t to, int tokens) { copy_block(from, to, tokens); });
   }
 
   /// Stores keys and values of tokens at `slots` (from `append`) in `layer`.
@@ -160,7 +120,7 @@ class PagedKVCache {
     detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()), static_cast<long>(k.rows()),
                           "k.rows()");
     detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), width, "num_kv_heads * head_dim");
-    const std::int64_t num_slots = static_cast<std::int64_t>(allocator_.num_blocks()) * block_size_;
+    const std::int64_t num_slots = static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] < 0 || slots[i] >= num_slots) {
         detail::fail(kWhere, "slots[" + std::to_string(i) + "]", "in [0, " + std::to_string(num_slots) + ")",
@@ -182,53 +142,22 @@ class PagedKVCache {
   /// Starts a sequence that shares every block of `seq` (reference counts + 1) and returns its
   /// id. No K/V is copied until one of them appends into the shared last block.
   /// \throws InvalidArgument if `seq` is not live.
-  int fork(int seq) {
-    const Sequence parent = find("kvlab::PagedKVCache::fork", seq);
-    for (std::int32_t b : parent.blocks) allocator_.share(b);
-    sequences_[next_id_] = parent;
-    return next_id_++;
-  }
+  int fork(int seq) { return book_.fork(seq); }
 
   /// Shortens `seq` to its first `length` tokens: the blocks past them lose this holder (and
   /// return to the pool when no other sequence holds them). The kept tokens are untouched; a
   /// later append overwrites the dropped slots of a private last block, and copies a shared one
   /// first, as usual.
   /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
-  void truncate(int seq, int length) {
-    constexpr const char* kWhere = "kvlab::PagedKVCache::truncate";
-    Sequence& s = find(kWhere, seq);
-    if (length < 0 || length > s.length) {
-      detail::fail(kWhere, "length", "in [0, " + std::to_string(s.length) + "]", length);
-    }
-    const std::size_t keep = length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
-    for (std::size_t b = keep; b < s.blocks.size(); ++b) allocator_.release(s.blocks[b]);
-    s.blocks.resize(keep);
-    s.length = length;
-  }
+  void truncate(int seq, int length) { book_.truncate(seq, length); }
 
   /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
   /// \throws InvalidArgument if `seq` is not live.
-  void free_sequence(int seq) {
-    const Sequence& s = find("kvlab::PagedKVCache::free_sequence", seq);
-    for (std::int32_t b : s.blocks) allocator_.release(b);
-    sequences_.erase(seq);
-  }
+  void free_sequence(int seq) { book_.free_sequence(seq); }
 
   /// The block tables of a batch of live, non-empty sequences, in the order given.
   /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
-  BlockTables tables(const std::vector<int>& seqs) const {
-    constexpr const char* kWhere = "kvlab::PagedKVCache::tables";
-    detail::require_at_least(kWhere, "seqs.size()", seqs.size(), std::size_t{1});
-    std::vector<std::vector<std::int32_t>> lists;
-    std::vector<int> lengths;
-    for (int seq : seqs) {
-      const Sequence& s = find(kWhere, seq);
-      if (s.length == 0) detail::fail(kWhere, "seqs", "non-empty sequences", "sequence " + std::to_string(seq) + " (empty)");
-      lists.push_back(s.blocks);
-      lengths.push_back(s.length);
-    }
-    return BlockTables::from_lists(lists, lengths, allocator_.num_blocks(), block_size_);
-  }
+  BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
 
   /// The view of `layer` through `tables` (from `tables()`); valid while both live and until
   /// the next append, fork or free.
@@ -236,28 +165,13 @@ class PagedKVCache {
   PagedKVView<T> view(int layer, const BlockTables& tables) const {
     constexpr const char* kWhere = "kvlab::PagedKVCache::view";
     check_layer(kWhere, layer);
-    detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(), allocator_.num_blocks(), "num_blocks");
-    detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size_, "block_size");
+    detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(), allocator().num_blocks(), "num_blocks");
+    detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size(), "block_size");
     const auto l = static_cast<std::size_t>(layer);
     return tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
   }
 
  private:
-  struct Sequence {
-    std::vector<std::int32_t> blocks;  // [ceil(length / block_size)]: physical ids, logical order
-    int length = 0;                    // tokens
-  };
-
-  Sequence& find(const char* where, int seq) {
-    const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) detail::fail(where, "seq", "a live sequence id", seq);
-    return it->second;
-  }
-  const Sequence& find(const char* where, int seq) const {
-    const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) detail::fail(where, "seq", "a live sequence id", seq);
-    return it->second;
-  }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
@@ -268,8 +182,8 @@ class PagedKVCache {
     PagedKVView<T> pool;
     pool.k = k_[static_cast<std::size_t>(layer)].data();
     pool.v = v_[static_cast<std::size_t>(layer)].data();
-    pool.num_blocks = allocator_.num_blocks();
-    pool.block_size = block_size_;
+    pool.num_blocks = allocator().num_blocks();
+    pool.block_size = block_size();
     pool.num_kv_heads = num_kv_heads_;
     pool.head_dim = head_dim_;
     pool.layout = layout_;
@@ -285,9 +199,9 @@ class PagedKVCache {
       const PagedKVView<T> pool = layout_view(l);
       for (std::vector<T>* values : {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
         for (int h = 0; h < runs; ++h) {
-          const auto src = values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size_, h);
+          const auto src = values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size(), h);
           std::copy(src, src + static_cast<std::ptrdiff_t>(run),
-                    values->begin() + pool.slot_offset(static_cast<std::int64_t>(to) * block_size_, h));
+                    values->begin() + pool.slot_offset(static_cast<std::int64_t>(to) * block_size(), h));
         }
       }
     }
@@ -296,13 +210,10 @@ class PagedKVCache {
   int num_layers_;
   int num_kv_heads_;
   int head_dim_;
-  int block_size_;
   KVLayout layout_;
-  BlockAllocator allocator_;
+  PagedSequences book_;            // which blocks each sequence holds; the allocator
   std::vector<std::vector<T>> k_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
   std::vector<std::vector<T>> v_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
-  std::map<int, Sequence> sequences_;
-  int next_id_ = 0;
 };
 
 }  // namespace kvlab

@@ -11,12 +11,12 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "kvlab/cache/block_allocator.hpp"
 #include "kvlab/cache/block_tables.hpp"
+#include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/views.hpp"
@@ -278,8 +278,8 @@ class PagedKVCache {
   ///         allocation fails.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
                KVLayout layout = KVLayout::NHD)
-      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), block_size_(block_size),
-        layout_(layout), allocator_(num_blocks),
+      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), layout_(layout),
+        book_(block_size, num_blocks, "kvlab::cuda::PagedKVCache"),
         k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks)), v_(k_.size()) {}
 
   /// Layers.
@@ -289,67 +289,31 @@ class PagedKVCache {
   /// Values per head.
   int head_dim() const { return head_dim_; }
   /// Tokens per block.
-  int block_size() const { return block_size_; }
+  int block_size() const { return book_.block_size(); }
   /// The order of a block's values.
   KVLayout layout() const { return layout_; }
   /// The pool's allocator (read-only).
-  const BlockAllocator& allocator() const { return allocator_; }
+  const BlockAllocator& allocator() const { return book_.allocator(); }
 
   /// Starts an empty sequence and returns its id; ids are never reused.
-  int add_sequence() {
-    sequences_[next_id_] = Sequence{};
-    return next_id_++;
-  }
+  int add_sequence() { return book_.add_sequence(); }
   /// Ids of the live sequences, ascending.
-  std::vector<int> sequences() const {
-    std::vector<int> ids;
-    for (const auto& entry : sequences_) ids.push_back(entry.first);
-    return ids;
-  }
+  std::vector<int> sequences() const { return book_.sequences(); }
   /// Tokens in sequence `seq`.
   /// \throws InvalidArgument if `seq` is not live.
-  int length(int seq) const { return find("kvlab::cuda::PagedKVCache::length", seq).length; }
+  int length(int seq) const { return book_.length(seq); }
   /// The block table of `seq`: physical block ids, logical order.
   /// \throws InvalidArgument if `seq` is not live.
-  const std::vector<std::int32_t>& blocks(int seq) const { return find("kvlab::cuda::PagedKVCache::blocks", seq).blocks; }
+  const std::vector<std::int32_t>& blocks(int seq) const { return book_.blocks(seq); }
 
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n], as
-  /// `PagedKVCache::append`: a block is allocated when the last one is full; a shared, partly
-  /// filled last block is first copied (all layers, on the device).
+  /// `PagedKVCache::append` (the same `PagedSequences` bookkeeping): a block is allocated when
+  /// the last one is full; a shared, partly filled last block is first copied (all layers, on
+  /// the device).
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks the
-  ///         blocks (nothing changes); CudaError if the copy fails.
+  ///         blocks; CudaError if the copy fails (nothing changes in any of these cases).
   std::vector<std::int64_t> append(int seq, int n) {
-    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::append";
-    Sequence& s = find(kWhere, seq);
-    kvlab::detail::require_at_least(kWhere, "n", n, 1);
-    const int filled = s.length % block_size_;  // tokens in the last block, 0 if full or none
-    const bool copy_last = filled != 0 && allocator_.ref_count(s.blocks.back()) > 1;
-    const int room = filled == 0 ? 0 : block_size_ - filled;
-    const int new_blocks = n <= room ? 0 : (n - room - 1) / block_size_ + 1;
-    const int needed = new_blocks + (copy_last ? 1 : 0);
-    if (needed > allocator_.num_free()) {
-      kvlab::detail::fail<OutOfBlocks>(kWhere, "free blocks",
-                                       "at least " + std::to_string(needed) + " for " + std::to_string(n) +
-                                           " tokens of sequence " + std::to_string(seq),
-                                       allocator_.num_free());
-    }
-    if (copy_last) {  // copy on write: this sequence gets a private copy of the shared block
-      const std::int32_t copy = allocator_.allocate();
-      copy_block(s.blocks.back(), copy);
-      allocator_.release(s.blocks.back());
-      s.blocks.back() = copy;
-    }
-    const std::vector<std::int32_t> fresh = allocator_.allocate(new_blocks);
-    s.blocks.insert(s.blocks.end(), fresh.begin(), fresh.end());
-    std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) {
-      const int pos = s.length + i;
-      slots[static_cast<std::size_t>(i)] =
-          static_cast<std::int64_t>(s.blocks[static_cast<std::size_t>(pos / block_size_)]) * block_size_ +
-          pos % block_size_;
-    }
-    s.length += n;
-    return slots;
+    return book_.append(seq, n, [this](std::int32_t from, std::int32_t to, int) { copy_block(from, to); });
   }
 
   /// Stores the keys and values of tokens at `slots` (device memory) in `layer`
@@ -389,7 +353,7 @@ class PagedKVCache {
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
     kvlab::detail::require_equal(kWhere, "k.rows", static_cast<long>(k.rows), static_cast<long>(slots.size()),
                                  "slots.size()");
-    const std::int64_t num_slots = static_cast<std::int64_t>(allocator_.num_blocks()) * block_size_;
+    const std::int64_t num_slots = static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] < 0 || slots[i] >= num_slots) {
         kvlab::detail::fail(kWhere, "slots[" + std::to_string(i) + "]", "in [0, " + std::to_string(num_slots) + ")",
@@ -405,53 +369,20 @@ class PagedKVCache {
 
   /// Starts a sequence that shares every block of `seq` and returns its id (no K/V is copied).
   /// \throws InvalidArgument if `seq` is not live.
-  int fork(int seq) {
-    const Sequence parent = find("kvlab::cuda::PagedKVCache::fork", seq);
-    for (std::int32_t b : parent.blocks) allocator_.share(b);
-    sequences_[next_id_] = parent;
-    return next_id_++;
-  }
+  int fork(int seq) { return book_.fork(seq); }
 
   /// Shortens `seq` to its first `length` tokens, as `PagedKVCache::truncate`.
   /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
-  void truncate(int seq, int length) {
-    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::truncate";
-    Sequence& s = find(kWhere, seq);
-    if (length < 0 || length > s.length) {
-      kvlab::detail::fail(kWhere, "length", "in [0, " + std::to_string(s.length) + "]", length);
-    }
-    const std::size_t keep = length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
-    for (std::size_t b = keep; b < s.blocks.size(); ++b) allocator_.release(s.blocks[b]);
-    s.blocks.resize(keep);
-    s.length = length;
-  }
+  void truncate(int seq, int length) { book_.truncate(seq, length); }
 
   /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
   /// \throws InvalidArgument if `seq` is not live.
-  void free_sequence(int seq) {
-    const Sequence& s = find("kvlab::cuda::PagedKVCache::free_sequence", seq);
-    for (std::int32_t b : s.blocks) allocator_.release(b);
-    sequences_.erase(seq);
-  }
+  void free_sequence(int seq) { book_.free_sequence(seq); }
 
   /// The block tables (host) of a batch of live, non-empty sequences, in the order given;
   /// `DeviceBlockTables(tables(seqs))` copies them to the device for `view`.
   /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
-  BlockTables tables(const std::vector<int>& seqs) const {
-    constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::tables";
-    kvlab::detail::require_at_least(kWhere, "seqs.size()", seqs.size(), std::size_t{1});
-    std::vector<std::vector<std::int32_t>> lists;
-    std::vector<int> lengths;
-    for (int seq : seqs) {
-      const Sequence& s = find(kWhere, seq);
-      if (s.length == 0) {
-        kvlab::detail::fail(kWhere, "seqs", "non-empty sequences", "sequence " + std::to_string(seq) + " (empty)");
-      }
-      lists.push_back(s.blocks);
-      lengths.push_back(s.length);
-    }
-    return BlockTables::from_lists(lists, lengths, allocator_.num_blocks(), block_size_);
-  }
+  BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
 
   /// The view of `layer` through `tables`, every pointer in device memory: what
   /// `cuda::paged_decode_attention` reads. Valid while both live and until the next append, fork
@@ -460,18 +391,13 @@ class PagedKVCache {
   PagedKVView<T> view(int layer, const DeviceBlockTables& tables) const {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::view";
     check_layer(kWhere, layer);
-    kvlab::detail::require_equal(kWhere, "tables.num_blocks()", tables.host().num_blocks(), allocator_.num_blocks(),
+    kvlab::detail::require_equal(kWhere, "tables.num_blocks()", tables.host().num_blocks(), allocator().num_blocks(),
                                  "num_blocks");
-    kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(), block_size_, "block_size");
+    kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(), block_size(), "block_size");
     return tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, layout_);
   }
 
  private:
-  struct Sequence {
-    std::vector<std::int32_t> blocks;  // [ceil(length / block_size)]: physical ids, logical order
-    int length = 0;                    // tokens
-  };
-
   static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache";
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
@@ -491,27 +417,17 @@ class PagedKVCache {
     }
     return static_cast<std::size_t>(num_layers) * tokens * token;
   }
-  Sequence& find(const char* where, int seq) {
-    const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) kvlab::detail::fail(where, "seq", "a live sequence id", seq);
-    return it->second;
-  }
-  const Sequence& find(const char* where, int seq) const {
-    const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) kvlab::detail::fail(where, "seq", "a live sequence id", seq);
-    return it->second;
-  }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       kvlab::detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
     }
   }
   std::size_t block_elements() const {
-    return static_cast<std::size_t>(block_size_) * static_cast<std::size_t>(num_kv_heads_) *
+    return static_cast<std::size_t>(block_size()) * static_cast<std::size_t>(num_kv_heads_) *
            static_cast<std::size_t>(head_dim_);
   }
   T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
-    const std::size_t per_layer = block_elements() * static_cast<std::size_t>(allocator_.num_blocks());
+    const std::size_t per_layer = block_elements() * static_cast<std::size_t>(allocator().num_blocks());
     return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
   }
   // A view of `layer` without block tables: for its slot_offset() only.
@@ -519,8 +435,8 @@ class PagedKVCache {
     PagedKVView<T> pool;
     pool.k = layer_data(k_, layer);
     pool.v = layer_data(v_, layer);
-    pool.num_blocks = allocator_.num_blocks();
-    pool.block_size = block_size_;
+    pool.num_blocks = allocator().num_blocks();
+    pool.block_size = block_size();
     pool.num_kv_heads = num_kv_heads_;
     pool.head_dim = head_dim_;
     pool.layout = layout_;
@@ -543,14 +459,11 @@ class PagedKVCache {
   int num_layers_;
   int num_kv_heads_;
   int head_dim_;
-  int block_size_;
   KVLayout layout_;
-  BlockAllocator allocator_;
+  PagedSequences book_;  // which blocks each sequence holds; the allocator (host)
   DeviceBuffer<T> k_;  // [num_layers, num_blocks * block_size * num_kv_heads * head_dim], in layout_
   DeviceBuffer<T> v_;  // the same for V
   DeviceBuffer<std::int64_t> slots_;  // scratch for the host-slots write: [at least n]
-  std::map<int, Sequence> sequences_;
-  int next_id_ = 0;
 };
 
 }  // namespace kvlab::cuda
