@@ -292,19 +292,4 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    const Options options = parse(argc, argv);
-    if (!kc::has_device()) {
-      std::printf("SKIPPED: no CUDA device\n");
-      return 77;
-    }
-    return run(options);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench_cuda_decode: %s (try --help)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_cuda_decode: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kvlab_bench::gpu_main("bench_cuda_decode", argc, argv, parse, run); }

@@ -133,30 +133,10 @@ int run(const Options& o) {
             ", \"paged_ms\": " + std::to_string(median(t_paged)) + "}";
   }
   json += "\n  ]\n}\n";
-  if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write " + o.json);
-    std::fputs(json.c_str(), f);
-    std::fclose(f);
-  }
+  if (!o.json.empty()) kvlab_bench::write_text(o.json, json);
   return failures == 0 ? 0 : 1;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    const Options options = parse(argc, argv);
-    if (!kc::has_device()) {
-      std::printf("SKIPPED: no CUDA device\n");
-      return 77;
-    }
-    return run(options);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench_cuda_generation: %s (try --help)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_cuda_generation: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kvlab_bench::gpu_main("bench_cuda_generation", argc, argv, parse, run); }

@@ -1,20 +1,25 @@
 /// \file
 /// \brief What kvlab's GPU benchmark programs share: timing a kernel with CUDA events after
 /// flushing the L2 cache (so that K/V come from HBM, as in a real decode step), the GPU's peak
-/// memory bandwidth from its name, a measured device-to-device copy bandwidth, and a device-side
-/// random fill for pools too large to generate on the host.
+/// memory bandwidth from its name, a measured device-to-device copy bandwidth, a device-side
+/// random fill for pools too large to generate on the host, and the programs' common `main`.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/numeric.cuh"
+
+#include "../cli.hpp"
 
 namespace kvlab_bench {
 
@@ -111,6 +116,37 @@ inline std::string device_name() {
   cudaDeviceProp prop{};
   KVLAB_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return prop.name;
+}
+
+/// Writes `text` to the file `path`.
+/// \throws std::runtime_error naming the path if it cannot be written.
+inline void write_text(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw std::runtime_error("cannot write " + path);
+  const bool ok = std::fputs(text.c_str(), f) >= 0;
+  if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path);
+}
+
+/// The `main` of a GPU benchmark program: options from `parse(argc, argv)`; without a CUDA
+/// device, "SKIPPED: no CUDA device" and exit code 77 (CTest: Skipped); else `run(options)`'s
+/// exit code. A `UsageError` exits 2 and any other exception 1, each with a message after the
+/// program's `name`.
+template <typename Parse, typename Run>
+int gpu_main(const char* name, int argc, char** argv, Parse&& parse, Run&& run) {
+  try {
+    const auto options = parse(argc, argv);
+    if (!kvlab::cuda::has_device()) {
+      std::printf("SKIPPED: no CUDA device\n");
+      return 77;
+    }
+    return run(options);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s (try --help)\n", name, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace kvlab_bench
