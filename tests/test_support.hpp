@@ -13,7 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "kvlab/kvlab.hpp"
+#include "kvlab/core/shape.hpp"
+#include "kvlab/cpu/types.hpp"
 #include "names_matcher.hpp"
 
 namespace kvlab_test {
