@@ -15,7 +15,8 @@
 // it (memory bandwidth on a virtualised machine drifts from minute to minute; this ratio does not); and
 // kv_MiB. The read bandwidth also goes into the JSON context. A table follows the run. A cache
 // no larger than the L3 is partly re-read from it by the repeated calls, so only caches well
-// beyond the L3 (here GQA n >= 8192, MHA n >= 2048) measure DRAM.
+// beyond the L3 measure DRAM; the table's regime column says which rows those are on the
+// machine at hand (with a 32 MiB L3: GQA n >= 8192, MHA n >= 2048).
 //
 // Run (Release build, from the repository root):
 //   build/bench/bench_decode_bandwidth --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.2 --benchmark_out=bench/results/cpu-decode-bandwidth.json --benchmark_out_format=json
@@ -209,9 +210,8 @@ void print_table(const kvlab_bench::MedianReporter& reporter, std::size_t l3) {
   for (int t : kThreads) std::printf(" %d thread%s %.2f GB/s;", t, t == 1 ? "" : "s",
                                      g_read_gbps[static_cast<std::size_t>(t)]);
   std::printf("\nL3: %zu MiB (regime column: K+V bytes against it). A cache no larger than the L3 "
-              "(with 32 MiB: MHA n = 1024, GQA n <= 4096; GQA n = 4096 is exactly 32 MiB) is\n"
-              "partly re-read from it by the repeated calls; caches of at least twice the L3 "
-              "(MHA n >= 2048, GQA n >= 8192) are the clean DRAM regime.\n",
+              "is partly re-read from it\nby the repeated calls; caches of at least twice the L3 "
+              "are the clean DRAM regime.\n",
               l3 >> 20);
 }
 
