@@ -29,9 +29,10 @@ step "configure and build with ASan + UBSan"
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 # Debug keeps Eigen's bounds assertions on; uninitialised Eigen matrices start as NaN, so a
 # read of a score or output that was never written shows up as a failed comparison. -g1: line
-# tables for the sanitizers' stack traces, without the full debug info that slows the build.
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="-O1 -g1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
+# tables for the sanitizers' stack traces, without the full debug info that slows the build;
+# it replaces CMake's Debug flags ("-g"), which come after CMAKE_CXX_FLAGS and would win.
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
+  -DCMAKE_CXX_FLAGS="-O1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF \
   -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF >/dev/null
 cmake --build build-sanitize -j "$jobs"
