@@ -25,6 +25,7 @@
 #include "kvlab/cuda/attention_plan.hpp"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/launch.cuh"
 #include "kvlab/cuda/numeric.cuh"
 
 namespace kvlab::cuda {
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
   const int head0 = kv_head * a.group_size + tile * kGroupTile;  // first query head served
   const int heads = min(kGroupTile, a.group_size - tile * kGroupTile);
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* smem = dynamic_shared_memory();  // layout.bytes, 16-byte aligned
   const AttentionSmemLayout layout = attention_smem_layout(kGroupTile, a.head_dim);
   auto* running = reinterpret_cast<SoftmaxState<float>*>(smem + layout.running);  // [kGroupTile]
   auto* scale_a = reinterpret_cast<float*>(smem + layout.scale_a);                // [kGroupTile]
@@ -367,25 +368,27 @@ void launch_attention(const AttentionShape& shape, DeviceMatrix<const T> q, cons
   const dim3 grid(static_cast<unsigned>(q.rows), static_cast<unsigned>(shape.num_kv_heads() * plan.group_tiles),
                   static_cast<unsigned>(plan.partitions));
   const auto smem = static_cast<unsigned>(plan.smem_bytes);
+  // One compiled variant per group tile: the heads a block serves are registers (`q`, `acc`).
+  void (*kernel)(AttentionArgs<T, Cache>) = attention_kernel<T, Cache, kMaxGroupTile>;
   switch (plan.group_tile) {
     case 1:
-      attention_kernel<T, Cache, 1><<<grid, kAttentionThreads, smem, options.stream>>>(args);
+      kernel = attention_kernel<T, Cache, 1>;
       break;
     case 2:
-      attention_kernel<T, Cache, 2><<<grid, kAttentionThreads, smem, options.stream>>>(args);
+      kernel = attention_kernel<T, Cache, 2>;
       break;
     case 4:
-      attention_kernel<T, Cache, 4><<<grid, kAttentionThreads, smem, options.stream>>>(args);
+      kernel = attention_kernel<T, Cache, 4>;
       break;
     default:
-      attention_kernel<T, Cache, kMaxGroupTile><<<grid, kAttentionThreads, smem, options.stream>>>(args);
       break;
   }
-  KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::attention_kernel");
+  launch_kernel("kvlab::cuda::detail::attention_kernel", kernel, grid, dim3(kAttentionThreads), smem, options.stream,
+                args);
   if (plan.partitions > 1) {
-    merge_partitions_kernel<T, Cache><<<dim3(static_cast<unsigned>(q.rows), static_cast<unsigned>(shape.num_heads())),
-                                        static_cast<unsigned>(shape.head_dim()), 0, options.stream>>>(args);
-    KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::merge_partitions_kernel");
+    launch_kernel("kvlab::cuda::detail::merge_partitions_kernel", merge_partitions_kernel<T, Cache>,
+                  dim3(static_cast<unsigned>(q.rows), static_cast<unsigned>(shape.num_heads())),
+                  dim3(static_cast<unsigned>(shape.head_dim())), 0, options.stream, args);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "kvlab/core/views.hpp"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/launch.cuh"
 
 namespace kvlab::cuda {
 namespace detail {
@@ -142,10 +143,10 @@ class ContiguousKVCache {
                                          k.rows);
     }
     const ContiguousKVView<T> layout = view(layer);
-    detail::append_rows_kernel<T>
-        <<<detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_), detail::kWriteThreads, 0,
-           stream>>>(k.data, v.data, k.rows, layer_data(k_, layer), layer_data(v_, layer), layout, length_[l]);
-    KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::append_rows_kernel");
+    detail::launch_kernel("kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
+                          dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+                          dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
+                          layer_data(v_, layer), layout, length_[l]);
     length_[l] += k.rows;
   }
 
@@ -331,10 +332,10 @@ class PagedKVCache {
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
     if (k.rows == 0) return;
     if (slots == nullptr) kvlab::detail::fail(kWhere, "slots", "a device pointer", "a null pointer");
-    detail::write_slots_kernel<T>
-        <<<detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_), detail::kWriteThreads, 0,
-           stream>>>(k.data, v.data, slots, k.rows, layer_data(k_, layer), layer_data(v_, layer), layout_view(layer));
-    KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::write_slots_kernel");
+    detail::launch_kernel("kvlab::cuda::detail::write_slots_kernel", detail::write_slots_kernel<T>,
+                          dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+                          dim3(detail::kWriteThreads), 0, stream, k.data, v.data, slots, k.rows, layer_data(k_, layer),
+                          layer_data(v_, layer), layout_view(layer));
   }
 
   /// Stores the keys and values of tokens at `slots` (host memory, from `append`) in `layer`,

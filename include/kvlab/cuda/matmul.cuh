@@ -13,6 +13,7 @@
 #include "kvlab/config.hpp"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/launch.cuh"
 #include "kvlab/cuda/numeric.cuh"
 
 namespace kvlab::cuda {
@@ -89,8 +90,8 @@ void matmul(const MatmulArgs<TA, TB, TC>& args, int batches, cudaStream_t stream
     kvlab::detail::fail("kvlab::cuda::matmul", "m or batches", "at most 65535 tiles of rows and 65535 batches",
                         std::to_string(args.m) + " rows, " + std::to_string(batches) + " batches");
   }
-  matmul_kernel<TA, TB, TC><<<grid, dim3(kMatmulTile, kMatmulTile), 0, stream>>>(args);
-  KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::matmul_kernel");
+  launch_kernel("kvlab::cuda::detail::matmul_kernel", matmul_kernel<TA, TB, TC>, grid, dim3(kMatmulTile, kMatmulTile), 0,
+                stream, args);
 }
 
 }  // namespace detail

@@ -15,6 +15,7 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/launch.cuh"
 #include "kvlab/cuda/matmul.cuh"
 #include "kvlab/cuda/numeric.cuh"
 
@@ -145,9 +146,9 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
 
   // 2. Softmax of each row's visible scores; the masked ones become 0.
   if (heads > 65535) fail(kWhere, "shape.num_heads()", "at most 65535", heads);
-  detail::masked_softmax_kernel<><<<dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)),
-                                  detail::kSoftmaxThreads, 0, options.stream>>>(scores, q_len, kv_len);
-  KVLAB_CUDA_CHECK_LAUNCH("kvlab::cuda::detail::masked_softmax_kernel");
+  detail::launch_kernel("kvlab::cuda::detail::masked_softmax_kernel", detail::masked_softmax_kernel<>,
+                        dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)), dim3(detail::kSoftmaxThreads),
+                        0, options.stream, scores, q_len, kv_len);
 
   // 3. O_h = P_h V_{h / group}.
   detail::MatmulArgs<float, T, T> pv{};
