@@ -34,7 +34,13 @@ namespace cuda {
 
 /// Throws `CudaError` for `call` (its source text) if `status` is not `cudaSuccess`.
 inline void check(cudaError_t status, const char* call, const char* file, int line) {
-  if (status != cudaSuccess) throw CudaError(call, status, file, line);
+  if (status != cudaSuccess) {
+    // The failed call also left `status` as the runtime's last error: clear it, or the next
+    // launch check (cudaGetLastError) would report it again, as a failed launch of an unrelated
+    // kernel, after the caller has handled this exception. (A sticky error stays anyway.)
+    (void)cudaGetLastError();
+    throw CudaError(call, status, file, line);
+  }
 }
 
 /// Throws `CudaError` naming `kernel` if its launch failed (a bad grid, too much shared memory,
