@@ -31,10 +31,15 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # read of a score or output that was never written shows up as a failed comparison. -g1: line
 # tables for the sanitizers' stack traces, without the full debug info that slows the build;
 # it replaces CMake's Debug flags ("-g"), which come after CMAKE_CXX_FLAGS and would win.
+# The CUDA tests on the CPU emulator (tests/cuda_emulation) under ASan + UBSan: a CPU stand-in
+# for compute-sanitizer memcheck, ~10 min of CPU for test_cuda_attention, so only the emulator's
+# own test runs here by default; KVLAB_SANITIZE_CUDA_EMULATION="test_cuda_attention" (a list of
+# tests/cuda tests) adds them.
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
   -DCMAKE_CXX_FLAGS="-O1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF \
-  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF >/dev/null
+  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF \
+  -DKVLAB_CUDA_EMULATION_TESTS="${KVLAB_SANITIZE_CUDA_EMULATION:-}" >/dev/null
 cmake --build build-sanitize -j "$jobs"
 
 step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"

@@ -8,7 +8,9 @@
 //    non-monotonic block tables, NaN in every unused slot), both pool layouts;
 //  - split-K equals the single pass; paged_prefill_attention vs the CPU; counters; argument
 //    checks; CUDA errors as CudaError.
-// Without a GPU every test reports itself skipped (cuda_skip_listener.cpp).
+// Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
+// (tests/cuda_emulation, KVLAB_CUDA_EMULATION) the same tests run with shorter contexts, and
+// fp16 alternates the pool layouts of vLLM's grid: see `kContext` below.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -86,12 +88,35 @@ void check_decode(const AttentionShape& shape, int length, int q_len, int partit
   check_close<T>(kc::to_host(d_out, q_len, shape.q_width()), want);
   CHECK(got_counts.qk_dots == want_counts.qk_dots);
   CHECK(got_counts.macs == want_counts.macs);
-  if (q_len == 1 && shape.group_size() <= kc::kMaxGroupTile) CHECK(got_counts.kv_bytes_read == want_counts.kv_bytes_read);
+  // The CPU cache holds floats; the GPU reads sizeof(T) bytes per value.
+  if (q_len == 1 && shape.group_size() <= kc::kMaxGroupTile)
+    CHECK(got_counts.kv_bytes_read == want_counts.kv_bytes_read / sizeof(float) * sizeof(T));
 }
 
 struct Heads {
   int num_heads, num_kv_heads;
 };
+
+// Context lengths. The CPU emulator runs every thread of every block in turn, thousands of times
+// slower than a GPU, so under KVLAB_CUDA_EMULATION the long contexts are shorter, yet long enough for
+// every branch: several key tiles (kKeyTile = 256), split-K partitions > 1 of whole units,
+// partitions past a short row's last, and (vLLM's grid) every head size, block size, head
+// layout, pool layout and storage type.
+struct ContextLengths {
+  int decode_long;           // decode_attention: the longest cache
+  int grid_max;              // vLLM's grid: the longest sequence of the batch
+  std::vector<int> split_k;  // split-K: the ragged batch
+  int split_k_contiguous;    // split-K: the one long contiguous context
+  int prefill_long;          // paged_prefill_attention: the long sequence...
+  int prefill_queries;       // ...and its new tokens
+};
+#if defined(KVLAB_CUDA_EMULATION)
+const ContextLengths kContext{600, 600, {4096, 1, 1100, 257, 256, 600}, 4096, 300, 150};
+constexpr bool kEveryLayoutInFp16 = false;  // vLLM's grid: fp16 alternates the pool layouts too
+#else
+const ContextLengths kContext{3000, 4096, {32768, 1, 5000, 257, 256, 4096}, 32768, 600, 300};
+constexpr bool kEveryLayoutInFp16 = true;  // vLLM's grid: fp16 runs both pool layouts everywhere
+#endif
 
 }  // namespace
 
@@ -119,7 +144,7 @@ TEMPLATE_TEST_CASE("cuda::decode_attention equals cpu::decode_attention per elem
   kvlab::Rng rng(2);
   for (int head_dim : {8, 64, 80, 96, 112, 128, 200, 256})
     for (const Heads& heads : {Heads{4, 4}, Heads{6, 2}, Heads{8, 1}, Heads{24, 2}})  // groups 1, 3, 8, 12
-      for (int length : {1, 257, 3000})
+      for (int length : {1, 257, kContext.decode_long})
         for (int partitions : {1, 0, 3}) {
           const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
           check_decode<TestType>(shape, length, 1, partitions, rng);
@@ -136,11 +161,13 @@ TEMPLATE_TEST_CASE("cuda::paged_decode_attention over vLLM's grid equals cpu::pa
     for (int block_size : {16, 32, 1, 3})
       for (const Heads& heads : grid_heads)
         for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
-          // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them.
-          if (!std::is_same<TestType, __half>::value && (case_index++ % 2 == 1)) continue;
+          // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them (on
+          // the CPU emulator fp16 alternates them too: every type still sees both layouts).
+          const bool every_layout = kEveryLayoutInFp16 && std::is_same<TestType, __half>::value;
+          if (!every_layout && (case_index++ % 2 == 1)) continue;
           const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
           kvlab::Rng rng(seed++);
-          const std::vector<int> lengths = kvlab_test::vllm_lengths(7, 4096, rng);
+          const std::vector<int> lengths = kvlab_test::vllm_lengths(7, kContext.grid_max, rng);
           CAPTURE(head_dim, block_size, heads.num_heads, heads.num_kv_heads, kvlab::to_string(layout), lengths);
           const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<TestType>{});
           const RowMatrix<float> q = random_rounded<TestType>(7, shape.q_width(), rng);
@@ -154,7 +181,7 @@ TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
   // fp32, so that the two are compared at rounding level: the same keys merged in other groupings.
   const AttentionShape shape(32, 8, 128);
   kvlab::Rng rng(3);
-  const std::vector<int> lengths{32768, 1, 5000, 257, 256, 4096};
+  const std::vector<int> lengths = kContext.split_k;
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
     const kvlab_test::RaggedBatch batch(shape, 16, lengths, layout, rng, kvlab_test::NoRounding{});
     const RowMatrix<float> q = kvlab::random_matrix<float>(6, shape.q_width(), rng);
@@ -170,9 +197,10 @@ TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
     }
   }
   // Batch 1, one long contiguous context: the case split-K is for.
-  const RowMatrix<float> keys = kvlab::random_matrix<float>(32768, shape.kv_width(), rng);
-  const RowMatrix<float> values = kvlab::random_matrix<float>(32768, shape.kv_width(), rng);
-  kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), 32768);
+  const int context = kContext.split_k_contiguous;
+  const RowMatrix<float> keys = kvlab::random_matrix<float>(context, shape.kv_width(), rng);
+  const RowMatrix<float> values = kvlab::random_matrix<float>(context, shape.kv_width(), rng);
+  kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), context);
   cache.append(0, keys, values);
   const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
   kc::LaunchOptions single;
@@ -196,9 +224,10 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
         const AttentionShape shape(heads.num_heads, heads.num_kv_heads, 64);
         CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads);
         kvlab::Rng rng(seed++);
-        const std::vector<int> lengths{2 * block_size + 1, 37, 1, block_size + 1, 600};
+        const std::vector<int> lengths{2 * block_size + 1, 37, 1, block_size + 1, kContext.prefill_long};
         const std::vector<std::int32_t> qo_indptr{0, 2 * block_size + 1, 2 * block_size + 1, 2 * block_size + 2,
-                                                  2 * block_size + 4, 2 * block_size + 304};  // 0 and 300 queries too
+                                                  2 * block_size + 4,
+                                                  2 * block_size + 4 + kContext.prefill_queries};  // 0 and many queries too
         const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<TestType>{});
         const RowMatrix<float> q = random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
         kvlab::CostCounters want_counts, got_counts;
@@ -269,8 +298,8 @@ TEST_CASE("a failing CUDA call becomes a CudaError naming the call and CUDA's er
     CHECK(message.find("test_cuda_attention.cu") != std::string::npos);
   }
   try {
-    empty_kernel<<<1, 4096>>>();  // more threads per block than any GPU allows
-    KVLAB_CUDA_CHECK_LAUNCH("empty_kernel");
+    // More threads per block than any GPU allows.
+    kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(4096), 0, nullptr);
     FAIL("a launch of 4096 threads per block succeeded");
   } catch (const kvlab::CudaError& e) {
     CHECK(std::string(e.what()).find("launch of empty_kernel") != std::string::npos);
@@ -281,4 +310,6 @@ TEST_CASE("a failing CUDA call becomes a CudaError naming the call and CUDA's er
   } catch (const std::runtime_error& e) {
     CHECK(std::string(e.what()).find("cudaMalloc") != std::string::npos);
   }
+  // A handled error is not reported again by the next launch.
+  CHECK_NOTHROW(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(32), 0, nullptr));
 }

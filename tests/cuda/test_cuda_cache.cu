@@ -6,7 +6,8 @@
 //  - cuda::NaiveDecoder, CachedDecoder and PagedDecoder against the CPU decoders at every step
 //    (per element, |gpu - cpu| <= 1e-5 + 1e-5 |cpu|: fp32 GEMMs and attention in another order,
 //    through two layers), and their counters.
-// Without a GPU every test reports itself skipped (cuda_skip_listener.cpp).
+// Without a GPU every test reports itself skipped (cuda_skip_listener.cpp); the CPU emulator
+// (tests/cuda_emulation) runs them unchanged.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 

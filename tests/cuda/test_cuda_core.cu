@@ -1,5 +1,6 @@
 // The vocabulary headers (core/) under nvcc: the same KVLAB_HOST_DEVICE functions give the
-// same answers on the device as on the host. Runs only on a GPU machine.
+// same answers on the device as on the host. Runs on a GPU machine (skipped without one) and on
+// the CPU emulator (tests/cuda_emulation).
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -8,6 +9,7 @@
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/views.hpp"
+#include "kvlab/cuda/launch.cuh"
 
 namespace {
 
@@ -44,8 +46,8 @@ TEST_CASE("ContiguousKVView offsets and AttentionShape grouping agree on host an
   int* d_kv_heads = nullptr;
   CHECK_CUDA(cudaMalloc(&d_offsets, n * sizeof(long long)));
   CHECK_CUDA(cudaMalloc(&d_kv_heads, shape.num_heads() * sizeof(int)));
-  offsets_kernel<<<(n + 127) / 128, 128>>>(view, shape, d_offsets, d_kv_heads);
-  CHECK_CUDA(cudaGetLastError());
+  kvlab::cuda::detail::launch_kernel("offsets_kernel", offsets_kernel, dim3((n + 127) / 128), dim3(128), 0, nullptr, view,
+                                     shape, d_offsets, d_kv_heads);
   std::vector<long long> offsets(n);
   std::vector<int> kv_heads(shape.num_heads());
   CHECK_CUDA(cudaMemcpy(offsets.data(), d_offsets, n * sizeof(long long), cudaMemcpyDeviceToHost));
@@ -63,8 +65,7 @@ TEST_CASE("CostCounters accumulate on the device") {
   kvlab::CostCounters start;
   start.kv_projections = 10;
   CHECK_CUDA(cudaMemcpy(d, &start, sizeof start, cudaMemcpyHostToDevice));
-  counters_kernel<<<1, 1>>>(d);
-  CHECK_CUDA(cudaGetLastError());
+  kvlab::cuda::detail::launch_kernel("counters_kernel", counters_kernel, dim3(1), dim3(1), 0, nullptr, d);
   kvlab::CostCounters got;
   CHECK_CUDA(cudaMemcpy(&got, d, sizeof got, cudaMemcpyDeviceToHost));
   cudaFree(d);

@@ -1,0 +1,175 @@
+// The CPU emulator itself (include/cuda_runtime.h): that it runs kernels as CUDA would — block
+// and thread indices, barriers, shuffles, shared memory — and that the kernel bugs it claims to
+// catch are reported as launch failures instead of hanging or passing: a __syncthreads that part
+// of the block skips, divergent barriers, shuffles naming exited lanes; plus launch limits and
+// copy checks.
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kvlab/cuda/device_memory.cuh"
+#include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/launch.cuh"
+
+namespace {
+
+namespace kc = kvlab::cuda;
+
+// out[global thread] = its linear block index * 1000 + its linear thread index.
+__global__ void indices_kernel(int* out) {
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+  out[block * threads + thread] = static_cast<int>(block * 1000 + thread);
+}
+
+// Reverses each block's slice of `data` through shared memory: correct only if the barrier
+// between the writes and the reads holds.
+__global__ void reverse_kernel(float* data) {
+  __shared__ float tile[128];
+  const int t = static_cast<int>(threadIdx.x);
+  float* slice = data + blockIdx.x * blockDim.x;
+  tile[t] = slice[t];
+  __syncthreads();
+  slice[t] = tile[blockDim.x - 1 - t];
+}
+
+// out[t] = the sum over the warp of t, by xor shuffles; and the value of lane t ^ 5.
+__global__ void shuffle_kernel(float* sums, float* swapped) {
+  const float x = static_cast<float>(threadIdx.x);
+  float sum = x;
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  sums[threadIdx.x] = sum;
+  swapped[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x, 5);
+}
+
+// Dynamic shared memory: each thread writes its index, then reads its neighbour's.
+__global__ void dynamic_smem_kernel(int* out) {
+  int* shared = reinterpret_cast<int*>(kc::detail::dynamic_shared_memory());
+  const int t = static_cast<int>(threadIdx.x);
+  shared[t] = t;
+  __syncthreads();
+  out[t] = shared[(t + 1) % static_cast<int>(blockDim.x)];
+}
+
+// Bug: threads past `n` return before a barrier the others wait at.
+__global__ void early_exit_kernel(float* data, int n) {
+  __shared__ float tile[64];
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= n) return;
+  tile[t] = data[t];
+  __syncthreads();
+  data[t] = tile[n - 1 - t];
+}
+
+// Bug: odd and even threads wait at different barriers.
+__global__ void divergent_barrier_kernel(float* data) {
+  if (threadIdx.x % 2 == 0) {
+    data[threadIdx.x] = 1.f;
+    __syncthreads();
+  } else {
+    data[threadIdx.x] = 2.f;
+    __syncthreads();
+  }
+}
+
+// Bug: half the warp exits before a full-mask shuffle.
+__global__ void shuffle_after_exit_kernel(float* data) {
+  if (threadIdx.x >= 16) return;
+  data[threadIdx.x] = __shfl_xor_sync(0xffffffffu, data[threadIdx.x], 1);
+}
+
+// Bug: a full-mask shuffle in a block of 20 threads (lanes 20-31 do not exist).
+__global__ void partial_warp_shuffle_kernel(float* data) {
+  data[threadIdx.x] = __shfl_xor_sync(0xffffffffu, data[threadIdx.x], 1);
+}
+
+__global__ void empty_kernel() {}
+
+template <typename T>
+std::vector<T> download(const kc::DeviceBuffer<T>& buffer) {
+  return buffer.to_host();
+}
+
+// Launches a buggy kernel and expects the emulator to report it as a failed launch.
+template <typename... Args>
+void require_kernel_bug(const char* name, void (*kernel)(Args...), dim3 grid, dim3 block, Args... args) {
+  try {
+    kc::detail::launch_kernel(name, kernel, grid, block, 0, nullptr, args...);
+    FAIL("the emulator ran " << name << " without reporting its bug");
+  } catch (const kvlab::CudaError& e) {
+    CHECK(e.code() == cudaErrorLaunchFailure);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the emulator gives every thread its block and thread indices") {
+  const dim3 grid(3, 2, 2), block(4, 3, 2);
+  kc::DeviceBuffer<int> out(12 * 24);
+  kc::detail::launch_kernel("indices_kernel", indices_kernel, grid, block, 0, nullptr, out.data());
+  const std::vector<int> got = download(out);
+  for (int b = 0; b < 12; ++b)
+    for (int t = 0; t < 24; ++t) REQUIRE(got[static_cast<std::size_t>(b * 24 + t)] == b * 1000 + t);
+}
+
+TEST_CASE("the emulator's barriers, shuffles and shared memory behave as CUDA's") {
+  SECTION("__syncthreads orders shared memory across the block") {
+    std::vector<float> host(3 * 128);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i);
+    kc::DeviceBuffer<float> data(host);
+    kc::detail::launch_kernel("reverse_kernel", reverse_kernel, dim3(3), dim3(128), 0, nullptr, data.data());
+    const std::vector<float> got = download(data);
+    for (int b = 0; b < 3; ++b)
+      for (int t = 0; t < 128; ++t) {
+        REQUIRE(got[static_cast<std::size_t>(b * 128 + t)] == host[static_cast<std::size_t>(b * 128 + 127 - t)]);
+      }
+  }
+  SECTION("__shfl_xor_sync exchanges within the warp") {
+    kc::DeviceBuffer<float> sums(64), swapped(64);
+    kc::detail::launch_kernel("shuffle_kernel", shuffle_kernel, dim3(1), dim3(64), 0, nullptr, sums.data(),
+                              swapped.data());
+    const std::vector<float> s = download(sums), w = download(swapped);
+    for (int t = 0; t < 64; ++t) {
+      const int warp_base = t / 32 * 32;
+      REQUIRE(s[static_cast<std::size_t>(t)] == static_cast<float>(32 * warp_base + 31 * 32 / 2));
+      REQUIRE(w[static_cast<std::size_t>(t)] == static_cast<float>(warp_base + ((t % 32) ^ 5)));
+    }
+  }
+  SECTION("dynamic shared memory has the launch's size and is shared by the block") {
+    kc::DeviceBuffer<int> out(96);
+    kc::detail::launch_kernel("dynamic_smem_kernel", dynamic_smem_kernel, dim3(1), dim3(96), 96 * sizeof(int), nullptr,
+                              out.data());
+    const std::vector<int> got = download(out);
+    for (int t = 0; t < 96; ++t) REQUIRE(got[static_cast<std::size_t>(t)] == (t + 1) % 96);
+  }
+}
+
+TEST_CASE("the emulator reports barriers and shuffles that part of a block skips, instead of hanging") {
+  kc::DeviceBuffer<float> data(std::vector<float>(64, 1.f));
+  require_kernel_bug("early_exit_kernel", early_exit_kernel, dim3(1), dim3(64), data.data(), 40);
+  require_kernel_bug("divergent_barrier_kernel", divergent_barrier_kernel, dim3(1), dim3(64), data.data());
+  require_kernel_bug("shuffle_after_exit_kernel", shuffle_after_exit_kernel, dim3(1), dim3(32), data.data());
+  require_kernel_bug("partial_warp_shuffle_kernel", partial_warp_shuffle_kernel, dim3(1), dim3(20), data.data());
+  // The same early-exit kernel is correct when every thread reaches the barrier.
+  CHECK_NOTHROW(kc::detail::launch_kernel("early_exit_kernel", early_exit_kernel, dim3(1), dim3(64), 0, nullptr,
+                                          data.data(), 64));
+}
+
+TEST_CASE("the emulator refuses launches and copies that CUDA refuses") {
+  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(1025), 0, nullptr),
+                  kvlab::CudaError);
+  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1, 65536), dim3(32), 0, nullptr),
+                  kvlab::CudaError);
+  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(32), 48 * 1024 + 1, nullptr),
+                  kvlab::CudaError);
+  kc::DeviceBuffer<float> device(4);
+  std::vector<float> host(8);
+  CHECK(cudaMemcpy(device.data(), host.data(), 8 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(host.data(), device.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(device.data(), host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaFree(host.data()) == cudaErrorInvalidDevicePointer);
+  (void)cudaGetLastError();
+}
