@@ -568,19 +568,35 @@ cudaError_t cudaGetDevice(int* device) {
 
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
 
+// The emulated device's multiprocessors: 16, a small GPU; KVLAB_EMULATION_SM_COUNT overrides it.
+static int emulated_sm_count() {
+  const char* env = std::getenv("KVLAB_EMULATION_SM_COUNT");
+  return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 16;
+}
+
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
   if (value == nullptr) return fail(cudaErrorInvalidValue);
   if (device != 0) return fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: {
-      // A small GPU: KVLAB_EMULATION_SM_COUNT overrides it.
-      const char* env = std::getenv("KVLAB_EMULATION_SM_COUNT");
-      *value = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 16;
+    case cudaDevAttrMultiProcessorCount:
+      *value = emulated_sm_count();
       return cudaSuccess;
-    }
     default:
       return fail(cudaErrorInvalidValue);
   }
+}
+
+// The fields a program may print or plan with; the rest stay zero. The name says what it is.
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "kvlab CPU emulator (not a GPU)");
+  prop->multiProcessorCount = emulated_sm_count();
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlock = 48 * 1024;
+  return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
