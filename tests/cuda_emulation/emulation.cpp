@@ -502,6 +502,13 @@ std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint6
     kernel_bug(thread_name(f) + ": the mask of " + call() + " names lanes that the block does not have (" +
                std::to_string(w.lanes) + " threads in this warp)");
   }
+  // Whole-warp masks only: the exchange buffer's halves alternate per lane, which stays in step
+  // across the warp only if every lane takes part in every shuffle (kvlab's kernels use no other
+  // mask). A partial mask is refused rather than emulated wrongly.
+  if (mask != present) {
+    kernel_bug(thread_name(f) + " calls " + call() + " with mask " + std::to_string(mask) +
+               ": the emulator supports only masks of the whole warp (" + std::to_string(present) + ")");
+  }
   if (width < 1 || width > 32 || (width & (width - 1)) != 0) kernel_bug(call() + ": width is not a power of two <= 32");
   if (w.arrived > 0 && (w.mask != mask || w.file != file || w.line != line)) {
     kernel_bug(thread_name(f) + " calls " + call() + " while its warp waits at __shfl_xor_sync (" +
