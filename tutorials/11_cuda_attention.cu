@@ -48,7 +48,7 @@ long report(const char* what, const RowMatrix<float>& got, const RowMatrix<float
     if (!(diff <= atol + rtol * std::abs(double(want.data()[i])))) ++bad;
     max_diff = std::max(max_diff, diff);
   }
-  std::printf("  %-44s max |gpu - cpu| = %.1e  %s\n", what, max_diff, bad == 0 ? "ok" : "MISMATCH");
+  std::printf("  %-44s max |cuda - cpu| = %.1e  %s\n", what, max_diff, bad == 0 ? "ok" : "MISMATCH");
   return bad;
 }
 
@@ -62,7 +62,7 @@ int main() {
   }
   cudaDeviceProp prop{};
   KVLAB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("GPU: %s, %d multiprocessors\n\n", prop.name, prop.multiProcessorCount);
+  std::printf("Device: %s, %d multiprocessors\n\n", prop.name, prop.multiProcessorCount);
   // [device]
   long bad = 0;
 
