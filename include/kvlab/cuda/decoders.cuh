@@ -110,6 +110,39 @@ inline RowMatrix<float> download_rows(const float* data, int rows, int cols) {
   return out;
 }
 
+/// One step of a decoder with a cache, on the device, for the p new tokens `x` ([p, d_model]):
+/// per layer, q, k, v of the new tokens only (counted), then `attend(l, k, v, q, attn)` keeps k
+/// and v in the cache and writes the new queries' attention to `attn` (each [p, width] device
+/// matrices), then the output projection is added to the residual. Returns the top layer's
+/// output rows, [p, d_model], on the host. Shared by `CachedDecoder` and `PagedDecoder`, which
+/// differ only in `attend`.
+template <typename Attend>
+RowMatrix<float> cached_forward(const DeviceAttentionStack& w, const RowMatrix<float>& x, CostCounters& counters,
+                                Attend&& attend) {
+  const AttentionShape& shape = w.shape();
+  const int d_model = w.d_model();
+  const int p = static_cast<int>(x.rows());
+  const auto n = static_cast<std::uint64_t>(p);
+  DeviceBuffer<float> h = upload_rows(x);                                   // [p, d_model]
+  DeviceBuffer<float> k(static_cast<std::size_t>(p) * shape.kv_width());   // [p, num_kv_heads * head_dim]
+  DeviceBuffer<float> v(k.size());
+  DeviceBuffer<float> q(static_cast<std::size_t>(p) * shape.q_width());    // [p, num_heads * head_dim]
+  DeviceBuffer<float> attn(q.size());
+  for (int l = 0; l < w.num_layers(); ++l) {
+    const DeviceMatrix<const float> h_in = h.matrix(p, d_model);
+    // 1. q, k, v of the new tokens only.
+    linear(h_in, w.wk(l), k.matrix(p, shape.kv_width()));
+    linear(h_in, w.wv(l), v.matrix(p, shape.kv_width()));
+    linear(h_in, w.wq(l), q.matrix(p, shape.q_width()));
+    count_projections(shape, d_model, n, n, n, counters);
+    // 2. and 3. Keep k and v; the new queries attend to every token, themselves included.
+    attend(l, k.matrix(p, shape.kv_width()), v.matrix(p, shape.kv_width()), q.matrix(p, shape.q_width()),
+           attn.matrix(p, shape.q_width()));
+    linear(attn.matrix(p, shape.q_width()), w.wo(l), h.matrix(p, d_model), /*accumulate=*/true);
+  }
+  return download_rows(h.data(), p, d_model);  // [p, d_model]
+}
+
 }  // namespace detail
 
 /// `NaiveDecoder` on the GPU (`T` = float): keeps only its inputs (in device memory) and recomputes K and V
@@ -218,7 +251,6 @@ class CachedDecoder : public Decoder<T> {
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
     const DeviceAttentionStack& w = *weights_;
     const AttentionShape& shape = w.shape();
-    const int d_model = w.d_model();
     const int p = static_cast<int>(x.rows());
     if (p > cache_.capacity() - this->position()) {  // checked before any layer is touched
       kvlab::detail::fail<CapacityError>("kvlab::cuda::CachedDecoder::forward", "x.rows()",
@@ -227,34 +259,21 @@ class CachedDecoder : public Decoder<T> {
                                              std::to_string(this->position()) + ")",
                                          p);
     }
-    DeviceBuffer<float> h = detail::upload_rows(x);                           // [p, d_model]
-    DeviceBuffer<float> k(static_cast<std::size_t>(p) * shape.kv_width());   // [p, num_kv_heads * head_dim]
-    DeviceBuffer<float> v(k.size());
-    DeviceBuffer<float> q(static_cast<std::size_t>(p) * shape.q_width());    // [p, num_heads * head_dim]
-    DeviceBuffer<float> attn(q.size());
     LaunchOptions options;
     options.workspace = &workspace_;
     try {
-      for (int l = 0; l < w.num_layers(); ++l) {
-        const DeviceMatrix<const float> h_in = h.matrix(p, d_model);
-        // 1. q, k, v of the new tokens only.
-        linear(h_in, w.wk(l), k.matrix(p, shape.kv_width()));
-        linear(h_in, w.wv(l), v.matrix(p, shape.kv_width()));
-        linear(h_in, w.wq(l), q.matrix(p, shape.q_width()));
-        detail::count_projections(shape, d_model, static_cast<std::uint64_t>(p), static_cast<std::uint64_t>(p),
-                                  static_cast<std::uint64_t>(p), counters);
-        // 2. Keep k and v for every later step.
-        cache_.append(l, k.matrix(p, shape.kv_width()), v.matrix(p, shape.kv_width()));
-        // 3. The new queries attend to everything cached, themselves included.
-        decode_attention<float>(shape, q.matrix(p, shape.q_width()), cache_.view(l), attn.matrix(p, shape.q_width()),
-                                &counters, options);
-        linear(attn.matrix(p, shape.q_width()), w.wo(l), h.matrix(p, d_model), /*accumulate=*/true);
-      }
+      return detail::cached_forward(w, x, counters,
+                                    [&](int l, DeviceMatrix<float> k, DeviceMatrix<float> v, DeviceMatrix<float> q,
+                                        DeviceMatrix<float> attn) {
+                                      // 2. Keep k and v for every later step.
+                                      cache_.append(l, k, v);
+                                      // 3. The new queries attend to everything cached.
+                                      decode_attention<float>(shape, q, cache_.view(l), attn, &counters, options);
+                                    });
     } catch (...) {
       cache_.truncate(this->position());  // undo the appends of this step
       throw;
     }
-    return detail::download_rows(h.data(), p, d_model);  // [p, d_model]
   }
 
   /// Drops the cached rows at `position` and after.
@@ -312,7 +331,6 @@ class PagedDecoder : public Decoder<T> {
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
     const DeviceAttentionStack& w = *weights_;
     const AttentionShape& shape = w.shape();
-    const int d_model = w.d_model();
     const int p = static_cast<int>(x.rows());
     // 0. Room for the p new tokens (throws OutOfBlocks, changing nothing, if the pool is dry).
     const std::vector<std::int64_t> slots = pool_->append(seq_, p);  // [p]
@@ -321,29 +339,17 @@ class PagedDecoder : public Decoder<T> {
       const DeviceBuffer<std::int32_t> qo_indptr(std::vector<std::int32_t>{0, p});  // [2]: all p queries are ours
       const auto len = static_cast<std::uint64_t>(pool_->length(seq_));
       const auto n = static_cast<std::uint64_t>(p);
-      DeviceBuffer<float> h = detail::upload_rows(x);                           // [p, d_model]
-      DeviceBuffer<float> k(static_cast<std::size_t>(p) * shape.kv_width());   // [p, num_kv_heads * head_dim]
-      DeviceBuffer<float> v(k.size());
-      DeviceBuffer<float> q(static_cast<std::size_t>(p) * shape.q_width());    // [p, num_heads * head_dim]
-      DeviceBuffer<float> attn(q.size());
       LaunchOptions options;
       options.workspace = &workspace_;
-      for (int l = 0; l < w.num_layers(); ++l) {
-        const DeviceMatrix<const float> h_in = h.matrix(p, d_model);
-        // 1. q, k, v of the new tokens only.
-        linear(h_in, w.wk(l), k.matrix(p, shape.kv_width()));
-        linear(h_in, w.wv(l), v.matrix(p, shape.kv_width()));
-        linear(h_in, w.wq(l), q.matrix(p, shape.q_width()));
-        detail::count_projections(shape, d_model, n, n, n, counters);
-        // 2. Keep k and v in the sequence's blocks.
-        pool_->write(l, slots, k.matrix(p, shape.kv_width()), v.matrix(p, shape.kv_width()));
-        // 3. The new queries attend through the block table to every token, themselves included.
-        paged_prefill_attention<float>(shape, q.matrix(p, shape.q_width()), qo_indptr.data(), pool_->view(l, tables),
-                                       attn.matrix(p, shape.q_width()), nullptr, options);
-        count_attention(shape, sizeof(float), n * (len - n) + n * (n + 1) / 2, counters);
-        linear(attn.matrix(p, shape.q_width()), w.wo(l), h.matrix(p, d_model), /*accumulate=*/true);
-      }
-      return detail::download_rows(h.data(), p, d_model);  // [p, d_model]
+      return detail::cached_forward(
+          w, x, counters,
+          [&](int l, DeviceMatrix<float> k, DeviceMatrix<float> v, DeviceMatrix<float> q, DeviceMatrix<float> attn) {
+            // 2. Keep k and v in the sequence's blocks.
+            pool_->write(l, slots, k, v);
+            // 3. The new queries attend through the block table to every token.
+            paged_prefill_attention<float>(shape, q, qo_indptr.data(), pool_->view(l, tables), attn, nullptr, options);
+            count_attention(shape, sizeof(float), n * (len - n) + n * (n + 1) / 2, counters);
+          });
     } catch (...) {
       pool_->truncate(seq_, this->position());  // undo step 0
       throw;
