@@ -12,14 +12,16 @@
 // than the caches, split between T threads, median of several runs; it is the ceiling a decode
 // step could reach. User counters: GB_per_s; fraction, of the read bandwidth at the same thread
 // count; fraction_same_bytes, of a vectorised sum over the step's own K and V run just before
-// it (memory bandwidth on a virtualised machine drifts from minute to minute; this ratio does not); and
-// kv_MiB. The read bandwidth also goes into the JSON context. A table follows the run. A cache
+// it (memory bandwidth on a virtualised machine drifts from minute to minute; this ratio does not);
+// and kv_MiB. The read bandwidth also goes into the JSON context. A table follows the run. A cache
 // no larger than the L3 is partly re-read from it by the repeated calls, so only caches well
 // beyond the L3 measure DRAM; the table's regime column says which rows those are on the
 // machine at hand (with a 32 MiB L3: GQA n >= 8192, MHA n >= 2048).
 //
 // Run (Release build, from the repository root):
-//   build/bench/bench_decode_bandwidth --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.2 --benchmark_out=bench/results/cpu-decode-bandwidth.json --benchmark_out_format=json
+//   build/bench/bench_decode_bandwidth --benchmark_repetitions=5
+//   --benchmark_report_aggregates_only=true --benchmark_min_time=0.2
+//   --benchmark_out=bench/results/cpu-decode-bandwidth.json --benchmark_out_format=json
 // Own option: --read_mib=M, the size of the read-bandwidth buffer (default 1024 MiB).
 #include <algorithm>
 #include <array>
@@ -38,8 +40,8 @@
 #include <omp.h>
 #endif
 
-#include <Eigen/Dense>
 #include <benchmark/benchmark.h>
+#include <Eigen/Dense>
 
 #include <kvlab/kvlab.hpp>
 
@@ -97,8 +99,10 @@ const kvlab::ContiguousKVCache<float>& cache_holding(const Config& c, int n) {
     constexpr int kChunk = 512;
     for (int t0 = 0; t0 < n; t0 += kChunk) {
       const int rows = std::min(kChunk, n - t0);
-      const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, width, rng);  // [rows, kv_width]
-      const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, width, rng);  // [rows, kv_width]
+      // [rows, kv_width]
+      const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, width, rng);
+      // [rows, kv_width]
+      const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, width, rng);
       held->append(0, k, v);
     }
     held_key = key;
@@ -111,13 +115,16 @@ void bm_decode_bandwidth(benchmark::State& state, Config c) {
   const int threads = static_cast<int>(state.range(1));
   set_threads(threads);
   const kvlab::AttentionShape shape = shape_of(c);
-  const kvlab::ContiguousKVView<float> cache = cache_holding(c, n).view(0);  // [kv_heads, n, head_dim] each
+  // [kv_heads, n, head_dim] each
+  const kvlab::ContiguousKVView<float> cache = cache_holding(c, n).view(0);
   kvlab::Rng rng(kSeed + 1);
-  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, heads * head_dim]
-  kvlab::RowMatrix<float> out(1, shape.q_width());                                         // [1, heads * head_dim]
+  // [1, heads * head_dim]
+  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+  // [1, heads * head_dim]
+  kvlab::RowMatrix<float> out(1, shape.q_width());
 
-  // The same bytes read by a plain vectorised sum, now: memory bandwidth on a virtualised machine drifts
-  // by tens of percent from minute to minute, and this ratio does not depend on when it ran.
+  // The same bytes read by a plain vectorised sum, now: memory bandwidth on a virtualised machine
+  // drifts by tens of percent from minute to minute, and this ratio does not depend on when it ran.
   const std::size_t per_tensor =
       static_cast<std::size_t>(cache.num_kv_heads) * cache.capacity * cache.head_dim;
   const double same_bytes_gbps =
@@ -132,12 +139,13 @@ void bm_decode_bandwidth(benchmark::State& state, Config c) {
   }
   const double gb = static_cast<double>(one_call.kv_bytes_read) * 1e-9;
   // Iteration-invariant rates: value * iterations / real time.
-  state.counters["GB_per_s"] = benchmark::Counter(gb, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["fraction"] = benchmark::Counter(
-      gb / g_read_gbps[static_cast<std::size_t>(threads)],
-      benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["fraction_same_bytes"] = benchmark::Counter(
-      gb / same_bytes_gbps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB_per_s"] =
+      benchmark::Counter(gb, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["fraction"] =
+      benchmark::Counter(gb / g_read_gbps[static_cast<std::size_t>(threads)],
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["fraction_same_bytes"] =
+      benchmark::Counter(gb / same_bytes_gbps, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["kv_MiB"] = static_cast<double>(one_call.kv_bytes_read) / (1 << 20);
 }
 
@@ -162,8 +170,10 @@ std::size_t take_read_mib(int& argc, char** argv) {
       char* end = nullptr;
       const unsigned long long value = std::strtoull(text, &end, 10);
       if (end == text || *end != '\0' || value < 1 || value > (1ULL << 20)) {
-        std::fprintf(stderr, "bench_decode_bandwidth: --read_mib: expected an integer in "
-                             "[1, 1048576], got '%s'\n", text);
+        std::fprintf(stderr,
+                     "bench_decode_bandwidth: --read_mib: expected an integer in "
+                     "[1, 1048576], got '%s'\n",
+                     text);
         std::exit(2);
       }
       mib = static_cast<std::size_t>(value);
@@ -177,23 +187,24 @@ std::size_t take_read_mib(int& argc, char** argv) {
 
 void print_table(const kvlab_bench::MedianReporter& reporter, std::size_t l3) {
   using kvlab_bench::MedianReporter;
-  std::printf("\nEffective bandwidth of one decode step (K+V bytes read once per K/V head / "
-              "median time). fraction: of the read bandwidth at the same thread\ncount (below); "
-              "same bytes: of a vectorised sum over the step's own K and V, run just before it "
-              "(median over the repetitions).\n");
+  std::printf(
+      "\nEffective bandwidth of one decode step (K+V bytes read once per K/V head / "
+      "median time). fraction: of the read bandwidth at the same thread\ncount (below); "
+      "same bytes: of a vectorised sum over the step's own K and V, run just before it "
+      "(median over the repetitions).\n");
   std::printf("%-32s %7s %6s %9s %10s %9s %9s %11s  %s\n", "shape", "threads", "n", "K+V MiB",
               "time (us)", "GB/s", "fraction", "same bytes", "regime");
   for (const Config& c : {kMha, kGqa}) {
     for (int t : kThreads) {
       for (int n : kNs) {
-        const std::string key = std::string("decode_bandwidth/") + c.name + "/n:" +
-                                std::to_string(n) + "/threads:" + std::to_string(t);
+        const std::string key = std::string("decode_bandwidth/") + c.name +
+                                "/n:" + std::to_string(n) + "/threads:" + std::to_string(t);
         const auto* m = reporter.find(key);
         if (m == nullptr) continue;
         const double mib = MedianReporter::counter(*m, "kv_MiB");
         const double bytes = mib * (1 << 20);
         const double gbps = bytes * 1e-9 / m->seconds;
-        const char* regime = bytes <= static_cast<double>(l3) ? "fits in L3"
+        const char* regime = bytes <= static_cast<double>(l3)         ? "fits in L3"
                              : bytes >= 2.0 * static_cast<double>(l3) ? "DRAM"
                                                                       : "partly L3";
         char shape[64];
@@ -205,14 +216,18 @@ void print_table(const kvlab_bench::MedianReporter& reporter, std::size_t l3) {
       }
     }
   }
-  std::printf("\nRead bandwidth (vectorised sum over a buffer beyond the caches, median of %d "
-              "runs):", kReadRuns);
-  for (int t : kThreads) std::printf(" %d thread%s %.2f GB/s;", t, t == 1 ? "" : "s",
-                                     g_read_gbps[static_cast<std::size_t>(t)]);
-  std::printf("\nL3: %zu MiB (regime column: K+V bytes against it). A cache no larger than the L3 "
-              "is partly re-read from it\nby the repeated calls; caches of at least twice the L3 "
-              "are the clean DRAM regime.\n",
-              l3 >> 20);
+  std::printf(
+      "\nRead bandwidth (vectorised sum over a buffer beyond the caches, median of %d "
+      "runs):",
+      kReadRuns);
+  for (int t : kThreads)
+    std::printf(" %d thread%s %.2f GB/s;", t, t == 1 ? "" : "s",
+                g_read_gbps[static_cast<std::size_t>(t)]);
+  std::printf(
+      "\nL3: %zu MiB (regime column: K+V bytes against it). A cache no larger than the L3 "
+      "is partly re-read from it\nby the repeated calls; caches of at least twice the L3 "
+      "are the clean DRAM regime.\n",
+      l3 >> 20);
 }
 
 }  // namespace

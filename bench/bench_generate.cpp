@@ -66,8 +66,8 @@ struct Result {
   int threads = 0, steps = 0, block_size = 0;
   double tokens_per_second = 0;  // median over repetitions: steps / (prefill + decode time)
   double ms_per_token = 0;
-  double ratio_to_cached = 1;    // median over repetitions of time / cached time
-  kvlab::LlamaCounters work;     // of one generation
+  double ratio_to_cached = 1;  // median over repetitions of time / cached time
+  kvlab::LlamaCounters work;   // of one generation
   // Cached only: decode bandwidth.
   double step_bytes = 0, gbps = 0, weights_read_gbps = 0, dram_read_gbps = 0;
 };
@@ -87,7 +87,9 @@ std::string default_models_dir() {
 // norm, and the classifier (the embedding table when shared).
 std::vector<std::pair<const float*, std::size_t>> weight_arrays(const kvlab::LlamaWeights& w) {
   std::vector<std::pair<const float*, std::size_t>> parts;
-  const auto add = [&](const auto& m) { parts.emplace_back(m.data(), static_cast<std::size_t>(m.size())); };
+  const auto add = [&](const auto& m) {
+    parts.emplace_back(m.data(), static_cast<std::size_t>(m.size()));
+  };
   for (const kvlab::LlamaLayerWeights& l : w.layers) {
     add(l.rms_att);
     add(l.wq);
@@ -105,24 +107,28 @@ std::vector<std::pair<const float*, std::size_t>> weight_arrays(const kvlab::Lla
 }
 
 // Runs every backend on `model` at `threads` threads; appends one Result per backend.
-void run_model(const Model& model, int threads, const Options& o, double dram_gbps, std::vector<Result>& results) {
+void run_model(const Model& model, int threads, const Options& o, double dram_gbps,
+               std::vector<Result>& results) {
   kvlab_bench::set_threads(threads);
   const kvlab::LlamaConfig& c = model.weights->config;
   const int steps = std::min(o.steps, c.seq_len);
-  const std::vector<LlamaBackend> backends = {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged};
+  const std::vector<LlamaBackend> backends = {LlamaBackend::Naive, LlamaBackend::Cached,
+                                              LlamaBackend::Paged};
   std::vector<std::unique_ptr<kvlab::LlamaModel>> models;
-  for (LlamaBackend b : backends) models.push_back(std::make_unique<kvlab::LlamaModel>(model.weights, b, o.block_size));
+  for (LlamaBackend b : backends)
+    models.push_back(std::make_unique<kvlab::LlamaModel>(model.weights, b, o.block_size));
   const std::size_t reference = 1;  // cached
 
-  std::vector<std::vector<double>> seconds(backends.size()), decode_seconds(backends.size()), ratios(backends.size());
+  std::vector<std::vector<double>> seconds(backends.size()), decode_seconds(backends.size()),
+      ratios(backends.size());
   std::vector<std::vector<int>> tokens(backends.size());
   int decode_steps = 0;
   for (int rep = 0; rep < o.reps; ++rep) {
     std::vector<double> now(backends.size());
     for (std::size_t i = 0; i < backends.size(); ++i) {
       const std::size_t b = (i + static_cast<std::size_t>(rep)) % backends.size();
-      std::fprintf(stderr, "bench_generate: %s, %d thread%s, rep %d, %s ...\n", model.name.c_str(), threads,
-                   threads == 1 ? "" : "s", rep + 1, kvlab::to_string(backends[b]));
+      std::fprintf(stderr, "bench_generate: %s, %d thread%s, rep %d, %s ...\n", model.name.c_str(),
+                   threads, threads == 1 ? "" : "s", rep + 1, kvlab::to_string(backends[b]));
       kvlab::LlamaModel& m = *models[b];
       m.reset();
       kvlab::Sampler greedy(c.vocab_size, 0.0f, 1.0f, 0);
@@ -147,15 +153,18 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
   // Bytes of one cached decode step: the weights, once, and the K/V rows it attends to.
   kvlab::LlamaModel probe(model.weights, LlamaBackend::Cached);
   probe.prefill({kvlab::Tokenizer::kBos});
-  const double kv_decode_bytes = static_cast<double>(models[reference]->total().attention.kv_bytes_read -
-                                                     probe.total().attention.kv_bytes_read);
-  const double step_bytes = static_cast<double>(c.decode_weight_bytes()) + kv_decode_bytes / decode_steps;
-  const double weights_gbps = kvlab_bench::read_bandwidth(weight_arrays(*model.weights), threads, 15);
+  const double kv_decode_bytes = static_cast<double>(
+      models[reference]->total().attention.kv_bytes_read - probe.total().attention.kv_bytes_read);
+  const double step_bytes =
+      static_cast<double>(c.decode_weight_bytes()) + kv_decode_bytes / decode_steps;
+  const double weights_gbps =
+      kvlab_bench::read_bandwidth(weight_arrays(*model.weights), threads, 15);
 
   for (std::size_t b = 0; b < backends.size(); ++b) {
     Result r;
     r.model = model.name;
-    r.backend = backends[b] == LlamaBackend::Paged ? "paged/" + std::to_string(o.block_size) : kvlab::to_string(backends[b]);
+    r.backend = backends[b] == LlamaBackend::Paged ? "paged/" + std::to_string(o.block_size)
+                                                   : kvlab::to_string(backends[b]);
     r.threads = threads;
     r.steps = steps;
     r.block_size = backends[b] == LlamaBackend::Paged ? o.block_size : 0;
@@ -174,31 +183,44 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
 }
 
 void print_table(const std::vector<Result>& results, const Options& o) {
-  std::printf("\nGreedy generation from BOS: %d tokens per run (prefill 1, then decode), median of %d repetitions, "
-              "backends timed in turn within each.\n", o.steps, o.reps);
-  std::printf("time/cached: median over repetitions of the time ratio; ops/cached: ratio of multiply-adds (exact, "
-              "attention + MLP + classifier).\n\n");
-  std::printf("%-18s %3s %-9s | %10s %9s | %11s %10s | %12s %14s\n", "model", "thr", "backend", "tok/s", "ms/token",
-              "time/cached", "ops/cached", "K/V proj", "multiply-adds");
+  std::printf(
+      "\nGreedy generation from BOS: %d tokens per run (prefill 1, then decode), median of %d "
+      "repetitions, "
+      "backends timed in turn within each.\n",
+      o.steps, o.reps);
+  std::printf(
+      "time/cached: median over repetitions of the time ratio; ops/cached: ratio of multiply-adds "
+      "(exact, "
+      "attention + MLP + classifier).\n\n");
+  std::printf("%-18s %3s %-9s | %10s %9s | %11s %10s | %12s %14s\n", "model", "thr", "backend",
+              "tok/s", "ms/token", "time/cached", "ops/cached", "K/V proj", "multiply-adds");
   for (const Result& r : results) {
     // The cached row of the same (model, threads): the reference of the ratios.
     const Result* ref = nullptr;
     for (const Result& x : results)
       if (x.model == r.model && x.threads == r.threads && x.backend == "cached") ref = &x;
-    const double ops = ref ? static_cast<double>(r.work.macs()) / static_cast<double>(ref->work.macs()) : 0.0;
-    std::printf("%-18s %3d %-9s | %10.1f %9.3f | %11.2f %10.2f | %12llu %14.4g\n", r.model.c_str(), r.threads,
-                r.backend.c_str(), r.tokens_per_second, r.ms_per_token, r.ratio_to_cached, ops,
-                static_cast<unsigned long long>(r.work.attention.kv_projections), static_cast<double>(r.work.macs()));
+    const double ops =
+        ref ? static_cast<double>(r.work.macs()) / static_cast<double>(ref->work.macs()) : 0.0;
+    std::printf("%-18s %3d %-9s | %10.1f %9.3f | %11.2f %10.2f | %12llu %14.4g\n", r.model.c_str(),
+                r.threads, r.backend.c_str(), r.tokens_per_second, r.ms_per_token,
+                r.ratio_to_cached, ops,
+                static_cast<unsigned long long>(r.work.attention.kv_projections),
+                static_cast<double>(r.work.macs()));
   }
-  std::printf("\nCached decode against the memory: bytes streamed per decode step (every weight once + the K/V read), "
-              "per second, and that as a fraction of\nthe read bandwidth over the model's own weight arrays (same run, "
-              "same threads) and over %d MiB (main memory).\n", o.read_mib);
-  std::printf("%-18s %3s | %12s %9s | %13s %6s | %13s %6s\n", "model", "thr", "bytes/step", "GB/s", "weights GB/s",
-              "frac", "memory GB/s", "frac");
+  std::printf(
+      "\nCached decode against the memory: bytes streamed per decode step (every weight once + the "
+      "K/V read), "
+      "per second, and that as a fraction of\nthe read bandwidth over the model's own weight "
+      "arrays (same run, "
+      "same threads) and over %d MiB (main memory).\n",
+      o.read_mib);
+  std::printf("%-18s %3s | %12s %9s | %13s %6s | %13s %6s\n", "model", "thr", "bytes/step", "GB/s",
+              "weights GB/s", "frac", "memory GB/s", "frac");
   for (const Result& r : results) {
     if (r.backend != "cached") continue;
-    std::printf("%-18s %3d | %12.0f %9.2f | %13.2f %6.2f | %13.2f %6.2f\n", r.model.c_str(), r.threads, r.step_bytes,
-                r.gbps, r.weights_read_gbps, r.gbps / r.weights_read_gbps, r.dram_read_gbps, r.gbps / r.dram_read_gbps);
+    std::printf("%-18s %3d | %12.0f %9.2f | %13.2f %6.2f | %13.2f %6.2f\n", r.model.c_str(),
+                r.threads, r.step_bytes, r.gbps, r.weights_read_gbps, r.gbps / r.weights_read_gbps,
+                r.dram_read_gbps, r.gbps / r.dram_read_gbps);
   }
   std::printf("L3: %zu MiB.\n", kvlab_bench::l3_bytes() >> 20);
 }
@@ -207,23 +229,27 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
                 const std::vector<Model>& models) {
   std::ofstream f(path);
   if (!f) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
-  f << "{\n  \"program\": \"bench_generate\",\n  \"steps\": " << o.steps << ",\n  \"reps\": " << o.reps
-    << ",\n  \"read_bandwidth_buffer_MiB\": " << o.read_mib << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
-    << ",\n  \"models\": [";
+  f << "{\n  \"program\": \"bench_generate\",\n  \"steps\": " << o.steps
+    << ",\n  \"reps\": " << o.reps << ",\n  \"read_bandwidth_buffer_MiB\": " << o.read_mib
+    << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20) << ",\n  \"models\": [";
   for (std::size_t i = 0; i < models.size(); ++i) {
-    f << (i ? ", " : "") << "{\"name\": \"" << models[i].name << "\", \"source\": \"" << models[i].source
-      << "\", \"config\": \"" << kvlab::to_string(models[i].weights->config) << "\"}";
+    f << (i ? ", " : "") << "{\"name\": \"" << models[i].name << "\", \"source\": \""
+      << models[i].source << "\", \"config\": \"" << kvlab::to_string(models[i].weights->config)
+      << "\"}";
   }
   f << "],\n  \"results\": [\n";
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads << ", \"backend\": \"" << r.backend
-      << "\", \"tokens_per_second\": " << r.tokens_per_second << ", \"ms_per_token\": " << r.ms_per_token
-      << ", \"time_ratio_to_cached\": " << r.ratio_to_cached << ", \"kv_projections\": " << r.work.attention.kv_projections
+    f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads << ", \"backend\": \""
+      << r.backend << "\", \"tokens_per_second\": " << r.tokens_per_second
+      << ", \"ms_per_token\": " << r.ms_per_token
+      << ", \"time_ratio_to_cached\": " << r.ratio_to_cached
+      << ", \"kv_projections\": " << r.work.attention.kv_projections
       << ", \"macs\": " << r.work.macs();
     if (r.backend == "cached") {
       f << ", \"decode_step_bytes\": " << r.step_bytes << ", \"decode_GB_per_s\": " << r.gbps
-        << ", \"weights_read_GB_per_s\": " << r.weights_read_gbps << ", \"memory_read_GB_per_s\": " << r.dram_read_gbps;
+        << ", \"weights_read_GB_per_s\": " << r.weights_read_gbps
+        << ", \"memory_read_GB_per_s\": " << r.dram_read_gbps;
     }
     f << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
@@ -231,14 +257,18 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
 }
 
 const char* const kUsage =
-    "usage: bench_generate [--steps N] [--reps R] [--threads T,...] [--models NAME,...] [--models-dir DIR]\n"
+    "usage: bench_generate [--steps N] [--reps R] [--threads T,...] [--models NAME,...] "
+    "[--models-dir DIR]\n"
     "                      [--model FILE] [--block-size B] [--read-mib M] [--json FILE] [--help]\n"
     "  --steps N          greedy tokens per run (default 256)\n"
     "  --reps R           repetitions; medians are printed (default 5)\n"
     "  --threads T,...    OpenMP thread counts (default 1,2)\n"
-    "  --models NAME,...  of stories260K (from --models-dir; skipped if absent), stories15M-shape (random\n"
-    "                     weights), tiny (the built-in model); default stories260K,stories15M-shape\n"
-    "  --models-dir DIR   where stories260K.bin is (default $KVLAB_MODELS_DIR, else ../shared/models)\n"
+    "  --models NAME,...  of stories260K (from --models-dir; skipped if absent), stories15M-shape "
+    "(random\n"
+    "                     weights), tiny (the built-in model); default "
+    "stories260K,stories15M-shape\n"
+    "  --models-dir DIR   where stories260K.bin is (default $KVLAB_MODELS_DIR, else "
+    "../shared/models)\n"
     "  --model FILE       also run this llama2.c checkpoint (e.g. stories15M.bin)\n"
     "  --block-size B     block size of the paged backend (default 16)\n"
     "  --read-mib M       size of the main-memory read-bandwidth buffer in MiB (default 1024)\n"
@@ -270,12 +300,14 @@ bool parse_options(int argc, char** argv, Options& o) {
       o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1000));
     } else if (arg == "--threads") {
       o.threads.clear();
-      for (const std::string& t : split(value)) o.threads.push_back(static_cast<int>(kvlab_bench::parse_long(arg, t.c_str(), 1, 256)));
+      for (const std::string& t : split(value))
+        o.threads.push_back(static_cast<int>(kvlab_bench::parse_long(arg, t.c_str(), 1, 256)));
     } else if (arg == "--models") {
       o.models = split(value);
       for (const std::string& m : o.models) {
         if (m != "stories260K" && m != "stories15M-shape" && m != "tiny") {
-          throw UsageError("--models: expected stories260K, stories15M-shape or tiny, got '" + m + "'");
+          throw UsageError("--models: expected stories260K, stories15M-shape or tiny, got '" + m +
+                           "'");
         }
       }
     } else if (arg == "--models-dir") {
@@ -289,7 +321,8 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--json") {
       o.json = value;
     } else {
-      throw UsageError("unknown option '" + arg + "': expected one of --steps, --reps, --threads, --models, "
+      throw UsageError("unknown option '" + arg +
+                       "': expected one of --steps, --reps, --threads, --models, "
                        "--models-dir, --model, --block-size, --read-mib, --json, --help");
     }
     ++i;
@@ -308,7 +341,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 #if !defined(_OPENMP)
-  if (o.threads != std::vector<int>{1}) std::fprintf(stderr, "bench_generate: built without OpenMP; 1 thread\n");
+  if (o.threads != std::vector<int>{1})
+    std::fprintf(stderr, "bench_generate: built without OpenMP; 1 thread\n");
   o.threads = {1};
 #endif
   try {
@@ -318,37 +352,47 @@ int main(int argc, char** argv) {
       if (name == "stories260K") {
         const std::string path = dir + "/stories260K.bin";
         if (!std::ifstream(path)) {
-          std::printf("stories260K: %s not found, skipped (set --models-dir or KVLAB_MODELS_DIR)\n", path.c_str());
+          std::printf("stories260K: %s not found, skipped (set --models-dir or KVLAB_MODELS_DIR)\n",
+                      path.c_str());
           continue;
         }
-        models.push_back({name, path, std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path))});
+        models.push_back(
+            {name, path,
+             std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path))});
       } else if (name == "stories15M-shape") {
         // A separate classifier: random weights with a shared one make every token predict itself
         // (LlamaConfig::tiny); a decode step reads the same bytes either way.
         kvlab::LlamaConfig shape = kvlab::LlamaConfig::stories15m();
         shape.shared_classifier = false;
-        models.push_back({name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
-                          std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape))});
+        models.push_back(
+            {name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
+             std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape))});
       } else {
-        models.push_back({name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
-                          std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin())});
+        models.push_back(
+            {name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
+             std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin())});
       }
     }
     if (!o.model_file.empty()) {
       models.push_back({o.model_file, o.model_file,
-                        std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(o.model_file))});
+                        std::make_shared<const kvlab::LlamaWeights>(
+                            kvlab::load_llama_checkpoint(o.model_file))});
     }
     if (models.empty()) throw std::runtime_error("no model to run");
-    for (const Model& m : models) std::printf("%s: %s (%s)\n", m.name.c_str(), kvlab::to_string(m.weights->config).c_str(), m.source.c_str());
+    for (const Model& m : models)
+      std::printf("%s: %s (%s)\n", m.name.c_str(), kvlab::to_string(m.weights->config).c_str(),
+                  m.source.c_str());
 
     std::vector<double> dram_gbps;  // [threads]
     {
       std::vector<float> buffer((static_cast<std::size_t>(o.read_mib) << 20) / sizeof(float), 1.0f);
-      for (int t : o.threads) dram_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
+      for (int t : o.threads)
+        dram_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
     }
     std::vector<Result> results;
     for (const Model& m : models)
-      for (std::size_t t = 0; t < o.threads.size(); ++t) run_model(m, o.threads[t], o, dram_gbps[t], results);
+      for (std::size_t t = 0; t < o.threads.size(); ++t)
+        run_model(m, o.threads[t], o, dram_gbps[t], results);
     print_table(results, o);
     if (!o.json.empty()) write_json(o.json, results, o, models);
   } catch (const std::exception& e) {

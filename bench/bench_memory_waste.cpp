@@ -4,13 +4,13 @@
 // machines, a C library whose log, exp or cos differs in the last bit could move a rare length
 // by one token.)
 //
-// Workload (fixed by --seed): N requests (--requests, 100,000 by default). Each has a total length L (prompt + output tokens)
-// drawn from a log-normal distribution, ln L ~ Normal(ln median, sigma²), median 256 and
-// sigma 1.0 by default (mean about 256 · e^0.5 ≈ 422 before clamping), rounded to the nearest
-// integer and clamped to [2, max_len]; its prompt is P = 1 + floor(u · (L - 1)) tokens, u
-// uniform in [0, 1), so a request has at least one prompt and one output token. Normal draws use
-// Box–Muller on kvlab::Rng::uniform(). The distribution is chosen to look like a chat service
-// (most requests short, a long tail); it is not fitted to any trace.
+// Workload (fixed by --seed): N requests (--requests, 100,000 by default). Each has a total length
+// L (prompt + output tokens) drawn from a log-normal distribution, ln L ~ Normal(ln median,
+// sigma²), median 256 and sigma 1.0 by default (mean about 256 · e^0.5 ≈ 422 before clamping),
+// rounded to the nearest integer and clamped to [2, max_len]; its prompt is P = 1 + floor(u · (L -
+// 1)) tokens, u uniform in [0, 1), so a request has at least one prompt and one output token.
+// Normal draws use Box–Muller on kvlab::Rng::uniform(). The distribution is chosen to look like a
+// chat service (most requests short, a long tail); it is not fitted to any trace.
 //
 // max_len 2048: a contiguous cache must reserve, when a request starts, room for the most tokens
 // it may ever hold, because the output length is not known in advance; 2048 is the context length
@@ -54,8 +54,9 @@
 // bench/results/README.md puts the results beside vLLM's published figures, with their sources.
 //
 // Build and run (Release):
-//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target bench_memory_waste
-//   build/bench/bench_memory_waste [--requests N] [--seed S] [--budget-gib G] [--max-len M]
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target
+//   bench_memory_waste build/bench/bench_memory_waste [--requests N] [--seed S] [--budget-gib G]
+//   [--max-len M]
 //                                  [--median T] [--sigma S] [--json FILE]
 // --help lists the options.
 #include <algorithm>
@@ -126,14 +127,15 @@ struct Tokens {
   std::uint64_t reserved = 0;
   std::uint64_t used = 0;
   double waste() const {
-    return reserved == 0 ? 0.0 : static_cast<double>(reserved - used) / static_cast<double>(reserved);
+    return reserved == 0 ? 0.0
+                         : static_cast<double>(reserved - used) / static_cast<double>(reserved);
   }
 };
 
 // One line of the table.
 struct Row {
   std::string layout;
-  int block_size = 0;         // 0 for the contiguous layouts
+  int block_size = 0;             // 0 for the contiguous layouts
   kvlab::MemoryFootprint finish;  // bytes, every request at its final length
   Tokens lifetime;
   double tail_per_request = 0;    // mean unused tokens per request at finish
@@ -152,8 +154,8 @@ void rounds(const std::vector<std::int64_t>& lengths, int block_size, std::uint6
   row.seq_max = 0;
   while (start < lengths.size()) {
     // A round admits at most `pool` non-empty requests; look one further to see where it stops.
-    const std::size_t end = static_cast<std::size_t>(
-        std::min<std::uint64_t>(lengths.size(), start + std::min<std::uint64_t>(pool + 1, lengths.size())));
+    const std::size_t end = static_cast<std::size_t>(std::min<std::uint64_t>(
+        lengths.size(), start + std::min<std::uint64_t>(pool + 1, lengths.size())));
     const std::vector<std::int64_t> window(lengths.begin() + static_cast<std::ptrdiff_t>(start),
                                            lengths.begin() + static_cast<std::ptrdiff_t>(end));
     const std::size_t k = kvlab::max_paged_sequences(window, block_size, bytes_per_token, budget);
@@ -165,7 +167,8 @@ void rounds(const std::vector<std::int64_t>& lengths, int block_size, std::uint6
     ++count;
     start += k;
   }
-  if (count == 0) throw std::runtime_error("too few requests for one complete round; raise --requests");
+  if (count == 0)
+    throw std::runtime_error("too few requests for one complete round; raise --requests");
   row.rounds = count;
   row.seq_mean = static_cast<double>(total) / static_cast<double>(count);
 }
@@ -205,19 +208,22 @@ std::string replay_first_round(const std::vector<Request>& requests, int block_s
     cache.append(seqs[i], static_cast<int>(requests[i].prompt));
     prompts.push_back(requests[i].prompt);
     for (std::int64_t t = requests[i].prompt; t <= requests[i].total; ++t) {
-      formula.reserved += static_cast<std::uint64_t>(kvlab::blocks_needed(t, block_size) * block_size);
+      formula.reserved +=
+          static_cast<std::uint64_t>(kvlab::blocks_needed(t, block_size) * block_size);
       formula.used += static_cast<std::uint64_t>(t);
     }
   }
   const kvlab::MemoryFootprint after_prefill = kvlab::paged_cache_footprint(cache, bytes_per_token);
   const kvlab::MemoryFootprint want = kvlab::paged_footprint(prompts, block_size, bytes_per_token);
-  if (after_prefill.reserved_bytes != want.reserved_bytes || after_prefill.used_bytes != want.used_bytes) {
+  if (after_prefill.reserved_bytes != want.reserved_bytes ||
+      after_prefill.used_bytes != want.used_bytes) {
     error << "footprint after the prefill differs from paged_footprint; ";
   }
   Tokens live;
   std::size_t remaining = k;
   while (remaining > 0) {
-    live.reserved += static_cast<std::uint64_t>(cache.allocator().num_used()) * static_cast<std::uint64_t>(block_size);
+    live.reserved += static_cast<std::uint64_t>(cache.allocator().num_used()) *
+                     static_cast<std::uint64_t>(block_size);
     for (std::size_t i = 0; i < k; ++i) {
       if (seqs[i] < 0) continue;
       const std::int64_t len = cache.length(seqs[i]);
@@ -248,7 +254,8 @@ std::string percent(double fraction) {
 void print_row(const Row& r, double contiguous_sequences) {
   std::printf("%-29s  %9s  %13s  %10.1f  %6.1f  [%4zu, %4zu]  %8.2fx  %s\n", r.layout.c_str(),
               percent(r.finish.waste_fraction()).c_str(), percent(r.lifetime.waste()).c_str(),
-              r.tail_per_request, r.seq_mean, r.seq_min, r.seq_max, r.seq_mean / contiguous_sequences,
+              r.tail_per_request, r.seq_mean, r.seq_min, r.seq_max,
+              r.seq_mean / contiguous_sequences,
               r.block_size > 0 ? (r.checked ? "yes" : "NO") : "-");
 }
 
@@ -258,7 +265,9 @@ void write_json(const std::string& path, const Options& o, const std::vector<Req
                 const std::vector<Row>& rows) {
   std::ofstream out(path);
   out.precision(10);
-  const auto pct = [&](double q) { return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1))]; };
+  const auto pct = [&](double q) {
+    return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1))];
+  };
   out << "{\n  \"program\": \"bench_memory_waste\",\n";
   out << "  \"workload\": {\"requests\": " << requests.size() << ", \"seed\": " << o.seed
       << ", \"total_length\": \"lognormal, rounded, clamped to [2, max_len]\", \"median\": "
@@ -283,8 +292,9 @@ void write_json(const std::string& path, const Options& o, const std::vector<Req
         << ", \"unused_tokens_per_request_at_finish\": " << r.tail_per_request
         << ", \"pool_blocks\": " << r.pool_blocks << ", \"sequences_mean\": " << r.seq_mean
         << ", \"sequences_min\": " << r.seq_min << ", \"sequences_max\": " << r.seq_max
-        << ", \"rounds\": " << r.rounds << ", \"replayed_on_paged_kv_cache\": "
-        << (r.checked ? "true" : "false") << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+        << ", \"rounds\": " << r.rounds
+        << ", \"replayed_on_paged_kv_cache\": " << (r.checked ? "true" : "false") << "}"
+        << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   out << "  ]\n}\n";
   if (!out) throw std::runtime_error("--json: could not write '" + path + "'");
@@ -325,10 +335,12 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--sigma") {
       o.sigma = parse_double(arg, value, 0.0, 4.0);
     } else if (arg == "--json") {
-      if (value == nullptr || value[0] == '\0') throw UsageError("--json: expected a file name, got nothing");
+      if (value == nullptr || value[0] == '\0')
+        throw UsageError("--json: expected a file name, got nothing");
       o.json = value;
     } else {
-      throw UsageError("unknown option '" + arg + "': expected one of --requests, --seed, "
+      throw UsageError("unknown option '" + arg +
+                       "': expected one of --requests, --seed, "
                        "--budget-gib, --max-len, --median, --sigma, --json, --help");
     }
     ++i;
@@ -347,7 +359,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!o.json.empty() && !std::ofstream(o.json)) {  // fail now, not after the run
-    std::fprintf(stderr, "bench_memory_waste: --json: expected a writable file, got '%s'\n", o.json.c_str());
+    std::fprintf(stderr, "bench_memory_waste: --json: expected a writable file, got '%s'\n",
+                 o.json.c_str());
     return 2;
   }
 
@@ -365,20 +378,26 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> sorted = lengths;
   std::sort(sorted.begin(), sorted.end());
   const double mean_len = static_cast<double>(total_tokens) / static_cast<double>(lengths.size());
-  const auto pct = [&](double q) { return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1))]; };
+  const auto pct = [&](double q) {
+    return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1))];
+  };
 
   std::printf("bench_memory_waste: KV-cache memory waste, contiguous preallocation vs paging\n");
   std::printf("model     %s, fp16: %llu bytes (%s) of K and V per token\n", model.name.c_str(),
-              static_cast<unsigned long long>(bytes_per_token), kvlab::format_bytes(bytes_per_token).c_str());
+              static_cast<unsigned long long>(bytes_per_token),
+              kvlab::format_bytes(bytes_per_token).c_str());
   std::printf("budget    %s of KV cache = %llu tokens\n", kvlab::format_bytes(budget).c_str(),
               static_cast<unsigned long long>(budget / bytes_per_token));
-  std::printf("workload  %zu requests, seed %llu; total length L ~ log-normal (median %ld, sigma %.2f),\n"
-              "          rounded, clamped to [2, %ld]; prompt 1 + floor(u (L - 1)), u ~ U[0, 1)\n",
-              requests.size(), static_cast<unsigned long long>(o.seed), o.median, o.sigma, o.max_len);
-  std::printf("lengths   mean %.1f, p50 %lld, p90 %lld, p99 %lld, max %lld; %ld clamped to %ld, %ld to 2\n\n",
-              mean_len, static_cast<long long>(pct(0.5)), static_cast<long long>(pct(0.9)),
-              static_cast<long long>(pct(0.99)), static_cast<long long>(sorted.back()), clamped_high,
-              o.max_len, clamped_low);
+  std::printf(
+      "workload  %zu requests, seed %llu; total length L ~ log-normal (median %ld, sigma %.2f),\n"
+      "          rounded, clamped to [2, %ld]; prompt 1 + floor(u (L - 1)), u ~ U[0, 1)\n",
+      requests.size(), static_cast<unsigned long long>(o.seed), o.median, o.sigma, o.max_len);
+  std::printf(
+      "lengths   mean %.1f, p50 %lld, p90 %lld, p99 %lld, max %lld; %ld clamped to %ld, %ld to "
+      "2\n\n",
+      mean_len, static_cast<long long>(pct(0.5)), static_cast<long long>(pct(0.9)),
+      static_cast<long long>(pct(0.99)), static_cast<long long>(sorted.back()), clamped_high,
+      o.max_len, clamped_low);
 
   std::vector<Row> rows;
   bool all_checked = true;
@@ -393,7 +412,8 @@ int main(int argc, char** argv) {
         c.lifetime.used += static_cast<std::uint64_t>(t);
       }
     }
-    c.tail_per_request = static_cast<double>(c.finish.waste_bytes() / bytes_per_token) / static_cast<double>(requests.size());
+    c.tail_per_request = static_cast<double>(c.finish.waste_bytes() / bytes_per_token) /
+                         static_cast<double>(requests.size());
     const std::uint64_t fit = kvlab::max_contiguous_sequences(budget, o.max_len, bytes_per_token);
     if (fit == 0) throw std::runtime_error("one max_len reservation does not fit in the budget");
     c.seq_mean = static_cast<double>(fit);
@@ -425,13 +445,15 @@ int main(int argc, char** argv) {
           p.lifetime.used += static_cast<std::uint64_t>(t);
         }
       }
-      p.tail_per_request = static_cast<double>(p.finish.waste_bytes() / bytes_per_token) / static_cast<double>(requests.size());
+      p.tail_per_request = static_cast<double>(p.finish.waste_bytes() / bytes_per_token) /
+                           static_cast<double>(requests.size());
       p.pool_blocks = kvlab::blocks_in_budget(budget, b, bytes_per_token);
       rounds(lengths, b, bytes_per_token, budget, p);
       const std::string error = replay_first_round(requests, b, bytes_per_token, budget);
       p.checked = error.empty();
       if (!p.checked) {
-        std::fprintf(stderr, "bench_memory_waste: block %d: the real PagedKVCache differs: %s\n", b, error.c_str());
+        std::fprintf(stderr, "bench_memory_waste: block %d: the real PagedKVCache differs: %s\n", b,
+                     error.c_str());
         all_checked = false;
       }
       rows.push_back(p);
@@ -443,22 +465,24 @@ int main(int argc, char** argv) {
 
   std::printf("%-29s  %-24s  %10s  %s\n", "", "waste of the reservation", "unused",
               "sequences in the budget");
-  std::printf("%-29s  %9s  %13s  %10s  %6s  %12s  %9s  %s\n", "layout", "at finish", "over lifetime",
-              "tokens/req", "mean", "[min, max]", "vs contig", "replayed");
+  std::printf("%-29s  %9s  %13s  %10s  %6s  %12s  %9s  %s\n", "layout", "at finish",
+              "over lifetime", "tokens/req", "mean", "[min, max]", "vs contig", "replayed");
   for (const Row& r : rows) print_row(r, rows.front().seq_mean);
-  std::printf("\nwaste: (reserved - used) / reserved, summed over the requests at their final length\n"
-              "  (at finish), or over every step of every request (over lifetime).\n"
-              "unused tokens/req: reserved but unused tokens per request at finish; for paging, the\n"
-              "  tail of the last block, always below the block size.\n"
-              "sequences: requests admitted in arrival order at their final lengths; mean [min, max]\n"
-              "  over the complete rounds of the stream (%zu rounds at block 1, %zu at block 256).\n"
-              "replayed: the first round, run on a real PagedKVCache, gave the same admissions,\n"
-              "  footprint and lifetime sums as the formulas.\n",
-              rows[2].rounds, rows.back().rounds);
+  std::printf(
+      "\nwaste: (reserved - used) / reserved, summed over the requests at their final length\n"
+      "  (at finish), or over every step of every request (over lifetime).\n"
+      "unused tokens/req: reserved but unused tokens per request at finish; for paging, the\n"
+      "  tail of the last block, always below the block size.\n"
+      "sequences: requests admitted in arrival order at their final lengths; mean [min, max]\n"
+      "  over the complete rounds of the stream (%zu rounds at block 1, %zu at block 256).\n"
+      "replayed: the first round, run on a real PagedKVCache, gave the same admissions,\n"
+      "  footprint and lifetime sums as the formulas.\n",
+      rows[2].rounds, rows.back().rounds);
 
   if (!o.json.empty()) {
     try {
-      write_json(o.json, o, requests, sorted, mean_len, clamped_high, clamped_low, bytes_per_token, budget, rows);
+      write_json(o.json, o, requests, sorted, mean_len, clamped_high, clamped_low, bytes_per_token,
+                 budget, rows);
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "bench_memory_waste: %s\n", ex.what());
       return 2;

@@ -16,7 +16,9 @@
 // ratios of multiply-accumulates and of K/V projections, from the medians.
 //
 // Run (Release build, from the repository root):
-//   build/bench/bench_naive_vs_cached --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.1 --benchmark_out=bench/results/cpu-naive-vs-cached.json --benchmark_out_format=json
+//   build/bench/bench_naive_vs_cached --benchmark_repetitions=5
+//   --benchmark_report_aggregates_only=true --benchmark_min_time=0.1
+//   --benchmark_out=bench/results/cpu-naive-vs-cached.json --benchmark_out_format=json
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -118,8 +120,10 @@ void bm_generate(benchmark::State& state, Kind kind) {
   const int n = static_cast<int>(state.range(0));
   const std::unique_ptr<kvlab::Decoder<float>> decoder = make_decoder(kind, n);
   kvlab::Rng rng(kInputSeed + 2);
-  const kvlab::RowMatrix<float> inputs = kvlab::random_matrix<float>(n, kDModel, rng);  // [n, d_model]
-  const kvlab::RowMatrix<float> prompt = inputs.topRows(1);                            // [1, d_model]
+  // [n, d_model]
+  const kvlab::RowMatrix<float> inputs = kvlab::random_matrix<float>(n, kDModel, rng);
+  // [1, d_model]
+  const kvlab::RowMatrix<float> prompt = inputs.topRows(1);
   for (auto _ : state) {
     decoder->reset();
     kvlab::RowMatrix<float> first = decoder->prefill(prompt);  // [1, d_model]
@@ -164,13 +168,14 @@ void print_table(const kvlab_bench::MedianReporter& reporter, const char* family
                   "cached GMAC/s");
       header = true;
     }
-    const double macs_ratio = MedianReporter::counter(*naive, "macs") /
-                              MedianReporter::counter(*cached, "macs");
+    const double macs_ratio =
+        MedianReporter::counter(*naive, "macs") / MedianReporter::counter(*cached, "macs");
     const double kv_ratio = MedianReporter::counter(*naive, "kv_projections") /
                             MedianReporter::counter(*cached, "kv_projections");
     std::printf("%6d | %12.4f %12.4f | %10.1f | %10.1f %14.1f | %13.1f %13.1f\n", n,
                 naive->seconds * 1e3, cached->seconds * 1e3, naive->seconds / cached->seconds,
-                macs_ratio, kv_ratio, MedianReporter::counter(*naive, "macs") / naive->seconds * 1e-9,
+                macs_ratio, kv_ratio,
+                MedianReporter::counter(*naive, "macs") / naive->seconds * 1e-9,
                 MedianReporter::counter(*cached, "macs") / cached->seconds * 1e-9);
   }
 }
@@ -181,8 +186,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_benchmarks();
-  benchmark::AddCustomContext("kvlab_model", "1 layer, d_model 256, 4 query heads, 4 K/V heads, "
-                                             "head_dim 64, float");
+  benchmark::AddCustomContext("kvlab_model",
+                              "1 layer, d_model 256, 4 query heads, 4 K/V heads, "
+                              "head_dim 64, float");
   benchmark::AddCustomContext("kvlab_threads", "1");
 
   kvlab_bench::MedianReporter reporter;
@@ -190,17 +196,19 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
-  std::printf("\nModel: 1 layer, d_model 256, 4 query heads, 4 K/V heads, head_dim 64, float; "
-              "1 thread.\nTimes are medians over the repetitions (real time); ratios of work are "
-              "exact (CostCounters).\n");
+  std::printf(
+      "\nModel: 1 layer, d_model 256, 4 query heads, 4 K/V heads, head_dim 64, float; "
+      "1 thread.\nTimes are medians over the repetitions (real time); ratios of work are "
+      "exact (CostCounters).\n");
   print_table(reporter, "decode_step", kStepNs,
               "One decode step at context n (the n-th token), naive / cached:");
   print_table(reporter, "generate", kGenerateNs,
               "Generating n tokens (1 prompt token + n-1 decode steps), naive / cached:");
-  std::printf("\nPer step the cache turns n K/V projections per K/V head into 1 (K/V proj ratio "
-              "= n); q·k dots stay n per query head for both,\nso the MACs ratio levels off "
-              "(attention work remains). The time ratio is the MACs ratio divided by the ratio of "
-              "the rates (GMAC/s):\nthe naive decoder's work is large matrix products, the cached "
-              "decoder's is matrix-vector products and one pass over the cache.\n");
+  std::printf(
+      "\nPer step the cache turns n K/V projections per K/V head into 1 (K/V proj ratio "
+      "= n); q·k dots stay n per query head for both,\nso the MACs ratio levels off "
+      "(attention work remains). The time ratio is the MACs ratio divided by the ratio of "
+      "the rates (GMAC/s):\nthe naive decoder's work is large matrix products, the cached "
+      "decoder's is matrix-vector products and one pass over the cache.\n");
   return 0;
 }

@@ -12,11 +12,11 @@
 // rotated from one repetition to the next) runs back to back for at least --min-time seconds and
 // its mean time per call is kept. Printed: each path's median time, its effective bandwidth
 // (CostCounters::kv_bytes_read / time) and that bandwidth's fraction of the read bandwidth
-// measured at the start (kvlab_bench::read_bandwidth over --read-mib, default 1 GiB); and paged/contiguous, the median
-// over repetitions of the ratio within one repetition (paths timed seconds apart, not minutes:
-// memory bandwidth on a virtualised machine drifts). Before timing, every paged output is
-// checked against the contiguous one (max row-relative difference <= 1e-5, the float tolerance
-// of tests/test_paged_attention.cpp); a mismatch exits non-zero.
+// measured at the start (kvlab_bench::read_bandwidth over --read-mib, default 1 GiB); and
+// paged/contiguous, the median over repetitions of the ratio within one repetition (paths timed
+// seconds apart, not minutes: memory bandwidth on a virtualised machine drifts). Before timing,
+// every paged output is checked against the contiguous one (max row-relative difference <= 1e-5,
+// the float tolerance of tests/test_paged_attention.cpp); a mismatch exits non-zero.
 //
 // Build and run (Release, from the repository root):
 //   cmake --build build-bench --target bench_paged_decode
@@ -75,14 +75,16 @@ struct Options {
 
 // One line of results: a path at one (shape, n, threads).
 struct Result {
-  std::string shape, path, layout;          // layout "" for contiguous
+  std::string shape, path, layout;         // layout "" for contiguous
   int n = 0, threads = 0, block_size = 0;  // block_size 0: contiguous
   double seconds = 0, gbps = 0, fraction = 0, ratio = 1;
 };
 
 // A block pool holding the rows of `cache` through a table of blocks in random physical order.
 struct Pool {
-  std::vector<float> k, v;  // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads, block_size, head_dim] (HND)
+  // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads,
+  // block_size, head_dim] (HND)
+  std::vector<float> k, v;
   kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
   kvlab::PagedKVView<float> view;
 
@@ -95,7 +97,8 @@ struct Pool {
     for (std::size_t i = order.size() - 1; i > 0; --i)
       std::swap(order[i], order[static_cast<std::size_t>(rng.next_u64() % (i + 1))]);
     tables = kvlab::BlockTables::from_lists({order}, {n}, num_blocks, block_size);
-    const std::size_t size = static_cast<std::size_t>(num_blocks) * block_size * cache.num_kv_heads * cache.head_dim;
+    const std::size_t size =
+        static_cast<std::size_t>(num_blocks) * block_size * cache.num_kv_heads * cache.head_dim;
     k.assign(size, 0.0f);
     v.assign(size, 0.0f);
     view = tables.view(k.data(), v.data(), cache.num_kv_heads, cache.head_dim, layout);
@@ -108,7 +111,8 @@ struct Pool {
   }
 };
 
-// Mean seconds per call of `call`, run back to back for at least `min_time` seconds (3 calls at least).
+// Mean seconds per call of `call`, run back to back for at least `min_time` seconds (3 calls at
+// least).
 template <typename F>
 double time_per_call(F&& call, double min_time) {
   using Clock = std::chrono::steady_clock;
@@ -134,7 +138,8 @@ double row_relative_difference(const kvlab::RowMatrix<float>& a, const kvlab::Ro
   double worst = 0;
   for (Eigen::Index r = 0; r < b.rows(); ++r) {
     const double scale = std::max(1.0, static_cast<double>(b.row(r).cwiseAbs().maxCoeff()));
-    worst = std::max(worst, static_cast<double>((a.row(r) - b.row(r)).cwiseAbs().maxCoeff()) / scale);
+    worst =
+        std::max(worst, static_cast<double>((a.row(r) - b.row(r)).cwiseAbs().maxCoeff()) / scale);
   }
   return worst;
 }
@@ -147,8 +152,10 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
   kvlab::Rng rng(kSeed);
   for (int t0 = 0; t0 < n; t0 += 512) {
     const int rows = std::min(512, n - t0);
-    const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);  // [rows, kv_width]
-    const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);  // [rows, kv_width]
+    // [rows, kv_width]
+    const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);
+    // [rows, kv_width]
+    const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);
     contiguous.append(0, k, v);
   }
   const kvlab::ContiguousKVView<float> flat = contiguous.view(0);
@@ -156,14 +163,17 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
   pools.reserve(std::size(kLayouts) * std::size(kBlockSizes));
   for (kvlab::KVLayout layout : kLayouts)
     for (int b : kBlockSizes) pools.emplace_back(flat, b, layout);
-  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, heads * head_dim]
-  kvlab::RowMatrix<float> out(1, shape.q_width());                                         // [1, heads * head_dim]
+  // [1, heads * head_dim]
+  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+  // [1, heads * head_dim]
+  kvlab::RowMatrix<float> out(1, shape.q_width());
 
   // Checked before timed: every paged output equals the contiguous one.
   kvlab::CostCounters counters;
   const kvlab::RowMatrix<float> want = kvlab::cpu::decode_attention(shape, q, flat, &counters);
   for (const Pool& pool : pools) {
-    const double diff = row_relative_difference(kvlab::cpu::paged_decode_attention(shape, q, pool.view), want);
+    const double diff =
+        row_relative_difference(kvlab::cpu::paged_decode_attention(shape, q, pool.view), want);
     if (!(diff <= kTolerance)) {
       throw std::runtime_error("paged and contiguous outputs differ: " + std::to_string(diff));
     }
@@ -212,19 +222,24 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
   }
 }
 
-void print_table(const std::vector<Result>& results, const Options& options, const std::vector<double>& read_gbps) {
-  std::printf("\nOne decode step, contiguous vs paged (blocks in random physical order). time: median of %d "
-              "repetitions;\nGB/s: K+V bytes read / time; frac: of the read bandwidth; paged columns: paged / "
-              "contiguous time within a repetition, median; HND/16 frac: its fraction of the read bandwidth.\n",
-              options.reps);
+void print_table(const std::vector<Result>& results, const Options& options,
+                 const std::vector<double>& read_gbps) {
+  std::printf(
+      "\nOne decode step, contiguous vs paged (blocks in random physical order). time: median of "
+      "%d "
+      "repetitions;\nGB/s: K+V bytes read / time; frac: of the read bandwidth; paged columns: "
+      "paged / "
+      "contiguous time within a repetition, median; HND/16 frac: its fraction of the read "
+      "bandwidth.\n",
+      options.reps);
   const std::size_t paths = 1 + std::size(kLayouts) * std::size(kBlockSizes);
   std::printf("%-4s %7s %6s | %-22s |", "", "threads", "n", "contiguous: us GB/s frac");
   for (std::size_t j = 1; j < paths; ++j) std::printf(" %7s", results[j].path.c_str());
   std::printf(" | HND/16 frac\n");
   for (std::size_t i = 0; i + paths <= results.size(); i += paths) {
     const Result* r = &results[i];
-    std::printf("%-4s %7d %6d | %8.0f %6.2f %5.2f |", r[0].shape.c_str(), r[0].threads, r[0].n, r[0].seconds * 1e6,
-                r[0].gbps, r[0].fraction);
+    std::printf("%-4s %7d %6d | %8.0f %6.2f %5.2f |", r[0].shape.c_str(), r[0].threads, r[0].n,
+                r[0].seconds * 1e6, r[0].gbps, r[0].fraction);
     double hnd16 = 0;
     for (std::size_t j = 1; j < paths; ++j) {
       std::printf(" %7.3f", r[j].ratio);
@@ -234,10 +249,13 @@ void print_table(const std::vector<Result>& results, const Options& options, con
   }
   std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15):", options.read_mib);
   for (std::size_t t = 0; t < options.threads.size(); ++t)
-    std::printf(" %d thread%s %.2f GB/s;", options.threads[t], options.threads[t] == 1 ? "" : "s", read_gbps[t]);
-  std::printf("\nL3: %zu MiB. K+V of mha is 32 MiB per 1024 tokens, of gqa 8 MiB: caches within about twice the "
-              "L3 are partly re-read from it.\n",
-              kvlab_bench::l3_bytes() >> 20);
+    std::printf(" %d thread%s %.2f GB/s;", options.threads[t], options.threads[t] == 1 ? "" : "s",
+                read_gbps[t]);
+  std::printf(
+      "\nL3: %zu MiB. K+V of mha is 32 MiB per 1024 tokens, of gqa 8 MiB: caches within about "
+      "twice the "
+      "L3 are partly re-read from it.\n",
+      kvlab_bench::l3_bytes() >> 20);
 }
 
 void write_json(const std::string& path, const std::vector<Result>& results, const Options& options,
@@ -245,23 +263,29 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
   std::ofstream file(path);
   if (!file) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
   file << "{\n  \"program\": \"bench_paged_decode\",\n  \"reps\": " << options.reps
-       << ",\n  \"min_time_s\": " << options.min_time << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
-       << ",\n  \"read_bandwidth_buffer_MiB\": " << options.read_mib << ",\n  \"read_bandwidth_GBps\": {";
+       << ",\n  \"min_time_s\": " << options.min_time
+       << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
+       << ",\n  \"read_bandwidth_buffer_MiB\": " << options.read_mib
+       << ",\n  \"read_bandwidth_GBps\": {";
   for (std::size_t t = 0; t < options.threads.size(); ++t)
     file << (t ? ", " : "") << "\"" << options.threads[t] << "\": " << read_gbps[t];
   file << "},\n  \"results\": [\n";
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n << ", \"threads\": " << r.threads
-         << ", \"path\": \"" << r.path << "\", \"layout\": \"" << r.layout << "\", \"block_size\": " << r.block_size << ", \"median_us\": "
-         << r.seconds * 1e6 << ", \"GB_per_s\": " << r.gbps << ", \"fraction_of_read_bandwidth\": " << r.fraction
-         << ", \"ratio_to_contiguous\": " << r.ratio << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n
+         << ", \"threads\": " << r.threads << ", \"path\": \"" << r.path << "\", \"layout\": \""
+         << r.layout << "\", \"block_size\": " << r.block_size
+         << ", \"median_us\": " << r.seconds * 1e6 << ", \"GB_per_s\": " << r.gbps
+         << ", \"fraction_of_read_bandwidth\": " << r.fraction
+         << ", \"ratio_to_contiguous\": " << r.ratio << "}" << (i + 1 < results.size() ? "," : "")
+         << "\n";
   }
   file << "  ]\n}\n";
 }
 
 const char* const kUsage =
-    "usage: bench_paged_decode [--max-n N] [--reps R] [--min-time S] [--threads T,...] [--read-mib M] [--json FILE] [--help]\n"
+    "usage: bench_paged_decode [--max-n N] [--reps R] [--min-time S] [--threads T,...] [--read-mib "
+    "M] [--json FILE] [--help]\n"
     "  --max-n N       largest n; n runs over 1024, 2048, ... up to N (default 16384, N >= 1024)\n"
     "  --reps R        repetitions; medians are printed (default 7)\n"
     "  --min-time S    seconds each path runs per repetition (default 0.05)\n"
@@ -299,10 +323,12 @@ bool parse_options(int argc, char** argv, Options& options) {
     } else if (arg == "--read-mib") {
       options.read_mib = parse_int(arg, value, 1, 1 << 16);
     } else if (arg == "--json") {
-      if (value == nullptr || value[0] == '\0') throw UsageError("--json: expected a file name, got nothing");
+      if (value == nullptr || value[0] == '\0')
+        throw UsageError("--json: expected a file name, got nothing");
       options.json = value;
     } else {
-      throw UsageError("unknown option '" + arg + "': expected one of --max-n, --reps, --min-time, --threads, "
+      throw UsageError("unknown option '" + arg +
+                       "': expected one of --max-n, --reps, --min-time, --threads, "
                        "--read-mib, --json, --help");
     }
     ++i;
@@ -321,14 +347,17 @@ int main(int argc, char** argv) {
     return 2;
   }
 #if !defined(_OPENMP)
-  if (options.threads != std::vector<int>{1}) std::fprintf(stderr, "bench_paged_decode: built without OpenMP; 1 thread\n");
+  if (options.threads != std::vector<int>{1})
+    std::fprintf(stderr, "bench_paged_decode: built without OpenMP; 1 thread\n");
   options.threads = {1};
 #endif
   try {
     std::vector<double> read_gbps;  // [threads]
     {
-      std::vector<float> buffer((static_cast<std::size_t>(options.read_mib) << 20) / sizeof(float), 1.0f);
-      for (int t : options.threads) read_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
+      std::vector<float> buffer((static_cast<std::size_t>(options.read_mib) << 20) / sizeof(float),
+                                1.0f);
+      for (int t : options.threads)
+        read_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
     }
     std::vector<Result> results;
     for (const Config& c : kConfigs)

@@ -24,7 +24,8 @@ struct UsageError : std::runtime_error {
 /// The integer `text` of `option`, in [minimum, maximum].
 /// \throws UsageError naming the option, the range and the text (or "nothing").
 inline long parse_long(const std::string& option, const char* text, long minimum, long maximum) {
-  const std::string expected = "an integer in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
+  const std::string expected =
+      "an integer in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
   if (text == nullptr) throw UsageError(option + ": expected " + expected + ", got nothing");
   char* end = nullptr;
   errno = 0;
@@ -37,7 +38,8 @@ inline long parse_long(const std::string& option, const char* text, long minimum
 
 /// The number `text` of `option`, in [minimum, maximum].
 /// \throws UsageError naming the option, the range and the text (or "nothing").
-inline double parse_double(const std::string& option, const char* text, double minimum, double maximum) {
+inline double parse_double(const std::string& option, const char* text, double minimum,
+                           double maximum) {
   char range[64];
   std::snprintf(range, sizeof range, "a number in [%g, %g]", minimum, maximum);
   if (text == nullptr) throw UsageError(option + ": expected " + range + ", got nothing");

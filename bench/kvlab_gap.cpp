@@ -112,17 +112,18 @@ struct ClosedForms {
 };
 ClosedForms closed_forms(int n, int layers) {
   const std::uint64_t nn = static_cast<std::uint64_t>(n);
-  const std::uint64_t tri = nn * (nn + 1) / 2;                  // sum of t, t = 1..n
+  const std::uint64_t tri = nn * (nn + 1) / 2;                     // sum of t, t = 1..n
   const std::uint64_t squares = nn * (nn + 1) * (2 * nn + 1) / 6;  // sum of t², t = 1..n
   const std::uint64_t l = static_cast<std::uint64_t>(layers);
-  return {l * kNumKvHeads * tri, l * kNumKvHeads * nn,
-          kNumHeads * ((l - 1) * squares + tri), l * kNumHeads * tri};
+  return {l * kNumKvHeads * tri, l * kNumKvHeads * nn, kNumHeads * ((l - 1) * squares + tri),
+          l * kNumHeads * tri};
 }
 
 // Runs both decoders for n tokens. A disagreement is reported through the Row, not thrown.
 Row run_one(int n, int reps, const std::shared_ptr<const kvlab::AttentionStack<float>>& stack) {
   kvlab::Rng rng(kInputSeed + static_cast<std::uint64_t>(n));
-  const kvlab::RowMatrix<float> inputs = kvlab::random_matrix<float>(n, kDModel, rng);  // [n, d_model]
+  // [n, d_model]
+  const kvlab::RowMatrix<float> inputs = kvlab::random_matrix<float>(n, kDModel, rng);
   kvlab::RowMatrix<float> naive_out(n, kDModel);   // [n, d_model]: output of each step
   kvlab::RowMatrix<float> cached_out(n, kDModel);  // [n, d_model]
 
@@ -149,26 +150,31 @@ Row run_one(int n, int reps, const std::shared_ptr<const kvlab::AttentionStack<f
 // ---------------------------------------------------------------------------------------------
 
 void print_header(const Options& options) {
-  std::printf("kvlab-gap: generating n tokens without a KV cache (NaiveDecoder) and with one "
-              "(CachedDecoder)\n");
-  std::printf("config: %d layer%s, d_model %d, %d query heads, %d K/V heads, head_dim %d, float; "
-              "model seed %llu; 1 prompt token + n-1 decode steps; %d thread%s; times are the "
-              "median of %d run%s\n",
-              options.layers, options.layers == 1 ? "" : "s", kDModel, kNumHeads, kNumKvHeads,
-              kHeadDim, static_cast<unsigned long long>(kModelSeed), options.threads,
-              options.threads == 1 ? "" : "s", options.reps, options.reps == 1 ? "" : "s");
-  std::printf("Θ(n²): K/V projections without a cache, n(n+1)/2 per layer and K/V head (each "
-              "step re-projects the whole prefix).\n");
-  std::printf("Θ(n):  K/V projections with a cache, n per layer and K/V head (each step "
-              "projects only the new token).\n");
+  std::printf(
+      "kvlab-gap: generating n tokens without a KV cache (NaiveDecoder) and with one "
+      "(CachedDecoder)\n");
+  std::printf(
+      "config: %d layer%s, d_model %d, %d query heads, %d K/V heads, head_dim %d, float; "
+      "model seed %llu; 1 prompt token + n-1 decode steps; %d thread%s; times are the "
+      "median of %d run%s\n",
+      options.layers, options.layers == 1 ? "" : "s", kDModel, kNumHeads, kNumKvHeads, kHeadDim,
+      static_cast<unsigned long long>(kModelSeed), options.threads, options.threads == 1 ? "" : "s",
+      options.reps, options.reps == 1 ? "" : "s");
+  std::printf(
+      "Θ(n²): K/V projections without a cache, n(n+1)/2 per layer and K/V head (each "
+      "step re-projects the whole prefix).\n");
+  std::printf(
+      "Θ(n):  K/V projections with a cache, n per layer and K/V head (each step "
+      "projects only the new token).\n");
   if (options.layers == 1) {
-    std::printf("Not changed by the cache: q·k dot products, n(n+1)/2 per query head for both "
-                "(every new query meets every past key).\n");
+    std::printf(
+        "Not changed by the cache: q·k dot products, n(n+1)/2 per query head for both "
+        "(every new query meets every past key).\n");
   } else {
-    std::printf("q·k dot products: n(n+1)/2 per layer and query head with a cache; without one "
-                "the %s also recompute%s every position, Θ(n³).\n",
-                options.layers == 2 ? "lower layer" : "lower layers",
-                options.layers == 2 ? "s" : "");
+    std::printf(
+        "q·k dot products: n(n+1)/2 per layer and query head with a cache; without one "
+        "the %s also recompute%s every position, Θ(n³).\n",
+        options.layers == 2 ? "lower layer" : "lower layers", options.layers == 2 ? "s" : "");
   }
   std::printf("Counts are exact totals over all layers and heads (CostCounters).\n\n");
   std::printf("%6s | %37s | %25s | %28s | %9s\n", "", "K/V projections", "q·k dot products",
@@ -216,8 +222,8 @@ void svg_panel(std::ostringstream& svg, double x0, double y0, double width, doub
 
   svg << "<text x=\"" << x0 + width / 2 << "\" y=\"" << y0 - 12
       << "\" text-anchor=\"middle\" font-size=\"14\">" << title << "</text>\n";
-  svg << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << width << "\" height=\""
-      << height << "\" fill=\"none\" stroke=\"#333\"/>\n";
+  svg << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << width << "\" height=\"" << height
+      << "\" fill=\"none\" stroke=\"#333\"/>\n";
   // Decades on y, one tick per n on x.
   for (double e = y_lo; e <= y_hi + 0.5; e += 1) {
     const double y = py(std::pow(10.0, e));
@@ -237,8 +243,10 @@ void svg_panel(std::ostringstream& svg, double x0, double y0, double width, doub
       << "\" text-anchor=\"middle\" font-size=\"12\">n (generated tokens)</text>\n";
   // The series, with a legend entry each.
   for (std::size_t s = 0; s < series.size(); ++s) {
-    svg << "<polyline fill=\"none\" stroke=\"" << series[s].colour << "\" stroke-width=\"2\" points=\"";
-    for (std::size_t i = 0; i < ns.size(); ++i) svg << px(ns[i]) << "," << py(series[s].y[i]) << " ";
+    svg << "<polyline fill=\"none\" stroke=\"" << series[s].colour
+        << "\" stroke-width=\"2\" points=\"";
+    for (std::size_t i = 0; i < ns.size(); ++i)
+      svg << px(ns[i]) << "," << py(series[s].y[i]) << " ";
     svg << "\"/>\n";
     for (std::size_t i = 0; i < ns.size(); ++i) {
       svg << "<circle cx=\"" << px(ns[i]) << "\" cy=\"" << py(series[s].y[i])
@@ -270,9 +278,10 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
          "font-family=\"sans-serif\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"470\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">Decoding n tokens "
-         "without and with a KV cache (" << options.layers << " layer"
-      << (options.layers == 1 ? "" : "s") << ", d_model " << kDModel << ", " << kNumHeads
-      << " heads, " << kNumKvHeads << " K/V heads, head_dim " << kHeadDim << ")</text>\n";
+         "without and with a KV cache ("
+      << options.layers << " layer" << (options.layers == 1 ? "" : "s") << ", d_model " << kDModel
+      << ", " << kNumHeads << " heads, " << kNumKvHeads << " K/V heads, head_dim " << kHeadDim
+      << ")</text>\n";
   svg_panel(svg, left1, top, panel_w, panel_h, "K/V projections, total (exact)", ns,
             {naive_kv, cached_kv});
   svg_panel(svg, left2, top, panel_w, panel_h, "time, ms (median)", ns, {naive_ms, cached_ms});
@@ -329,7 +338,8 @@ bool parse_options(int argc, char** argv, Options& options) {
       options.svg = value;
       ++i;
     } else {
-      throw UsageError("unknown option '" + arg + "': expected one of --layers, --max-n, --reps, "
+      throw UsageError("unknown option '" + arg +
+                       "': expected one of --layers, --max-n, --reps, "
                        "--threads, --svg, --help");
     }
   }
@@ -354,13 +364,15 @@ int main(int argc, char** argv) {
 #if defined(_OPENMP)
   omp_set_num_threads(options.threads);
 #else
-  if (options.threads != 1) std::fprintf(stderr, "kvlab-gap: built without OpenMP; using 1 thread\n");
+  if (options.threads != 1)
+    std::fprintf(stderr, "kvlab-gap: built without OpenMP; using 1 thread\n");
   options.threads = 1;
 #endif
 
   const auto start = std::chrono::steady_clock::now();
   const kvlab::AttentionShape shape(kNumHeads, kNumKvHeads, kHeadDim);
-  const auto stack = kvlab::AttentionStack<float>::random(options.layers, shape, kDModel, kModelSeed);
+  const auto stack =
+      kvlab::AttentionStack<float>::random(options.layers, shape, kDModel, kModelSeed);
 
   print_header(options);
   std::vector<Row> rows;
@@ -398,29 +410,31 @@ int main(int argc, char** argv) {
   }
 
   const Row& last = rows.back();
-  std::printf("\nAt n = %d the cache saves %.1fx the K/V projections ((n+1)/2 per layer) and "
-              "%.1fx the time; the q·k dot products are %s.\n",
-              last.n,
-              static_cast<double>(last.naive.kv_projections) /
-                  static_cast<double>(last.cached.kv_projections),
-              last.naive_ms / last.cached_ms,
-              last.naive.qk_dots == last.cached.qk_dots ? "the same for both" : "fewer with it");
+  std::printf(
+      "\nAt n = %d the cache saves %.1fx the K/V projections ((n+1)/2 per layer) and "
+      "%.1fx the time; the q·k dot products are %s.\n",
+      last.n,
+      static_cast<double>(last.naive.kv_projections) /
+          static_cast<double>(last.cached.kv_projections),
+      last.naive_ms / last.cached_ms,
+      last.naive.qk_dots == last.cached.qk_dots ? "the same for both" : "fewer with it");
   const double macs_ratio =
       static_cast<double>(last.naive.macs) / static_cast<double>(last.cached.macs);
   if (options.layers == 1) {
-    std::printf("The time ratio stays below the K/V ratio because the attention itself (q·k and "
-                "p·v, Θ(t) per step) remains with the cache: total multiply-adds differ %.1fx "
-                "(naive %.3g, cached %.3g).\n",
-                macs_ratio, static_cast<double>(last.naive.macs),
-                static_cast<double>(last.cached.macs));
+    std::printf(
+        "The time ratio stays below the K/V ratio because the attention itself (q·k and "
+        "p·v, Θ(t) per step) remains with the cache: total multiply-adds differ %.1fx "
+        "(naive %.3g, cached %.3g).\n",
+        macs_ratio, static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
   } else {
     std::printf("Total multiply-adds differ %.1fx (naive %.3g, cached %.3g).\n", macs_ratio,
                 static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
   }
-  std::printf("Counts %s the closed forms. Outputs %s at every step: max |naive - cached| / "
-              "max |naive| = %.1e (tolerance %.0e).\n",
-              counts_ok ? "match" : "DO NOT match",
-              max_rel_diff <= kTolerance ? "agree" : "DO NOT agree", max_rel_diff, kTolerance);
+  std::printf(
+      "Counts %s the closed forms. Outputs %s at every step: max |naive - cached| / "
+      "max |naive| = %.1e (tolerance %.0e).\n",
+      counts_ok ? "match" : "DO NOT match", max_rel_diff <= kTolerance ? "agree" : "DO NOT agree",
+      max_rel_diff, kTolerance);
 
   if (!options.svg.empty()) {
     try {

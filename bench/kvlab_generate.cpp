@@ -11,11 +11,12 @@
 // Build and run (Release, from the repository root):
 //   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-generate
 //   build/bench/kvlab-generate                                   # built-in model, token ids
-//   build/bench/kvlab-generate --model stories15M.bin --tokenizer tokenizer.bin --prompt "Once upon a time"
-//   build/bench/kvlab-generate --model ../shared/models/stories260K.bin --backend naive --temperature 0
+//   build/bench/kvlab-generate --model stories15M.bin --tokenizer tokenizer.bin --prompt "Once upon
+//   a time" build/bench/kvlab-generate --model ../shared/models/stories260K.bin --backend naive
+//   --temperature 0
 // --help lists the options.
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -39,7 +40,7 @@ namespace {
 using kvlab_bench::UsageError;
 
 struct Options {
-  std::string model;      // empty: the built-in model
+  std::string model;  // empty: the built-in model
   std::string builtin = "tiny";
   std::string tokenizer;  // empty: print token ids
   kvlab::LlamaBackend backend = kvlab::LlamaBackend::Cached;
@@ -56,25 +57,34 @@ struct Options {
 };
 
 const char* const kUsage =
-    "usage: kvlab-generate [--model FILE] [--tokenizer FILE] [--backend naive|cached|paged] [--steps N]\n"
-    "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size B]\n"
+    "usage: kvlab-generate [--model FILE] [--tokenizer FILE] [--backend naive|cached|paged] "
+    "[--steps N]\n"
+    "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size "
+    "B]\n"
     "                      [--threads T] [--builtin tiny|stories15M] [--quiet] [--help]\n"
-    "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, stories260K.bin);\n"
+    "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, "
+    "stories260K.bin);\n"
     "                      without it: a built-in model with random weights (see --builtin)\n"
-    "  --tokenizer FILE    llama2.c tokenizer.bin with the model's vocabulary; without it, token ids are\n"
+    "  --tokenizer FILE    llama2.c tokenizer.bin with the model's vocabulary; without it, token "
+    "ids are\n"
     "                      printed and --prompt is a list of ids\n"
-    "  --backend B         naive (recompute the prefix every step), cached (contiguous KV cache, default)\n"
+    "  --backend B         naive (recompute the prefix every step), cached (contiguous KV cache, "
+    "default)\n"
     "                      or paged (KV cache in blocks)\n"
-    "  --steps N           tokens to generate (default 256; at most what the model's seq_len leaves)\n"
-    "  --prompt TEXT       the prompt: text with --tokenizer (BOS is put first), else token ids separated\n"
+    "  --steps N           tokens to generate (default 256; at most what the model's seq_len "
+    "leaves)\n"
+    "  --prompt TEXT       the prompt: text with --tokenizer (BOS is put first), else token ids "
+    "separated\n"
     "                      by spaces or commas (default: BOS alone, id 1)\n"
     "  --temperature T     0 is greedy; default 1.0\n"
     "  --top-p P           nucleus sampling threshold in (0, 1], 1 = off; default 0.9\n"
     "  --seed S            seed of the sampler (default 42: runs are reproducible)\n"
     "  --block-size B      tokens per block of the paged backend (default 16)\n"
     "  --threads T         OpenMP threads (default 1)\n"
-    "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; default) or\n"
-    "                      stories15M (the stories15M shape: dim 288, 6 layers, vocab 32000, but a separate\n"
+    "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; "
+    "default) or\n"
+    "                      stories15M (the stories15M shape: dim 288, 6 layers, vocab 32000, but a "
+    "separate\n"
     "                      classifier), random weights\n"
     "  --quiet             no progress lines on standard error\n"
     "  --help              print this and exit\n"
@@ -135,8 +145,10 @@ bool parse_options(int argc, char** argv, Options& o) {
         throw UsageError("--builtin: expected tiny or stories15M, got '" + o.builtin + "'");
       }
     } else {
-      throw UsageError("unknown option '" + arg + "': expected one of --model, --tokenizer, --backend, --steps, "
-                       "--prompt, --temperature, --top-p, --seed, --block-size, --threads, --builtin, --quiet, --help");
+      throw UsageError("unknown option '" + arg +
+                       "': expected one of --model, --tokenizer, --backend, --steps, "
+                       "--prompt, --temperature, --top-p, --seed, --block-size, --threads, "
+                       "--builtin, --quiet, --help");
     }
   }
   return true;
@@ -155,7 +167,8 @@ std::vector<int> parse_ids(const std::string& text, int vocab_size) {
     const int id = parse_int("--prompt", word.c_str(), 0, vocab_size - 1);
     ids.push_back(id);
   }
-  if (ids.empty()) throw UsageError("--prompt: expected token ids (no --tokenizer was given), got '" + text + "'");
+  if (ids.empty())
+    throw UsageError("--prompt: expected token ids (no --tokenizer was given), got '" + text + "'");
   return ids;
 }
 
@@ -205,17 +218,20 @@ int run(const Options& o) {
   if (!o.tokenizer.empty()) {
     tokenizer = std::make_unique<kvlab::Tokenizer>(kvlab::Tokenizer::load(o.tokenizer));
     if (tokenizer->vocab_size() != config.vocab_size) {
-      throw std::runtime_error("--tokenizer: expected a tokenizer of " + std::to_string(config.vocab_size) +
-                               " pieces (the model's vocab_size), got " + std::to_string(tokenizer->vocab_size()) +
-                               " in '" + o.tokenizer + "' (this model was trained with another tokenizer)");
+      throw std::runtime_error(
+          "--tokenizer: expected a tokenizer of " + std::to_string(config.vocab_size) +
+          " pieces (the model's vocab_size), got " + std::to_string(tokenizer->vocab_size()) +
+          " in '" + o.tokenizer + "' (this model was trained with another tokenizer)");
     }
   }
-  const std::vector<int> prompt =
-      tokenizer ? tokenizer->encode(o.prompt, /*bos=*/true, /*eos=*/false)
-                : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size) : std::vector<int>{kvlab::Tokenizer::kBos});
+  const std::vector<int> prompt = tokenizer
+                                      ? tokenizer->encode(o.prompt, /*bos=*/true, /*eos=*/false)
+                                      : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size)
+                                                        : std::vector<int>{kvlab::Tokenizer::kBos});
 
   kvlab::LlamaModel model(weights, o.backend, o.block_size);
-  const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;  // tokens generate() can make
+  // tokens generate() can make
+  const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;
   if (room < 1) {
     throw std::runtime_error("--prompt: expected at most " + std::to_string(model.max_tokens()) +
                              " tokens (seq_len), got " + std::to_string(prompt.size()));
@@ -223,23 +239,32 @@ int run(const Options& o) {
   int steps = o.steps;
   if (steps > room) {
     if (o.steps_given) {
-      std::fprintf(stderr, "kvlab-generate: --steps %d is more than seq_len %d leaves after a prompt of %zu tokens; "
-                   "generating %d\n", steps, config.seq_len, prompt.size(), room);
+      std::fprintf(
+          stderr,
+          "kvlab-generate: --steps %d is more than seq_len %d leaves after a prompt of %zu tokens; "
+          "generating %d\n",
+          steps, config.seq_len, prompt.size(), room);
     }
     steps = room;
   }
-  kvlab::Sampler sampler(config.vocab_size, static_cast<float>(o.temperature), static_cast<float>(o.top_p), o.seed);
+  kvlab::Sampler sampler(config.vocab_size, static_cast<float>(o.temperature),
+                         static_cast<float>(o.top_p), o.seed);
 
-  std::fprintf(stderr, "kvlab-generate: %s\n  %s\n  backend %s%s, %zu prompt tokens, up to %d new, temperature %g, "
-               "top-p %g, seed %llu, %d thread%s\n",
-               description.c_str(), kvlab::to_string(config).c_str(), kvlab::to_string(o.backend),
-               o.backend == kvlab::LlamaBackend::Paged ? (" (block size " + std::to_string(o.block_size) + ")").c_str() : "",
-               prompt.size(), steps, o.temperature, o.top_p, static_cast<unsigned long long>(o.seed), o.threads,
-               o.threads == 1 ? "" : "s");
+  std::fprintf(
+      stderr,
+      "kvlab-generate: %s\n  %s\n  backend %s%s, %zu prompt tokens, up to %d new, temperature %g, "
+      "top-p %g, seed %llu, %d thread%s\n",
+      description.c_str(), kvlab::to_string(config).c_str(), kvlab::to_string(o.backend),
+      o.backend == kvlab::LlamaBackend::Paged
+          ? (" (block size " + std::to_string(o.block_size) + ")").c_str()
+          : "",
+      prompt.size(), steps, o.temperature, o.top_p, static_cast<unsigned long long>(o.seed),
+      o.threads, o.threads == 1 ? "" : "s");
 
   // The prompt as it goes in, then each token as it comes out.
   if (tokenizer) {
-    for (std::size_t i = 1; i < prompt.size(); ++i) print_piece(tokenizer->decode(prompt[i - 1], prompt[i]));
+    for (std::size_t i = 1; i < prompt.size(); ++i)
+      print_piece(tokenizer->decode(prompt[i - 1], prompt[i]));
   } else {
     for (int id : prompt) std::printf("%d ", id);
     std::printf("| ");
@@ -248,7 +273,8 @@ int run(const Options& o) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto last_note = start;
-  const bool progress = !o.quiet && !stdout_is_terminal();  // on a terminal the text itself shows progress
+  // on a terminal the text itself shows progress
+  const bool progress = !o.quiet && !stdout_is_terminal();
   int previous = prompt.back();
   int generated = 0;
   const auto on_token = [&](int token) {
@@ -263,11 +289,13 @@ int run(const Options& o) {
     const auto now = Clock::now();
     if (progress && std::chrono::duration<double>(now - last_note).count() >= 2.0) {
       const double seconds = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "kvlab-generate: %d/%d tokens, %.1f tok/s so far\n", generated, steps, generated / seconds);
+      std::fprintf(stderr, "kvlab-generate: %d/%d tokens, %.1f tok/s so far\n", generated, steps,
+                   generated / seconds);
       last_note = now;
     }
   };
-  const kvlab::Generation g = kvlab::generate(model, sampler, prompt, steps, on_token, kvlab::Tokenizer::kBos);
+  const kvlab::Generation g =
+      kvlab::generate(model, sampler, prompt, steps, on_token, kvlab::Tokenizer::kBos);
   std::printf("\n");
   std::fflush(stdout);
 
@@ -276,28 +304,37 @@ int run(const Options& o) {
   std::fprintf(stderr, "\nkvlab-generate: %zu tokens generated%s\n", g.tokens.size(),
                g.stopped ? " (stopped: the model drew BOS, the end of a story)" : "");
   std::fprintf(stderr, "  prefill: %4d token%s in %9.3f ms  %10.1f tok/s\n", g.prompt_tokens,
-               g.prompt_tokens == 1 ? " " : "s", g.prefill_seconds * 1e3, g.prefill_tokens_per_second());
+               g.prompt_tokens == 1 ? " " : "s", g.prefill_seconds * 1e3,
+               g.prefill_tokens_per_second());
   std::fprintf(stderr, "  decode:  %4d step%s  in %9.3f ms  %10.1f tok/s\n", g.decode_steps,
-               g.decode_steps == 1 ? " " : "s", g.decode_seconds * 1e3, g.decode_tokens_per_second());
+               g.decode_steps == 1 ? " " : "s", g.decode_seconds * 1e3,
+               g.decode_tokens_per_second());
   const double total_seconds = g.prefill_seconds + g.decode_seconds;
-  std::fprintf(stderr, "  total:   %4zu token%s in %9.3f ms  %10.1f tok/s (generated tokens / prefill + decode time)\n",
+  std::fprintf(stderr,
+               "  total:   %4zu token%s in %9.3f ms  %10.1f tok/s (generated tokens / prefill + "
+               "decode time)\n",
                g.tokens.size(), g.tokens.size() == 1 ? " " : "s", total_seconds * 1e3,
                total_seconds > 0 ? static_cast<double>(g.tokens.size()) / total_seconds : 0.0);
-  std::fprintf(stderr, "  work (%s): %llu K/V projections, %llu q.k dot products, %.4g multiply-adds "
+  std::fprintf(stderr,
+               "  work (%s): %llu K/V projections, %llu q.k dot products, %.4g multiply-adds "
                "(attention %.3g, MLP %.3g, classifier %.3g)\n",
-               kvlab::to_string(o.backend), static_cast<unsigned long long>(work.attention.kv_projections),
-               static_cast<unsigned long long>(work.attention.qk_dots), static_cast<double>(work.macs()),
-               static_cast<double>(work.attention.macs), static_cast<double>(work.mlp_macs),
-               static_cast<double>(work.classifier_macs));
+               kvlab::to_string(o.backend),
+               static_cast<unsigned long long>(work.attention.kv_projections),
+               static_cast<unsigned long long>(work.attention.qk_dots),
+               static_cast<double>(work.macs()), static_cast<double>(work.attention.macs),
+               static_cast<double>(work.mlp_macs), static_cast<double>(work.classifier_macs));
   if (const kvlab::ContiguousKVCache<float>* cache = model.contiguous_cache()) {
-    std::fprintf(stderr, "  KV cache: contiguous, %d of %d positions used, %.1f KiB reserved\n", cache->length(0),
-                 cache->capacity(), static_cast<double>(cache->bytes_reserved()) / 1024);
+    std::fprintf(stderr, "  KV cache: contiguous, %d of %d positions used, %.1f KiB reserved\n",
+                 cache->length(0), cache->capacity(),
+                 static_cast<double>(cache->bytes_reserved()) / 1024);
   } else if (const kvlab::PagedKVCache<float>* pool = model.paged_cache()) {
-    std::fprintf(stderr, "  KV cache: paged, %d positions in %zu blocks of %d (%d blocks in the pool)\n",
-                 pool->length(model.paged_sequence()), pool->blocks(model.paged_sequence()).size(), pool->block_size(),
-                 pool->allocator().num_blocks());
+    std::fprintf(stderr,
+                 "  KV cache: paged, %d positions in %zu blocks of %d (%d blocks in the pool)\n",
+                 pool->length(model.paged_sequence()), pool->blocks(model.paged_sequence()).size(),
+                 pool->block_size(), pool->allocator().num_blocks());
   } else {
-    std::fprintf(stderr, "  KV cache: none (naive: every step re-projects K and V of all %d positions)\n",
+    std::fprintf(stderr,
+                 "  KV cache: none (naive: every step re-projects K and V of all %d positions)\n",
                  model.position());
   }
   return 0;

@@ -14,9 +14,9 @@ namespace kvlab_bench {
 
 /// One benchmark's result, as the summary tables use it.
 struct Measured {
-  double seconds = 0;                 ///< real time per iteration (median over repetitions)
-  benchmark::UserCounters counters;   ///< the user counters of the same run
-  int repetitions = 1;                ///< runs the median was taken over
+  double seconds = 0;                ///< real time per iteration (median over repetitions)
+  benchmark::UserCounters counters;  ///< the user counters of the same run
+  int repetitions = 1;               ///< runs the median was taken over
 };
 
 /// Forwards everything to the default display reporter (console, or whatever

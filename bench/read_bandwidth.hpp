@@ -39,7 +39,8 @@ inline float parallel_sum(const float* data, std::size_t count, int threads) {
 #endif
     const std::ptrdiff_t begin = size * id / num;
     const std::ptrdiff_t end = size * (id + 1) / num;
-    partial[static_cast<std::size_t>(id)] = Eigen::Map<const Eigen::ArrayXf>(data + begin, end - begin).sum();
+    partial[static_cast<std::size_t>(id)] =
+        Eigen::Map<const Eigen::ArrayXf>(data + begin, end - begin).sum();
   }
   float total = 0;
   for (float p : partial) total += p;
@@ -48,8 +49,8 @@ inline float parallel_sum(const float* data, std::size_t count, int threads) {
 
 /// Median read bandwidth (GB/s) of `runs` sums over the arrays `parts` (pointer, element count)
 /// with `threads` threads, after one warm-up sum.
-inline double read_bandwidth(const std::vector<std::pair<const float*, std::size_t>>& parts, int threads,
-                             int runs) {
+inline double read_bandwidth(const std::vector<std::pair<const float*, std::size_t>>& parts,
+                             int threads, int runs) {
   std::size_t count = 0;
   for (const auto& p : parts) count += p.second;
   const double bytes = static_cast<double>(count * sizeof(float));

@@ -30,8 +30,8 @@ inline std::string models_dir() {
 inline std::string model_file_or_skip(const std::string& name) {
   const std::string path = models_dir() + "/" + name;
   if (!std::ifstream(path, std::ios::binary)) {
-    std::printf("SKIPPED: %s not found (set KVLAB_MODELS_DIR to the folder holding %s)\n", path.c_str(),
-                name.c_str());
+    std::printf("SKIPPED: %s not found (set KVLAB_MODELS_DIR to the folder holding %s)\n",
+                path.c_str(), name.c_str());
     std::fflush(stdout);
     std::exit(77);
   }

@@ -15,14 +15,17 @@ namespace kvlab_test {
 class Names : public Catch::MatcherBase<std::exception> {
  public:
   Names(std::string argument, std::string expected, std::string actual)
-      : argument_(std::move(argument)), expected_(std::move(expected)), actual_(std::move(actual)) {}
+      : argument_(std::move(argument)),
+        expected_(std::move(expected)),
+        actual_(std::move(actual)) {}
   bool match(const std::exception& e) const override {
     const std::string message = e.what();
     return message.find(argument_ + ": expected " + expected_) != std::string::npos &&
            message.find("got " + actual_) != std::string::npos;
   }
   std::string describe() const override {
-    return "names \"" + argument_ + "\", \"expected " + expected_ + "\" and \"got " + actual_ + "\"";
+    return "names \"" + argument_ + "\", \"expected " + expected_ + "\" and \"got " + actual_ +
+           "\"";
   }
 
  private:
@@ -30,7 +33,8 @@ class Names : public Catch::MatcherBase<std::exception> {
 };
 
 /// Shorthand for `Names`, for CHECK_THROWS_MATCHES(expr, ExceptionType, names(...)).
-inline Names names(const std::string& argument, const std::string& expected, const std::string& actual) {
+inline Names names(const std::string& argument, const std::string& expected,
+                   const std::string& actual) {
   return Names(argument, expected, actual);
 }
 

@@ -21,14 +21,15 @@ using kvlab::AttentionShape;
 using kvlab::RowMatrix;
 using kvlab_test::max_row_relative_error;
 using kvlab_test::names;
-using kvlab_test::tolerance;
 using kvlab_test::reference_attention;
+using kvlab_test::tolerance;
 
 namespace {
 
 // A [rows, cols] float matrix of zeros (a plain matrix, as the kernels' arguments are).
-RowMatrix<float> zeros(Eigen::Index rows, Eigen::Index cols) { return RowMatrix<float>::Zero(rows, cols); }
-
+RowMatrix<float> zeros(Eigen::Index rows, Eigen::Index cols) {
+  return RowMatrix<float>::Zero(rows, cols);
+}
 
 // A view over caller-owned storage, [num_kv_heads, capacity, head_dim], holding rows of `k`
 // and `v` ([length, kv_width]) and NaN in every slot past `length`, so that a kernel that
@@ -85,7 +86,8 @@ TEMPLATE_TEST_CASE("naive_attention and decode_attention equal a triple loop", "
       const int lengths[][2] = {{1, 1}, {1, 23}, {23, 23}, {16, 40}, {17, 17}, {33, 50}};
       for (const auto& len : lengths) {
         const int q_len = len[0], kv_len = len[1];
-        if (heads.num_heads * head_dim * kv_len > 32 * 128 * 50) continue;  // keep the triple loop cheap
+        // keep the triple loop cheap
+        if (heads.num_heads * head_dim * kv_len > 32 * 128 * 50) continue;
         INFO("heads " << heads.num_heads << "/" << heads.num_kv_heads << ", head_dim " << head_dim
                       << ", q_len " << q_len << ", kv_len " << kv_len);
         check_kernels<TestType>(shape, q_len, kv_len, seed++);
@@ -132,7 +134,8 @@ TEST_CASE("decode_attention gives the same bits on 1 and 2 threads") {
   WARN("built without OpenMP: only the serial path is checked");
   const RowMatrix<float> one = kvlab::cpu::decode_attention(shape, q, cache.view);
 #endif
-  CHECK(max_row_relative_error(one, kvlab::cpu::naive_attention(shape, q, k, v)) <= tolerance<float>());
+  CHECK(max_row_relative_error(one, kvlab::cpu::naive_attention(shape, q, k, v)) <=
+        tolerance<float>());
 }
 
 TEST_CASE("counters: naive materialises every score, decode reads K/V once per group") {
@@ -213,18 +216,17 @@ TEST_CASE("naive_attention rejects bad arguments, naming them") {
   const RowMatrix<float> q = zeros(3, 32), k = zeros(5, 16);
   const RowMatrix<float>& v = k;
   RowMatrix<float> out;
-  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, RowMatrix<float>(0, 32), k, v), InvalidArgument,
-                       names("q.rows()", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, zeros(3, 30), k, v),
-                       InvalidArgument, names("q.cols()", "32 (num_heads * head_dim)", "30"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, zeros(5, 17), v),
-                       InvalidArgument, names("k.cols()", "16", "17"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, k, zeros(4, 16)),
-                       InvalidArgument, names("v.rows()", "5 (k.rows())", "4"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, k, zeros(5, 8)),
-                       InvalidArgument, names("v.cols()", "16", "8"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, zeros(2, 16),
-                                                   zeros(2, 16)),
+  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, RowMatrix<float>(0, 32), k, v),
+                       InvalidArgument, names("q.rows()", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, zeros(3, 30), k, v), InvalidArgument,
+                       names("q.cols()", "32 (num_heads * head_dim)", "30"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, zeros(5, 17), v), InvalidArgument,
+                       names("k.cols()", "16", "17"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, k, zeros(4, 16)), InvalidArgument,
+                       names("v.rows()", "5 (k.rows())", "4"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, k, zeros(5, 8)), InvalidArgument,
+                       names("v.cols()", "16", "8"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, q, zeros(2, 16), zeros(2, 16)),
                        InvalidArgument, names("k.rows()", ">= q.rows() (3)", "2"));
   RowMatrix<float> aliased = q;
   CHECK_THROWS_MATCHES(kvlab::cpu::naive_attention(shape, aliased, k, v, aliased), InvalidArgument,
@@ -241,16 +243,17 @@ TEST_CASE("decode_attention rejects bad arguments and views, naming them") {
   const auto good = cache.view(0);
   CHECK_NOTHROW(kvlab::cpu::decode_attention(shape, q, good));
 
-  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, RowMatrix<float>(0, 32), good), InvalidArgument,
-                       names("q.rows()", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, zeros(1, 33), good),
-                       InvalidArgument, names("q.cols()", "32", "33"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(AttentionShape(4, 4, 8), q, good), InvalidArgument,
+  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, RowMatrix<float>(0, 32), good),
+                       InvalidArgument, names("q.rows()", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, zeros(1, 33), good), InvalidArgument,
+                       names("q.cols()", "32", "33"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(AttentionShape(4, 4, 8), q, good),
+                       InvalidArgument,
                        names("cache.num_kv_heads", "4 (shape.num_kv_heads())", "2"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(AttentionShape(2, 2, 16), q, good), InvalidArgument,
-                       names("cache.head_dim", "16 (shape.head_dim())", "8"));
-  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, zeros(5, 32), good),
-                       InvalidArgument, names("cache.length", "in [q.rows() (5), cache.capacity (10)]", "4"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(AttentionShape(2, 2, 16), q, good),
+                       InvalidArgument, names("cache.head_dim", "16 (shape.head_dim())", "8"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, zeros(5, 32), good), InvalidArgument,
+                       names("cache.length", "in [q.rows() (5), cache.capacity (10)]", "4"));
   auto too_long = good;
   too_long.length = 11;
   CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, q, too_long), InvalidArgument,

@@ -37,16 +37,20 @@ TEST_CASE("blocks are handed out, shared and returned") {
 TEST_CASE("exhaustion and misuse throw and change nothing") {
   BlockAllocator pool(3);
   const std::vector<std::int32_t> two = pool.allocate(2);
-  CHECK_THROWS_MATCHES(pool.allocate(2), kvlab::OutOfBlocks, names("n", "at most 1 (free blocks of 3)", "2"));
+  CHECK_THROWS_MATCHES(pool.allocate(2), kvlab::OutOfBlocks,
+                       names("n", "at most 1 (free blocks of 3)", "2"));
   CHECK(pool.num_free() == 1);
   const std::int32_t last = pool.allocate();
   CHECK_THROWS_AS(pool.allocate(), kvlab::OutOfBlocks);
   CHECK(pool.num_free() == 0);
   pool.release(last);
-  CHECK_THROWS_MATCHES(pool.release(last), kvlab::InvalidArgument, names("block", "a block in use", "2 (free)"));
-  CHECK_THROWS_MATCHES(pool.share(last), kvlab::InvalidArgument, names("block", "a block in use", "2 (free)"));
+  CHECK_THROWS_MATCHES(pool.release(last), kvlab::InvalidArgument,
+                       names("block", "a block in use", "2 (free)"));
+  CHECK_THROWS_MATCHES(pool.share(last), kvlab::InvalidArgument,
+                       names("block", "a block in use", "2 (free)"));
   CHECK_THROWS_MATCHES(pool.release(3), kvlab::InvalidArgument, names("block", "in [0, 3)", "3"));
-  CHECK_THROWS_MATCHES(pool.ref_count(-1), kvlab::InvalidArgument, names("block", "in [0, 3)", "-1"));
+  CHECK_THROWS_MATCHES(pool.ref_count(-1), kvlab::InvalidArgument,
+                       names("block", "in [0, 3)", "-1"));
   CHECK_THROWS_MATCHES(pool.allocate(-1), kvlab::InvalidArgument, names("n", ">= 0", "-1"));
   CHECK_THROWS_MATCHES(BlockAllocator(0), kvlab::InvalidArgument, names("num_blocks", ">= 1", "0"));
   CHECK(pool.num_free() == 1);

@@ -27,11 +27,13 @@ TEST_CASE("from_lists builds the CSR arrays") {
   CHECK(t.seq_len(2) == 3);
   CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, 10, 4), InvalidArgument,
                        names("blocks[0].size()", "1 (ceil(lengths[0] / block_size))", "2"));
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 10, 4), InvalidArgument, names("lengths[0]", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 10, 4), InvalidArgument,
+                       names("lengths[0]", ">= 1", "0"));
 }
 
-TEST_CASE("a token's address: ((block * block_size + slot) * num_kv_heads + head) * head_dim in NHD, "
-          "((block * num_kv_heads + head) * block_size + slot) * head_dim in HND") {
+TEST_CASE(
+    "a token's address: ((block * block_size + slot) * num_kv_heads + head) * head_dim in NHD, "
+    "((block * num_kv_heads + head) * block_size + slot) * head_dim in HND") {
   const int num_blocks = 16, kv_heads = 3, head_dim = 5;
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   const bool hnd = layout == kvlab::KVLayout::HND;
@@ -41,18 +43,21 @@ TEST_CASE("a token's address: ((block * block_size + slot) * num_kv_heads + head
     kvlab::BlockAllocator pool(num_blocks);
     kvlab::Rng rng(static_cast<std::uint64_t>(block_size));
     std::vector<std::int32_t> order = pool.allocate(num_blocks);
-    for (std::size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+    for (std::size_t i = order.size() - 1; i > 0; --i)
+      std::swap(order[i], order[rng.next_u64() % (i + 1)]);
     const std::vector<int> lengths = {1, block_size, block_size + 1, 2 * block_size - 1};
     std::vector<std::vector<std::int32_t>> lists;
     std::size_t next = 0;
     for (int len : lengths) {
       const int pages = (len - 1) / block_size + 1;
-      lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
-                         order.begin() + static_cast<std::ptrdiff_t>(next + static_cast<std::size_t>(pages)));
+      lists.emplace_back(
+          order.begin() + static_cast<std::ptrdiff_t>(next),
+          order.begin() + static_cast<std::ptrdiff_t>(next + static_cast<std::size_t>(pages)));
       next += static_cast<std::size_t>(pages);
     }
     const BlockTables tables = BlockTables::from_lists(lists, lengths, num_blocks, block_size);
-    std::vector<float> pool_k(static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
+    std::vector<float> pool_k(
+        static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
     const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim, layout);
     REQUIRE(view.batch == 4);
     REQUIRE(view.layout == layout);
@@ -62,14 +67,19 @@ TEST_CASE("a token's address: ((block * block_size + slot) * num_kv_heads + head
     for (int s = 0; s < 4; ++s) {
       REQUIRE(view.seq_len(s) == lengths[static_cast<std::size_t>(s)]);
       for (int pos = 0; pos < lengths[static_cast<std::size_t>(s)]; ++pos) {
-        const int block = lists[static_cast<std::size_t>(s)][static_cast<std::size_t>(pos / block_size)];
+        const int block =
+            lists[static_cast<std::size_t>(s)][static_cast<std::size_t>(pos / block_size)];
         REQUIRE(view.block_of(s, pos) == block);
         for (int h = 0; h < kv_heads; ++h) {
           const std::ptrdiff_t slot = pos % block_size;
-          const std::ptrdiff_t want = hnd ? ((static_cast<std::ptrdiff_t>(block) * kv_heads + h) * block_size + slot) * head_dim
-                                          : ((static_cast<std::ptrdiff_t>(block) * block_size + slot) * kv_heads + h) * head_dim;
+          const std::ptrdiff_t want =
+              hnd ? ((static_cast<std::ptrdiff_t>(block) * kv_heads + h) * block_size + slot) *
+                        head_dim
+                  : ((static_cast<std::ptrdiff_t>(block) * block_size + slot) * kv_heads + h) *
+                        head_dim;
           REQUIRE(view.offset(s, pos, h) == want);
-          REQUIRE(view.slot_offset(static_cast<std::int64_t>(block) * block_size + slot, h) == want);
+          REQUIRE(view.slot_offset(static_cast<std::int64_t>(block) * block_size + slot, h) ==
+                  want);
           REQUIRE(view.key(s, pos, h) == pool_k.data() + want);
           if (slot > 0) REQUIRE(view.offset(s, pos - 1, h) + view.token_stride() == want);
           if (h > 0) REQUIRE(view.offset(s, pos, h - 1) + view.head_stride() == want);
@@ -79,7 +89,8 @@ TEST_CASE("a token's address: ((block * block_size + slot) * num_kv_heads + head
     // Over every slot of every block: the rows of all (slot, head) pairs tile the pool.
     for (std::int64_t slot = 0; slot < static_cast<std::int64_t>(num_blocks) * block_size; ++slot)
       for (int h = 0; h < kv_heads; ++h)
-        for (int c = 0; c < head_dim; ++c) ++hits[static_cast<std::size_t>(view.slot_offset(slot, h) + c)];
+        for (int c = 0; c < head_dim; ++c)
+          ++hits[static_cast<std::size_t>(view.slot_offset(slot, h) + c)];
     REQUIRE(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
   }
 }
@@ -87,19 +98,26 @@ TEST_CASE("a token's address: ((block * block_size + slot) * num_kv_heads + head
 TEST_CASE("malformed tables are rejected, naming the element") {
   const auto make = [](std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
                        std::vector<std::int32_t> last, int num_blocks = 8, int block_size = 4) {
-    return BlockTables(std::move(indptr), std::move(indices), std::move(last), num_blocks, block_size);
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last), num_blocks,
+                       block_size);
   };
   CHECK_NOTHROW(make({0, 2, 3}, {5, 1, 7}, {4, 1}));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 5}), InvalidArgument,
                        names("last_page_len[1]", "in [1, block_size (4)]", "5"));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {0, 1}), InvalidArgument,
                        names("last_page_len[0]", "in [1, block_size (4)]", "0"));
-  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 8, 7}, {4, 1}), InvalidArgument, names("indices[1]", "in [0, 8)", "8"));
-  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, -1, 7}, {4, 1}), InvalidArgument, names("indices[1]", "in [0, 8)", "-1"));
-  CHECK_THROWS_MATCHES(make({0, 2, 2}, {5, 1}, {4, 1}), InvalidArgument, names("indptr[2]", "> indptr[1] (2)", "2"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 8, 7}, {4, 1}), InvalidArgument,
+                       names("indices[1]", "in [0, 8)", "8"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, -1, 7}, {4, 1}), InvalidArgument,
+                       names("indices[1]", "in [0, 8)", "-1"));
+  CHECK_THROWS_MATCHES(make({0, 2, 2}, {5, 1}, {4, 1}), InvalidArgument,
+                       names("indptr[2]", "> indptr[1] (2)", "2"));
   CHECK_THROWS_MATCHES(make({1, 2}, {5, 1}, {4}), InvalidArgument, names("indptr[0]", "0", "1"));
-  CHECK_THROWS_MATCHES(make({0, 2}, {5, 1, 7}, {4}), InvalidArgument, names("indices.size()", "2 (indptr[batch])", "3"));
-  CHECK_THROWS_MATCHES(make({0, 2}, {5, 1}, {4, 4}), InvalidArgument, names("last_page_len.size()", "1 (batch)", "2"));
+  CHECK_THROWS_MATCHES(make({0, 2}, {5, 1, 7}, {4}), InvalidArgument,
+                       names("indices.size()", "2 (indptr[batch])", "3"));
+  CHECK_THROWS_MATCHES(make({0, 2}, {5, 1}, {4, 4}), InvalidArgument,
+                       names("last_page_len.size()", "1 (batch)", "2"));
   CHECK_THROWS_MATCHES(make({0}, {}, {}), InvalidArgument, names("indptr.size()", ">= 2", "1"));
-  CHECK_THROWS_MATCHES(make({0, 1}, {0}, {1}, 8, 0), InvalidArgument, names("block_size", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(make({0, 1}, {0}, {1}, 8, 0), InvalidArgument,
+                       names("block_size", ">= 1", "0"));
 }

@@ -66,24 +66,30 @@ TEST_CASE("a failed append leaves the cache unchanged") {
   const std::vector<float> before = snapshot(cache);
 
   SECTION("overflow: 2 more rows where 1 fits") {
-    CHECK_THROWS_MATCHES(cache.append(0, kvlab::random_matrix<float>(2, 8, rng), kvlab::random_matrix<float>(2, 8, rng)),
+    CHECK_THROWS_MATCHES(cache.append(0, kvlab::random_matrix<float>(2, 8, rng),
+                                      kvlab::random_matrix<float>(2, 8, rng)),
                          CapacityError, names("k.rows()", "at most 1 (capacity 6, length 5)", "2"));
   }
   SECTION("wrong widths and row counts") {
-    CHECK_THROWS_MATCHES(cache.append(0, RowMatrix<float>::Zero(1, 7), RowMatrix<float>::Zero(1, 8)),
-                         InvalidArgument, names("k.cols()", "8 (num_kv_heads * head_dim)", "7"));
-    CHECK_THROWS_MATCHES(cache.append(0, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(2, 8)),
-                         InvalidArgument, names("v.rows()", "1 (k.rows())", "2"));
-    CHECK_THROWS_MATCHES(cache.append(0, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(1, 9)),
-                         InvalidArgument, names("v.cols()", "8", "9"));
-    CHECK_THROWS_MATCHES(cache.append(0, RowMatrix<float>(0, 8), RowMatrix<float>(0, 8)), InvalidArgument,
-                         names("k.rows()", ">= 1", "0"));
+    CHECK_THROWS_MATCHES(
+        cache.append(0, RowMatrix<float>::Zero(1, 7), RowMatrix<float>::Zero(1, 8)),
+        InvalidArgument, names("k.cols()", "8 (num_kv_heads * head_dim)", "7"));
+    CHECK_THROWS_MATCHES(
+        cache.append(0, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(2, 8)),
+        InvalidArgument, names("v.rows()", "1 (k.rows())", "2"));
+    CHECK_THROWS_MATCHES(
+        cache.append(0, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(1, 9)),
+        InvalidArgument, names("v.cols()", "8", "9"));
+    CHECK_THROWS_MATCHES(cache.append(0, RowMatrix<float>(0, 8), RowMatrix<float>(0, 8)),
+                         InvalidArgument, names("k.rows()", ">= 1", "0"));
   }
   SECTION("layer out of range") {
-    CHECK_THROWS_MATCHES(cache.append(2, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(1, 8)),
-                         InvalidArgument, names("layer", "in [0, 2)", "2"));
-    CHECK_THROWS_MATCHES(cache.append(-1, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(1, 8)),
-                         InvalidArgument, names("layer", "in [0, 2)", "-1"));
+    CHECK_THROWS_MATCHES(
+        cache.append(2, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(1, 8)),
+        InvalidArgument, names("layer", "in [0, 2)", "2"));
+    CHECK_THROWS_MATCHES(
+        cache.append(-1, RowMatrix<float>::Zero(1, 8), RowMatrix<float>::Zero(1, 8)),
+        InvalidArgument, names("layer", "in [0, 2)", "-1"));
   }
   CHECK(cache.length(0) == 5);
   CHECK(cache.length(1) == 0);
@@ -94,10 +100,14 @@ TEST_CASE("a failed append leaves the cache unchanged") {
 }
 
 TEST_CASE("constructor and accessors reject bad sizes, naming them") {
-  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(0, 1, 1, 1), InvalidArgument, names("num_layers", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 0, 1, 1), InvalidArgument, names("num_kv_heads", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1, -2, 1), InvalidArgument, names("head_dim", ">= 1", "-2"));
-  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1, 1, 0), InvalidArgument, names("capacity", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(0, 1, 1, 1), InvalidArgument,
+                       names("num_layers", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 0, 1, 1), InvalidArgument,
+                       names("num_kv_heads", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1, -2, 1), InvalidArgument,
+                       names("head_dim", ">= 1", "-2"));
+  CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1, 1, 0), InvalidArgument,
+                       names("capacity", ">= 1", "0"));
   CHECK_THROWS_MATCHES(ContiguousKVCache<float>(10000, 1 << 10, 1 << 10, 1 << 30), InvalidArgument,
                        names("capacity", "at most", std::to_string(1 << 30)));
   CHECK_THROWS_MATCHES(ContiguousKVCache<float>(1, 1 << 16, 1 << 16, 1), InvalidArgument,
@@ -112,7 +122,8 @@ TEST_CASE("constructor and accessors reject bad sizes, naming them") {
 TEST_CASE("truncate and clear forget tokens but keep the storage") {
   ContiguousKVCache<float> cache(2, 1, 2, 8);
   kvlab::Rng rng(4);
-  const RowMatrix<float> k = kvlab::random_matrix<float>(5, 2, rng), v = kvlab::random_matrix<float>(5, 2, rng);
+  const RowMatrix<float> k = kvlab::random_matrix<float>(5, 2, rng),
+                         v = kvlab::random_matrix<float>(5, 2, rng);
   cache.append(0, k, v);
   cache.append(1, k, v);
   const std::size_t reserved = cache.bytes_reserved();
@@ -120,7 +131,8 @@ TEST_CASE("truncate and clear forget tokens but keep the storage") {
   CHECK(cache.length(0) == 3);
   CHECK(cache.length(1) == 3);
   CHECK(cache.keys(1, 0) == k.topRows(3));
-  CHECK_THROWS_MATCHES(cache.truncate(4), InvalidArgument, names("length", "at most the length of layer 0 (3)", "4"));
+  CHECK_THROWS_MATCHES(cache.truncate(4), InvalidArgument,
+                       names("length", "at most the length of layer 0 (3)", "4"));
   CHECK_THROWS_MATCHES(cache.truncate(-1), InvalidArgument, names("length", ">= 0", "-1"));
   CHECK(cache.length(0) == 3);
   cache.clear();

@@ -59,12 +59,14 @@ TEST_CASE("per-step and total counts equal their closed forms") {
   for (int layers : {1, 2, 3}) {
     for (int prompt : {1, 7}) {
       INFO("layers " << layers << ", prompt " << prompt);
-      const auto stack = AttentionStack<float>::random(layers, AttentionShape(heads, kv_heads, head_dim), d_model, 2);
+      const auto stack = AttentionStack<float>::random(
+          layers, AttentionShape(heads, kv_heads, head_dim), d_model, 2);
       NaiveDecoder<float> naive(stack);
       CachedDecoder<float> cached(stack, n);
       const std::vector<CostCounters> nt = run(naive, inputs, prompt);
       const std::vector<CostCounters> ct = run(cached, inputs, prompt);
-      const u64 L = static_cast<u64>(layers), H = heads, Hkv = kv_heads, P = static_cast<u64>(prompt);
+      const u64 L = static_cast<u64>(layers), H = heads, Hkv = kv_heads,
+                P = static_cast<u64>(prompt);
 
       // The last step (t = n tokens): naive re-projects all n, cached only the new one.
       CHECK(naive.last_step().kv_projections == L * Hkv * n);
@@ -100,15 +102,18 @@ TEST_CASE("per-step and total counts equal their closed forms") {
         // Multiply-adds: d_model * head_dim per query (projection in, projection out), 2 *
         // d_model * head_dim per K/V projection, 2 * head_dim per score (q.k and p.v).
         for (const CostCounters* c : {&a, &b}) {
-          REQUIRE(c->macs == 2 * static_cast<u64>(head_dim) *
-                                 (static_cast<u64>(d_model) * (c->q_projections + c->kv_projections) + c->qk_dots));
+          REQUIRE(c->macs ==
+                  2 * static_cast<u64>(head_dim) *
+                      (static_cast<u64>(d_model) * (c->q_projections + c->kv_projections) +
+                       c->qk_dots));
         }
       }
     }
   }
 }
 
-TEST_CASE("K/V projections: Θ(n²) without a cache, Θ(n) with one, by log-log slope over n = 64 … 2048") {
+TEST_CASE(
+    "K/V projections: Θ(n²) without a cache, Θ(n) with one, by log-log slope over n = 64 … 2048") {
   // The smallest model: what is counted does not depend on the widths.
   const int n = 2048;
   const auto stack = AttentionStack<float>::random(1, AttentionShape(1, 1, 1), 1, 3);

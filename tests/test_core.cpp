@@ -39,13 +39,15 @@ TEST_CASE("AttentionShape rejects bad sizes with the argument, expected and actu
   using kvlab::InvalidArgument;
   CHECK_THROWS_MATCHES(AttentionShape(0, 1, 8), InvalidArgument, names("num_heads", ">= 1", "0"));
   CHECK_THROWS_MATCHES(AttentionShape(-4, 1, 8), InvalidArgument, names("num_heads", ">= 1", "-4"));
-  CHECK_THROWS_MATCHES(AttentionShape(4, 0, 8), InvalidArgument, names("num_kv_heads", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(AttentionShape(4, 0, 8), InvalidArgument,
+                       names("num_kv_heads", ">= 1", "0"));
   CHECK_THROWS_MATCHES(AttentionShape(4, 2, 0), InvalidArgument, names("head_dim", ">= 1", "0"));
   CHECK_THROWS_MATCHES(AttentionShape(8, 3, 64), InvalidArgument,
                        names("num_heads", "a multiple of num_kv_heads (3)", "8"));
   CHECK_THROWS_MATCHES(AttentionShape(1 << 16, 1, 1 << 16), InvalidArgument,
                        names("num_heads * head_dim", "at most", "4294967296"));
-  CHECK_THROWS_MATCHES(AttentionShape(4, 2, 8, 0.0), InvalidArgument, names("scale", "a finite value > 0", "0"));
+  CHECK_THROWS_MATCHES(AttentionShape(4, 2, 8, 0.0), InvalidArgument,
+                       names("scale", "a finite value > 0", "0"));
   CHECK_THROWS_MATCHES(AttentionShape(4, 2, 8, std::nan("")), InvalidArgument,
                        names("scale", "a finite value > 0", "nan"));
 }
@@ -71,7 +73,8 @@ TEST_CASE("softmax rows sum to 1 and follow the definition") {
       double sum = 0;
       for (int i = 0; i < n; ++i) {
         const auto u = static_cast<std::size_t>(i);
-        CHECK(p[u] == Approx(std::exp(x[u] - max) / denominator).epsilon(1e-13));  // double: a few ulps
+        // double: a few ulps
+        CHECK(p[u] == Approx(std::exp(x[u] - max) / denominator).epsilon(1e-13));
         CHECK(p[u] >= 0.0);
         sum += p[u];
       }
@@ -100,7 +103,8 @@ TEST_CASE("softmax of logits of +-1e4 gives no NaN or Inf") {
   }
   SECTION("n < 1 is an error") {
     double x = 0;
-    CHECK_THROWS_MATCHES(kvlab::cpu::softmax_inplace(&x, 0), kvlab::InvalidArgument, names("n", ">= 1", "0"));
+    CHECK_THROWS_MATCHES(kvlab::cpu::softmax_inplace(&x, 0), kvlab::InvalidArgument,
+                         names("n", ">= 1", "0"));
   }
 }
 

@@ -29,16 +29,16 @@ using kvlab_test::tolerance;
 
 namespace {
 
-
 struct Case {
   int num_heads, num_kv_heads, head_dim, d_model, layers, n;
   std::vector<int> prompts;  // prompt lengths to try, each in [1, n]
 };
 
 std::string describe(const Case& c, int prompt) {
-  return "heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) + ", head_dim " +
-         std::to_string(c.head_dim) + ", d_model " + std::to_string(c.d_model) + ", layers " +
-         std::to_string(c.layers) + ", n " + std::to_string(c.n) + ", prompt " + std::to_string(prompt);
+  return "heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) +
+         ", head_dim " + std::to_string(c.head_dim) + ", d_model " + std::to_string(c.d_model) +
+         ", layers " + std::to_string(c.layers) + ", n " + std::to_string(c.n) + ", prompt " +
+         std::to_string(prompt);
 }
 
 // Prefills `prompt` tokens, then decodes up to n, comparing the decoders' outputs at every step.
@@ -77,7 +77,8 @@ void check_equal_at_every_step(const Case& c, std::uint64_t seed) {
 // small widths and a short one that tries every prompt length.
 std::vector<Case> grid() {
   std::vector<Case> cases;
-  const int layouts[][2] = {{1, 1}, {4, 4}, {4, 2}, {4, 1}, {8, 8}, {8, 2}, {8, 1}, {32, 32}, {32, 8}, {32, 1}};
+  const int layouts[][2] = {{1, 1}, {4, 4}, {4, 2},   {4, 1},  {8, 8},
+                            {8, 2}, {8, 1}, {32, 32}, {32, 8}, {32, 1}};
   int layers = 1;
   for (const auto& heads : layouts) {
     for (int head_dim : {8, 64, 80, 96, 128, 256}) {
@@ -154,7 +155,8 @@ TEST_CASE("rewind replays: outputs after a rewind equal those before it") {
     d->rewind(7);
     CHECK(d->position() == 7);
     for (int t = 7; t < 12; ++t) CHECK(d->decode(inputs.row(t)) == first.row(t - 4));
-    CHECK_THROWS_MATCHES(d->rewind(13), kvlab::InvalidArgument, names("position", "in [0, 12]", "13"));
+    CHECK_THROWS_MATCHES(d->rewind(13), kvlab::InvalidArgument,
+                         names("position", "in [0, 12]", "13"));
     d->reset();
     CHECK(d->position() == 0);
     CHECK(d->total() == kvlab::CostCounters{});
@@ -180,7 +182,8 @@ TEST_CASE("decoders reject bad input and stay unchanged") {
   for (kvlab::Decoder<float>* d : std::vector<kvlab::Decoder<float>*>{&naive, &cached}) {
     CHECK_THROWS_MATCHES(d->prefill(RowMatrix<float>::Zero(2, 15)), kvlab::InvalidArgument,
                          names("x.cols()", "16 (d_model)", "15"));
-    CHECK_THROWS_MATCHES(d->prefill(RowMatrix<float>(0, 16)), kvlab::InvalidArgument, names("x.rows()", ">= 1", "0"));
+    CHECK_THROWS_MATCHES(d->prefill(RowMatrix<float>(0, 16)), kvlab::InvalidArgument,
+                         names("x.rows()", ">= 1", "0"));
     CHECK_THROWS_MATCHES(d->decode(RowVector<float>::Zero(17)), kvlab::InvalidArgument,
                          names("x.cols()", "16 (d_model)", "17"));
     CHECK(d->position() == 5);
@@ -197,26 +200,32 @@ TEST_CASE("decoders reject bad input and stay unchanged") {
   CHECK(cached.decode(inputs.row(5)) == fresh.decode(inputs.row(5)));
   CHECK_THROWS_AS(cached.decode(inputs.row(6)), kvlab::CapacityError);
 
-  CHECK_THROWS_MATCHES(NaiveDecoder<float>(nullptr), kvlab::InvalidArgument, names("stack", "a non-null stack", "nullptr"));
-  CHECK_THROWS_MATCHES(CachedDecoder<float>(stack, 0), kvlab::InvalidArgument, names("capacity", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(NaiveDecoder<float>(nullptr), kvlab::InvalidArgument,
+                       names("stack", "a non-null stack", "nullptr"));
+  CHECK_THROWS_MATCHES(CachedDecoder<float>(stack, 0), kvlab::InvalidArgument,
+                       names("capacity", ">= 1", "0"));
 }
 
 TEST_CASE("AttentionLayer and AttentionStack check their weights") {
   const AttentionShape shape(4, 2, 8);  // q_width 32, kv_width 16
   using M = RowMatrix<float>;
-  CHECK_THROWS_MATCHES(kvlab::AttentionLayer<float>(shape, 10, M::Zero(32, 10), M::Zero(16, 10), M::Zero(16, 10), M::Zero(10, 31)),
+  CHECK_THROWS_MATCHES(kvlab::AttentionLayer<float>(shape, 10, M::Zero(32, 10), M::Zero(16, 10),
+                                                    M::Zero(16, 10), M::Zero(10, 31)),
                        kvlab::InvalidArgument, names("wo shape", "[10, 32]", "[10, 31]"));
-  CHECK_THROWS_MATCHES(kvlab::AttentionLayer<float>(shape, 10, M::Zero(32, 10), M::Zero(8, 10), M::Zero(16, 10), M::Zero(10, 32)),
+  CHECK_THROWS_MATCHES(kvlab::AttentionLayer<float>(shape, 10, M::Zero(32, 10), M::Zero(8, 10),
+                                                    M::Zero(16, 10), M::Zero(10, 32)),
                        kvlab::InvalidArgument, names("wk shape", "[16, 10]", "[8, 10]"));
-  CHECK_THROWS_MATCHES(kvlab::AttentionLayer<float>(shape, 0, M(32, 0), M(16, 0), M(16, 0), M(0, 32)),
-                       kvlab::InvalidArgument, names("d_model", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(
+      kvlab::AttentionLayer<float>(shape, 0, M(32, 0), M(16, 0), M(16, 0), M(0, 32)),
+      kvlab::InvalidArgument, names("d_model", ">= 1", "0"));
   kvlab::Rng rng(1);
   std::vector<kvlab::AttentionLayer<float>> mixed;
   mixed.push_back(kvlab::AttentionLayer<float>::random(shape, 10, rng));
   mixed.push_back(kvlab::AttentionLayer<float>::random(AttentionShape(4, 4, 8), 10, rng));
   CHECK_THROWS_MATCHES(AttentionStack<float>(mixed), kvlab::InvalidArgument,
                        names("layers[1].shape().num_kv_heads()", "2 (layers[0])", "4"));
-  CHECK_THROWS_MATCHES(AttentionStack<float>({}), kvlab::InvalidArgument, names("layers.size()", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(AttentionStack<float>({}), kvlab::InvalidArgument,
+                       names("layers.size()", ">= 1", "0"));
   const auto stack = AttentionStack<float>::random(2, shape, 10, 3);
   CHECK_THROWS_MATCHES(stack->layer(2), kvlab::InvalidArgument, names("l", "in [0, 2)", "2"));
 }

@@ -14,8 +14,8 @@
 
 using kvlab::bytes_per_token;
 using kvlab::InvalidArgument;
-using kvlab::KVDtype;
 using kvlab::kv_cache_bytes;
+using kvlab::KVDtype;
 using kvlab::ModelConfig;
 using kvlab_test::names;
 
@@ -58,11 +58,11 @@ TEST_CASE("the published configurations") {
     std::int64_t d_model;
   };
   const Want want[] = {
-      {"Llama-2-7B", 32, 32, 32, 128, 4096},    // hidden_size 4096
-      {"Llama-2-70B", 80, 64, 8, 128, 8192},    // hidden_size 8192
-      {"Mistral-7B", 32, 32, 8, 128, 4096},     // hidden_size 4096
-      {"OPT-13B", 40, 40, 40, 128, 5120},       // hidden_size 5120
-      {"GPT-3 175B", 96, 96, 96, 128, 12288},   // d_model 12288
+      {"Llama-2-7B", 32, 32, 32, 128, 4096},   // hidden_size 4096
+      {"Llama-2-70B", 80, 64, 8, 128, 8192},   // hidden_size 8192
+      {"Mistral-7B", 32, 32, 8, 128, 4096},    // hidden_size 4096
+      {"OPT-13B", 40, 40, 40, 128, 5120},      // hidden_size 5120
+      {"GPT-3 175B", 96, 96, 96, 128, 12288},  // d_model 12288
   };
   for (std::size_t i = 0; i < models.size(); ++i) {
     INFO(want[i].name);
@@ -303,15 +303,15 @@ TEST_CASE("sizes that do not fit in 64 bits are rejected, not wrapped") {
     // K/V head count that keeps a layer within 2^64 - 1 is floor((2^64 - 1) / 17,179,869,176)
     // = 1,073,741,824 = 2^30.
     const ModelConfig huge{"huge", 1, kMax, kMax, kMax};
-    CHECK_THROWS_MATCHES(bytes_per_token(huge, KVDtype::fp32), InvalidArgument,
-                         names("config.num_kv_heads",
-                               "at most 1073741824 (so that the size fits in std::uint64_t)",
-                               "2147483647"));
+    CHECK_THROWS_MATCHES(
+        bytes_per_token(huge, KVDtype::fp32), InvalidArgument,
+        names("config.num_kv_heads", "at most 1073741824 (so that the size fits in std::uint64_t)",
+              "2147483647"));
     // 2^30 K/V heads fit in one layer (8 · (2^31 - 1) · 2^30 = 2^64 - 2^33 bytes), not in two.
     const ModelConfig deep{"deep", 2, 1 << 30, 1 << 30, kMax};
-    CHECK_THROWS_MATCHES(bytes_per_token(deep, KVDtype::fp32), InvalidArgument,
-                         names("config.num_layers",
-                               "at most 1 (so that the size fits in std::uint64_t)", "2"));
+    CHECK_THROWS_MATCHES(
+        bytes_per_token(deep, KVDtype::fp32), InvalidArgument,
+        names("config.num_layers", "at most 1 (so that the size fits in std::uint64_t)", "2"));
     const ModelConfig fits{"fits", 1, 1 << 30, 1 << 30, kMax};
     CHECK(bytes_per_token(fits, KVDtype::fp32) == 8ULL * 2147483647ULL * (1ULL << 30));
   }

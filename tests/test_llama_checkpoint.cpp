@@ -33,9 +33,12 @@ struct TempFile {
   ~TempFile() { std::remove(path.c_str()); }
 };
 
-void put_i32(std::ofstream& out, std::int32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); }
+void put_i32(std::ofstream& out, std::int32_t v) {
+  out.write(reinterpret_cast<const char*>(&v), 4);
+}
 template <typename Matrix>
-void put_tensor(std::ofstream& out, const Matrix& m) {  // row-major floats, as serialize_fp32 writes them
+// row-major floats, as serialize_fp32 writes them
+void put_tensor(std::ofstream& out, const Matrix& m) {
   for (Eigen::Index r = 0; r < m.rows(); ++r)
     for (Eigen::Index c = 0; c < m.cols(); ++c) {
       const float v = m(r, c);
@@ -76,7 +79,8 @@ void write_checkpoint(const std::string& path, const LlamaWeights& w) {
 }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -133,11 +137,15 @@ TEST_CASE("LlamaConfig: sizes of known models, and every rule of validate()") {
   LlamaConfig separate = LlamaConfig::stories260k();
   separate.shared_classifier = false;
   CHECK(separate.checkpoint_bytes() == 1056540 + 4 * 512 * 64);
-  // Decode reads every matrix once, the classifier (= embedding, 512 x 64) included, plus one embedding row.
-  CHECK(LlamaConfig::stories260k().decode_weight_bytes() == 4 * (5 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 64 + 512 * 64 + 64));
+  // Decode reads every matrix once, the classifier (= embedding, 512 x 64) included, plus one
+  // embedding row.
+  CHECK(LlamaConfig::stories260k().decode_weight_bytes() ==
+        4 * (5 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 64 + 512 * 64 + 64));
 
   constexpr const char* where = "test";
-  const auto invalid = [&](LlamaConfig c) { return error_of([&] { c.validate(where, "f.bin: "); }); };
+  const auto invalid = [&](LlamaConfig c) {
+    return error_of([&] { c.validate(where, "f.bin: "); });
+  };
   LlamaConfig c = LlamaConfig::tiny();
   c.dim = 0;
   CHECK_THAT(invalid(c), Catch::Contains("f.bin: dim: expected >= 1, got 0"));
@@ -146,7 +154,8 @@ TEST_CASE("LlamaConfig: sizes of known models, and every rule of validate()") {
   CHECK_THAT(invalid(c), Catch::Contains("f.bin: n_layers: expected >= 1, got -3"));
   c = LlamaConfig::tiny();
   c.n_kv_heads = 4;  // 6 heads
-  CHECK_THAT(invalid(c), Catch::Contains("f.bin: n_heads: expected a multiple of n_kv_heads (4), got 6"));
+  CHECK_THAT(invalid(c),
+             Catch::Contains("f.bin: n_heads: expected a multiple of n_kv_heads (4), got 6"));
   c = LlamaConfig::tiny();
   c.dim = 50;  // 6 heads
   CHECK_THAT(invalid(c), Catch::Contains("f.bin: dim: expected a multiple of n_heads (6), got 50"));
@@ -164,7 +173,8 @@ TEST_CASE("LlamaConfig: sizes of known models, and every rule of validate()") {
 TEST_CASE("stories260K.bin: the header is the documented shape and the weights load") {
   const std::string path = kvlab_test::model_file_or_skip("stories260K.bin");
   const LlamaConfig config = kvlab::read_llama_config(path);
-  CHECK(config == LlamaConfig::stories260k());  // dim 64, hidden 172, 5 layers, 8/4 heads, vocab 512, seq_len 512
+  // dim 64, hidden 172, 5 layers, 8/4 heads, vocab 512, seq_len 512
+  CHECK(config == LlamaConfig::stories260k());
   const LlamaWeights w = kvlab::load_llama_checkpoint(path);
   CHECK(w.config == config);
   CHECK(w.wcls.size() == 0);
@@ -175,7 +185,9 @@ TEST_CASE("stories260K.bin: the header is the documented shape and the weights l
   CHECK((w.rms_final.array() != 1.0f).any());
 }
 
-TEST_CASE("a checkpoint written here reads back to the same weights, with a shared or a separate classifier") {
+TEST_CASE(
+    "a checkpoint written here reads back to the same weights, with a shared or a separate "
+    "classifier") {
   for (const bool shared : {true, false}) {
     CAPTURE(shared);
     // GQA (4 heads over 2 K/V heads), head_dim 6, odd hidden width, 3 layers.
@@ -188,13 +200,16 @@ TEST_CASE("a checkpoint written here reads back to the same weights, with a shar
     const LlamaWeights loaded = kvlab::load_llama_checkpoint(file.path);
     check_equal(loaded, original);
     // The same weights make the same model, bit for bit.
-    kvlab::LlamaModel a(std::make_shared<const LlamaWeights>(original), kvlab::LlamaBackend::Cached);
+    kvlab::LlamaModel a(std::make_shared<const LlamaWeights>(original),
+                        kvlab::LlamaBackend::Cached);
     kvlab::LlamaModel b(std::make_shared<const LlamaWeights>(loaded), kvlab::LlamaBackend::Cached);
     CHECK(a.prefill({1, 2, 3}) == b.prefill({1, 2, 3}));
   }
 }
 
-TEST_CASE("bad files give an InvalidArgument naming the file, the field, the expected and the actual value") {
+TEST_CASE(
+    "bad files give an InvalidArgument naming the file, the field, the expected and the actual "
+    "value") {
   const LlamaConfig config{16, 24, 2, 4, 2, 32, 8, true};
   const LlamaWeights weights = LlamaWeights::random(config, 3);
   TempFile good("good.bin");
@@ -205,25 +220,29 @@ TEST_CASE("bad files give an InvalidArgument naming the file, the field, the exp
   const auto load = [&] { (void)kvlab::load_llama_checkpoint(bad.path); };
 
   SECTION("missing") {
-    CHECK_THROWS_MATCHES(kvlab::load_llama_checkpoint("kvlab_test_no_such_file.bin"), InvalidArgument,
-                         names("kvlab_test_no_such_file.bin", "an existing, readable llama2.c checkpoint",
-                               "a path that cannot be opened"));
+    CHECK_THROWS_MATCHES(
+        kvlab::load_llama_checkpoint("kvlab_test_no_such_file.bin"), InvalidArgument,
+        names("kvlab_test_no_such_file.bin", "an existing, readable llama2.c checkpoint",
+              "a path that cannot be opened"));
   }
   SECTION("shorter than the header") {
     write_bytes(bad.path, bytes.substr(0, 10));
-    CHECK_THROWS_MATCHES(load(), InvalidArgument, names(bad.path + ": header", "28 bytes", "10 bytes (the whole file)"));
+    CHECK_THROWS_MATCHES(load(), InvalidArgument,
+                         names(bad.path + ": header", "28 bytes", "10 bytes (the whole file)"));
   }
   SECTION("truncated by one float, or by all the weights") {
     write_bytes(bad.path, bytes.substr(0, bytes.size() - 4));
-    CHECK_THROWS_MATCHES(load(), InvalidArgument,
-                         names(bad.path + ": file size", size + " (28-byte header + weights of dim 16",
-                               std::to_string(bytes.size() - 4)));
+    CHECK_THROWS_MATCHES(
+        load(), InvalidArgument,
+        names(bad.path + ": file size", size + " (28-byte header + weights of dim 16",
+              std::to_string(bytes.size() - 4)));
     write_bytes(bad.path, bytes.substr(0, 28));
     CHECK_THROWS_MATCHES(load(), InvalidArgument, names(bad.path + ": file size", size, "28"));
   }
   SECTION("extended by one byte, or by a separate classifier the header does not announce") {
     write_bytes(bad.path, bytes + "x");
-    CHECK_THROWS_MATCHES(load(), InvalidArgument, names(bad.path + ": file size", size, std::to_string(bytes.size() + 1)));
+    CHECK_THROWS_MATCHES(load(), InvalidArgument,
+                         names(bad.path + ": file size", size, std::to_string(bytes.size() + 1)));
     write_bytes(bad.path, bytes + std::string(4 * 32 * 16, '\0'));
     CHECK_THROWS_AS(load(), InvalidArgument);
   }
@@ -232,8 +251,9 @@ TEST_CASE("bad files give an InvalidArgument naming the file, the field, the exp
     const std::int32_t negative = -32;
     flipped.replace(20, 4, reinterpret_cast<const char*>(&negative), 4);
     write_bytes(bad.path, flipped);
-    CHECK_THROWS_MATCHES(load(), InvalidArgument,
-                         names(bad.path + ": file size", std::to_string(bytes.size() + 4 * 32 * 16), size));
+    CHECK_THROWS_MATCHES(
+        load(), InvalidArgument,
+        names(bad.path + ": file size", std::to_string(bytes.size() + 4 * 32 * 16), size));
   }
   SECTION("absurd header fields, each named") {
     const std::vector<std::int32_t> ok{16, 24, 2, 4, 2, 32, 8};
@@ -246,24 +266,33 @@ TEST_CASE("bad files give an InvalidArgument naming the file, the field, the exp
     CHECK_THAT(with(0, 0), Catch::Contains(bad.path + ": dim: expected >= 1, got 0"));
     CHECK_THAT(with(1, -5), Catch::Contains(bad.path + ": hidden_dim: expected >= 1, got -5"));
     CHECK_THAT(with(2, 0), Catch::Contains(bad.path + ": n_layers: expected >= 1, got 0"));
-    CHECK_THAT(with(3, 3), Catch::Contains(bad.path + ": n_heads: expected a multiple of n_kv_heads (2), got 3"));
+    CHECK_THAT(
+        with(3, 3),
+        Catch::Contains(bad.path + ": n_heads: expected a multiple of n_kv_heads (2), got 3"));
     CHECK_THAT(with(4, 0), Catch::Contains(bad.path + ": n_kv_heads: expected >= 1, got 0"));
     CHECK_THAT(with(5, 0), Catch::Contains(bad.path + ": vocab_size: expected >= 1, got 0"));
-    CHECK_THAT(with(5, std::numeric_limits<std::int32_t>::min()), Catch::Contains(bad.path + ": vocab_size: expected"));
+    CHECK_THAT(with(5, std::numeric_limits<std::int32_t>::min()),
+               Catch::Contains(bad.path + ": vocab_size: expected"));
     CHECK_THAT(with(6, -1), Catch::Contains(bad.path + ": seq_len: expected >= 1, got -1"));
-    CHECK_THAT(with(0, 18), Catch::Contains(bad.path + ": dim: expected a multiple of n_heads (4), got 18"));
-    CHECK_THAT(with(0, 12), Catch::Contains(bad.path + ": dim / n_heads: expected an even head size"));
+    CHECK_THAT(with(0, 18),
+               Catch::Contains(bad.path + ": dim: expected a multiple of n_heads (4), got 18"));
+    CHECK_THAT(with(0, 12),
+               Catch::Contains(bad.path + ": dim / n_heads: expected an even head size"));
     // Sizes whose product overflows 64 bits: caught by the checked arithmetic, nothing allocated.
-    std::vector<std::int32_t> huge{2147483646, 2147483646, 2147483646, 1, 1, 2147483646, 2147483646};
+    std::vector<std::int32_t> huge{2147483646, 2147483646, 2147483646, 1,
+                                   1,          2147483646, 2147483646};
     write_bytes(bad.path, header_bytes(huge));
-    CHECK_THAT(error_of(load), Catch::Contains(bad.path + ": parameter count: expected a size below 2^63"));
+    CHECK_THAT(error_of(load),
+               Catch::Contains(bad.path + ": parameter count: expected a size below 2^63"));
     // A consistent but enormous header (Llama 2 7B's shape) on a tiny file: the size check comes
     // before any allocation.
     write_bytes(bad.path, header_bytes({4096, 11008, 32, 32, 32, 32000, 4096}));
-    CHECK_THAT(error_of(load), Catch::Contains(bad.path + ": file size: expected 26431471644") && Catch::Contains("got 28"));
+    CHECK_THAT(error_of(load), Catch::Contains(bad.path + ": file size: expected 26431471644") &&
+                                   Catch::Contains("got 28"));
   }
   SECTION("llama2.c's newer format (magic \"ak42\") is named as such") {
-    write_bytes(bad.path, header_bytes({kvlab::kLlama2cMagic, 1, 16, 24, 2, 4, 2}) + bytes.substr(28));
+    write_bytes(bad.path,
+                header_bytes({kvlab::kLlama2cMagic, 1, 16, 24, 2, 4, 2}) + bytes.substr(28));
     CHECK_THROWS_MATCHES(load(), InvalidArgument,
                          names(bad.path + ": format", "a legacy version-0 checkpoint",
                                "the magic \"ak42\" of llama2.c's version 1 format"));
@@ -275,7 +304,8 @@ TEST_CASE("bad files give an InvalidArgument naming the file, the field, the exp
     const std::size_t at = 28 + 4 * (32 * 16 + 2 * 16 + 16 * 16 + 5);
     poisoned.replace(at, 4, reinterpret_cast<const char*>(&nan), 4);
     write_bytes(bad.path, poisoned);
-    CHECK_THROWS_MATCHES(load(), InvalidArgument, names(bad.path + ": wq[1]", "finite float32 values", "nan at index 5"));
+    CHECK_THROWS_MATCHES(load(), InvalidArgument,
+                         names(bad.path + ": wq[1]", "finite float32 values", "nan at index 5"));
   }
   SECTION("garbage bytes") {
     kvlab::Rng rng(12);
@@ -284,10 +314,9 @@ TEST_CASE("bad files give an InvalidArgument naming the file, the field, the exp
       for (char& ch : garbage) ch = static_cast<char>(rng.next_u64() & 0xFF);
       write_bytes(bad.path, garbage);
       CAPTURE(trial);
-      CHECK_THAT(error_of(load), Catch::StartsWith("kvlab::load_llama_checkpoint: " + bad.path + ": "));
+      CHECK_THAT(error_of(load),
+                 Catch::StartsWith("kvlab::load_llama_checkpoint: " + bad.path + ": "));
     }
   }
-  SECTION("the good file loads") {
-    check_equal(kvlab::load_llama_checkpoint(good.path), weights);
-  }
+  SECTION("the good file loads") { check_equal(kvlab::load_llama_checkpoint(good.path), weights); }
 }

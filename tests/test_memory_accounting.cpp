@@ -1,7 +1,7 @@
 // Memory accounting: contiguous and paged footprints and budget counts pinned to values
 // computed by hand; the formulas against a real PagedKVCache driven through random appends,
-// forks, truncations and frees at block sizes 1, 3 and 16; paging wastes less than one block per sequence;
-// bad arguments and overflow name the argument, the expected and the actual value.
+// forks, truncations and frees at block sizes 1, 3 and 16; paging wastes less than one block per
+// sequence; bad arguments and overflow name the argument, the expected and the actual value.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -46,7 +46,7 @@ std::vector<std::int64_t> live_lengths(const PagedKVCache<float>& cache) {
 }  // namespace
 
 TEST_CASE("blocks needed for a sequence") {
-  CHECK(kvlab::blocks_needed(0, 16) == 0);     // no token, no block
+  CHECK(kvlab::blocks_needed(0, 16) == 0);  // no token, no block
   CHECK(kvlab::blocks_needed(1, 16) == 1);
   CHECK(kvlab::blocks_needed(16, 16) == 1);    // exactly full
   CHECK(kvlab::blocks_needed(17, 16) == 2);    // one past the boundary
@@ -125,11 +125,11 @@ TEST_CASE("sequences that fit in a budget, by hand") {
   // admission is first come, first served and stops at the first that does not.
   const std::vector<std::int64_t> lengths{5, 8, 0, 13, 3, 9, 1};
   CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 43) == 5);
-  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 44) == 5);   // 11 blocks: 12 still > 11
-  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 48) == 6);   // 12 blocks: 12 fit, 12 + 1 > 12
-  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 52) == 7);   // 13 blocks: all seven fit
-  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 3) == 0);    // no block at all
-  CHECK(kvlab::max_paged_sequences({0, 0}, 4, 1, 0) == 2);     // empty sequences need no block
+  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 44) == 5);  // 11 blocks: 12 still > 11
+  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 48) == 6);  // 12 blocks: 12 fit, 12 + 1 > 12
+  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 52) == 7);  // 13 blocks: all seven fit
+  CHECK(kvlab::max_paged_sequences(lengths, 4, 1, 3) == 0);   // no block at all
+  CHECK(kvlab::max_paged_sequences({0, 0}, 4, 1, 0) == 2);    // empty sequences need no block
   CHECK(kvlab::max_paged_sequences({}, 4, 1, 100) == 0);
 }
 
@@ -138,10 +138,12 @@ TEST_CASE("max_paged_sequences: as many as a real PagedKVCache of that budget ad
     INFO("block_size " << block_size);
     kvlab::Rng rng(100 + static_cast<std::uint64_t>(block_size));
     std::vector<std::int64_t> lengths;
-    for (int i = 0; i < 60; ++i) lengths.push_back(1 + static_cast<std::int64_t>(rng.uniform() * 90));
+    for (int i = 0; i < 60; ++i)
+      lengths.push_back(1 + static_cast<std::int64_t>(rng.uniform() * 90));
     const std::uint64_t bytes_per_token = 12;  // any value: it scales budget and blocks alike
     const std::uint64_t budget = 1500 * bytes_per_token + 7;
-    const auto pool = static_cast<int>(kvlab::blocks_in_budget(budget, block_size, bytes_per_token));
+    const auto pool =
+        static_cast<int>(kvlab::blocks_in_budget(budget, block_size, bytes_per_token));
     REQUIRE(pool == 1500 / block_size);
 
     PagedKVCache<float> cache(1, 1, 1, block_size, pool);
@@ -158,7 +160,8 @@ TEST_CASE("max_paged_sequences: as many as a real PagedKVCache of that budget ad
     REQUIRE(admitted < lengths.size());  // the budget is the limit, not the list
     CHECK(kvlab::max_paged_sequences(lengths, block_size, bytes_per_token, budget) == admitted);
     // The admitted prefix: the live cache and the formula agree on every byte.
-    const std::vector<std::int64_t> prefix(lengths.begin(), lengths.begin() + static_cast<std::ptrdiff_t>(admitted));
+    const std::vector<std::int64_t> prefix(lengths.begin(),
+                                           lengths.begin() + static_cast<std::ptrdiff_t>(admitted));
     const MemoryFootprint formula = kvlab::paged_footprint(prefix, block_size, bytes_per_token);
     const MemoryFootprint live = kvlab::paged_cache_footprint(cache, bytes_per_token);
     CHECK(live.reserved_bytes == formula.reserved_bytes);
@@ -171,7 +174,7 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
   PagedKVCache<float> cache(1, 1, 2, 4, 10);
   CHECK(kvlab::cache_bytes_per_token(cache) == 16);
   const int a = cache.add_sequence();
-  cache.append(a, 5);  // blocks: [4 tokens][1 token]
+  cache.append(a, 5);           // blocks: [4 tokens][1 token]
   const int b = cache.fork(a);  // shares both blocks
   MemoryFootprint f = kvlab::paged_cache_footprint(cache, 1);
   CHECK(f.reserved_bytes == 8);  // 2 distinct blocks · 4
@@ -181,7 +184,7 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
 
   cache.append(a, 1);  // copy on write: a gets its own copy of the last block (1 + 1 tokens)
   f = kvlab::paged_cache_footprint(cache, 1);
-  CHECK(f.reserved_bytes == 12);  // shared [4], b's [1], a's copy [2]: 3 blocks
+  CHECK(f.reserved_bytes == 12);     // shared [4], b's [1], a's copy [2]: 3 blocks
   CHECK(f.used_bytes == 4 + 1 + 2);  // the copied token is stored twice
   CHECK(f.waste_bytes() == 3 + 2);   // tails of the two last blocks
   CHECK(kvlab::paged_cache_footprint(cache).reserved_bytes == 12 * 16);  // in the cache's own bytes
@@ -211,7 +214,9 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
   CHECK(f.used_bytes == 1);  // the slots a dropped are waste until overwritten
 }
 
-TEST_CASE("the formulas agree with a real PagedKVCache under random appends, forks, truncations and frees") {
+TEST_CASE(
+    "the formulas agree with a real PagedKVCache under random appends, forks, truncations and "
+    "frees") {
   const std::uint64_t bytes_per_token = kLlamaToken;  // account the small cache as Llama-2-7B
   for (int block_size : {1, 3, 16}) {
     for (bool with_forks : {false, true}) {
@@ -222,7 +227,10 @@ TEST_CASE("the formulas agree with a real PagedKVCache under random appends, for
       for (int op = 0; op < 3000; ++op) {
         const std::vector<int> live = cache.sequences();
         const double r = rng.uniform();
-        const int pick = live.empty() ? -1 : live[static_cast<std::size_t>(rng.uniform() * static_cast<double>(live.size()))];
+        const int pick =
+            live.empty()
+                ? -1
+                : live[static_cast<std::size_t>(rng.uniform() * static_cast<double>(live.size()))];
         if (live.empty() || r < 0.15) {
           cache.add_sequence();
         } else if (r < 0.75) {
@@ -242,10 +250,12 @@ TEST_CASE("the formulas agree with a real PagedKVCache under random appends, for
 
         const MemoryFootprint live_f = kvlab::paged_cache_footprint(cache, bytes_per_token);
         const std::vector<std::int64_t> lengths = live_lengths(cache);
-        const MemoryFootprint formula = kvlab::paged_footprint(lengths, block_size, bytes_per_token);
+        const MemoryFootprint formula =
+            kvlab::paged_footprint(lengths, block_size, bytes_per_token);
         // Reserved: exactly the allocator's blocks in use.
         REQUIRE(live_f.reserved_bytes == static_cast<std::uint64_t>(cache.allocator().num_used()) *
-                                             static_cast<std::uint64_t>(block_size) * bytes_per_token);
+                                             static_cast<std::uint64_t>(block_size) *
+                                             bytes_per_token);
         // Used: exactly the distinct slots holding a token.
         REQUIRE(live_f.used_bytes == distinct_slots(cache) * bytes_per_token);
         if (!with_forks) {
@@ -260,7 +270,8 @@ TEST_CASE("the formulas agree with a real PagedKVCache under random appends, for
         // Paging wastes less than one block per live sequence (only last blocks are partial),
         // in the live cache and in the formula.
         const auto live_count = static_cast<std::uint64_t>(lengths.size());
-        const std::uint64_t one_block_each = live_count * static_cast<std::uint64_t>(block_size - 1) * bytes_per_token;
+        const std::uint64_t one_block_each =
+            live_count * static_cast<std::uint64_t>(block_size - 1) * bytes_per_token;
         REQUIRE(live_f.waste_bytes() <= one_block_each);
         REQUIRE(formula.waste_bytes() <= one_block_each);
         ++checks;
@@ -274,7 +285,8 @@ TEST_CASE("the formulas agree with a real PagedKVCache under random appends, for
 TEST_CASE("paging wastes less than one block per sequence, contiguous wastes max_len - len") {
   kvlab::Rng rng(11);
   std::vector<std::int64_t> lengths;
-  for (int i = 0; i < 500; ++i) lengths.push_back(1 + static_cast<std::int64_t>(rng.uniform() * 2048));
+  for (int i = 0; i < 500; ++i)
+    lengths.push_back(1 + static_cast<std::int64_t>(rng.uniform() * 2048));
   std::uint64_t total = 0;
   for (std::int64_t len : lengths) total += static_cast<std::uint64_t>(len);
   const MemoryFootprint c = kvlab::contiguous_footprint(lengths, 2048, 1);
@@ -296,7 +308,8 @@ TEST_CASE("paging wastes less than one block per sequence, contiguous wastes max
 TEST_CASE("memory accounting: bad arguments and overflow") {
   const std::int64_t i64_max = std::numeric_limits<std::int64_t>::max();
   CHECK_THROWS_MATCHES(kvlab::blocks_needed(-1, 4), InvalidArgument, names("tokens", ">= 0", "-1"));
-  CHECK_THROWS_MATCHES(kvlab::blocks_needed(5, 0), InvalidArgument, names("block_size", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(kvlab::blocks_needed(5, 0), InvalidArgument,
+                       names("block_size", ">= 1", "0"));
 
   CHECK_THROWS_MATCHES(kvlab::contiguous_footprint({1, 3000}, 2048, 1), InvalidArgument,
                        names("lengths[1]", "in [0, max_len (2048)]", "3000"));
@@ -314,12 +327,13 @@ TEST_CASE("memory accounting: bad arguments and overflow") {
                              "size fits in std::uint64_t)",
                              "4"));
   // 2^40 tokens · 2^24 bytes = 2^64: at most floor((2^64 - 1) / 2^40) = 2^24 - 1 bytes per token.
-  CHECK_THROWS_MATCHES(kvlab::contiguous_footprint({1}, std::int64_t{1} << 40, std::uint64_t{1} << 24),
-                       InvalidArgument,
-                       names("bytes_per_token",
-                             "at most 16777215 for 1099511627776 reserved tokens (so that the "
-                             "size fits in std::uint64_t)",
-                             "16777216"));
+  CHECK_THROWS_MATCHES(
+      kvlab::contiguous_footprint({1}, std::int64_t{1} << 40, std::uint64_t{1} << 24),
+      InvalidArgument,
+      names("bytes_per_token",
+            "at most 16777215 for 1099511627776 reserved tokens (so that the "
+            "size fits in std::uint64_t)",
+            "16777216"));
 
   CHECK_THROWS_MATCHES(kvlab::paged_footprint({1}, 0, 1), InvalidArgument,
                        names("block_size", ">= 1", "0"));

@@ -42,12 +42,14 @@ namespace {
 template <typename T>
 struct RaggedPool {
   std::vector<RowMatrix<T>> keys, values;  // [batch][len, kv_width]
-  std::vector<T> k, v;                     // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads, block_size, head_dim] (HND)
+  // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads,
+  // block_size, head_dim] (HND)
+  std::vector<T> k, v;
   kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
   kvlab::PagedKVView<T> view;
 
-  RaggedPool(const AttentionShape& shape, int block_size, const std::vector<int>& lengths, kvlab::Rng& rng,
-             kvlab::KVLayout layout = kvlab::KVLayout::NHD) {
+  RaggedPool(const AttentionShape& shape, int block_size, const std::vector<int>& lengths,
+             kvlab::Rng& rng, kvlab::KVLayout layout = kvlab::KVLayout::NHD) {
     int pages = 0;
     for (int len : lengths) pages += (len - 1) / block_size + 1;
     const int num_blocks = pages + 3;  // three blocks nobody owns
@@ -64,8 +66,9 @@ struct RaggedPool {
     for (int len : lengths) {
       keys.push_back(kvlab::random_matrix<T>(len, shape.kv_width(), rng));
       values.push_back(kvlab::random_matrix<T>(len, shape.kv_width(), rng));
-      lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
-                         order.begin() + static_cast<std::ptrdiff_t>(next) + (len - 1) / block_size + 1);
+      lists.emplace_back(
+          order.begin() + static_cast<std::ptrdiff_t>(next),
+          order.begin() + static_cast<std::ptrdiff_t>(next) + (len - 1) / block_size + 1);
       next += lists.back().size();
     }
     tables = kvlab::BlockTables::from_lists(lists, lengths, num_blocks, block_size);
@@ -86,14 +89,16 @@ std::vector<int> boundary_lengths(int block_size) {
   std::vector<int> lengths;
   for (int len : {1, block_size - 1, block_size, block_size + 1, 2 * block_size - 1, 2 * block_size,
                   2 * block_size + 1, 3 * block_size + 5})
-    if (len >= 1 && std::find(lengths.begin(), lengths.end(), len) == lengths.end()) lengths.push_back(len);
+    if (len >= 1 && std::find(lengths.begin(), lengths.end(), len) == lengths.end())
+      lengths.push_back(len);
   return lengths;
 }
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("paged_decode_attention equals a triple loop over ragged batches with NaN padding", "",
-                   float, double) {
+TEMPLATE_TEST_CASE(
+    "paged_decode_attention equals a triple loop over ragged batches with NaN padding", "", float,
+    double) {
   struct Heads {
     int num_heads, num_kv_heads;
   };
@@ -108,14 +113,16 @@ TEMPLATE_TEST_CASE("paged_decode_attention equals a triple loop over ragged batc
         kvlab::Rng rng(seed++);
         std::shuffle(lengths.begin(), lengths.end(), std::mt19937(static_cast<unsigned>(seed)));
         const RaggedPool<TestType> batch(shape, block_size, lengths, rng, layout);
-        const RowMatrix<TestType> q = kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
+        const RowMatrix<TestType> q =
+            kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
         const RowMatrix<TestType> got = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
         for (int s = 0; s < batch.view.batch; ++s) {
-          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads, head_dim, s,
-                  lengths[static_cast<std::size_t>(s)]);
+          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads,
+                  head_dim, s, lengths[static_cast<std::size_t>(s)]);
           const RowMatrix<TestType> q_s = q.row(s);
-          const RowMatrix<TestType> want = reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
-                                                               batch.values[static_cast<std::size_t>(s)]);
+          const RowMatrix<TestType> want =
+              reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
+                                  batch.values[static_cast<std::size_t>(s)]);
           const RowMatrix<TestType> got_s = got.row(s);
           CHECK(max_row_relative_error(got_s, want) <= tolerance<TestType>());
         }
@@ -128,26 +135,33 @@ TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within e
   for (int block_size : {1, 3, 16, 32}) {
     kvlab::Rng rng(100 + static_cast<std::uint64_t>(block_size));
     const std::vector<int> lengths = {2 * block_size + 1, 37, 1, block_size + 1, 50};
-    const std::vector<int> q_lens = {2 * block_size + 1, 0, 1, 2, 17};  // whole prompt, none, ..., tile + 1
+    // whole prompt, none, ..., tile + 1
+    const std::vector<int> q_lens = {2 * block_size + 1, 0, 1, 2, 17};
     const RaggedPool<double> batch(shape, block_size, lengths, rng, layout);
     std::vector<std::int32_t> qo_indptr{0};
     for (int n : q_lens) qo_indptr.push_back(qo_indptr.back() + n);
-    const RowMatrix<double> q = kvlab::random_matrix<double>(qo_indptr.back(), shape.q_width(), rng);
+    const RowMatrix<double> q =
+        kvlab::random_matrix<double>(qo_indptr.back(), shape.q_width(), rng);
     kvlab::CostCounters counters;
-    const RowMatrix<double> got = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view, &counters);
+    const RowMatrix<double> got =
+        kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view, &counters);
 
     kvlab::CostCounters want_counters;
     for (std::size_t s = 0; s < lengths.size(); ++s) {
       CAPTURE(kvlab::to_string(layout), block_size, s);
       if (q_lens[s] == 0) continue;
       const RowMatrix<double> q_s = q.middleRows(qo_indptr[s], q_lens[s]);
-      const RowMatrix<double> want = reference_attention(shape, q_s, batch.keys[s], batch.values[s]);
+      const RowMatrix<double> want =
+          reference_attention(shape, q_s, batch.keys[s], batch.values[s]);
       const RowMatrix<double> got_s = got.middleRows(qo_indptr[s], q_lens[s]);
       CHECK(max_row_relative_error(got_s, want) <= tolerance<double>());
-      // decode_attention on a contiguous cache with the same rows: the same counts, the same values.
-      kvlab::ContiguousKVCache<double> contiguous(1, shape.num_kv_heads(), shape.head_dim(), lengths[s]);
+      // decode_attention on a contiguous cache with the same rows: the same counts, the same
+      // values.
+      kvlab::ContiguousKVCache<double> contiguous(1, shape.num_kv_heads(), shape.head_dim(),
+                                                  lengths[s]);
       contiguous.append(0, batch.keys[s], batch.values[s]);
-      const RowMatrix<double> flat = kvlab::cpu::decode_attention(shape, q_s, contiguous.view(0), &want_counters);
+      const RowMatrix<double> flat =
+          kvlab::cpu::decode_attention(shape, q_s, contiguous.view(0), &want_counters);
       CHECK(max_row_relative_error(got_s, flat) <= tolerance<double>());
     }
     CHECK(counters == want_counters);
@@ -164,8 +178,9 @@ TEST_CASE("paged_decode_attention: the same counts as decode_attention per seque
   kvlab::CostCounters counters;
   kvlab::cpu::paged_decode_attention(shape, q, batch.view, &counters);
   const std::uint64_t tokens = 1 + 15 + 16 + 17 + 100;
-  CHECK(counters.qk_dots == 32 * tokens);                  // every head meets every key of its sequence
-  CHECK(counters.macs == 2 * 128 * 32 * tokens);           // score and weighted sum, head_dim each
+  // every head meets every key of its sequence
+  CHECK(counters.qk_dots == 32 * tokens);
+  CHECK(counters.macs == 2 * 128 * 32 * tokens);  // score and weighted sum, head_dim each
   CHECK(counters.kv_bytes_read == 2 * 4 * 8 * 128 * tokens);  // K and V, once per K/V head
   CHECK(counters.q_projections == 0);
   CHECK(counters.kv_projections == 0);
@@ -197,34 +212,42 @@ TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
 // differs from one pass by rounding only: compared with the triple loop at the usual tolerance,
 // for partitions that end on, before and after block boundaries, uneven last partitions, a
 // sequence shorter than one partition, and NaN in every unused slot. The counts do not change.
-TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences than threads", "", float, double) {
+TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences than threads", "",
+                   float, double) {
 #if defined(_OPENMP)
   const int before = omp_get_max_threads();
   std::uint64_t seed = 500;
   for (int block_size : {1, 3, 16})
     for (int threads : {2, 3, 8}) {
       const AttentionShape shape(8, 2, 64);
-      for (const std::vector<int>& lengths : {std::vector<int>{1000}, std::vector<int>{5 * block_size + 2, 1},
-                                              std::vector<int>{777, 2 * block_size, 64}}) {
-        if (static_cast<int>(lengths.size()) >= threads) continue;  // split-K needs fewer sequences than threads
+      for (const std::vector<int>& lengths :
+           {std::vector<int>{1000}, std::vector<int>{5 * block_size + 2, 1},
+            std::vector<int>{777, 2 * block_size, 64}}) {
+        // split-K needs fewer sequences than threads
+        if (static_cast<int>(lengths.size()) >= threads) continue;
         CAPTURE(block_size, threads, lengths);
         kvlab::Rng rng(seed++);
         const RaggedPool<TestType> batch(shape, block_size, lengths, rng, kvlab::KVLayout::NHD);
-        const RowMatrix<TestType> q = kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
+        const RowMatrix<TestType> q =
+            kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
         omp_set_num_threads(1);
         kvlab::CostCounters one_pass_counts;
-        const RowMatrix<TestType> one_pass = kvlab::cpu::paged_decode_attention(shape, q, batch.view, &one_pass_counts);
+        const RowMatrix<TestType> one_pass =
+            kvlab::cpu::paged_decode_attention(shape, q, batch.view, &one_pass_counts);
         omp_set_num_threads(threads);
         kvlab::CostCounters split_counts;
-        const RowMatrix<TestType> split = kvlab::cpu::paged_decode_attention(shape, q, batch.view, &split_counts);
+        const RowMatrix<TestType> split =
+            kvlab::cpu::paged_decode_attention(shape, q, batch.view, &split_counts);
         omp_set_num_threads(before);
         CHECK(split_counts == one_pass_counts);
         CHECK(max_row_relative_error(split, one_pass) <= tolerance<TestType>());
         for (int s = 0; s < batch.view.batch; ++s) {
           const RowMatrix<TestType> q_s = q.row(s);
-          const RowMatrix<TestType> want = reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
-                                                               batch.values[static_cast<std::size_t>(s)]);
-          CHECK(max_row_relative_error(RowMatrix<TestType>(split.row(s)), want) <= tolerance<TestType>());
+          const RowMatrix<TestType> want =
+              reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
+                                  batch.values[static_cast<std::size_t>(s)]);
+          CHECK(max_row_relative_error(RowMatrix<TestType>(split.row(s)), want) <=
+                tolerance<TestType>());
         }
       }
     }
@@ -255,7 +278,8 @@ TEST_CASE("paged attention rejects bad arguments and views, naming them, and out
   bad = batch.view;
   bad.k = nullptr;
   CHECK_THROWS_MATCHES(decode(bad), InvalidArgument,
-                       names("cache.k / v / indptr / indices / last_page_len", "non-null pointers", "a null pointer"));
+                       names("cache.k / v / indptr / indices / last_page_len", "non-null pointers",
+                             "a null pointer"));
   // Raw arrays that break the block-table invariants.
   std::vector<std::int32_t> indices = batch.tables.indices();
   indices[3] = bad.num_blocks;  // one past the pool
@@ -268,31 +292,35 @@ TEST_CASE("paged attention rejects bad arguments and views, naming them, and out
   last[1] = 5;  // above block_size 4
   bad = batch.view;
   bad.last_page_len = last.data();
-  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument, names("cache.last_page_len[1]", "in [1, block_size (4)]", "5"));
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument,
+                       names("cache.last_page_len[1]", "in [1, block_size (4)]", "5"));
   std::vector<std::int32_t> indptr = {0, 2, 2};
   bad = batch.view;
   bad.indptr = indptr.data();
-  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument, names("cache.indptr[2]", "> cache.indptr[1] (2)", "2"));
+  CHECK_THROWS_MATCHES(decode(bad), InvalidArgument,
+                       names("cache.indptr[2]", "> cache.indptr[1] (2)", "2"));
 
   const RowMatrix<float> three = kvlab::random_matrix<float>(3, shape.q_width(), rng);
-  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, three, batch.view, out), InvalidArgument,
-                       names("q.rows()", "2", "3"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, three, batch.view, out),
+                       InvalidArgument, names("q.rows()", "2", "3"));
   const RowMatrix<float> narrow = kvlab::random_matrix<float>(2, 8, rng);
-  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, narrow, batch.view, out), InvalidArgument,
-                       names("q.cols()", "32", "8"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, narrow, batch.view, out),
+                       InvalidArgument, names("q.cols()", "32", "8"));
   RowMatrix<float> same = q;
-  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, same, batch.view, same), InvalidArgument,
-                       names("out", "a matrix other than q", "q"));
+  CHECK_THROWS_MATCHES(kvlab::cpu::paged_decode_attention(shape, same, batch.view, same),
+                       InvalidArgument, names("out", "a matrix other than q", "q"));
 
   const auto prefill = [&](const std::vector<std::int32_t>& qo) {
     kvlab::cpu::paged_prefill_attention(shape, q, qo, batch.view, out, &counters);
   };
   CHECK_THROWS_MATCHES(prefill({0, 1}), InvalidArgument, names("qo_indptr.size()", "3", "2"));
   CHECK_THROWS_MATCHES(prefill({1, 1, 2}), InvalidArgument, names("qo_indptr[0]", "0", "1"));
-  CHECK_THROWS_MATCHES(prefill({0, 6, 2}), InvalidArgument,
-                       names("qo_indptr[1]", "in [qo_indptr[0] (0), that + the sequence's length (5)]", "6"));
-  CHECK_THROWS_MATCHES(prefill({0, 1, 0}), InvalidArgument,
-                       names("qo_indptr[2]", "in [qo_indptr[1] (1), that + the sequence's length (9)]", "0"));
+  CHECK_THROWS_MATCHES(
+      prefill({0, 6, 2}), InvalidArgument,
+      names("qo_indptr[1]", "in [qo_indptr[0] (0), that + the sequence's length (5)]", "6"));
+  CHECK_THROWS_MATCHES(
+      prefill({0, 1, 0}), InvalidArgument,
+      names("qo_indptr[2]", "in [qo_indptr[1] (1), that + the sequence's length (9)]", "0"));
   CHECK_THROWS_MATCHES(prefill({0, 1, 1}), InvalidArgument, names("qo_indptr[batch]", "2", "1"));
 
   // Nothing was written by any failed call.

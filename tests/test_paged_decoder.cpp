@@ -33,13 +33,16 @@ namespace {
 // Prefills `prompt` tokens of `inputs`, then decodes the rest one by one with the three
 // decoders, comparing outputs at every step and the paged/cached counters exactly.
 template <typename T>
-void check_three_decoders(const AttentionShape& shape, int layers, int block_size, kvlab::KVLayout layout,
-                          int prompt, const RowMatrix<T>& inputs, std::uint64_t seed) {
+void check_three_decoders(const AttentionShape& shape, int layers, int block_size,
+                          kvlab::KVLayout layout, int prompt, const RowMatrix<T>& inputs,
+                          std::uint64_t seed) {
   const int n = static_cast<int>(inputs.rows());
-  const auto stack = AttentionStack<T>::random(layers, shape, static_cast<int>(inputs.cols()), seed);
+  const auto stack =
+      AttentionStack<T>::random(layers, shape, static_cast<int>(inputs.cols()), seed);
   NaiveDecoder<T> naive(stack);
   CachedDecoder<T> cached(stack, n);
-  PagedDecoder<T> paged(stack, block_size, (n - 1) / block_size + 1, layout);  // exactly enough blocks
+  // exactly enough blocks
+  PagedDecoder<T> paged(stack, block_size, (n - 1) / block_size + 1, layout);
   CHECK(paged.cache().layout() == layout);
 
   const RowMatrix<T> x = inputs.topRows(prompt);
@@ -56,7 +59,8 @@ void check_three_decoders(const AttentionShape& shape, int layers, int block_siz
     CHECK(paged.last_step() == cached.last_step());
   }
   CHECK(paged.total() == cached.total());
-  CHECK(static_cast<int>(paged.cache().blocks(paged.sequence()).size()) == (n - 1) / block_size + 1);
+  CHECK(static_cast<int>(paged.cache().blocks(paged.sequence()).size()) ==
+        (n - 1) / block_size + 1);
 }
 
 }  // namespace
@@ -78,10 +82,12 @@ TEMPLATE_TEST_CASE("paged, cached and naive decoders agree at every step", "", f
         const int layers = head_dim == 64 ? 2 : 1;  // two layers where it is cheap
         const int n = 2 * block_size + 2;           // decode crosses the boundary at 2 * block_size
         kvlab::Rng rng(seed);
-        const RowMatrix<TestType> inputs = kvlab::random_matrix<TestType>(n, 48, rng);  // [n, d_model]
+        // [n, d_model]
+        const RowMatrix<TestType> inputs = kvlab::random_matrix<TestType>(n, 48, rng);
         for (int prompt : {block_size - 1, block_size, block_size + 1}) {
           if (prompt < 1) continue;
-          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads, head_dim, layers, prompt);
+          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads,
+                  head_dim, layers, prompt);
           check_three_decoders<TestType>(shape, layers, block_size, layout, prompt, inputs, seed++);
         }
       }
@@ -105,11 +111,13 @@ TEST_CASE("decoders interleaved in random order in one pool each equal their own
     kvlab::Rng rng(17 + static_cast<std::uint64_t>(block_size));
     for (int step = 0; step < 300; ++step) {
       const auto i = static_cast<std::size_t>(rng.next_u64() % kDecoders);
-      const int p = rng.next_u64() % 4 == 0 ? 1 + static_cast<int>(rng.next_u64() % 5) : 1;  // some chunks
+      // some chunks
+      const int p = rng.next_u64() % 4 == 0 ? 1 + static_cast<int>(rng.next_u64() % 5) : 1;
       if (paged[i]->position() + p > 200) continue;
       const RowMatrix<double> x = kvlab::random_matrix<double>(p, 32, rng);
       CAPTURE(step, i, p);
-      CHECK(max_row_relative_error(paged[i]->prefill(x), cached[i]->prefill(x)) <= tolerance<double>());
+      CHECK(max_row_relative_error(paged[i]->prefill(x), cached[i]->prefill(x)) <=
+            tolerance<double>());
     }
     // No block is held by two sequences, and the pool holds exactly what the lengths need.
     std::vector<int> holders(static_cast<std::size_t>(num_blocks), 0);
@@ -138,7 +146,8 @@ TEST_CASE("forked decoders share the prompt's blocks and diverge after the fork"
   CHECK(b->position() == 10);
   CHECK(b->total() == kvlab::CostCounters{});
   CHECK(b->cache().blocks(b->sequence()) == a->cache().blocks(a->sequence()));
-  for (std::int32_t block : a->cache().blocks(a->sequence())) CHECK(a->cache().allocator().ref_count(block) == 2);
+  for (std::int32_t block : a->cache().blocks(a->sequence()))
+    CHECK(a->cache().allocator().ref_count(block) == 2);
 
   // Each branch against a cached decoder fed the prompt and that branch's tokens.
   CachedDecoder<double> want_a(stack, 64), want_b(stack, 64), want_c(stack, 64);
@@ -146,9 +155,12 @@ TEST_CASE("forked decoders share the prompt's blocks and diverge after the fork"
   want_b.prefill(prompt);
   std::unique_ptr<PagedDecoder<double>> c;  // a fork of b, made after b's sixth token
   std::vector<RowVector<double>> b_tokens;  // b's decoded tokens, to replay into c's reference
-  const auto next = [&] { return RowVector<double>(kvlab::random_matrix<double>(1, 16, rng).row(0)); };
+  const auto next = [&] {
+    return RowVector<double>(kvlab::random_matrix<double>(1, 16, rng).row(0));
+  };
   const auto agree = [](const RowVector<double>& got, const RowVector<double>& want) {
-    return max_row_relative_error(RowMatrix<double>(got), RowMatrix<double>(want)) <= tolerance<double>();
+    return max_row_relative_error(RowMatrix<double>(got), RowMatrix<double>(want)) <=
+           tolerance<double>();
   };
   for (int step = 0; step < 20; ++step) {
     CAPTURE(step);
@@ -159,7 +171,8 @@ TEST_CASE("forked decoders share the prompt's blocks and diverge after the fork"
     const RowVector<double> x = next();
     CHECK(agree(b->decode(x), want_b.decode(x)));
     b_tokens.push_back(x);
-    if (step == 0) {  // copy on write: b's first token went into a private copy of the shared last block
+    // copy on write: b's first token went into a private copy of the shared last block
+    if (step == 0) {
       CHECK(a->cache().blocks(a->sequence())[2] != b->cache().blocks(b->sequence())[2]);
       CHECK(a->cache().blocks(a->sequence())[1] == b->cache().blocks(b->sequence())[1]);
       CHECK(a->cache().allocator().ref_count(a->cache().blocks(a->sequence())[1]) == 2);
@@ -187,7 +200,7 @@ TEST_CASE("a paged decoder rewinds and replays like a cached one") {
   PagedDecoder<float> paged(stack, 3, 8);
   const RowMatrix<float> first = paged.prefill(inputs);
   const int used = paged.cache().allocator().num_used();  // 7 blocks of 3 for 20 tokens
-  paged.rewind(7);                                         // 3 blocks kept
+  paged.rewind(7);                                        // 3 blocks kept
   CHECK(paged.cache().allocator().num_used() == 3);
   CHECK(paged.cache().length(paged.sequence()) == 7);
   const RowMatrix<float> again = paged.prefill(inputs.bottomRows(13));
@@ -217,7 +230,8 @@ TEST_CASE("a paged decoder whose pool runs dry is unchanged and goes on after a 
   paged.rewind(7);
   cached.rewind(7);
   CHECK(max_row_relative_error(RowMatrix<double>(paged.decode(inputs.row(8))),
-                               RowMatrix<double>(cached.decode(inputs.row(8)))) <= tolerance<double>());
+                               RowMatrix<double>(cached.decode(inputs.row(8)))) <=
+        tolerance<double>());
 }
 
 TEST_CASE("PagedDecoder rejects a pool that does not fit its stack") {
@@ -225,13 +239,17 @@ TEST_CASE("PagedDecoder rejects a pool that does not fit its stack") {
   const auto stack = AttentionStack<double>::random(2, shape, 16, 1);
   CHECK_THROWS_MATCHES(PagedDecoder<double>(stack, nullptr), kvlab::InvalidArgument,
                        names("pool", "a non-null pool", "nullptr"));
-  CHECK_THROWS_MATCHES(PagedDecoder<double>(stack, std::make_shared<PagedKVCache<double>>(1, 2, 8, 4, 4)),
-                       kvlab::InvalidArgument, names("pool->num_layers()", "2 (stack's num_layers)", "1"));
-  CHECK_THROWS_MATCHES(PagedDecoder<double>(stack, std::make_shared<PagedKVCache<double>>(2, 4, 8, 4, 4)),
-                       kvlab::InvalidArgument, names("pool->num_kv_heads()", "2 (stack's num_kv_heads)", "4"));
-  CHECK_THROWS_MATCHES(PagedDecoder<double>(stack, std::make_shared<PagedKVCache<double>>(2, 2, 4, 4, 4)),
-                       kvlab::InvalidArgument, names("pool->head_dim()", "8 (stack's head_dim)", "4"));
-  CHECK_THROWS_MATCHES(PagedDecoder<double>(stack, 0, 4), kvlab::InvalidArgument, names("block_size", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(
+      PagedDecoder<double>(stack, std::make_shared<PagedKVCache<double>>(1, 2, 8, 4, 4)),
+      kvlab::InvalidArgument, names("pool->num_layers()", "2 (stack's num_layers)", "1"));
+  CHECK_THROWS_MATCHES(
+      PagedDecoder<double>(stack, std::make_shared<PagedKVCache<double>>(2, 4, 8, 4, 4)),
+      kvlab::InvalidArgument, names("pool->num_kv_heads()", "2 (stack's num_kv_heads)", "4"));
+  CHECK_THROWS_MATCHES(
+      PagedDecoder<double>(stack, std::make_shared<PagedKVCache<double>>(2, 2, 4, 4, 4)),
+      kvlab::InvalidArgument, names("pool->head_dim()", "8 (stack's head_dim)", "4"));
+  CHECK_THROWS_MATCHES(PagedDecoder<double>(stack, 0, 4), kvlab::InvalidArgument,
+                       names("block_size", ">= 1", "0"));
   PagedDecoder<double> paged(stack, 4, 4);
   CHECK_THROWS_MATCHES(paged.prefill(RowMatrix<double>::Zero(2, 15)), kvlab::InvalidArgument,
                        names("x.cols()", "16 (d_model)", "15"));

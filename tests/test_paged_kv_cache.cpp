@@ -26,7 +26,8 @@ double key_of(double x, int h, int c) { return x + 1e7 * h + 1e6 * c; }
 void append_tokens(PagedKVCache<double>& cache, int seq, const std::vector<double>& values) {
   const std::vector<std::int64_t> slots = cache.append(seq, static_cast<int>(values.size()));
   const int width = cache.num_kv_heads() * cache.head_dim();
-  RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);  // [n, num_kv_heads * head_dim]
+  // [n, num_kv_heads * head_dim]
+  RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);
   for (std::size_t i = 0; i < values.size(); ++i)
     for (int h = 0; h < cache.num_kv_heads(); ++h)
       for (int c = 0; c < cache.head_dim(); ++c)
@@ -108,9 +109,9 @@ TEST_CASE("fork shares blocks, and appending into a shared partial block copies 
   for (std::int32_t blk : before) CHECK(cache.allocator().ref_count(blk) == 2);
   CHECK(cache.allocator().num_used() == 2);
 
-  append_tokens(cache, child, {70});  // copy on write of y
-  CHECK(cache.blocks(child)[0] == before[0]);   // the full block stays shared
-  CHECK(cache.blocks(child)[1] != before[1]);   // the partial one is now private
+  append_tokens(cache, child, {70});           // copy on write of y
+  CHECK(cache.blocks(child)[0] == before[0]);  // the full block stays shared
+  CHECK(cache.blocks(child)[1] != before[1]);  // the partial one is now private
   CHECK(cache.allocator().ref_count(before[0]) == 2);
   CHECK(cache.allocator().ref_count(before[1]) == 1);
   CHECK(read_tokens(cache, child) == std::vector<double>{1, 2, 3, 4, 5, 6, 70});
@@ -136,7 +137,8 @@ TEST_CASE("fork shares blocks, and appending into a shared partial block copies 
     CHECK(cache.allocator().ref_count(before[1]) == 0);
     cache.free_sequence(child);
     CHECK(cache.allocator().num_free() == 10);
-    CHECK_THROWS_MATCHES(cache.length(child), kvlab::InvalidArgument, names("seq", "a live sequence id", std::to_string(child)));
+    CHECK_THROWS_MATCHES(cache.length(child), kvlab::InvalidArgument,
+                         names("seq", "a live sequence id", std::to_string(child)));
   }
 }
 
@@ -154,22 +156,29 @@ TEST_CASE("failed operations change nothing") {
   CHECK(cache.allocator().num_free() == 1);
   CHECK(cache.allocator().ref_count(blocks[1]) == 2);
   CHECK_THROWS_MATCHES(cache.append(a, 0), kvlab::InvalidArgument, names("n", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(cache.append(9, 1), kvlab::InvalidArgument, names("seq", "a live sequence id", "9"));
-  CHECK_THROWS_MATCHES(cache.write(1, {0}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),
-                       kvlab::InvalidArgument, names("layer", "in [0, 1)", "1"));
-  CHECK_THROWS_MATCHES(cache.write(0, {12}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),
-                       kvlab::InvalidArgument, names("slots[0]", "in [0, 12)", "12"));
-  CHECK_THROWS_MATCHES(cache.write(0, {0}, RowMatrix<double>::Zero(1, 3), RowMatrix<double>::Zero(1, 2)),
-                       kvlab::InvalidArgument, names("k.cols()", "2 (num_kv_heads * head_dim)", "3"));
+  CHECK_THROWS_MATCHES(cache.append(9, 1), kvlab::InvalidArgument,
+                       names("seq", "a live sequence id", "9"));
+  CHECK_THROWS_MATCHES(
+      cache.write(1, {0}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),
+      kvlab::InvalidArgument, names("layer", "in [0, 1)", "1"));
+  CHECK_THROWS_MATCHES(
+      cache.write(0, {12}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),
+      kvlab::InvalidArgument, names("slots[0]", "in [0, 12)", "12"));
+  CHECK_THROWS_MATCHES(
+      cache.write(0, {0}, RowMatrix<double>::Zero(1, 3), RowMatrix<double>::Zero(1, 2)),
+      kvlab::InvalidArgument, names("k.cols()", "2 (num_kv_heads * head_dim)", "3"));
   CHECK_THROWS_MATCHES(cache.tables({}), kvlab::InvalidArgument, names("seqs.size()", ">= 1", "0"));
   const int empty = cache.add_sequence();
   CHECK_THROWS_MATCHES(cache.tables({a, empty}), kvlab::InvalidArgument,
                        names("seqs", "non-empty sequences", "sequence 2 (empty)"));
   CHECK(read_tokens(cache, a) == std::vector<double>{1, 2, 3, 4, 5, 6});
-  CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument, names("block_size", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument,
+                       names("block_size", ">= 1", "0"));
 }
 
-TEST_CASE("truncate drops the blocks past the new end, and a shared block kept is copied on the next append") {
+TEST_CASE(
+    "truncate drops the blocks past the new end, and a shared block kept is copied on the next "
+    "append") {
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   CAPTURE(kvlab::to_string(layout));
   PagedKVCache<double> cache(2, 2, 2, 4, 8, layout);
@@ -189,9 +198,12 @@ TEST_CASE("truncate drops the blocks past the new end, and a shared block kept i
   cache.truncate(a, 0);  // an empty sequence holds no block
   CHECK(cache.blocks(a).empty());
   CHECK(cache.allocator().num_used() == 2);
-  CHECK_THROWS_MATCHES(cache.truncate(b, 9), kvlab::InvalidArgument, names("length", "in [0, 8]", "9"));
-  CHECK_THROWS_MATCHES(cache.truncate(b, -1), kvlab::InvalidArgument, names("length", "in [0, 8]", "-1"));
-  CHECK_THROWS_MATCHES(cache.truncate(7, 0), kvlab::InvalidArgument, names("seq", "a live sequence id", "7"));
+  CHECK_THROWS_MATCHES(cache.truncate(b, 9), kvlab::InvalidArgument,
+                       names("length", "in [0, 8]", "9"));
+  CHECK_THROWS_MATCHES(cache.truncate(b, -1), kvlab::InvalidArgument,
+                       names("length", "in [0, 8]", "-1"));
+  CHECK_THROWS_MATCHES(cache.truncate(7, 0), kvlab::InvalidArgument,
+                       names("seq", "a live sequence id", "7"));
   CHECK(cache.length(b) == 8);
 }
 
@@ -208,7 +220,11 @@ TEST_CASE("10^5 random add / append / fork / truncate / free operations keep eve
     const int ops = block_size == 16 ? 100000 : 20000;
     for (int op = 0; op < ops; ++op) {
       const double u = rng.uniform();
-      auto pick = [&] { auto it = model.begin(); std::advance(it, static_cast<long>(rng.next_u64() % model.size())); return it->first; };
+      auto pick = [&] {
+        auto it = model.begin();
+        std::advance(it, static_cast<long>(rng.next_u64() % model.size()));
+        return it->first;
+      };
       // Adds and forks (20 %) are outnumbered by frees (20 % + whenever 40 sequences are
       // live), so the population stays small and the pool runs dry now and then.
       if (model.empty() || (u < 0.10 && model.size() < 40)) {
@@ -256,7 +272,8 @@ TEST_CASE("10^5 random add / append / fork / truncate / free operations keep eve
       int used = 0;
       bool counts_ok = true;
       for (std::int32_t b = 0; b < kBlocks; ++b) {
-        counts_ok = counts_ok && cache.allocator().ref_count(b) == holders[static_cast<std::size_t>(b)];
+        counts_ok =
+            counts_ok && cache.allocator().ref_count(b) == holders[static_cast<std::size_t>(b)];
         used += holders[static_cast<std::size_t>(b)] > 0;
       }
       INFO("operation " << op);

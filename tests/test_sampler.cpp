@@ -38,7 +38,8 @@ std::vector<double> probabilities(const std::vector<float>& logits, double tempe
 }
 
 // Draws `n` tokens and checks each frequency against `expected` (5 standard deviations).
-void check_frequencies(Sampler& sampler, const std::vector<float>& logits, const std::vector<double>& expected, int n) {
+void check_frequencies(Sampler& sampler, const std::vector<float>& logits,
+                       const std::vector<double>& expected, int n) {
   std::vector<int> counts(logits.size(), 0);
   const RowVector<float> l = row(logits);
   for (int i = 0; i < n; ++i) ++counts[static_cast<std::size_t>(sampler.sample(l))];
@@ -82,7 +83,9 @@ TEST_CASE("top-p tending to 0 is greedy, whatever the coin") {
   }
 }
 
-TEST_CASE("seeded sampling follows the probabilities: plain, at a temperature, and in the top-p nucleus") {
+TEST_CASE(
+    "seeded sampling follows the probabilities: plain, at a temperature, and in the top-p "
+    "nucleus") {
   const std::vector<float> logits{1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
   const int n = 100000;
   SECTION("temperature 1, all tokens") {
@@ -96,8 +99,8 @@ TEST_CASE("seeded sampling follows the probabilities: plain, at a temperature, a
     check_frequencies(flat, logits, probabilities(logits, 2.0), n);
   }
   SECTION("top-p 0.7: the smallest set of most probable tokens above 0.7, renormalised") {
-    // Probabilities, sorted: 0.420 (token 1), 0.255 (4), 0.154 (0), 0.094 (2), 0.057 (5), 0.021 (3).
-    // Cumulative: 0.420, 0.674, 0.829 > 0.7: the nucleus is {1, 4, 0}.
+    // Probabilities, sorted: 0.420 (token 1), 0.255 (4), 0.154 (0), 0.094 (2), 0.057 (5), 0.021
+    // (3). Cumulative: 0.420, 0.674, 0.829 > 0.7: the nucleus is {1, 4, 0}.
     const std::vector<double> p = probabilities(logits, 1.0);
     const double nucleus = p[1] + p[4] + p[0];
     REQUIRE(p[1] + p[4] < 0.7);
@@ -128,7 +131,8 @@ TEST_CASE("sample_mult, sample_topp and the coin at their edges") {
   CHECK(kvlab::sample_mult(p.data(), 3, 0.2499f) == 0);
   CHECK(kvlab::sample_mult(p.data(), 3, 0.25f) == 1);
   CHECK(kvlab::sample_mult(p.data(), 3, 0.9999f) == 2);
-  const std::vector<float> short_sum{0.3f, 0.3f};  // rounding left the sum below the coin: the last index
+  // rounding left the sum below the coin: the last index
+  const std::vector<float> short_sum{0.3f, 0.3f};
   CHECK(kvlab::sample_mult(short_sum.data(), 2, 0.9f) == 1);
   std::vector<kvlab::ProbIndex> scratch;
   // A uniform distribution: every probability is below run.c's cut-off (1 - p) / (n - 1), so
@@ -146,11 +150,15 @@ TEST_CASE("sample_mult, sample_topp and the coin at their edges") {
 }
 
 TEST_CASE("bad parameters are rejected") {
-  CHECK_THROWS_MATCHES(Sampler(0, 1.0f, 0.9f, 0), InvalidArgument, names("vocab_size", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(Sampler(10, -0.1f, 0.9f, 0), InvalidArgument, names("temperature", "a finite value >= 0", "-0.1"));
+  CHECK_THROWS_MATCHES(Sampler(0, 1.0f, 0.9f, 0), InvalidArgument,
+                       names("vocab_size", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(Sampler(10, -0.1f, 0.9f, 0), InvalidArgument,
+                       names("temperature", "a finite value >= 0", "-0.1"));
   CHECK_THROWS_AS(Sampler(10, INFINITY, 0.9f, 0), InvalidArgument);
-  CHECK_THROWS_MATCHES(Sampler(10, 1.0f, 0.0f, 0), InvalidArgument, names("top_p", "a value in (0, 1]", "0"));
-  CHECK_THROWS_MATCHES(Sampler(10, 1.0f, 1.5f, 0), InvalidArgument, names("top_p", "a value in (0, 1]", "1.5"));
+  CHECK_THROWS_MATCHES(Sampler(10, 1.0f, 0.0f, 0), InvalidArgument,
+                       names("top_p", "a value in (0, 1]", "0"));
+  CHECK_THROWS_MATCHES(Sampler(10, 1.0f, 1.5f, 0), InvalidArgument,
+                       names("top_p", "a value in (0, 1]", "1.5"));
   Sampler s(10, 1.0f, 0.9f, 0);
   CHECK_THROWS_MATCHES(s.sample(RowVector<float>::Zero(9)), InvalidArgument,
                        names("logits.size()", "10 (vocab_size)", "9"));

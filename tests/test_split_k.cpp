@@ -60,11 +60,14 @@ SoftmaxState<T> one_pass(const Keys& keys, int begin, int end, std::vector<T>& a
   const int d = keys.v.empty() ? 0 : static_cast<int>(keys.v[0].size());
   acc.assign(static_cast<std::size_t>(d), T(0));
   SoftmaxState<T> state = kvlab::empty_softmax_state<T>();
-  for (int j = begin; j < end; ++j) state.max = std::max(state.max, static_cast<T>(keys.scores[static_cast<std::size_t>(j)]));
+  for (int j = begin; j < end; ++j)
+    state.max = std::max(state.max, static_cast<T>(keys.scores[static_cast<std::size_t>(j)]));
   for (int j = begin; j < end; ++j) {
     const T w = std::exp(static_cast<T>(keys.scores[static_cast<std::size_t>(j)]) - state.max);
     state.sum += w;
-    for (int c = 0; c < d; ++c) acc[static_cast<std::size_t>(c)] += w * static_cast<T>(keys.v[static_cast<std::size_t>(j)][static_cast<std::size_t>(c)]);
+    for (int c = 0; c < d; ++c)
+      acc[static_cast<std::size_t>(c)] +=
+          w * static_cast<T>(keys.v[static_cast<std::size_t>(j)][static_cast<std::size_t>(c)]);
   }
   return state;
 }
@@ -86,13 +89,15 @@ double max_relative_diff(const std::vector<double>& got, const std::vector<doubl
 
 // Merges the partitions [cuts[i], cuts[i + 1]) of `keys` in the order `order` (indices into the
 // partitions), each computed in one pass, into an empty state; returns the output.
-std::vector<double> merged_output(const Keys& keys, const std::vector<int>& cuts, const std::vector<int>& order,
-                                  int d, SoftmaxState<double>* final_state = nullptr) {
+std::vector<double> merged_output(const Keys& keys, const std::vector<int>& cuts,
+                                  const std::vector<int>& order, int d,
+                                  SoftmaxState<double>* final_state = nullptr) {
   SoftmaxState<double> state = kvlab::empty_softmax_state<double>();
   std::vector<double> acc(static_cast<std::size_t>(d), 0.0);
   for (int i : order) {
     std::vector<double> part_acc;
-    const SoftmaxState<double> part = one_pass(keys, cuts[static_cast<std::size_t>(i)], cuts[static_cast<std::size_t>(i) + 1], part_acc);
+    const SoftmaxState<double> part = one_pass(keys, cuts[static_cast<std::size_t>(i)],
+                                               cuts[static_cast<std::size_t>(i) + 1], part_acc);
     kvlab::merge_softmax_states(state, acc.data(), part, part_acc.data(), d);
   }
   if (final_state != nullptr) *final_state = state;
@@ -119,15 +124,17 @@ TEST_CASE("merge_softmax_states over partitions of every size, in any order, equ
     SoftmaxState<double> state{};
     CHECK(max_relative_diff(merged_output(keys, cuts, order, d, &state), want) <= 1e-12);
     CHECK(state.max == static_cast<double>(whole.max));  // a max of maxes: exact
-    CHECK(std::abs(state.sum - static_cast<double>(whole.sum)) <= 1e-12 * static_cast<double>(whole.sum));
+    CHECK(std::abs(state.sum - static_cast<double>(whole.sum)) <=
+          1e-12 * static_cast<double>(whole.sum));
     std::reverse(order.begin(), order.end());
     CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
     std::shuffle(order.begin(), order.end(), shuffle);
     CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
   }
   // Uneven cuts, including empty partitions anywhere.
-  for (const std::vector<int>& cuts : {std::vector<int>{0, 0, 5, 5, 36, 37, 37}, std::vector<int>{0, 36, 37},
-                                       std::vector<int>{0, 1, 37}, std::vector<int>{0, 0, 37, 37}}) {
+  for (const std::vector<int>& cuts :
+       {std::vector<int>{0, 0, 5, 5, 36, 37, 37}, std::vector<int>{0, 36, 37},
+        std::vector<int>{0, 1, 37}, std::vector<int>{0, 0, 37, 37}}) {
     std::vector<int> order(cuts.size() - 1);
     std::iota(order.begin(), order.end(), 0);
     CHECK(max_relative_diff(merged_output(keys, cuts, order, d), want) <= 1e-12);
@@ -222,8 +229,10 @@ TEST_CASE("merge_softmax_scales gives the state and factors of merge_softmax_sta
     CHECK((a2.max == a.max || (std::isinf(a2.max) && std::isinf(a.max))));
     CHECK(a2.sum == a.sum);
     for (int c = 0; c < d; ++c) {
-      const double applied = acc_a[static_cast<std::size_t>(c)] * f.a + acc_b[static_cast<std::size_t>(c)] * f.b;
-      CHECK(std::abs(applied - acc_merged[static_cast<std::size_t>(c)]) <= 1e-15 * std::max(1.0, std::abs(applied)));
+      const double applied =
+          acc_a[static_cast<std::size_t>(c)] * f.a + acc_b[static_cast<std::size_t>(c)] * f.b;
+      CHECK(std::abs(applied - acc_merged[static_cast<std::size_t>(c)]) <=
+            1e-15 * std::max(1.0, std::abs(applied)));
     }
     CHECK(f.a >= 0.0);
     CHECK(f.a <= 1.0);
@@ -274,7 +283,7 @@ TEST_CASE("lanes per row, GQA tiles and the split-K unit") {
     CHECK(head_dim_supported(head_dim) == (head_dim % 8 == 0 && head_dim <= 256));
     if (!head_dim_supported(head_dim)) continue;
     const int lanes = lanes_per_row(head_dim);
-    CHECK((lanes & (lanes - 1)) == 0);           // a power of two: it divides 32
+    CHECK((lanes & (lanes - 1)) == 0);            // a power of two: it divides 32
     CHECK(lanes * kValuesPerThread >= head_dim);  // together the lanes hold the row
     CHECK(lanes <= 32);
     CHECK((lanes == 1 || (lanes / 2) * kValuesPerThread < head_dim));  // and no fewer would
@@ -306,7 +315,8 @@ TEST_CASE("the shared-memory layout: aligned, disjoint, within 48 KiB") {
     for (int head_dim = 8; head_dim <= 256; head_dim += 8) {
       CAPTURE(tile, head_dim);
       const AttentionSmemLayout l = attention_smem_layout(tile, head_dim);
-      for (std::size_t offset : {l.running, l.scale_a, l.scale_b, l.offsets, l.scores, l.reduce}) CHECK(offset % 16 == 0);
+      for (std::size_t offset : {l.running, l.scale_a, l.scale_b, l.offsets, l.scores, l.reduce})
+        CHECK(offset % 16 == 0);
       const auto t = static_cast<std::size_t>(tile);
       CHECK(l.scale_a >= l.running + t * sizeof(SoftmaxState<float>));
       CHECK(l.scale_b >= l.scale_a + t * sizeof(float));
@@ -314,7 +324,8 @@ TEST_CASE("the shared-memory layout: aligned, disjoint, within 48 KiB") {
       CHECK(l.scores >= l.offsets + kKeyTile * sizeof(std::ptrdiff_t));
       CHECK(l.bytes >= l.scores + t * kKeyTile * sizeof(float));
       CHECK(l.reduce >= l.scale_b + t * sizeof(float));  // the running states survive the reduction
-      CHECK(l.bytes >= l.reduce + kAttentionWarps * t * static_cast<std::size_t>(head_dim) * sizeof(float));
+      CHECK(l.bytes >=
+            l.reduce + kAttentionWarps * t * static_cast<std::size_t>(head_dim) * sizeof(float));
       CHECK(l.bytes <= 48 * 1024);
     }
 }
@@ -327,8 +338,8 @@ TEST_CASE("plan_attention: single pass on request, enough blocks otherwise") {
   CHECK(plan_attention(gqa, 1, 16, 132, 100000).partitions == kMaxPartitions);
   for (int rows : {1, 2, 7, 64, 1000})
     for (int sms : {1, 108, 132})
-      for (const AttentionShape& shape : {gqa, AttentionShape(40, 40, 64), AttentionShape(64, 8, 256),
-                                          AttentionShape(48, 2, 96)}) {
+      for (const AttentionShape& shape : {gqa, AttentionShape(40, 40, 64),
+                                          AttentionShape(64, 8, 256), AttentionShape(48, 2, 96)}) {
         CAPTURE(rows, sms, shape.num_heads(), shape.num_kv_heads());
         const AttentionPlan plan = plan_attention(shape, rows, 16, sms, 0);
         const long long per_partition = 1LL * rows * shape.num_kv_heads() * plan.group_tiles;
@@ -342,9 +353,11 @@ TEST_CASE("plan_attention: single pass on request, enough blocks otherwise") {
         CHECK(plan.unit == split_k_unit(16));
         CHECK(plan.smem_bytes == attention_smem_layout(plan.group_tile, shape.head_dim()).bytes);
         const std::size_t bytes = partial_bytes(shape, rows, plan);
-        CHECK(bytes == (plan.partitions == 1 ? 0
-                                             : static_cast<std::size_t>(rows) * shape.num_heads() * plan.partitions *
-                                                   (shape.head_dim() * sizeof(float) + sizeof(SoftmaxState<float>))));
+        CHECK(bytes ==
+              (plan.partitions == 1
+                   ? 0
+                   : static_cast<std::size_t>(rows) * shape.num_heads() * plan.partitions *
+                         (shape.head_dim() * sizeof(float) + sizeof(SoftmaxState<float>))));
       }
 }
 
@@ -353,7 +366,8 @@ TEST_CASE("sequence_of_row finds each query row's sequence, skipping sequences w
   for (int trial = 0; trial < 100; ++trial) {
     const int batch = 1 + static_cast<int>(rng.next_u64() % 9);
     std::vector<std::int32_t> qo_indptr{0};
-    for (int s = 0; s < batch; ++s) qo_indptr.push_back(qo_indptr.back() + static_cast<std::int32_t>(rng.next_u64() % 4));
+    for (int s = 0; s < batch; ++s)
+      qo_indptr.push_back(qo_indptr.back() + static_cast<std::int32_t>(rng.next_u64() % 4));
     if (qo_indptr.back() == 0) qo_indptr.back() = 1;  // at least one row
     for (int row = 0; row < qo_indptr.back(); ++row) {
       CAPTURE(trial, qo_indptr, row);
@@ -374,8 +388,8 @@ TEST_CASE("locate_row and row_offset: the keys each row sees and where their row
     for (int block_size : {1, 3, 16}) {
       CAPTURE(kvlab::to_string(layout), block_size);
       kvlab::Rng rng(6);
-      const kvlab_test::RaggedBatch batch(shape, block_size, {5, 1, 2 * block_size + 1, 40}, layout, rng,
-                                          kvlab_test::NoRounding{});
+      const kvlab_test::RaggedBatch batch(shape, block_size, {5, 1, 2 * block_size + 1, 40}, layout,
+                                          rng, kvlab_test::NoRounding{});
       const kvlab::PagedKVView<float>& view = batch.view;
       for (int s = 0; s < view.batch; ++s) {  // decode: row s is sequence s, all its keys
         const kvlab::cuda::QueryRow r = locate_row(view, nullptr, view.batch, s);
@@ -384,9 +398,12 @@ TEST_CASE("locate_row and row_offset: the keys each row sees and where their row
       }
       const std::vector<std::int32_t> qo_indptr{0, 3, 3, 4, 44};  // prefill: 3, 0, 1 and 40 queries
       for (int s = 0; s < view.batch; ++s)
-        for (int i = 0; i < qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)]; ++i) {
+        for (int i = 0; i < qo_indptr[static_cast<std::size_t>(s) + 1] -
+                                qo_indptr[static_cast<std::size_t>(s)];
+             ++i) {
           const int row = qo_indptr[static_cast<std::size_t>(s)] + i;
-          const int q_len = qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
+          const int q_len =
+              qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
           const kvlab::cuda::QueryRow r = locate_row(view, qo_indptr.data(), 44, row);
           CHECK(r.seq == s);
           CHECK(r.keys == batch.lengths[static_cast<std::size_t>(s)] - q_len + i + 1);
@@ -403,7 +420,8 @@ TEST_CASE("locate_row and row_offset: the keys each row sees and where their row
                     ? ((block * block_size + slot) * shape.num_kv_heads() + h) * shape.head_dim()
                     : ((block * shape.num_kv_heads() + h) * block_size + slot) * shape.head_dim();
             CHECK(row_offset(view, s, pos, h) == want);
-            CHECK(!std::isnan(batch.k[static_cast<std::size_t>(want)]));  // an owned slot, never the NaN padding
+            // an owned slot, never the NaN padding
+            CHECK(!std::isnan(batch.k[static_cast<std::size_t>(want)]));
           }
     }
   // A contiguous cache: row i of 3 new queries over 10 cached rows sees 8 + i keys.
@@ -422,16 +440,20 @@ namespace {
 // out (which thread adds which product), so this checks every index and every merge the
 // kernel makes.
 template <typename Cache>
-RowMatrix<float> kernel_model(const AttentionShape& shape, const RowMatrix<float>& q, const Cache& cache,
-                              const std::int32_t* qo_indptr, int block_size, int requested_partitions) {
+RowMatrix<float> kernel_model(const AttentionShape& shape, const RowMatrix<float>& q,
+                              const Cache& cache, const std::int32_t* qo_indptr, int block_size,
+                              int requested_partitions) {
   using namespace kvlab::cuda;
   const int rows = static_cast<int>(q.rows());
   const int hd = shape.head_dim();
-  const AttentionPlan plan = plan_attention(shape, rows, block_size, /*sm_count=*/132, requested_partitions);
+  const AttentionPlan plan =
+      plan_attention(shape, rows, block_size, /*sm_count=*/132, requested_partitions);
   const auto scale = static_cast<float>(shape.scale());
-  RowMatrix<float> out = RowMatrix<float>::Constant(rows, shape.q_width(), std::numeric_limits<float>::quiet_NaN());
+  RowMatrix<float> out =
+      RowMatrix<float>::Constant(rows, shape.q_width(), std::numeric_limits<float>::quiet_NaN());
   const std::size_t slots = static_cast<std::size_t>(rows) * shape.num_heads() * plan.partitions;
-  std::vector<float> partial_acc(slots * static_cast<std::size_t>(hd), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> partial_acc(slots * static_cast<std::size_t>(hd),
+                                 std::numeric_limits<float>::quiet_NaN());
   std::vector<SoftmaxState<float>> partial_state(slots);
   for (int row = 0; row < rows; ++row)
     for (int y = 0; y < shape.num_kv_heads() * plan.group_tiles; ++y)
@@ -444,30 +466,35 @@ RowMatrix<float> kernel_model(const AttentionShape& shape, const RowMatrix<float
         const KeyRange range = partition_keys(where.keys, plan.partitions, plan.unit, part);
         const int head0 = kv_head * shape.group_size() + tile * plan.group_tile;
         const int heads = std::min(plan.group_tile, shape.group_size() - tile * plan.group_tile);
-        std::vector<SoftmaxState<float>> running(static_cast<std::size_t>(heads), kvlab::empty_softmax_state<float>());
-        std::vector<std::vector<float>> acc(static_cast<std::size_t>(heads), std::vector<float>(static_cast<std::size_t>(hd), 0.f));
+        std::vector<SoftmaxState<float>> running(static_cast<std::size_t>(heads),
+                                                 kvlab::empty_softmax_state<float>());
+        std::vector<std::vector<float>> acc(static_cast<std::size_t>(heads),
+                                            std::vector<float>(static_cast<std::size_t>(hd), 0.f));
         for (int t0 = range.begin; t0 < range.end; t0 += kKeyTile) {
           const int n = std::min(kKeyTile, range.end - t0);
           std::vector<std::ptrdiff_t> offsets(static_cast<std::size_t>(n));  // 0. translate
-          for (int j = 0; j < n; ++j) offsets[static_cast<std::size_t>(j)] = row_offset(cache, where.seq, t0 + j, kv_head);
+          for (int j = 0; j < n; ++j)
+            offsets[static_cast<std::size_t>(j)] = row_offset(cache, where.seq, t0 + j, kv_head);
           for (int g = 0; g < heads; ++g) {
             const float* qh = &q(row, (head0 + g) * hd);
             std::vector<float> s(static_cast<std::size_t>(n));  // 1. scores
             for (int j = 0; j < n; ++j) {
               float dot = 0.f;
-              for (int c = 0; c < hd; ++c) dot += qh[c] * cache.k[offsets[static_cast<std::size_t>(j)] + c];
+              for (int c = 0; c < hd; ++c)
+                dot += qh[c] * cache.k[offsets[static_cast<std::size_t>(j)] + c];
               s[static_cast<std::size_t>(j)] = scale * dot;
             }
             const float max = *std::max_element(s.begin(), s.end());  // 2. the tile's state, merged
             float sum = 0.f;
             for (float& x : s) sum += (x = std::exp(x - max));
-            const kvlab::SoftmaxScales<float> f =
-                kvlab::merge_softmax_scales(running[static_cast<std::size_t>(g)], SoftmaxState<float>{max, sum});
+            const kvlab::SoftmaxScales<float> f = kvlab::merge_softmax_scales(
+                running[static_cast<std::size_t>(g)], SoftmaxState<float>{max, sum});
             std::vector<float>& a = acc[static_cast<std::size_t>(g)];  // 3. values
             for (float& x : a) x *= f.a;
             for (int j = 0; j < n; ++j)
               for (int c = 0; c < hd; ++c)
-                a[static_cast<std::size_t>(c)] += s[static_cast<std::size_t>(j)] * f.b * cache.v[offsets[static_cast<std::size_t>(j)] + c];
+                a[static_cast<std::size_t>(c)] += s[static_cast<std::size_t>(j)] * f.b *
+                                                  cache.v[offsets[static_cast<std::size_t>(j)] + c];
           }
         }
         for (int g = 0; g < heads; ++g) {
@@ -478,7 +505,9 @@ RowMatrix<float> kernel_model(const AttentionShape& shape, const RowMatrix<float
             if (parts == 1) {
               out(row, head * hd + c) = total / state.sum;
             } else {
-              const std::size_t slot = (static_cast<std::size_t>(row) * shape.num_heads() + head) * plan.partitions + part;
+              const std::size_t slot =
+                  (static_cast<std::size_t>(row) * shape.num_heads() + head) * plan.partitions +
+                  part;
               partial_acc[slot * hd + c] = total;
               partial_state[slot] = state;
             }
@@ -491,12 +520,14 @@ RowMatrix<float> kernel_model(const AttentionShape& shape, const RowMatrix<float
       const QueryRow where = locate_row(cache, qo_indptr, rows, row);
       const int parts = kvlab::partition_count(where.keys, plan.partitions, plan.unit);
       if (parts == 1) continue;
-      const std::size_t first = (static_cast<std::size_t>(row) * shape.num_heads() + head) * plan.partitions;
+      const std::size_t first =
+          (static_cast<std::size_t>(row) * shape.num_heads() + head) * plan.partitions;
       for (int c = 0; c < hd; ++c) {
         SoftmaxState<float> state = kvlab::empty_softmax_state<float>();
         float acc = 0.f;
         for (int p = 0; p < parts; ++p)
-          kvlab::merge_softmax_states(state, &acc, partial_state[first + p], &partial_acc[(first + p) * hd + c], 1);
+          kvlab::merge_softmax_states(state, &acc, partial_state[first + p],
+                                      &partial_acc[(first + p) * hd + c], 1);
         out(row, head * hd + c) = acc / state.sum;
       }
     }
@@ -510,7 +541,8 @@ TEST_CASE("a CPU model of the CUDA attention kernel equals the CPU paths, split 
     int num_heads, num_kv_heads;
   };
   std::uint64_t seed = 100;
-  for (const Heads& heads : {Heads{4, 4}, Heads{12, 4}, Heads{16, 2}, Heads{24, 2}})  // groups 1, 3, 8, 12 (two tiles)
+  // groups 1, 3, 8, 12 (two tiles)
+  for (const Heads& heads : {Heads{4, 4}, Heads{12, 4}, Heads{16, 2}, Heads{24, 2}})
     for (int head_dim : {8, 40})
       for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
         for (int block_size : {1, 3, 16})
@@ -520,20 +552,27 @@ TEST_CASE("a CPU model of the CUDA attention kernel equals the CPU paths, split 
             if (head_dim == 40 && !(heads.num_heads == 12 && block_size == 3)) continue;
             if (partitions == 5 && block_size != 3) continue;
             const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
-            CAPTURE(heads.num_heads, heads.num_kv_heads, head_dim, kvlab::to_string(layout), block_size, partitions);
+            CAPTURE(heads.num_heads, heads.num_kv_heads, head_dim, kvlab::to_string(layout),
+                    block_size, partitions);
             kvlab::Rng rng(seed++);
             const std::vector<int> lengths{700, 1, 255, 256, 257, 2 * block_size + 1, 1200};
-            const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::NoRounding{});
-            const RowMatrix<float> q = kvlab::random_matrix<float>(batch.view.batch, shape.q_width(), rng);
+            const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng,
+                                                kvlab_test::NoRounding{});
+            const RowMatrix<float> q =
+                kvlab::random_matrix<float>(batch.view.batch, shape.q_width(), rng);
             const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
-            const RowMatrix<float> got = kernel_model(shape, q, batch.view, nullptr, block_size, partitions);
+            const RowMatrix<float> got =
+                kernel_model(shape, q, batch.view, nullptr, block_size, partitions);
             CHECK(max_row_relative_error(got, want) <= kvlab_test::tolerance<float>());
             if (partitions == 0 && block_size == 3 && layout == KVLayout::HND) {
               // Prefill rows (CSR) through the same model: 3, 0, 1, 17, 256, 1 and 40 queries.
               const std::vector<std::int32_t> qo_indptr{0, 3, 3, 4, 21, 277, 278, 318};
-              const RowMatrix<float> qp = kvlab::random_matrix<float>(qo_indptr.back(), shape.q_width(), rng);
-              const RowMatrix<float> want_p = kvlab::cpu::paged_prefill_attention(shape, qp, qo_indptr, batch.view);
-              const RowMatrix<float> got_p = kernel_model(shape, qp, batch.view, qo_indptr.data(), block_size, 0);
+              const RowMatrix<float> qp =
+                  kvlab::random_matrix<float>(qo_indptr.back(), shape.q_width(), rng);
+              const RowMatrix<float> want_p =
+                  kvlab::cpu::paged_prefill_attention(shape, qp, qo_indptr, batch.view);
+              const RowMatrix<float> got_p =
+                  kernel_model(shape, qp, batch.view, qo_indptr.data(), block_size, 0);
               CHECK(max_row_relative_error(got_p, want_p) <= kvlab_test::tolerance<float>());
             }
           }
@@ -548,16 +587,18 @@ TEST_CASE("a CPU model of the CUDA attention kernel equals the CPU paths, split 
   const RowMatrix<float> want = kvlab::cpu::decode_attention(shape, q, cache.view(0));
   for (int partitions : {1, 3, 0}) {
     CAPTURE(partitions);
-    CHECK(max_row_relative_error(kernel_model(shape, q, cache.view(0), nullptr, 1, partitions), want) <=
-          kvlab_test::tolerance<float>());
+    CHECK(max_row_relative_error(kernel_model(shape, q, cache.view(0), nullptr, 1, partitions),
+                                 want) <= kvlab_test::tolerance<float>());
   }
 }
 
 TEST_CASE("count_attention: a decode step counts what the CPU decode paths count") {
-  for (const AttentionShape& shape : {AttentionShape(32, 8, 128), AttentionShape(40, 40, 64), AttentionShape(8, 1, 16)}) {
+  for (const AttentionShape& shape :
+       {AttentionShape(32, 8, 128), AttentionShape(40, 40, 64), AttentionShape(8, 1, 16)}) {
     CAPTURE(shape.num_heads(), shape.num_kv_heads());
     kvlab::Rng rng(10);
-    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng, kvlab_test::NoRounding{});
+    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng,
+                                        kvlab_test::NoRounding{});
     const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
     kvlab::CostCounters cpu_counts, gpu_counts;
     kvlab::cpu::paged_decode_attention(shape, q, batch.view, &cpu_counts);

@@ -56,7 +56,8 @@ kvlab::RowMatrix<T> reference_attention(const kvlab::AttentionShape& shape,
       for (Wide& s : score) sum += (s = std::exp(s - max));
       for (int c = 0; c < d; ++c) {
         Wide acc = 0;
-        for (int j = 0; j <= last; ++j) acc += score[static_cast<std::size_t>(j)] * Wide(v(j, hk * d + c));
+        for (int j = 0; j <= last; ++j)
+          acc += score[static_cast<std::size_t>(j)] * Wide(v(j, hk * d + c));
         out(i, h * d + c) = static_cast<T>(acc / sum);
       }
     }
@@ -74,7 +75,8 @@ double max_row_relative_error(const A& got, const B& want) {
   double worst = 0;
   for (Eigen::Index r = 0; r < want.rows(); ++r) {
     double scale = 1.0;
-    for (Eigen::Index c = 0; c < want.cols(); ++c) scale = std::max(scale, std::abs(double(want(r, c))));
+    for (Eigen::Index c = 0; c < want.cols(); ++c)
+      scale = std::max(scale, std::abs(double(want(r, c))));
     for (Eigen::Index c = 0; c < want.cols(); ++c) {
       const double diff = std::abs(double(got(r, c)) - double(want(r, c)));
       if (std::isnan(diff)) return std::numeric_limits<double>::infinity();

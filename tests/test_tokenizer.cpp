@@ -52,13 +52,15 @@ std::string byte_piece(int b) {
 std::vector<std::string> small_pieces() {
   std::vector<std::string> pieces = {"<unk>", "\n<s>\n", "\n</s>\n"};
   for (int b = 0; b < 256; ++b) pieces.push_back(byte_piece(b));
-  for (const char* p : {" ", "a", "b", "c", "ab", "bc", " a", "aa", "cc", "\xC3\xA9", "\x80"}) pieces.push_back(p);
+  for (const char* p : {" ", "a", "b", "c", "ab", "bc", " a", "aa", "cc", "\xC3\xA9", "\x80"})
+    pieces.push_back(p);
   return pieces;
 }
 
 std::vector<float> small_scores() {
   std::vector<float> scores(259, 0.0f);
-  for (float s : {-5.0f, -1.0f, -1.0f, -1.0f, -3.0f, -2.0f, -4.0f, -0.5f, -2e10f, -1.0f, -1.0f}) scores.push_back(s);
+  for (float s : {-5.0f, -1.0f, -1.0f, -1.0f, -3.0f, -2.0f, -4.0f, -0.5f, -2e10f, -1.0f, -1.0f})
+    scores.push_back(s);
   return scores;
 }
 
@@ -93,7 +95,8 @@ std::string tokenizer_bin(std::int32_t max_token_length, const std::vector<std::
   return out;
 }
 
-/// Writes `bytes` to `name` in the working directory (the test's build folder) and returns the path.
+/// Writes `bytes` to `name` in the working directory (the test's build folder) and returns the
+/// path.
 std::string write_file(const std::string& name, const std::string& bytes) {
   const std::string path = "test_tokenizer_" + name + ".bin";
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
@@ -137,14 +140,17 @@ TEST_CASE("the constructor rejects inconsistent vocabularies") {
   CHECK_THROWS_MATCHES(Tokenizer({"<unk>", "<s>"}, {0.0f, 0.0f}), InvalidArgument,
                        names("pieces.size()", "3 to 2^31-1", "2"));
   pieces[kB] = "";
-  CHECK_THROWS_MATCHES(Tokenizer(pieces, scores), InvalidArgument,
-                       names("pieces[261]", "a non-empty string without NUL bytes", "an empty string"));
+  CHECK_THROWS_MATCHES(
+      Tokenizer(pieces, scores), InvalidArgument,
+      names("pieces[261]", "a non-empty string without NUL bytes", "an empty string"));
   pieces[kB] = std::string("b\0b", 3);
-  CHECK_THROWS_MATCHES(Tokenizer(pieces, scores), InvalidArgument,
-                       names("pieces[261]", "a non-empty string without NUL bytes", "a NUL byte at offset 1"));
+  CHECK_THROWS_MATCHES(
+      Tokenizer(pieces, scores), InvalidArgument,
+      names("pieces[261]", "a non-empty string without NUL bytes", "a NUL byte at offset 1"));
   pieces = small_pieces();
   scores[kC] = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_MATCHES(Tokenizer(pieces, scores), InvalidArgument, names("scores[262]", "a finite number", "nan"));
+  CHECK_THROWS_MATCHES(Tokenizer(pieces, scores), InvalidArgument,
+                       names("scores[262]", "a finite number", "nan"));
   scores = small_scores();
   CHECK_THROWS_MATCHES(Tokenizer(pieces, scores, 5), InvalidArgument,
                        names("max_token_length", ">= 6 (the longest piece)", "5"));
@@ -155,8 +161,10 @@ TEST_CASE("piece score and decode reject ids outside the vocabulary") {
   CHECK_THROWS_MATCHES(tok.piece(270), InvalidArgument, names("id", "an id in [0, 270)", "270"));
   CHECK_THROWS_MATCHES(tok.piece(-1), InvalidArgument, names("id", "an id in [0, 270)", "-1"));
   CHECK_THROWS_MATCHES(tok.score(300), InvalidArgument, names("id", "an id in [0, 270)", "300"));
-  CHECK_THROWS_MATCHES(tok.decode(Tokenizer::kBos, 270), InvalidArgument, names("token", "an id in [0, 270)", "270"));
-  CHECK_THROWS_MATCHES(tok.decode(-5, kA), InvalidArgument, names("prev_token", "an id in [0, 270)", "-5"));
+  CHECK_THROWS_MATCHES(tok.decode(Tokenizer::kBos, 270), InvalidArgument,
+                       names("token", "an id in [0, 270)", "270"));
+  CHECK_THROWS_MATCHES(tok.decode(-5, kA), InvalidArgument,
+                       names("prev_token", "an id in [0, 270)", "-5"));
   CHECK_THROWS_MATCHES(tok.decode(std::vector<int>{kA, kB, 9999}), InvalidArgument,
                        names("tokens[2]", "an id in [0, 270)", "9999"));
 }
@@ -197,7 +205,8 @@ TEST_CASE("encode looks up whole UTF-8 code points and falls back byte by byte")
   // "é" (C3 A9) is a piece of its own: one token.
   CHECK(tok.encode("\xC3\xA9", false, false) == std::vector<int>{kSpace, kEAcute});
   // "ü" (C3 BC) is not: its two bytes.
-  CHECK(tok.encode("\xC3\xBC", false, false) == std::vector<int>{kSpace, byte_id(0xC3), byte_id(0xBC)});
+  CHECK(tok.encode("\xC3\xBC", false, false) ==
+        std::vector<int>{kSpace, byte_id(0xC3), byte_id(0xBC)});
   // "你" (E4 BD A0): three bytes; "😀" (F0 9F 98 80): four.
   CHECK(tok.encode("\xE4\xBD\xA0", false, false) ==
         std::vector<int>{kSpace, byte_id(0xE4), byte_id(0xBD), byte_id(0xA0)});
@@ -209,7 +218,8 @@ TEST_CASE("encode looks up whole UTF-8 code points and falls back byte by byte")
   // A code point is at most 4 bytes: F0 80 80 80 is one (unknown) group, the fifth byte 80
   // starts a new one, which is the piece "\x80".
   CHECK(tok.encode("\xF0\x80\x80\x80\x80", false, false) ==
-        std::vector<int>{kSpace, byte_id(0xF0), byte_id(0x80), byte_id(0x80), byte_id(0x80), kLoneCont});
+        std::vector<int>{kSpace, byte_id(0xF0), byte_id(0x80), byte_id(0x80), byte_id(0x80),
+                         kLoneCont});
 }
 
 TEST_CASE("encode puts BOS and EOS only when asked and adds nothing for empty text") {
@@ -220,7 +230,8 @@ TEST_CASE("encode puts BOS and EOS only when asked and adds nothing for empty te
   CHECK(tok.encode("", true, true) == std::vector<int>{Tokenizer::kBos, Tokenizer::kEos});
   CHECK(tok.encode("abc", true, false) == std::vector<int>{Tokenizer::kBos, kSpaceA, kBC});
   CHECK(tok.encode("abc", false, true) == std::vector<int>{kSpaceA, kBC, Tokenizer::kEos});
-  CHECK(tok.encode("abc", true, true) == std::vector<int>{Tokenizer::kBos, kSpaceA, kBC, Tokenizer::kEos});
+  CHECK(tok.encode("abc", true, true) ==
+        std::vector<int>{Tokenizer::kBos, kSpaceA, kBC, Tokenizer::kEos});
 }
 
 TEST_CASE("encode without byte tokens in the vocabulary fails on an unknown character") {
@@ -241,11 +252,11 @@ TEST_CASE("decode strips the space after BOS and turns byte pieces into bytes") 
   CHECK(tok.decode(Tokenizer::kEos, kSpaceA) == " a");  // only BOS strips
   CHECK(tok.decode(Tokenizer::kBos, kSpace) == "");
   CHECK(tok.decode(Tokenizer::kBos, kAB) == "ab");
-  CHECK(tok.decode(kA, byte_id('A')) == "A");                        // "<0x41>" -> 'A'
-  CHECK(tok.decode(Tokenizer::kBos, 13) == "\n");                    // "<0x0A>" -> newline
-  CHECK(tok.decode(kA, byte_id(0x00)) == std::string(1, '\0'));      // "<0x00>" -> a NUL byte
-  CHECK(tok.decode(kA, byte_id(0xE4)) == "\xE4");                    // one byte of a character
-  CHECK(tok.decode(kA, Tokenizer::kBos) == "\n<s>\n");               // special pieces as stored
+  CHECK(tok.decode(kA, byte_id('A')) == "A");                    // "<0x41>" -> 'A'
+  CHECK(tok.decode(Tokenizer::kBos, 13) == "\n");                // "<0x0A>" -> newline
+  CHECK(tok.decode(kA, byte_id(0x00)) == std::string(1, '\0'));  // "<0x00>" -> a NUL byte
+  CHECK(tok.decode(kA, byte_id(0xE4)) == "\xE4");                // one byte of a character
+  CHECK(tok.decode(kA, Tokenizer::kBos) == "\n<s>\n");           // special pieces as stored
 }
 
 TEST_CASE("decode of a sequence concatenates pieces and gives back the encoded text") {
@@ -253,12 +264,14 @@ TEST_CASE("decode of a sequence concatenates pieces and gives back the encoded t
   CHECK(tok.decode(std::vector<int>{}).empty());
   // The first token reads as if after BOS; BOS and EOS add no text; a space after BOS goes.
   CHECK(tok.decode(std::vector<int>{kSpaceA, kBC}) == "abc");
-  CHECK(tok.decode(std::vector<int>{kSpaceA, Tokenizer::kBos, kSpaceA, Tokenizer::kEos, kSpaceA}) == "aa a");
+  CHECK(tok.decode(std::vector<int>{kSpaceA, Tokenizer::kBos, kSpaceA, Tokenizer::kEos, kSpaceA}) ==
+        "aa a");
   // The byte tokens of "你" come back as the character.
-  CHECK(tok.decode(std::vector<int>{kSpace, byte_id(0xE4), byte_id(0xBD), byte_id(0xA0)}) == "\xE4\xBD\xA0");
+  CHECK(tok.decode(std::vector<int>{kSpace, byte_id(0xE4), byte_id(0xBD), byte_id(0xA0)}) ==
+        "\xE4\xBD\xA0");
   for (const std::string text :
-       {"", "a", "abc", "aaa", "cc", "ba x", " lead", "a\nb", "\xC3\xA9\xC3\xBC", "\xE4\xBD\xA0\xE5\xA5\xBD",
-        "\xF0\x9F\x98\x80!", "\xF0\x80\x80\x80\x80", "tail "}) {
+       {"", "a", "abc", "aaa", "cc", "ba x", " lead", "a\nb", "\xC3\xA9\xC3\xBC",
+        "\xE4\xBD\xA0\xE5\xA5\xBD", "\xF0\x9F\x98\x80!", "\xF0\x80\x80\x80\x80", "tail "}) {
     for (const bool bos : {false, true}) {
       for (const bool eos : {false, true}) {
         CAPTURE(text, bos, eos);
@@ -346,7 +359,8 @@ TEST_CASE("a truncated tokenizer.bin names the file and the field where it ends"
 
 TEST_CASE("a tokenizer.bin with corrupt fields is rejected naming the file and the field") {
   // Builds a file from the four pieces, with token 3's score and length overridable.
-  const auto build = [](std::int32_t max_token_length, float score3, std::int32_t length3, const std::string& bytes3) {
+  const auto build = [](std::int32_t max_token_length, float score3, std::int32_t length3,
+                        const std::string& bytes3) {
     std::string out;
     put_i32(out, max_token_length);
     for (std::size_t i = 0; i < 3; ++i) {
@@ -378,19 +392,21 @@ TEST_CASE("a tokenizer.bin with corrupt fields is rejected naming the file and t
     constexpr std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
     for (const std::int32_t bad : {-1, 0, kMax, kMin}) {
       const std::string path = write_file("bad_length", build(6, -1.0f, bad, " the"));
-      CHECK_THROWS_MATCHES(Tokenizer::load(path), InvalidArgument,
-                           names(path + ": token 3 length", "1 to max_token_length (6)", std::to_string(bad)));
+      CHECK_THROWS_MATCHES(
+          Tokenizer::load(path), InvalidArgument,
+          names(path + ": token 3 length", "1 to max_token_length (6)", std::to_string(bad)));
       std::remove(path.c_str());
     }
     // With a huge declared max_token_length, a huge length runs past the end of the file.
-    const std::string path = write_file("huge_length", build(std::numeric_limits<std::int32_t>::max(), -1.0f,
-                                                             1 << 30, " the"));
+    const std::string path = write_file(
+        "huge_length", build(std::numeric_limits<std::int32_t>::max(), -1.0f, 1 << 30, " the"));
     CHECK_THROWS_MATCHES(Tokenizer::load(path), InvalidArgument,
                          names(path + ": token 3 bytes", std::to_string(1 << 30) + " bytes", "4"));
     std::remove(path.c_str());
   }
   SECTION("a score that is not a number") {
-    const std::string path = write_file("nan_score", build(6, std::numeric_limits<float>::quiet_NaN(), 4, " the"));
+    const std::string path =
+        write_file("nan_score", build(6, std::numeric_limits<float>::quiet_NaN(), 4, " the"));
     CHECK_THROWS_MATCHES(Tokenizer::load(path), InvalidArgument,
                          names(path + ": token 3 score", "a finite number", "nan"));
     std::remove(path.c_str());
@@ -409,18 +425,21 @@ TEST_CASE("a tokenizer.bin with corrupt fields is rejected naming the file and t
       for (char& c : bytes) c = static_cast<char>(rng.next_u64() & 0xFF);
       const std::string path = write_file("garbage", bytes);
       CAPTURE(trial);
-      CHECK_THROWS_WITH(Tokenizer::load(path), Catch::Contains("Tokenizer::load: " + path + ": ") &&
-                                                    (Catch::Contains("max_token_length") || Catch::Contains("token ")));
+      CHECK_THROWS_WITH(Tokenizer::load(path),
+                        Catch::Contains("Tokenizer::load: " + path + ": ") &&
+                            (Catch::Contains("max_token_length") || Catch::Contains("token ")));
       std::remove(path.c_str());
     }
   }
   SECTION("a missing file") {
     const std::string path = "test_tokenizer_no_such_file.bin";
     std::remove(path.c_str());
-    CHECK_THROWS_MATCHES(Tokenizer::load(path), InvalidArgument,
-                         names(path, "an existing, readable tokenizer.bin file", "a path that cannot be opened"));
-    CHECK_THROWS_MATCHES(Tokenizer::load(path, 32000), InvalidArgument,
-                         names(path, "an existing, readable tokenizer.bin file", "a path that cannot be opened"));
+    CHECK_THROWS_MATCHES(
+        Tokenizer::load(path), InvalidArgument,
+        names(path, "an existing, readable tokenizer.bin file", "a path that cannot be opened"));
+    CHECK_THROWS_MATCHES(
+        Tokenizer::load(path, 32000), InvalidArgument,
+        names(path, "an existing, readable tokenizer.bin file", "a path that cannot be opened"));
   }
 }
 
@@ -431,8 +450,9 @@ TEST_CASE("load with a vocabulary size reads exactly that many tokens") {
   CHECK_THROWS_MATCHES(Tokenizer::load(path, 5), InvalidArgument,
                        names(path + ": token count", "5 (vocab_size)", "4"));
   // More tokens in the file than asked for: token 3 (12 bytes) is left over.
-  CHECK_THROWS_MATCHES(Tokenizer::load(path, 3), InvalidArgument,
-                       names(path + ": token count", "3 (vocab_size)", "more: 12 bytes follow token 2"));
+  CHECK_THROWS_MATCHES(
+      Tokenizer::load(path, 3), InvalidArgument,
+      names(path + ": token count", "3 (vocab_size)", "more: 12 bytes follow token 2"));
   CHECK_THROWS_MATCHES(Tokenizer::load(path, 2), InvalidArgument, names("vocab_size", ">= 3", "2"));
   std::remove(path.c_str());
 }
@@ -462,45 +482,54 @@ TEST_CASE("the Llama 2 tokenizer encodes prompts to the published token ids") {
   const Tokenizer tok = Tokenizer::load(kvlab_test::model_file_or_skip("tokenizer.bin"));
   // Golden ids from llama2.c's test.c (test_prompt_encodings, karpathy/llama2.c), where they were
   // taken from Meta's Llama 2 SentencePiece tokenizer; they also agree with a separate Python
-  // re-implementation of run.c's encode() run on this same file. encode(text, bos = true, eos = false).
+  // re-implementation of run.c's encode() run on this same file. encode(text, bos = true, eos =
+  // false).
   CHECK(tok.encode("", true, false) == std::vector<int>{1});
   CHECK(tok.encode("I believe the meaning of life is", true, false) ==
         std::vector<int>{1, 306, 4658, 278, 6593, 310, 2834, 338});
-  CHECK(tok.encode("Simply put, the theory of relativity states that ", true, false) ==
-        std::vector<int>{1, 3439, 17632, 1925, 29892, 278, 6368, 310, 14215, 537, 5922, 393, 29871});
-  CHECK(tok.encode("A brief message congratulating the team on the launch:\n\n        Hi everyone,\n\n        I just ",
+  CHECK(
+      tok.encode("Simply put, the theory of relativity states that ", true, false) ==
+      std::vector<int>{1, 3439, 17632, 1925, 29892, 278, 6368, 310, 14215, 537, 5922, 393, 29871});
+  CHECK(tok.encode("A brief message congratulating the team on the launch:\n\n        Hi "
+                   "everyone,\n\n        I just ",
+                   true, false) == std::vector<int>{1,     319,  11473, 2643, 378,   629,   271,
+                                                    18099, 278,  3815,  373,  278,   6826,  29901,
+                                                    13,    13,   4706,  6324, 14332, 29892, 13,
+                                                    13,    4706, 306,   925,  29871});
+  CHECK(tok.encode("Translate English to French:\n\n        sea otter => loutre de mer\n        "
+                   "peppermint => "
+                   "menthe poivr\xC3\xA9"
+                   "e\n        plush girafe => girafe peluche\n        cheese =>",
                    true, false) ==
-        std::vector<int>{1,   319,  11473, 2643, 378,   629,   271, 18099, 278, 3815, 373, 278, 6826,
-                         29901, 13, 13,    4706, 6324,  14332, 29892, 13,   13,  4706, 306, 925, 29871});
-  CHECK(tok.encode("Translate English to French:\n\n        sea otter => loutre de mer\n        peppermint => "
-                   "menthe poivr\xC3\xA9" "e\n        plush girafe => girafe peluche\n        cheese =>",
-                   true, false) ==
-        std::vector<int>{1,    4103, 9632, 4223, 304,  5176, 29901, 13,   13,   4706, 7205, 4932, 357,
-                         1149, 301,  449,  276,  316,  2778, 13,    4706, 1236, 407,  837,  524,  1149,
-                         6042, 354,  772,  440,  29878, 1318, 13,   4706, 715,  1878, 330,  3055, 1725,
-                         1149, 330,  3055, 1725, 4639, 28754, 13,   4706, 923,  968,  1149});
+        std::vector<int>{1,     4103, 9632, 4223, 304,   5176, 29901, 13,   13,   4706,
+                         7205,  4932, 357,  1149, 301,   449,  276,   316,  2778, 13,
+                         4706,  1236, 407,  837,  524,   1149, 6042,  354,  772,  440,
+                         29878, 1318, 13,   4706, 715,   1878, 330,   3055, 1725, 1149,
+                         330,   3055, 1725, 4639, 28754, 13,   4706,  923,  968,  1149});
   // Golden ids from the Python re-implementation only (run.c's algorithm on this file): a short
   // English sentence, accented letters, Chinese, and an emoji that falls back to its 4 bytes.
   CHECK(tok.encode("Once upon a time", true, true) == std::vector<int>{1, 9038, 2501, 263, 931, 2});
-  CHECK(tok.encode("h\xC3\xA9llo w\xC3\xB6rld", true, false) == std::vector<int>{1, 298, 3610, 417, 281, 1340, 430});
+  CHECK(tok.encode("h\xC3\xA9llo w\xC3\xB6rld", true, false) ==
+        std::vector<int>{1, 298, 3610, 417, 281, 1340, 430});
   CHECK(tok.encode("\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C", true, false) ==
         std::vector<int>{1, 29871, 30919, 31076, 30214, 30793, 30967});
-  CHECK(tok.encode("\xF0\x9F\x98\x80", true, false) == std::vector<int>{1, 29871, 243, 162, 155, 131});
+  CHECK(tok.encode("\xF0\x9F\x98\x80", true, false) ==
+        std::vector<int>{1, 29871, 243, 162, 155, 131});
 }
 
 TEST_CASE("the Llama 2 tokenizer decodes what it encodes") {
   const Tokenizer tok = Tokenizer::load(kvlab_test::model_file_or_skip("tokenizer.bin"));
-  CHECK(tok.decode(Tokenizer::kBos, 9038) == "Once");   // " Once" after BOS
+  CHECK(tok.decode(Tokenizer::kBos, 9038) == "Once");  // " Once" after BOS
   CHECK(tok.decode(9038, 2501) == " upon");
-  CHECK(tok.decode(Tokenizer::kBos, 29871) == "");      // the lone dummy space
-  CHECK(tok.decode(29901, 13) == "\n");                 // "<0x0A>"
+  CHECK(tok.decode(Tokenizer::kBos, 29871) == "");  // the lone dummy space
+  CHECK(tok.decode(29901, 13) == "\n");             // "<0x0A>"
   const std::vector<std::string> texts = {
       "Once upon a time, there was a little girl named Lily.",
       "I believe the meaning of life is",
       "  two leading spaces, a tab\tand\nnew lines\n",
-      "h\xC3\xA9llo w\xC3\xB6rld",                                            // héllo wörld
-      "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C",         // 你好，世界
-      "smile \xF0\x9F\x98\x80 and \xF0\x9F\x91\x8D!",                         // emoji
+      "h\xC3\xA9llo w\xC3\xB6rld",                                     // héllo wörld
+      "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C",  // 你好，世界
+      "smile \xF0\x9F\x98\x80 and \xF0\x9F\x91\x8D!",                  // emoji
       // Привет κόσμε
       "\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xCE\xBA\xCF\x8C\xCF\x83\xCE\xBC\xCE\xB5",
   };
@@ -521,6 +550,7 @@ TEST_CASE("the Llama 2 tokenizer decodes what it encodes") {
   }
   // A long text: many merges, the same text back.
   std::string story;
-  for (int i = 0; i < 40; ++i) story += "The little dog ran to the park and played with a red ball. ";
+  for (int i = 0; i < 40; ++i)
+    story += "The little dog ran to the park and played with a red ball. ";
   CHECK(tok.decode(tok.encode(story, true, true)) == story);
 }

@@ -91,13 +91,13 @@ int main() {
   // One layer's head layout: 2 query heads sharing 1 K/V head, 4 values per head.
   const kvlab::AttentionShape shape(/*num_heads=*/2, /*num_kv_heads=*/1, /*head_dim=*/4);
   kvlab::Rng rng(/*seed=*/1);
-  const int n = 5;                                                         // tokens
+  const int n = 5;                                                        // tokens
   const auto q = kvlab::random_matrix<double>(n, shape.q_width(), rng);   // [5, 2 * 4]
   const auto k = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, 1 * 4]
   const auto v = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, 1 * 4]
   kvlab::CostCounters work;
   const RowMatrix<double> out = kvlab::cpu::naive_attention(shape, q, k, v, &work);  // [5, 2 * 4]
-  const RowMatrix<double> ref = reference_attention(shape, q, k, v);                // [5, 2 * 4]
+  const RowMatrix<double> ref = reference_attention(shape, q, k, v);                 // [5, 2 * 4]
   // [naive_attention]
   const double diff = (out - ref).cwiseAbs().maxCoeff();
   const int heads = shape.num_heads();
@@ -127,8 +127,9 @@ int main() {
 
   std::printf("Part 2: decoding %d tokens with NaiveDecoder (no cache), 1 K/V head\n", steps);
   std::printf("  (K/V proj.: K/V rows projected in step t, all t of them; total: since step 1)\n");
-  std::printf("  t | K/V proj. | total | t(t+1)/2 x kv_heads |"
-              " scores of the newest query, head 0\n");
+  std::printf(
+      "  t | K/V proj. | total | t(t+1)/2 x kv_heads |"
+      " scores of the newest query, head 0\n");
   for (int t = 1; t <= steps; ++t) {
     y.row(t - 1) = decoder.decode(x.row(t - 1));  // step t feeds token t-1; t tokens seen now
     const kvlab::CostCounters& step = decoder.last_step();

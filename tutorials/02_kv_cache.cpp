@@ -52,8 +52,8 @@ bool report(int step, const char* phase, const kvlab::NaiveDecoder<double>& naiv
   const double diff = compare(y_cached, y_naive, ok);
   const kvlab::CostCounters& n = naive.last_step();
   const kvlab::CostCounters& c = cached.last_step();
-  const int t = cached.position();                      // tokens seen
-  const auto p = static_cast<int>(y_cached.rows());    // tokens fed in this step
+  const int t = cached.position();                   // tokens seen
+  const auto p = static_cast<int>(y_cached.rows());  // tokens fed in this step
   const int kv_heads = cached.stack().shape().num_kv_heads();
   const int layers = cached.stack().num_layers();
   ok = ok && n.kv_projections == static_cast<unsigned long long>(t * kv_heads * layers) &&
@@ -97,9 +97,8 @@ int main() {
   // [setup]
 
   std::printf("Cache: %d layer x %d K/V head x %d tokens x %d values; K and V: %zu bytes\n\n",
-              cached.cache().num_layers(), cached.cache().num_kv_heads(),
-              cached.cache().capacity(), cached.cache().head_dim(),
-              cached.cache().bytes_reserved());
+              cached.cache().num_layers(), cached.cache().num_kv_heads(), cached.cache().capacity(),
+              cached.cache().head_dim(), cached.cache().bytes_reserved());
   std::printf("                      K/V projections      q.k dots\n");
   std::printf("step  phase   cache |   naive  cached |   naive  cached | max |cached - naive|\n");
   RowMatrix<double> keys_before(0, shape.head_dim());  // [rows cached before the step, head_dim]

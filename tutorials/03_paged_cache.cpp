@@ -47,9 +47,10 @@ using References = std::map<int, kvlab::ContiguousKVCache<float>>;
 RowMatrix<float> token_rows(int seq, int first_pos, int n, float sign) {  // [n, 2 * 2]
   RowMatrix<float> rows(n, kKVHeads * kHeadDim);
   for (int i = 0; i < n; ++i)
-    for (int c = 0; c < kKVHeads * kHeadDim; ++c)  // column c: head c / head_dim, value c % head_dim
-      rows(i, c) = sign * static_cast<float>(100 * (seq + 1) + first_pos + i + 0.1 * (c / kHeadDim) +
-                                             0.01 * (c % kHeadDim));
+    // column c: head c / head_dim, value c % head_dim
+    for (int c = 0; c < kKVHeads * kHeadDim; ++c)
+      rows(i, c) = sign * static_cast<float>(100 * (seq + 1) + first_pos + i +
+                                             0.1 * (c / kHeadDim) + 0.01 * (c % kHeadDim));
   return rows;
 }
 
@@ -124,10 +125,13 @@ bool show(const Cache& cache, const References& refs) {
     }
     std::printf("  block %d, ref %d:", block, pool.ref_count(block));
     for (int slot = 0; slot < kBlockSize; ++slot) {
-      const float* key = view.k + (block * kBlockSize + slot) * kKVHeads * kHeadDim;  // [block][slot][head 0]
+      // [block][slot][head 0]
+      const float* key = view.k + (block * kBlockSize + slot) * kKVHeads * kHeadDim;
       const int token = static_cast<int>(key[0]);  // head 0: 100 (A) or 200 (B) + position
-      if (slot >= filled[static_cast<std::size_t>(block)]) std::printf(" ..");
-      else std::printf(" %c%d", 'A' + token / 100 - 1, token % 100);
+      if (slot >= filled[static_cast<std::size_t>(block)])
+        std::printf(" ..");
+      else
+        std::printf(" %c%d", 'A' + token / 100 - 1, token % 100);
     }
     std::printf("\n");
   }
@@ -159,7 +163,8 @@ int main() {
   refs.emplace(b, refs.at(a));  // the contiguous reference copies A's rows
   // [fork]
   std::printf("\n== fork: B = A, sharing A's blocks\n");
-  ok = show(cache, refs) && cache.allocator().ref_count(0) == 2 && cache.allocator().ref_count(1) == 2 && ok;
+  ok = show(cache, refs) && cache.allocator().ref_count(0) == 2 &&
+       cache.allocator().ref_count(1) == 2 && ok;
 
   // [cow]
   std::printf("\n== B appends into shared block 1 (2/4 full): copy on write\n");
@@ -172,7 +177,7 @@ int main() {
   ok = show(cache, refs) && cache.blocks(b) == std::vector<std::int32_t>{0, 2, 3} && ok;
 
   // [csr]
-  const kvlab::BlockTables tables = cache.tables({a, b});                 // batch [A, B]
+  const kvlab::BlockTables tables = cache.tables({a, b});                  // batch [A, B]
   const kvlab::PagedKVView<float> view = cache.view(/*layer=*/0, tables);  // what a kernel reads
   // [csr]
   std::printf("\n== the block tables of the batch [A, B] in CSR form\n  indptr        [%s]\n",
@@ -183,11 +188,14 @@ int main() {
   // [translate]
   const int probes[][3] = {{0, 5, 1}, {1, 5, 1}, {1, 2, 0}, {1, 8, 0}};  // (batch row, pos, head)
   for (const auto& p : probes) {
-    const std::int32_t block = view.block_of(p[0], p[1]);         // indices[indptr[s] + pos / 4]
-    const std::ptrdiff_t offset = view.offset(p[0], p[1], p[2]);  // ((block * 4 + pos % 4) * 2 + head) * 2
-    const float* key = view.key(p[0], p[1], p[2]);                // view.k + offset: head_dim values
+    const std::int32_t block = view.block_of(p[0], p[1]);  // indices[indptr[s] + pos / 4]
+    // ((block * 4 + pos % 4) * 2 + head) * 2
+    const std::ptrdiff_t offset = view.offset(p[0], p[1], p[2]);
+    // view.k + offset: head_dim values
+    const float* key = view.key(p[0], p[1], p[2]);
     std::printf("  %c   %3d %4d -> %5d %4d %6td | %.2f %.2f\n", 'A' + p[0], p[1], p[2], block,
-                p[1] % kBlockSize, offset, static_cast<double>(key[0]), static_cast<double>(key[1]));
+                p[1] % kBlockSize, offset, static_cast<double>(key[0]),
+                static_cast<double>(key[1]));
   }
   // [translate]
 
@@ -195,15 +203,20 @@ int main() {
   // One query per sequence of the batch [A, B], its last token's: it sees the whole sequence.
   // Both paths add the same terms in the same order, so they should agree to float rounding at
   // most (1e-5 relative); reading a wrong row would change the outputs by 1e-2 or more.
-  const kvlab::AttentionShape shape(/*num_heads=*/4, kKVHeads, kHeadDim);  // 2 query heads per K/V head
+  // 2 query heads per K/V head
+  const kvlab::AttentionShape shape(/*num_heads=*/4, kKVHeads, kHeadDim);
   kvlab::Rng rng(/*seed=*/3);
-  const RowMatrix<float> q = kvlab::random_matrix<float>(2, shape.q_width(), rng, -0.1, 0.1);  // [2, 8]
-  const RowMatrix<float> paged = kvlab::cpu::paged_decode_attention(shape, q, view);            // [2, 8]
+  // [2, 8]
+  const RowMatrix<float> q = kvlab::random_matrix<float>(2, shape.q_width(), rng, -0.1, 0.1);
+  // [2, 8]
+  const RowMatrix<float> paged = kvlab::cpu::paged_decode_attention(shape, q, view);
   float max_diff = 0;
   for (int s = 0; s < 2; ++s) {
     const RowMatrix<float> q_s = q.row(s);  // [1, 8]
-    const kvlab::ContiguousKVView<float> contiguous_cache = refs.at(s == 0 ? a : b).view(/*layer=*/0);
-    const RowMatrix<float> contiguous = kvlab::cpu::decode_attention(shape, q_s, contiguous_cache);  // [1, 8]
+    const kvlab::ContiguousKVView<float> contiguous_cache =
+        refs.at(s == 0 ? a : b).view(/*layer=*/0);
+    // [1, 8]
+    const RowMatrix<float> contiguous = kvlab::cpu::decode_attention(shape, q_s, contiguous_cache);
     const auto diff = (paged.row(s) - contiguous).cwiseAbs().array();
     ok = ok && (diff <= 1e-5f * contiguous.cwiseAbs().array().max(1.0f)).all();
     max_diff = std::max(max_diff, diff.maxCoeff());
@@ -219,10 +232,11 @@ int main() {
   } catch (const kvlab::OutOfBlocks& e) {
     std::printf("\n== B asks for 20 more tokens\n  OutOfBlocks: %s\n", e.what());
   }
-  ok = ok && cache.length(b) == 9 && cache.blocks(b).size() == 3 && cache.allocator().num_free() == 4;
+  ok = ok && cache.length(b) == 9 && cache.blocks(b).size() == 3 &&
+       cache.allocator().num_free() == 4;
   // [out_of_blocks]
-  std::printf("  nothing changed: B has %d tokens in %zu blocks, %d blocks are free\n", cache.length(b),
-              cache.blocks(b).size(), cache.allocator().num_free());
+  std::printf("  nothing changed: B has %d tokens in %zu blocks, %d blocks are free\n",
+              cache.length(b), cache.blocks(b).size(), cache.allocator().num_free());
 
   // [free]
   std::printf("\n== A ends: block 1 (A's alone) returns to the pool, block 0 keeps B\n");
@@ -234,6 +248,7 @@ int main() {
   std::printf("== B ends: %d of %d blocks free\n", cache.allocator().num_free(), kNumBlocks);
   ok = ok && cache.allocator().num_free() == kNumBlocks;
 
-  std::printf(ok ? "\nAll checks passed.\n" : "\nMISMATCH: a row, a count or a table differs (see above).\n");
+  std::printf(ok ? "\nAll checks passed.\n"
+                 : "\nMISMATCH: a row, a count or a table differs (see above).\n");
   return ok ? 0 : 1;
 }

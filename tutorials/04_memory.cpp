@@ -37,7 +37,8 @@ int main() {
   const std::int64_t max_len = 2048;  // what a contiguous cache reserves per sequence
   const int block_size = 16;          // tokens per block of the paged cache
   // Llama-2-7B in fp16: 2 · 32 layers · 32 K/V heads · 128 · 2 bytes = 524,288 bytes per token.
-  const std::uint64_t per_token = kvlab::bytes_per_token(kvlab::llama2_7b_config(), kvlab::KVDtype::fp16);
+  const std::uint64_t per_token =
+      kvlab::bytes_per_token(kvlab::llama2_7b_config(), kvlab::KVDtype::fp16);
 
   // A stream of 200 requests whose final lengths (prompt + output) are log-normal: median 256
   // tokens, ln(length) with standard deviation 1, clamped to [1, max_len]. Box–Muller turns two
@@ -68,14 +69,17 @@ int main() {
   // [per_sequence]
 
   // [footprints]
-  const kvlab::MemoryFootprint contiguous = kvlab::contiguous_footprint(lengths, max_len, per_token);
+  const kvlab::MemoryFootprint contiguous =
+      kvlab::contiguous_footprint(lengths, max_len, per_token);
   const kvlab::MemoryFootprint paged = kvlab::paged_footprint(lengths, block_size, per_token);
   // [footprints]
   std::printf("\nbatch of 8  reserved tokens   reserved       used     wasted    waste\n");
-  for (const auto& [name, f] : {std::make_pair("contiguous", contiguous), std::make_pair("paged", paged)}) {
+  for (const auto& [name, f] :
+       {std::make_pair("contiguous", contiguous), std::make_pair("paged", paged)}) {
     std::printf("%-11s %15llu %10s %10s %10s %7.2f%%\n", name,
                 static_cast<unsigned long long>(f.reserved_bytes / per_token),
-                kvlab::format_bytes(f.reserved_bytes).c_str(), kvlab::format_bytes(f.used_bytes).c_str(),
+                kvlab::format_bytes(f.reserved_bytes).c_str(),
+                kvlab::format_bytes(f.used_bytes).c_str(),
                 kvlab::format_bytes(f.waste_bytes()).c_str(), 100.0 * f.waste_fraction());
   }
 
@@ -84,7 +88,7 @@ int main() {
   // token), holding the same 8 sequences. The accounting scales them to Llama-2-7B's bytes.
   std::uint64_t contiguous_reserved = 0;
   for (std::int64_t len : lengths) {
-    kvlab::ContiguousKVCache<float> one(1, 1, 1, static_cast<int>(max_len));  // reserves max_len
+    kvlab::ContiguousKVCache<float> one(1, 1, 1, static_cast<int>(max_len));     // reserves max_len
     const kvlab::RowMatrix<float> rows = kvlab::RowMatrix<float>::Zero(len, 1);  // [len, 1]
     one.append(0, rows, rows);
     contiguous_reserved += one.bytes_reserved();
@@ -95,12 +99,14 @@ int main() {
   for (std::int64_t len : lengths) cache.append(cache.add_sequence(), static_cast<int>(len));
   const kvlab::MemoryFootprint live = kvlab::paged_cache_footprint(cache, per_token);
   ok = ok && live.reserved_bytes == paged.reserved_bytes && live.used_bytes == paged.used_bytes;
-  ok = ok && paged.waste_bytes() < lengths.size() * static_cast<std::uint64_t>(block_size) * per_token;
+  ok = ok &&
+       paged.waste_bytes() < lengths.size() * static_cast<std::uint64_t>(block_size) * per_token;
   // [check_caches]
-  std::printf("\nReal caches: 8 ContiguousKVCache of %lld tokens reserve %llu bytes (8 per token);\n"
-              "a PagedKVCache holding the same sequences has %d blocks in use.\n",
-              static_cast<long long>(max_len), static_cast<unsigned long long>(contiguous_reserved),
-              cache.allocator().num_used());
+  std::printf(
+      "\nReal caches: 8 ContiguousKVCache of %lld tokens reserve %llu bytes (8 per token);\n"
+      "a PagedKVCache holding the same sequences has %d blocks in use.\n",
+      static_cast<long long>(max_len), static_cast<unsigned long long>(contiguous_reserved),
+      cache.allocator().num_used());
 
   // [budget]
   // How many requests of the stream fit in 16 GiB of KV cache, taken in arrival order, each at
@@ -130,7 +136,8 @@ int main() {
   std::printf("A real PagedKVCache of %d blocks admitted %zu before running out of blocks.\n", pool,
               admitted);
   if (ok) {
-    std::printf("The formulas match the real caches; paging wasted less than one block per sequence.\n");
+    std::printf(
+        "The formulas match the real caches; paging wasted less than one block per sequence.\n");
     std::printf("All checks passed.\n");
   } else {
     std::printf("MISMATCH: the formulas and the real caches disagree.\n");

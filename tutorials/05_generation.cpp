@@ -14,7 +14,8 @@
 // non-zero if a backend picks another token, logits differ beyond rounding or a count is off.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
-//   cmake --build build --target tutorial_05_generation && build/tutorials/05_generation [stories260K.bin]
+//   cmake --build build --target tutorial_05_generation && build/tutorials/05_generation
+//   [stories260K.bin]
 // Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in ../shared/models
 // beside the source tree.
 //
@@ -51,9 +52,11 @@ double rel_diff(const kvlab::RowVector<float>& a, const kvlab::RowVector<float>&
 std::string find_stories260k(int argc, char** argv) {
   std::vector<std::string> candidates;
   if (argc > 1) candidates.push_back(argv[1]);
-  if (const char* dir = std::getenv("KVLAB_MODELS_DIR")) candidates.push_back(std::string(dir) + "/stories260K.bin");
+  if (const char* dir = std::getenv("KVLAB_MODELS_DIR"))
+    candidates.push_back(std::string(dir) + "/stories260K.bin");
   const std::string here = __FILE__;  // .../tutorials/05_generation.cpp
-  candidates.push_back(here.substr(0, here.rfind("tutorials")) + "../shared/models/stories260K.bin");
+  candidates.push_back(here.substr(0, here.rfind("tutorials")) +
+                       "../shared/models/stories260K.bin");
   for (const std::string& path : candidates)
     if (std::ifstream(path)) return path;
   return "";
@@ -71,16 +74,16 @@ int main(int argc, char** argv) {
   // The built-in model: dim 48, 3 layers, 6 query heads over 2 K/V heads, vocab 256, random
   // weights from a fixed seed. Weights are shared; each LlamaModel holds one sequence.
   const auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
-  kvlab::LlamaModel naive(weights, LlamaBackend::Naive);      // keeps token ids, recomputes all
-  kvlab::LlamaModel cached(weights, LlamaBackend::Cached);    // K/V of 512 positions reserved
-  kvlab::LlamaModel paged(weights, LlamaBackend::Paged, 4);   // K/V in blocks of 4 tokens
+  kvlab::LlamaModel naive(weights, LlamaBackend::Naive);     // keeps token ids, recomputes all
+  kvlab::LlamaModel cached(weights, LlamaBackend::Cached);   // K/V of 512 positions reserved
+  kvlab::LlamaModel paged(weights, LlamaBackend::Paged, 4);  // K/V in blocks of 4 tokens
   // [model]
   std::printf("Built-in model: %s\n\n", kvlab::to_string(weights->config).c_str());
 
   // [lockstep]
   // Prefill the prompt (BOS first, as llama2.c does), then decode greedily, the three in step.
   const std::vector<int> prompt{kvlab::Tokenizer::kBos, 17, 42, 99};
-  kvlab::RowVector<float> l_naive = naive.prefill(prompt);     // [vocab]: logits after the prompt
+  kvlab::RowVector<float> l_naive = naive.prefill(prompt);  // [vocab]: logits after the prompt
   kvlab::RowVector<float> l_cached = cached.prefill(prompt);
   kvlab::RowVector<float> l_paged = paged.prefill(prompt);
   const int steps = 40;
@@ -99,15 +102,19 @@ int main(int argc, char** argv) {
   }
   // [lockstep]
   ok = ok && worst <= kRtol;
-  std::printf("\nsame tokens from naive, cached and paged: %s; max logit difference %.1e (bound %.0e)\n\n",
-              ok ? "yes" : "NO", worst, kRtol);
+  std::printf(
+      "\nsame tokens from naive, cached and paged: %s; max logit difference %.1e (bound %.0e)\n\n",
+      ok ? "yes" : "NO", worst, kRtol);
 
   // [counts]
   // n tokens fed (P = 4 in the prefill, then one per step); per layer and K/V head the naive
   // backend projects P, then t at step t: n(n+1)/2 - P(P-1)/2. The cached and paged ones: n.
-  const unsigned long long n = static_cast<unsigned long long>(cached.position()), p = prompt.size();
-  const unsigned long long per_token = 1ULL * weights->config.n_layers * weights->config.n_kv_heads;  // 3 x 2
-  ok = ok && naive.total().attention.kv_projections == per_token * (n * (n + 1) / 2 - p * (p - 1) / 2) &&
+  const unsigned long long n = static_cast<unsigned long long>(cached.position()),
+                           p = prompt.size();
+  // 3 x 2
+  const unsigned long long per_token = 1ULL * weights->config.n_layers * weights->config.n_kv_heads;
+  ok = ok &&
+       naive.total().attention.kv_projections == per_token * (n * (n + 1) / 2 - p * (p - 1) / 2) &&
        cached.total().attention.kv_projections == per_token * n && paged.total() == cached.total();
   // [counts]
   std::printf("%-7s %16s %14s %16s\n", "backend", "K/V projections", "q.k dots", "multiply-adds");
@@ -115,31 +122,37 @@ int main(int argc, char** argv) {
     const kvlab::LlamaCounters& c = m->total();
     std::printf("%-7s %16llu %14llu %16.4g\n", kvlab::to_string(m->backend()),
                 static_cast<unsigned long long>(c.attention.kv_projections),
-                static_cast<unsigned long long>(c.attention.qk_dots), static_cast<double>(c.macs()));
+                static_cast<unsigned long long>(c.attention.qk_dots),
+                static_cast<double>(c.macs()));
   }
-  std::printf("(%llu tokens fed: naive %llu = 6 x (n(n+1)/2 - P(P-1)/2), cached %llu = 6 x n)\n\n", n,
-              static_cast<unsigned long long>(naive.total().attention.kv_projections),
+  std::printf("(%llu tokens fed: naive %llu = 6 x (n(n+1)/2 - P(P-1)/2), cached %llu = 6 x n)\n\n",
+              n, static_cast<unsigned long long>(naive.total().attention.kv_projections),
               static_cast<unsigned long long>(cached.total().attention.kv_projections));
 
   // [real]
   // A real model: the same three backends generate 100 greedy tokens from BOS, timed.
   const std::string path = find_stories260k(argc, argv);
   if (path.empty()) {
-    std::printf("stories260K.bin not found: the timing part is skipped (see the header comment).\n");
+    std::printf(
+        "stories260K.bin not found: the timing part is skipped (see the header comment).\n");
   } else {
-    const auto real = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path));
+    const auto real =
+        std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path));
     std::printf("stories260K.bin: %s\n", kvlab::to_string(real->config).c_str());
     std::vector<int> reference;
     for (LlamaBackend backend : {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged}) {
       kvlab::LlamaModel model(real, backend, 16);
-      kvlab::Sampler greedy(real->config.vocab_size, /*temperature=*/0.0f, /*top_p=*/1.0f, /*seed=*/0);
+      kvlab::Sampler greedy(real->config.vocab_size, /*temperature=*/0.0f, /*top_p=*/1.0f,
+                            /*seed=*/0);
       const kvlab::Generation g = kvlab::generate(model, greedy, {kvlab::Tokenizer::kBos}, 100);
       if (reference.empty()) reference = g.tokens;
       ok = ok && g.tokens == reference;
       std::printf("  %-6s 100 tokens, %6llu K/V projections, time %8.2f ms (%.0f tok/s)%s\n",
-                  kvlab::to_string(backend), static_cast<unsigned long long>(model.total().attention.kv_projections),
+                  kvlab::to_string(backend),
+                  static_cast<unsigned long long>(model.total().attention.kv_projections),
                   (g.prefill_seconds + g.decode_seconds) * 1e3,
-                  g.tokens.size() / (g.prefill_seconds + g.decode_seconds), g.tokens == reference ? "" : "  DIFFERENT TOKENS");
+                  g.tokens.size() / (g.prefill_seconds + g.decode_seconds),
+                  g.tokens == reference ? "" : "  DIFFERENT TOKENS");
     }
     std::printf("  first tokens (tok512 ids): ");
     for (int i = 0; i < 12; ++i) std::printf("%d ", reference[static_cast<std::size_t>(i)]);
@@ -147,6 +160,7 @@ int main(int argc, char** argv) {
   }
   // [real]
 
-  std::printf("\n%s\n", ok ? "All checks passed." : "MISMATCH: a token, a logit or a count differs (see above).");
+  std::printf("\n%s\n", ok ? "All checks passed."
+                           : "MISMATCH: a token, a logit or a count differs (see above).");
   return ok ? 0 : 1;
 }

@@ -40,7 +40,8 @@ using kvlab::RowMatrix;
 namespace {
 
 // How many elements break |got - want| <= atol + rtol |want|; prints the largest difference.
-long report(const char* what, const RowMatrix<float>& got, const RowMatrix<float>& want, double rtol, double atol) {
+long report(const char* what, const RowMatrix<float>& got, const RowMatrix<float>& want,
+            double rtol, double atol) {
   long bad = 0;
   double max_diff = 0;
   for (Eigen::Index i = 0; i < want.size(); ++i) {
@@ -48,7 +49,8 @@ long report(const char* what, const RowMatrix<float>& got, const RowMatrix<float
     if (!(diff <= atol + rtol * std::abs(double(want.data()[i])))) ++bad;
     max_diff = std::max(max_diff, diff);
   }
-  std::printf("  %-44s max |cuda - cpu| = %.1e  %s\n", what, max_diff, bad == 0 ? "ok" : "MISMATCH");
+  std::printf("  %-44s max |cuda - cpu| = %.1e  %s\n", what, max_diff,
+              bad == 0 ? "ok" : "MISMATCH");
   return bad;
 }
 
@@ -71,28 +73,34 @@ int main() {
   // tokens (a kvlab::ContiguousKVCache in host memory, tutorial 02), and the query of the next.
   const kvlab::AttentionShape shape(/*num_heads=*/32, /*num_kv_heads=*/8, /*head_dim=*/128);
   kvlab::Rng rng(11);
-  kvlab::ContiguousKVCache<float> cache(/*num_layers=*/1, shape.num_kv_heads(), shape.head_dim(), 4096);
+  kvlab::ContiguousKVCache<float> cache(/*num_layers=*/1, shape.num_kv_heads(), shape.head_dim(),
+                                        4096);
   cache.append(0, kvlab::random_matrix<float>(3000, shape.kv_width(), rng),
                kvlab::random_matrix<float>(3000, shape.kv_width(), rng));
   const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 32 * 128]
 
   const RowMatrix<float> cpu = kvlab::cpu::decode_attention(shape, q, cache.view(0));
-  const RowMatrix<float> gpu = kvlab::cuda::decode_attention(shape, q, cache.view(0));  // copy, run, copy back
+  // copy, run, copy back
+  const RowMatrix<float> gpu = kvlab::cuda::decode_attention(shape, q, cache.view(0));
   // [decode]
   std::printf("Decode, 3000 cached tokens:\n");
   bad += report("cuda::decode_attention vs cpu::", gpu, cpu, 1e-5, 1e-6);
 
   // [plan]
   // How that call was launched on this GPU (partitions: 0 = chosen automatically).
-  const kvlab::cuda::AttentionPlan plan =
-      kvlab::cuda::plan_attention(shape, /*rows=*/1, /*block_size=*/1, prop.multiProcessorCount, /*partitions=*/0);
-  std::printf("\nThe launch: grid (%d rows, %d K/V heads x %d GQA tiles, up to %d partitions) x %d threads\n", 1,
-              shape.num_kv_heads(), plan.group_tiles, plan.partitions, kvlab::cuda::kAttentionThreads);
-  std::printf("  %d threads per K/V row (8 values each), %d query heads per block, %zu bytes of shared memory\n",
-              plan.lanes, plan.group_tile, plan.smem_bytes);
+  const kvlab::cuda::AttentionPlan plan = kvlab::cuda::plan_attention(
+      shape, /*rows=*/1, /*block_size=*/1, prop.multiProcessorCount, /*partitions=*/0);
+  std::printf(
+      "\nThe launch: grid (%d rows, %d K/V heads x %d GQA tiles, up to %d partitions) x %d "
+      "threads\n",
+      1, shape.num_kv_heads(), plan.group_tiles, plan.partitions, kvlab::cuda::kAttentionThreads);
+  std::printf(
+      "  %d threads per K/V row (8 values each), %d query heads per block, %zu bytes of shared "
+      "memory\n",
+      plan.lanes, plan.group_tile, plan.smem_bytes);
   std::printf("  3000 keys in %d partitions of %d (multiples of %d keys)\n",
-              kvlab::partition_count(3000, plan.partitions, plan.unit), kvlab::partition_size(3000, plan.partitions, plan.unit),
-              plan.unit);
+              kvlab::partition_count(3000, plan.partitions, plan.unit),
+              kvlab::partition_size(3000, plan.partitions, plan.unit), plan.unit);
   // [plan]
 
   // [split]
@@ -100,9 +108,11 @@ int main() {
   for (int partitions : {1, 4, 0}) {
     kvlab::cuda::LaunchOptions options;
     options.partitions = partitions;  // 1: one pass per (row, K/V head); 0: automatic
-    const RowMatrix<float> split = kvlab::cuda::decode_attention(shape, q, cache.view(0), nullptr, options);
+    const RowMatrix<float> split =
+        kvlab::cuda::decode_attention(shape, q, cache.view(0), nullptr, options);
     char what[64];
-    std::snprintf(what, sizeof what, "partitions = %d%s", partitions, partitions == 0 ? " (automatic)" : "");
+    std::snprintf(what, sizeof what, "partitions = %d%s", partitions,
+                  partitions == 0 ? " (automatic)" : "");
     bad += report(what, split, cpu, 1e-5, 1e-6);
   }
   // [split]
@@ -111,18 +121,22 @@ int main() {
   // A ragged batch of three sequences in a pool of 16-token blocks (tutorial 03), one launch.
   std::printf("\nPaged decode, a batch of 3 sequences (700, 1 and 2500 tokens), blocks of 16:\n");
   for (kvlab::KVLayout layout : {kvlab::KVLayout::NHD, kvlab::KVLayout::HND}) {
-    kvlab::PagedKVCache<float> pool(1, shape.num_kv_heads(), shape.head_dim(), /*block_size=*/16, /*num_blocks=*/256,
-                                    layout);
+    kvlab::PagedKVCache<float> pool(1, shape.num_kv_heads(), shape.head_dim(), /*block_size=*/16,
+                                    /*num_blocks=*/256, layout);
     std::vector<int> seqs;
     for (int len : {700, 1, 2500}) {
       seqs.push_back(pool.add_sequence());
-      pool.write(0, pool.append(seqs.back(), len), kvlab::random_matrix<float>(len, shape.kv_width(), rng),
+      pool.write(0, pool.append(seqs.back(), len),
+                 kvlab::random_matrix<float>(len, shape.kv_width(), rng),
                  kvlab::random_matrix<float>(len, shape.kv_width(), rng));
     }
     const kvlab::BlockTables tables = pool.tables(seqs);
-    const RowMatrix<float> qs = kvlab::random_matrix<float>(3, shape.q_width(), rng);  // one query per sequence
-    const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(shape, qs, pool.view(0, tables));
-    const RowMatrix<float> got = kvlab::cuda::paged_decode_attention(shape, qs, pool.view(0, tables));
+    // one query per sequence
+    const RowMatrix<float> qs = kvlab::random_matrix<float>(3, shape.q_width(), rng);
+    const RowMatrix<float> want =
+        kvlab::cpu::paged_decode_attention(shape, qs, pool.view(0, tables));
+    const RowMatrix<float> got =
+        kvlab::cuda::paged_decode_attention(shape, qs, pool.view(0, tables));
     bad += report(layout == kvlab::KVLayout::NHD ? "NHD pool" : "HND pool", got, want, 1e-5, 1e-6);
   }
   // [paged]
@@ -131,14 +145,17 @@ int main() {
   // The device-pointer API, fp16 storage: a cache on the GPU, rows appended by a kernel, and the
   // output left on the GPU. The CPU reference runs in float on the same fp16-rounded values.
   const auto rounded = [](RowMatrix<float> m) {  // the same values, as floats
-    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = __half2float(__float2half(m.data()[i]));
+    for (Eigen::Index i = 0; i < m.size(); ++i)
+      m.data()[i] = __half2float(__float2half(m.data()[i]));
     return m;
   };
   const RowMatrix<float> k = rounded(kvlab::random_matrix<float>(1000, shape.kv_width(), rng));
   const RowMatrix<float> v = rounded(kvlab::random_matrix<float>(1000, shape.kv_width(), rng));
   const RowMatrix<float> q16 = rounded(kvlab::random_matrix<float>(1, shape.q_width(), rng));
-  kvlab::cuda::ContiguousKVCache<__half> device_cache(1, shape.num_kv_heads(), shape.head_dim(), 1024);
-  const auto d_k = kvlab::cuda::to_device<__half>(k), d_v = kvlab::cuda::to_device<__half>(v),  // fp16 on the GPU
+  kvlab::cuda::ContiguousKVCache<__half> device_cache(1, shape.num_kv_heads(), shape.head_dim(),
+                                                      1024);
+  // fp16 on the GPU
+  const auto d_k = kvlab::cuda::to_device<__half>(k), d_v = kvlab::cuda::to_device<__half>(v),
              d_q = kvlab::cuda::to_device<__half>(q16);
   device_cache.append(0, d_k.matrix(1000, shape.kv_width()), d_v.matrix(1000, shape.kv_width()));
   kvlab::cuda::DeviceBuffer<__half> d_out(static_cast<std::size_t>(shape.q_width()));
@@ -149,8 +166,8 @@ int main() {
   kvlab::ContiguousKVCache<float> host_cache(1, shape.num_kv_heads(), shape.head_dim(), 1024);
   host_cache.append(0, k, v);
   std::printf("\nDevice API, fp16 storage, fp32 arithmetic:\n");
-  bad += report("fp16 cache vs cpu:: on the same values", got16, kvlab::cpu::decode_attention(shape, q16, host_cache.view(0)),
-                1e-2, 1e-4);
+  bad += report("fp16 cache vs cpu:: on the same values", got16,
+                kvlab::cpu::decode_attention(shape, q16, host_cache.view(0)), 1e-2, 1e-4);
 
   std::printf("\n%s\n", bad == 0 ? "All checks passed." : "MISMATCH: see above.");
   return bad == 0 ? 0 : 1;

@@ -58,36 +58,43 @@ using kvlab_bench::UsageError;
 // Version 1. One thread per (sequence s, query head h): for every key, the score, the online
 // softmax update (rescale the running sum and output when the max grows), the weighted value.
 // q, out: [batch, heads * d]; k, v: [batch, kv_heads, L, d] (contiguous caches, stacked).
-__global__ void v1_thread_per_head(const __half* q, const __half* k, const __half* v, __half* out, int batch,
-                                   int heads, int kv_heads, int d, int length, float scale) {
+__global__ void v1_thread_per_head(const __half* q, const __half* k, const __half* v, __half* out,
+                                   int batch, int heads, int kv_heads, int d, int length,
+                                   float scale) {
   const int idx = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);  // s * heads + h
   if (idx >= batch * heads) return;
   const int s = idx / heads, h = idx % heads, hk = h / (heads / kv_heads);
-  const __half* qh = q + static_cast<std::size_t>(idx) * d;                                   // [d]
-  const __half* kh = k + (static_cast<std::size_t>(s) * kv_heads + hk) * length * d;         // [L, d]
-  const __half* vh = v + (static_cast<std::size_t>(s) * kv_heads + hk) * length * d;         // [L, d]
+  const __half* qh = q + static_cast<std::size_t>(idx) * d;  // [d]
+  // [L, d]
+  const __half* kh = k + (static_cast<std::size_t>(s) * kv_heads + hk) * length * d;
+  // [L, d]
+  const __half* vh = v + (static_cast<std::size_t>(s) * kv_heads + hk) * length * d;
   float acc[kc::kMaxHeadDim];  // the running output (local memory)
   for (int c = 0; c < d; ++c) acc[c] = 0.f;
   float max = -INFINITY, sum = 0.f;
   for (int j = 0; j < length; ++j) {
     float dot = 0.f;
-    for (int c = 0; c < d; ++c) dot += __half2float(qh[c]) * __half2float(kh[static_cast<std::size_t>(j) * d + c]);
+    for (int c = 0; c < d; ++c)
+      dot += __half2float(qh[c]) * __half2float(kh[static_cast<std::size_t>(j) * d + c]);
     const float score = scale * dot;
     const float new_max = fmaxf(max, score);
     const float rescale = expf(max - new_max);  // 0 at the first key (max = -inf)
     const float weight = expf(score - new_max);
     sum = sum * rescale + weight;
-    for (int c = 0; c < d; ++c) acc[c] = acc[c] * rescale + weight * __half2float(vh[static_cast<std::size_t>(j) * d + c]);
+    for (int c = 0; c < d; ++c)
+      acc[c] = acc[c] * rescale + weight * __half2float(vh[static_cast<std::size_t>(j) * d + c]);
     max = new_max;
   }
-  for (int c = 0; c < d; ++c) out[static_cast<std::size_t>(idx) * d + c] = __float2half(acc[c] / sum);
+  for (int c = 0; c < d; ++c)
+    out[static_cast<std::size_t>(idx) * d + c] = __float2half(acc[c] / sum);
 }
 
 // Version 2. One warp per (sequence, query head); lane i holds values i, i + 32, ... of the
 // query and of the output, so each K/V row is read by 32 consecutive lanes (coalesced). The
 // keys are still walked one after the other, and each query head reads its rows itself.
-__global__ void v2_warp_per_head(const __half* q, const __half* k, const __half* v, __half* out, int batch, int heads,
-                                 int kv_heads, int d, int length, float scale) {
+__global__ void v2_warp_per_head(const __half* q, const __half* k, const __half* v, __half* out,
+                                 int batch, int heads, int kv_heads, int d, int length,
+                                 float scale) {
   constexpr int kPerLane = kc::kMaxHeadDim / 32;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);  // s * heads + h
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -119,7 +126,8 @@ __global__ void v2_warp_per_head(const __half* q, const __half* k, const __half*
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int c = lane + 32 * i;
-      if (c < d) acc[i] = acc[i] * rescale + weight * __half2float(vh[static_cast<std::size_t>(j) * d + c]);
+      if (c < d)
+        acc[i] = acc[i] * rescale + weight * __half2float(vh[static_cast<std::size_t>(j) * d + c]);
     }
     max = new_max;
   }
@@ -144,8 +152,10 @@ Options parse(int argc, char** argv) {
     const std::string arg = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (arg == "--help") {
-      std::printf("usage: attention_lab [--batch B] [--context L] [--heads H] [--kv-heads HKV] [--head-dim D]\n"
-                  "                     [--version V] [--reps R] [--peak-tbps X] [--json FILE]\n");
+      std::printf(
+          "usage: attention_lab [--batch B] [--context L] [--heads H] [--kv-heads HKV] [--head-dim "
+          "D]\n"
+          "                     [--version V] [--reps R] [--peak-tbps X] [--json FILE]\n");
       std::exit(0);
     } else if (arg == "--batch") {
       o.batch = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 4096)), ++i;
@@ -182,9 +192,10 @@ int run(const Options& o) {
   const int B = o.batch, L = o.context, d = o.head_dim;
   const std::string gpu = kvlab_bench::device_name();
   const double peak = o.peak_tbps > 0 ? o.peak_tbps : kvlab_bench::peak_tbps_for(gpu);
-  std::printf("GPU: %s (peak %.2f TB/s%s)\n", gpu.c_str(), peak, peak > 0 ? "" : ": unknown, pass --peak-tbps");
-  std::printf("batch %d x context %d, %d query heads / %d K/V heads, head_dim %d, fp16 storage\n\n", B, L, o.heads,
-              o.kv_heads, d);
+  std::printf("GPU: %s (peak %.2f TB/s%s)\n", gpu.c_str(), peak,
+              peak > 0 ? "" : ": unknown, pass --peak-tbps");
+  std::printf("batch %d x context %d, %d query heads / %d K/V heads, head_dim %d, fp16 storage\n\n",
+              B, L, o.heads, o.kv_heads, d);
 
   // Host data, rounded to fp16 so that the float reference sees what the GPU stores.
   kvlab::Rng rng(2024);
@@ -193,16 +204,19 @@ int run(const Options& o) {
   for (float& x : k) x = to_half_float(static_cast<float>(rng.uniform(-1, 1)));
   for (float& x : v) x = to_half_float(static_cast<float>(rng.uniform(-1, 1)));
   RowMatrix<float> q(B, shape.q_width());
-  for (Eigen::Index i = 0; i < q.size(); ++i) q.data()[i] = to_half_float(static_cast<float>(rng.uniform(-1, 1)));
+  for (Eigen::Index i = 0; i < q.size(); ++i)
+    q.data()[i] = to_half_float(static_cast<float>(rng.uniform(-1, 1)));
 
   // The reference: cpu::decode_attention on each sequence's contiguous cache.
   RowMatrix<float> want(B, shape.q_width());
   for (int s = 0; s < B; ++s) {
-    const kvlab::ContiguousKVView<float> cache{k.data() + s * per_seq, v.data() + s * per_seq, o.kv_heads, d, L, L};
+    const kvlab::ContiguousKVView<float> cache{
+        k.data() + s * per_seq, v.data() + s * per_seq, o.kv_heads, d, L, L};
     want.row(s) = kvlab::cpu::decode_attention(shape, RowMatrix<float>(q.row(s)), cache).row(0);
   }
 
-  // Device data: stacked contiguous caches (versions 1, 2, 4, 5), token-major rows (3), pools (6, 7).
+  // Device data: stacked contiguous caches (versions 1, 2, 4, 5), token-major rows (3), pools (6,
+  // 7).
   const kc::DeviceBuffer<__half> d_k = kc::detail::upload_as<__half>(k.data(), k.size());
   const kc::DeviceBuffer<__half> d_v = kc::detail::upload_as<__half>(v.data(), v.size());
   const kc::DeviceBuffer<__half> d_q = kc::to_device<__half>(q);
@@ -213,7 +227,8 @@ int run(const Options& o) {
       for (int h = 0; h < o.kv_heads; ++h)
         for (int pos = 0; pos < L; ++pos)
           std::memcpy(&t[s * per_seq + (static_cast<std::size_t>(pos) * o.kv_heads + h) * d],
-                      &x[s * per_seq + (static_cast<std::size_t>(h) * L + pos) * d], sizeof(float) * d);
+                      &x[s * per_seq + (static_cast<std::size_t>(h) * L + pos) * d],
+                      sizeof(float) * d);
     return kc::detail::upload_as<__half>(t.data(), t.size());
   };
   const kc::DeviceBuffer<__half> d_kt = token_major(k), d_vt = token_major(v);
@@ -223,22 +238,29 @@ int run(const Options& o) {
     std::unique_ptr<kc::DeviceBlockTables> tables;
     kvlab::PagedKVView<__half> view;
   };
-  const auto make_pool = [&](kvlab::KVLayout layout) {  // the same rows in blocks of a shuffled pool
+  // the same rows in blocks of a shuffled pool
+  const auto make_pool = [&](kvlab::KVLayout layout) {
     std::vector<std::int32_t> order(static_cast<std::size_t>(B) * pages);
     std::iota(order.begin(), order.end(), 0);
-    for (std::size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+    for (std::size_t i = order.size() - 1; i > 0; --i)
+      std::swap(order[i], order[rng.next_u64() % (i + 1)]);
     std::vector<std::vector<std::int32_t>> lists;
-    for (int s = 0; s < B; ++s) lists.emplace_back(order.begin() + s * pages, order.begin() + (s + 1) * pages);
-    const kvlab::BlockTables tables =
-        kvlab::BlockTables::from_lists(lists, std::vector<int>(B, L), static_cast<int>(order.size()), block_size);
+    for (int s = 0; s < B; ++s)
+      lists.emplace_back(order.begin() + s * pages, order.begin() + (s + 1) * pages);
+    const kvlab::BlockTables tables = kvlab::BlockTables::from_lists(
+        lists, std::vector<int>(B, L), static_cast<int>(order.size()), block_size);
     const std::size_t size = order.size() * block_size * o.kv_heads * d;
     std::vector<float> pk(size, NAN), pv(size, NAN);
     const kvlab::PagedKVView<float> host = tables.view(pk.data(), pv.data(), o.kv_heads, d, layout);
     for (int s = 0; s < B; ++s)
       for (int pos = 0; pos < L; ++pos)
         for (int h = 0; h < o.kv_heads; ++h) {
-          std::memcpy(&pk[host.offset(s, pos, h)], &k[s * per_seq + (static_cast<std::size_t>(h) * L + pos) * d], sizeof(float) * d);
-          std::memcpy(&pv[host.offset(s, pos, h)], &v[s * per_seq + (static_cast<std::size_t>(h) * L + pos) * d], sizeof(float) * d);
+          std::memcpy(&pk[host.offset(s, pos, h)],
+                      &k[s * per_seq + (static_cast<std::size_t>(h) * L + pos) * d],
+                      sizeof(float) * d);
+          std::memcpy(&pv[host.offset(s, pos, h)],
+                      &v[s * per_seq + (static_cast<std::size_t>(h) * L + pos) * d],
+                      sizeof(float) * d);
         }
     auto pool = std::make_unique<Pool>();
     pool->k = kc::detail::upload_as<__half>(pk.data(), size);
@@ -250,10 +272,15 @@ int run(const Options& o) {
   const auto nhd = make_pool(kvlab::KVLayout::NHD), hnd = make_pool(kvlab::KVLayout::HND);
 
   const auto scale = static_cast<float>(shape.scale());
-  const auto q_row = [&](int s) { return kc::DeviceMatrix<const __half>(d_q.data() + s * shape.q_width(), 1, shape.q_width()); };
-  const auto out_row = [&](int s) { return kc::DeviceMatrix<__half>(d_out.data() + s * shape.q_width(), 1, shape.q_width()); };
+  const auto q_row = [&](int s) {
+    return kc::DeviceMatrix<const __half>(d_q.data() + s * shape.q_width(), 1, shape.q_width());
+  };
+  const auto out_row = [&](int s) {
+    return kc::DeviceMatrix<__half>(d_out.data() + s * shape.q_width(), 1, shape.q_width());
+  };
   const auto cache_of = [&](int s) {
-    return kvlab::ContiguousKVView<__half>{d_k.data() + s * per_seq, d_v.data() + s * per_seq, o.kv_heads, d, L, L};
+    return kvlab::ContiguousKVView<__half>{
+        d_k.data() + s * per_seq, d_v.data() + s * per_seq, o.kv_heads, d, L, L};
   };
   kc::Workspace workspace;
   kc::LaunchOptions single, split;
@@ -267,14 +294,14 @@ int run(const Options& o) {
   const std::vector<Version> versions = {
       {1, "thread per (sequence, head), online softmax",
        [&] {
-         v1_thread_per_head<<<(B * o.heads + 63) / 64, 64>>>(d_q.data(), d_k.data(), d_v.data(), d_out.data(), B,
-                                                             o.heads, o.kv_heads, d, L, scale);
+         v1_thread_per_head<<<(B * o.heads + 63) / 64, 64>>>(
+             d_q.data(), d_k.data(), d_v.data(), d_out.data(), B, o.heads, o.kv_heads, d, L, scale);
          KVLAB_CUDA_CHECK_LAUNCH("v1_thread_per_head");
        }},
       {2, "warp per (sequence, head), coalesced rows",
        [&] {
-         v2_warp_per_head<<<(B * o.heads * 32 + 127) / 128, 128>>>(d_q.data(), d_k.data(), d_v.data(), d_out.data(), B,
-                                                                   o.heads, o.kv_heads, d, L, scale);
+         v2_warp_per_head<<<(B * o.heads * 32 + 127) / 128, 128>>>(
+             d_q.data(), d_k.data(), d_v.data(), d_out.data(), B, o.heads, o.kv_heads, d, L, scale);
          KVLAB_CUDA_CHECK_LAUNCH("v2_warp_per_head");
        }},
       {3, "naive_attention: scores materialised",
@@ -282,33 +309,44 @@ int run(const Options& o) {
          kc::LaunchOptions options;
          options.workspace = &workspace;
          for (int s = 0; s < B; ++s)
-           kc::naive_attention<__half>(shape, q_row(s),
-                                       kc::DeviceMatrix<const __half>(d_kt.data() + s * per_seq, L, shape.kv_width()),
-                                       kc::DeviceMatrix<const __half>(d_vt.data() + s * per_seq, L, shape.kv_width()),
-                                       out_row(s), nullptr, options);
+           kc::naive_attention<__half>(
+               shape, q_row(s),
+               kc::DeviceMatrix<const __half>(d_kt.data() + s * per_seq, L, shape.kv_width()),
+               kc::DeviceMatrix<const __half>(d_vt.data() + s * per_seq, L, shape.kv_width()),
+               out_row(s), nullptr, options);
        }},
       {4, "decode_attention, single pass",
        [&] {
-         for (int s = 0; s < B; ++s) kc::decode_attention(shape, q_row(s), cache_of(s), out_row(s), nullptr, single);
+         for (int s = 0; s < B; ++s)
+           kc::decode_attention(shape, q_row(s), cache_of(s), out_row(s), nullptr, single);
        }},
       {5, "decode_attention, split-K",
        [&] {
-         for (int s = 0; s < B; ++s) kc::decode_attention(shape, q_row(s), cache_of(s), out_row(s), nullptr, split);
+         for (int s = 0; s < B; ++s)
+           kc::decode_attention(shape, q_row(s), cache_of(s), out_row(s), nullptr, split);
        }},
       {6, "paged_decode_attention, NHD, split-K",
-       [&] { kc::paged_decode_attention(shape, d_q.matrix(B, shape.q_width()), nhd->view, d_out.matrix(B, shape.q_width()), nullptr, split); }},
+       [&] {
+         kc::paged_decode_attention(shape, d_q.matrix(B, shape.q_width()), nhd->view,
+                                    d_out.matrix(B, shape.q_width()), nullptr, split);
+       }},
       {7, "paged_decode_attention, HND, split-K",
-       [&] { kc::paged_decode_attention(shape, d_q.matrix(B, shape.q_width()), hnd->view, d_out.matrix(B, shape.q_width()), nullptr, split); }},
+       [&] {
+         kc::paged_decode_attention(shape, d_q.matrix(B, shape.q_width()), hnd->view,
+                                    d_out.matrix(B, shape.q_width()), nullptr, split);
+       }},
   };
 
   const double bytes = 2.0 * 2.0 * B * static_cast<double>(L) * o.kv_heads * d;  // K and V, fp16
   kvlab_bench::GpuTimer timer;
-  std::string json = "{\n  \"gpu\": \"" + gpu + "\", \"peak_tbps\": " + std::to_string(peak) + ", \"batch\": " +
-                     std::to_string(B) + ", \"context\": " + std::to_string(L) + ", \"heads\": " + std::to_string(o.heads) +
-                     ", \"kv_heads\": " + std::to_string(o.kv_heads) + ", \"head_dim\": " + std::to_string(d) +
-                     ", \"dtype\": \"fp16\",\n  \"versions\": [";
+  std::string json =
+      "{\n  \"gpu\": \"" + gpu + "\", \"peak_tbps\": " + std::to_string(peak) +
+      ", \"batch\": " + std::to_string(B) + ", \"context\": " + std::to_string(L) +
+      ", \"heads\": " + std::to_string(o.heads) + ", \"kv_heads\": " + std::to_string(o.kv_heads) +
+      ", \"head_dim\": " + std::to_string(d) + ", \"dtype\": \"fp16\",\n  \"versions\": [";
   int failures = 0;
-  std::printf("%-3s %-44s %12s %10s %8s %10s\n", "v", "kernel", "time (us)", "GB/s", "of peak", "max err");
+  std::printf("%-3s %-44s %12s %10s %8s %10s\n", "v", "kernel", "time (us)", "GB/s", "of peak",
+              "max err");
   for (const Version& version : versions) {
     if (o.version != 0 && version.id != o.version) continue;
     // Validate first: every element against the CPU reference (fp16: rtol 1e-2, atol 1e-4).
@@ -323,8 +361,8 @@ int run(const Options& o) {
       max_err = std::max(max_err, std::isnan(err) ? INFINITY : err);
     }
     if (bad > 0) {
-      std::printf("%-3d %-44s MISMATCH: %ld of %ld elements outside tolerance; not timed\n", version.id, version.what,
-                  bad, static_cast<long>(got.size()));
+      std::printf("%-3d %-44s MISMATCH: %ld of %ld elements outside tolerance; not timed\n",
+                  version.id, version.what, bad, static_cast<long>(got.size()));
       ++failures;
       continue;
     }
@@ -332,11 +370,12 @@ int run(const Options& o) {
     const double first = timer.median_us(version.run, 1);
     const double us = timer.median_us(version.run, first > 50000 ? std::min(o.reps, 3) : o.reps);
     const double tbps = bytes / (us * 1e-6) / 1e12;
-    std::printf("%-3d %-44s %12.1f %10.1f %7.1f%% %10.1e\n", version.id, version.what, us, tbps * 1000,
-                peak > 0 ? 100 * tbps / peak : 0.0, max_err);
-    json += std::string(json.back() == '[' ? "\n" : ",\n") + "    {\"version\": " + std::to_string(version.id) +
-            ", \"kernel\": \"" + version.what + "\", \"time_us\": " + std::to_string(us) +
-            ", \"tbps\": " + std::to_string(tbps) + ", \"fraction_of_peak\": " + std::to_string(peak > 0 ? tbps / peak : 0.0) +
+    std::printf("%-3d %-44s %12.1f %10.1f %7.1f%% %10.1e\n", version.id, version.what, us,
+                tbps * 1000, peak > 0 ? 100 * tbps / peak : 0.0, max_err);
+    json += std::string(json.back() == '[' ? "\n" : ",\n") +
+            "    {\"version\": " + std::to_string(version.id) + ", \"kernel\": \"" + version.what +
+            "\", \"time_us\": " + std::to_string(us) + ", \"tbps\": " + std::to_string(tbps) +
+            ", \"fraction_of_peak\": " + std::to_string(peak > 0 ? tbps / peak : 0.0) +
             ", \"max_abs_error\": " + std::to_string(max_err) + "}";
   }
   json += "\n  ]\n}\n";
@@ -346,4 +385,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return kvlab_bench::gpu_main("attention_lab", argc, argv, parse, run); }
+int main(int argc, char** argv) {
+  return kvlab_bench::gpu_main("attention_lab", argc, argv, parse, run);
+}

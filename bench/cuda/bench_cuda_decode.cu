@@ -47,7 +47,8 @@ using kvlab_bench::UsageError;
 struct Options {
   std::vector<int> contexts{1024, 4096, 16384, 32768, 65536, 131072};
   std::vector<int> batches{1, 4, 16, 64};
-  long max_tokens = 1L << 22;  // B * context at most: 4M tokens = 16 GiB of fp16 K/V at the default shape
+  // B * context at most: 4M tokens = 16 GiB of fp16 K/V at the default shape
+  long max_tokens = 1L << 22;
   int heads = 32, kv_heads = 8, head_dim = 128, block_size = 16, reps = 20;
   kvlab::KVLayout layout = kvlab::KVLayout::NHD;
   double peak_tbps = 0;
@@ -59,7 +60,8 @@ std::vector<int> parse_list(const std::string& option, const char* text, long ma
   std::vector<int> values;
   std::stringstream in(text);
   std::string item;
-  while (std::getline(in, item, ',')) values.push_back(static_cast<int>(kvlab_bench::parse_long(option, item.c_str(), 1, maximum)));
+  while (std::getline(in, item, ','))
+    values.push_back(static_cast<int>(kvlab_bench::parse_long(option, item.c_str(), 1, maximum)));
   return values;
 }
 
@@ -69,9 +71,10 @@ Options parse(int argc, char** argv) {
     const std::string arg = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (arg == "--help") {
-      std::printf("usage: bench_cuda_decode [--contexts L1,L2,...] [--batches B1,B2,...] [--max-tokens N]\n"
-                  "       [--heads H] [--kv-heads HKV] [--head-dim D] [--block-size S] [--layout NHD|HND]\n"
-                  "       [--reps R] [--peak-tbps X] [--json FILE]\n");
+      std::printf(
+          "usage: bench_cuda_decode [--contexts L1,L2,...] [--batches B1,B2,...] [--max-tokens N]\n"
+          "       [--heads H] [--kv-heads HKV] [--head-dim D] [--block-size S] [--layout NHD|HND]\n"
+          "       [--reps R] [--peak-tbps X] [--json FILE]\n");
       std::exit(0);
     } else if (arg == "--contexts") {
       o.contexts = parse_list(arg, value, 1 << 24), ++i;
@@ -89,7 +92,8 @@ Options parse(int argc, char** argv) {
       o.block_size = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 4096)), ++i;
     } else if (arg == "--layout") {
       const std::string layout = value != nullptr ? value : "";
-      if (layout != "NHD" && layout != "HND") throw UsageError("--layout: expected NHD or HND, got '" + layout + "'");
+      if (layout != "NHD" && layout != "HND")
+        throw UsageError("--layout: expected NHD or HND, got '" + layout + "'");
       o.layout = layout == "HND" ? kvlab::KVLayout::HND : kvlab::KVLayout::NHD, ++i;
     } else if (arg == "--reps") {
       o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 10000)), ++i;
@@ -111,13 +115,16 @@ Options parse(int argc, char** argv) {
 long mismatches(const RowMatrix<float>& got, const RowMatrix<float>& want) {
   long bad = 0;
   for (Eigen::Index i = 0; i < want.size(); ++i)
-    if (!(std::abs(double(got.data()[i]) - double(want.data()[i])) <= 1e-4 + 1e-2 * std::abs(double(want.data()[i])))) ++bad;
+    if (!(std::abs(double(got.data()[i]) - double(want.data()[i])) <=
+          1e-4 + 1e-2 * std::abs(double(want.data()[i]))))
+      ++bad;
   return bad;
 }
 
 RowMatrix<float> to_float(const std::vector<__half>& host, int rows, int cols) {
   RowMatrix<float> m(rows, cols);
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = __half2float(host[static_cast<std::size_t>(i)]);
+  for (Eigen::Index i = 0; i < m.size(); ++i)
+    m.data()[i] = __half2float(host[static_cast<std::size_t>(i)]);
   return m;
 }
 
@@ -137,12 +144,12 @@ int run(const Options& o) {
   const double copy = kvlab_bench::copy_tbps();
   int sm_count = 0;
   KVLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("GPU: %s, %d SMs; peak %.2f TB/s%s; device-to-device copy %.2f TB/s (read + write)\n", gpu.c_str(),
-              sm_count, peak, peak > 0 ? "" : " (unknown: pass --peak-tbps)", copy);
-  std::printf("%d query heads / %d K/V heads, head_dim %d, fp16, blocks of %d (%s)\n\n", o.heads, o.kv_heads,
-              o.head_dim, o.block_size, kvlab::to_string(o.layout));
-  std::printf("%-10s %6s %7s %-7s | %12s %8s | %12s %8s %6s | %8s\n", "kind", "batch", "context", "lengths",
-              "single (us)", "TB/s", "split-K (us)", "TB/s", "parts", "of peak");
+  std::printf("GPU: %s, %d SMs; peak %.2f TB/s%s; device-to-device copy %.2f TB/s (read + write)\n",
+              gpu.c_str(), sm_count, peak, peak > 0 ? "" : " (unknown: pass --peak-tbps)", copy);
+  std::printf("%d query heads / %d K/V heads, head_dim %d, fp16, blocks of %d (%s)\n\n", o.heads,
+              o.kv_heads, o.head_dim, o.block_size, kvlab::to_string(o.layout));
+  std::printf("%-10s %6s %7s %-7s | %12s %8s | %12s %8s %6s | %8s\n", "kind", "batch", "context",
+              "lengths", "single (us)", "TB/s", "split-K (us)", "TB/s", "parts", "of peak");
 
   kvlab::Rng rng(7);
   kvlab_bench::GpuTimer timer;
@@ -151,9 +158,9 @@ int run(const Options& o) {
   const auto report = [&](const Result& r) {
     const double single_tbps = r.kv_bytes / (r.single_us * 1e-6) / 1e12;
     const double split_tbps = r.kv_bytes / (r.split_us * 1e-6) / 1e12;
-    std::printf("%-10s %6d %7d %-7s | %12.1f %8.2f | %12.1f %8.2f %6d | %7.1f%%\n", r.kind.c_str(), r.batch, r.context,
-                r.ragged ? "ragged" : "uniform", r.single_us, single_tbps, r.split_us, split_tbps, r.partitions,
-                peak > 0 ? 100 * split_tbps / peak : 0.0);
+    std::printf("%-10s %6d %7d %-7s | %12.1f %8.2f | %12.1f %8.2f %6d | %7.1f%%\n", r.kind.c_str(),
+                r.batch, r.context, r.ragged ? "ragged" : "uniform", r.single_us, single_tbps,
+                r.split_us, split_tbps, r.partitions, peak > 0 ? 100 * split_tbps / peak : 0.0);
     std::fflush(stdout);
     results.push_back(r);
   };
@@ -169,9 +176,11 @@ int run(const Options& o) {
       for (bool ragged : {false, true}) {
         if (ragged && batch == 1) continue;  // one sequence is never ragged
         Result r{"paged", batch, context, ragged, {}, 0, 0, 0, 0};
-        r.lengths = ragged ? std::vector<int>(static_cast<std::size_t>(batch)) : std::vector<int>(batch, context);
+        r.lengths = ragged ? std::vector<int>(static_cast<std::size_t>(batch))
+                           : std::vector<int>(batch, context);
         if (ragged) {
-          for (int& len : r.lengths) len = 1 + static_cast<int>(rng.next_u64() % static_cast<std::uint64_t>(context));
+          for (int& len : r.lengths)
+            len = 1 + static_cast<int>(rng.next_u64() % static_cast<std::uint64_t>(context));
           r.lengths.back() = context;
         }
         // The pool: every sequence's blocks in a random permutation of the pool.
@@ -180,14 +189,17 @@ int run(const Options& o) {
         for (int len : r.lengths) blocks += (len - 1) / o.block_size + 1;
         std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
         std::iota(order.begin(), order.end(), 0);
-        for (std::size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+        for (std::size_t i = order.size() - 1; i > 0; --i)
+          std::swap(order[i], order[rng.next_u64() % (i + 1)]);
         std::size_t next = 0;
         for (int len : r.lengths) {
           const auto pages = static_cast<std::size_t>((len - 1) / o.block_size + 1);
-          lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next), order.begin() + static_cast<std::ptrdiff_t>(next + pages));
+          lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
+                             order.begin() + static_cast<std::ptrdiff_t>(next + pages));
           next += pages;
         }
-        const kvlab::BlockTables host_tables = kvlab::BlockTables::from_lists(lists, r.lengths, blocks, o.block_size);
+        const kvlab::BlockTables host_tables =
+            kvlab::BlockTables::from_lists(lists, r.lengths, blocks, o.block_size);
         const kc::DeviceBlockTables tables(host_tables);
         const std::size_t pool = static_cast<std::size_t>(blocks) * o.block_size * shape.kv_width();
         kc::DeviceBuffer<__half> k(pool), v(pool), q(static_cast<std::size_t>(batch) * q_width);
@@ -195,13 +207,20 @@ int run(const Options& o) {
         kvlab_bench::random_fill(k, 1 + rng.next_u64());
         kvlab_bench::random_fill(v, 1 + rng.next_u64());
         kvlab_bench::random_fill(q, 1 + rng.next_u64());
-        const kvlab::PagedKVView<__half> view = tables.view<__half>(k.data(), v.data(), o.kv_heads, o.head_dim, o.layout);
+        const kvlab::PagedKVView<__half> view =
+            tables.view<__half>(k.data(), v.data(), o.kv_heads, o.head_dim, o.layout);
         long tokens = 0;
         for (int len : r.lengths) tokens += len;
         r.kv_bytes = 2.0 * sizeof(__half) * static_cast<double>(tokens) * shape.kv_width();
         r.partitions = kc::plan_attention(shape, batch, o.block_size, sm_count, 0).partitions;
-        const auto run_single = [&] { kc::paged_decode_attention(shape, q.matrix(batch, q_width), view, out_single.matrix(batch, q_width), nullptr, single); };
-        const auto run_split = [&] { kc::paged_decode_attention(shape, q.matrix(batch, q_width), view, out_split.matrix(batch, q_width), nullptr, split); };
+        const auto run_single = [&] {
+          kc::paged_decode_attention(shape, q.matrix(batch, q_width), view,
+                                     out_single.matrix(batch, q_width), nullptr, single);
+        };
+        const auto run_split = [&] {
+          kc::paged_decode_attention(shape, q.matrix(batch, q_width), view,
+                                     out_split.matrix(batch, q_width), nullptr, split);
+        };
         // Validate, then time.
         run_single();
         run_split();
@@ -211,15 +230,16 @@ int run(const Options& o) {
         if (tokens <= 32768) {  // small enough for the CPU reference
           const auto hk = k.to_host(), hv = v.to_host(), hq = q.to_host();
           std::vector<float> fk(pool), fv(pool);
-          for (std::size_t i = 0; i < pool; ++i) fk[i] = __half2float(hk[i]), fv[i] = __half2float(hv[i]);
-          const RowMatrix<float> want =
-              kvlab::cpu::paged_decode_attention(shape, to_float(hq, batch, q_width),
-                                                 host_tables.view(fk.data(), fv.data(), o.kv_heads, o.head_dim, o.layout));
+          for (std::size_t i = 0; i < pool; ++i)
+            fk[i] = __half2float(hk[i]), fv[i] = __half2float(hv[i]);
+          const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(
+              shape, to_float(hq, batch, q_width),
+              host_tables.view(fk.data(), fv.data(), o.kv_heads, o.head_dim, o.layout));
           bad += mismatches(one, want) + mismatches(many, want);
         }
         if (bad > 0) {
-          std::printf("paged batch %d context %d %s: MISMATCH (%ld elements); not timed\n", batch, context,
-                      ragged ? "ragged" : "uniform", bad);
+          std::printf("paged batch %d context %d %s: MISMATCH (%ld elements); not timed\n", batch,
+                      context, ragged ? "ragged" : "uniform", bad);
           ++failures;
           continue;
         }
@@ -234,15 +254,23 @@ int run(const Options& o) {
     if (context > o.max_tokens) continue;
     Result r{"contiguous", 1, context, false, {context}, 0, 0, 0, 0};
     const std::size_t size = static_cast<std::size_t>(o.kv_heads) * context * o.head_dim;
-    kc::DeviceBuffer<__half> k(size), v(size), q(static_cast<std::size_t>(q_width)), out_single(q.size()), out_split(q.size());
+    kc::DeviceBuffer<__half> k(size), v(size), q(static_cast<std::size_t>(q_width)),
+        out_single(q.size()), out_split(q.size());
     kvlab_bench::random_fill(k, 1 + rng.next_u64());
     kvlab_bench::random_fill(v, 1 + rng.next_u64());
     kvlab_bench::random_fill(q, 1 + rng.next_u64());
-    const kvlab::ContiguousKVView<__half> cache{k.data(), v.data(), o.kv_heads, o.head_dim, context, context};
+    const kvlab::ContiguousKVView<__half> cache{k.data(),   v.data(), o.kv_heads,
+                                                o.head_dim, context,  context};
     r.kv_bytes = 2.0 * sizeof(__half) * static_cast<double>(size);
     r.partitions = kc::plan_attention(shape, 1, 1, sm_count, 0).partitions;
-    const auto run_single = [&] { kc::decode_attention(shape, q.matrix(1, q_width), cache, out_single.matrix(1, q_width), nullptr, single); };
-    const auto run_split = [&] { kc::decode_attention(shape, q.matrix(1, q_width), cache, out_split.matrix(1, q_width), nullptr, split); };
+    const auto run_single = [&] {
+      kc::decode_attention(shape, q.matrix(1, q_width), cache, out_single.matrix(1, q_width),
+                           nullptr, single);
+    };
+    const auto run_split = [&] {
+      kc::decode_attention(shape, q.matrix(1, q_width), cache, out_split.matrix(1, q_width),
+                           nullptr, split);
+    };
     run_single();
     run_split();
     const RowMatrix<float> one = to_float(out_single.to_host(), 1, q_width);
@@ -250,9 +278,12 @@ int run(const Options& o) {
     if (context <= 32768) {
       const auto hk = k.to_host(), hv = v.to_host();
       std::vector<float> fk(size), fv(size);
-      for (std::size_t i = 0; i < size; ++i) fk[i] = __half2float(hk[i]), fv[i] = __half2float(hv[i]);
-      const kvlab::ContiguousKVView<float> host{fk.data(), fv.data(), o.kv_heads, o.head_dim, context, context};
-      bad += mismatches(one, kvlab::cpu::decode_attention(shape, to_float(q.to_host(), 1, q_width), host));
+      for (std::size_t i = 0; i < size; ++i)
+        fk[i] = __half2float(hk[i]), fv[i] = __half2float(hv[i]);
+      const kvlab::ContiguousKVView<float> host{fk.data(),  fv.data(), o.kv_heads,
+                                                o.head_dim, context,   context};
+      bad += mismatches(
+          one, kvlab::cpu::decode_attention(shape, to_float(q.to_host(), 1, q_width), host));
     }
     if (bad > 0) {
       std::printf("contiguous context %d: MISMATCH (%ld elements); not timed\n", context, bad);
@@ -267,9 +298,12 @@ int run(const Options& o) {
   if (!o.json.empty()) {
     FILE* f = std::fopen(o.json.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + o.json);
-    std::fprintf(f, "{\n  \"program\": \"bench_cuda_decode\",\n  \"gpu\": \"%s\", \"sm_count\": %d, \"peak_tbps\": %.3f, "
-                    "\"copy_tbps\": %.3f,\n  \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"fp16\", "
-                    "\"block_size\": %d, \"layout\": \"%s\", \"reps\": %d,\n  \"cases\": [",
+    std::fprintf(f,
+                 "{\n  \"program\": \"bench_cuda_decode\",\n  \"gpu\": \"%s\", \"sm_count\": %d, "
+                 "\"peak_tbps\": %.3f, "
+                 "\"copy_tbps\": %.3f,\n  \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
+                 "\"dtype\": \"fp16\", "
+                 "\"block_size\": %d, \"layout\": \"%s\", \"reps\": %d,\n  \"cases\": [",
                  gpu.c_str(), sm_count, peak, copy, o.heads, o.kv_heads, o.head_dim, o.block_size,
                  kvlab::to_string(o.layout), o.reps);
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -277,12 +311,16 @@ int run(const Options& o) {
       std::string lengths;
       for (int len : r.lengths) lengths += (lengths.empty() ? "" : ", ") + std::to_string(len);
       const double split_tbps = r.kv_bytes / (r.split_us * 1e-6) / 1e12;
-      std::fprintf(f, "%s\n    {\"kind\": \"%s\", \"batch\": %d, \"context\": %d, \"ragged\": %s, \"lengths\": [%s], "
-                      "\"kv_bytes\": %.0f, \"single_pass_us\": %.3f, \"split_k_us\": %.3f, \"split_k_partitions\": %d, "
-                      "\"single_pass_tbps\": %.4f, \"split_k_tbps\": %.4f, \"split_k_fraction_of_peak\": %.4f}",
-                   i == 0 ? "" : ",", r.kind.c_str(), r.batch, r.context, r.ragged ? "true" : "false", lengths.c_str(),
-                   r.kv_bytes, r.single_us, r.split_us, r.partitions, r.kv_bytes / (r.single_us * 1e-6) / 1e12,
-                   split_tbps, peak > 0 ? split_tbps / peak : 0.0);
+      std::fprintf(
+          f,
+          "%s\n    {\"kind\": \"%s\", \"batch\": %d, \"context\": %d, \"ragged\": %s, \"lengths\": "
+          "[%s], "
+          "\"kv_bytes\": %.0f, \"single_pass_us\": %.3f, \"split_k_us\": %.3f, "
+          "\"split_k_partitions\": %d, "
+          "\"single_pass_tbps\": %.4f, \"split_k_tbps\": %.4f, \"split_k_fraction_of_peak\": %.4f}",
+          i == 0 ? "" : ",", r.kind.c_str(), r.batch, r.context, r.ragged ? "true" : "false",
+          lengths.c_str(), r.kv_bytes, r.single_us, r.split_us, r.partitions,
+          r.kv_bytes / (r.single_us * 1e-6) / 1e12, split_tbps, peak > 0 ? split_tbps / peak : 0.0);
     }
     std::fprintf(f, "\n  ]\n}\n");
     std::fclose(f);
@@ -292,4 +330,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return kvlab_bench::gpu_main("bench_cuda_decode", argc, argv, parse, run); }
+int main(int argc, char** argv) {
+  return kvlab_bench::gpu_main("bench_cuda_decode", argc, argv, parse, run);
+}

@@ -48,7 +48,8 @@ Options parse(int argc, char** argv) {
     const std::string arg = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (arg == "--help") {
-      std::printf("usage: bench_cuda_generation [--max-n N] [--layers L] [--reps R] [--json FILE]\n");
+      std::printf(
+          "usage: bench_cuda_generation [--max-n N] [--layers L] [--reps R] [--json FILE]\n");
       std::exit(0);
     } else if (arg == "--max-n") {
       o.max_n = static_cast<int>(kvlab_bench::parse_long(arg, value, 2, 1 << 16)), ++i;
@@ -68,7 +69,8 @@ Options parse(int argc, char** argv) {
 
 // One generation of n tokens: reset, the first token through prefill, n - 1 decode steps.
 // Returns the wall time in ms and leaves the last output in `last`.
-double generate(kvlab::Decoder<float>& decoder, const RowMatrix<float>& tokens, int n, RowMatrix<float>& last) {
+double generate(kvlab::Decoder<float>& decoder, const RowMatrix<float>& tokens, int n,
+                RowMatrix<float>& last) {
   const auto start = std::chrono::steady_clock::now();
   decoder.reset();
   last = decoder.prefill(tokens.topRows(1));
@@ -80,7 +82,8 @@ double generate(kvlab::Decoder<float>& decoder, const RowMatrix<float>& tokens, 
 double max_relative_gap(const RowMatrix<float>& a, const RowMatrix<float>& b) {
   double worst = 0;
   for (Eigen::Index i = 0; i < b.size(); ++i)
-    worst = std::max(worst, std::abs(double(a.data()[i]) - double(b.data()[i])) / (1e-4 + 1e-4 * std::abs(double(b.data()[i]))));
+    worst = std::max(worst, std::abs(double(a.data()[i]) - double(b.data()[i])) /
+                                (1e-4 + 1e-4 * std::abs(double(b.data()[i]))));
   return worst;  // <= 1: within tolerance
 }
 
@@ -90,14 +93,18 @@ int run(const Options& o) {
   const auto stack = kvlab::AttentionStack<float>::random(o.layers, shape, d_model, /*seed=*/11);
   kvlab::Rng rng(12);
   const RowMatrix<float> tokens = kvlab::random_matrix<float>(o.max_n, d_model, rng);
-  std::printf("GPU: %s; model: %d layer(s), d_model %d, %d heads / %d K/V heads, head_dim %d, fp32\n\n",
-              kvlab_bench::device_name().c_str(), o.layers, d_model, shape.num_heads(), shape.num_kv_heads(),
-              shape.head_dim());
-  std::printf("%6s | %12s %12s | %12s %12s | %10s %10s %10s | %7s\n", "n", "naive K/V", "cached K/V", "naive dots",
-              "cached dots", "naive ms", "cached ms", "paged ms", "ratio");
-  std::string json = "{\n  \"program\": \"bench_cuda_generation\", \"gpu\": \"" + kvlab_bench::device_name() +
-                     "\", \"layers\": " + std::to_string(o.layers) + ", \"d_model\": 256, \"heads\": 4, \"kv_heads\": 4, "
-                     "\"head_dim\": 64, \"reps\": " + std::to_string(o.reps) + ",\n  \"results\": [";
+  std::printf(
+      "GPU: %s; model: %d layer(s), d_model %d, %d heads / %d K/V heads, head_dim %d, fp32\n\n",
+      kvlab_bench::device_name().c_str(), o.layers, d_model, shape.num_heads(),
+      shape.num_kv_heads(), shape.head_dim());
+  std::printf("%6s | %12s %12s | %12s %12s | %10s %10s %10s | %7s\n", "n", "naive K/V",
+              "cached K/V", "naive dots", "cached dots", "naive ms", "cached ms", "paged ms",
+              "ratio");
+  std::string json = "{\n  \"program\": \"bench_cuda_generation\", \"gpu\": \"" +
+                     kvlab_bench::device_name() + "\", \"layers\": " + std::to_string(o.layers) +
+                     ", \"d_model\": 256, \"heads\": 4, \"kv_heads\": 4, "
+                     "\"head_dim\": 64, \"reps\": " +
+                     std::to_string(o.reps) + ",\n  \"results\": [";
   int failures = 0;
   for (int n = 256; n <= o.max_n; n *= 2) {
     kc::NaiveDecoder<float> naive(stack);
@@ -115,21 +122,25 @@ int run(const Options& o) {
       std::sort(x.begin(), x.end());
       return x[x.size() / 2];
     };
-    const double gap = std::max(max_relative_gap(y_naive, y_cached), max_relative_gap(y_paged, y_cached));
+    const double gap =
+        std::max(max_relative_gap(y_naive, y_cached), max_relative_gap(y_paged, y_cached));
     if (gap > 1) ++failures;
     const kvlab::CostCounters& cn = naive.total();
     const kvlab::CostCounters& cc = cached.total();
     std::printf("%6d | %12llu %12llu | %12llu %12llu | %10.1f %10.1f %10.1f | %6.1fx%s\n", n,
-                static_cast<unsigned long long>(cn.kv_projections), static_cast<unsigned long long>(cc.kv_projections),
-                static_cast<unsigned long long>(cn.qk_dots), static_cast<unsigned long long>(cc.qk_dots),
-                median(t_naive), median(t_cached), median(t_paged), median(t_naive) / median(t_cached),
-                gap > 1 ? "  MISMATCH" : "");
+                static_cast<unsigned long long>(cn.kv_projections),
+                static_cast<unsigned long long>(cc.kv_projections),
+                static_cast<unsigned long long>(cn.qk_dots),
+                static_cast<unsigned long long>(cc.qk_dots), median(t_naive), median(t_cached),
+                median(t_paged), median(t_naive) / median(t_cached), gap > 1 ? "  MISMATCH" : "");
     std::fflush(stdout);
     json += std::string(n == 256 ? "\n" : ",\n") + "    {\"n\": " + std::to_string(n) +
             ", \"naive_kv_projections\": " + std::to_string(cn.kv_projections) +
             ", \"cached_kv_projections\": " + std::to_string(cc.kv_projections) +
-            ", \"naive_qk_dots\": " + std::to_string(cn.qk_dots) + ", \"cached_qk_dots\": " + std::to_string(cc.qk_dots) +
-            ", \"naive_ms\": " + std::to_string(median(t_naive)) + ", \"cached_ms\": " + std::to_string(median(t_cached)) +
+            ", \"naive_qk_dots\": " + std::to_string(cn.qk_dots) +
+            ", \"cached_qk_dots\": " + std::to_string(cc.qk_dots) +
+            ", \"naive_ms\": " + std::to_string(median(t_naive)) +
+            ", \"cached_ms\": " + std::to_string(median(t_cached)) +
             ", \"paged_ms\": " + std::to_string(median(t_paged)) + "}";
   }
   json += "\n  ]\n}\n";
@@ -139,4 +150,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return kvlab_bench::gpu_main("bench_cuda_generation", argc, argv, parse, run); }
+int main(int argc, char** argv) {
+  return kvlab_bench::gpu_main("bench_cuda_generation", argc, argv, parse, run);
+}

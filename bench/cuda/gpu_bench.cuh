@@ -27,7 +27,8 @@ namespace kvlab_bench {
 /// H200 4.8, H100 SXM 3.35 (H100 PCIe 2.0); 0 if unknown (pass --peak-tbps).
 inline double peak_tbps_for(const std::string& name) {
   if (name.find("H200") != std::string::npos) return 4.8;
-  if (name.find("H100") != std::string::npos) return name.find("PCIe") != std::string::npos ? 2.0 : 3.35;
+  if (name.find("H100") != std::string::npos)
+    return name.find("PCIe") != std::string::npos ? 2.0 : 3.35;
   return 0.0;
 }
 
@@ -39,7 +40,8 @@ class GpuTimer {
     int device = 0, l2 = 0;
     KVLAB_CUDA_CHECK(cudaGetDevice(&device));
     KVLAB_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    flush_ = kvlab::cuda::DeviceBuffer<unsigned char>(static_cast<std::size_t>(std::max(l2, 1 << 20)) * 2);
+    flush_ = kvlab::cuda::DeviceBuffer<unsigned char>(
+        static_cast<std::size_t>(std::max(l2, 1 << 20)) * 2);
     KVLAB_CUDA_CHECK(cudaEventCreate(&start_));
     KVLAB_CUDA_CHECK(cudaEventCreate(&stop_));
   }
@@ -84,7 +86,10 @@ inline double copy_tbps() {
   a.fill_bytes(1);
   GpuTimer timer;
   const double us = timer.median_us(
-      [&] { KVLAB_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); }, 5);
+      [&] {
+        KVLAB_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+      },
+      5);
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e12;
 }
 
@@ -93,18 +98,21 @@ template <typename T>
 __global__ void random_fill_kernel(T* data, std::int64_t count, std::uint64_t seed) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(i + 1);  // SplitMix64 of the index
+    // SplitMix64 of the index
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(i + 1);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     z ^= z >> 31;
-    data[i] = kvlab::cuda::from_float<T>(static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0));
+    data[i] = kvlab::cuda::from_float<T>(
+        static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0));
   }
 }
 
 /// `random_fill_kernel` over a whole buffer, then waits for it.
 template <typename T>
 void random_fill(kvlab::cuda::DeviceBuffer<T>& buffer, std::uint64_t seed) {
-  random_fill_kernel<T><<<4096, 256>>>(buffer.data(), static_cast<std::int64_t>(buffer.size()), seed);
+  random_fill_kernel<T>
+      <<<4096, 256>>>(buffer.data(), static_cast<std::int64_t>(buffer.size()), seed);
   KVLAB_CUDA_CHECK_LAUNCH("random_fill_kernel");
   KVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }

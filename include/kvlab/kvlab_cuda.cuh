@@ -6,17 +6,17 @@
 /// sides of every comparison are at hand.
 #pragma once
 
-#include "kvlab/kvlab.hpp"
 #include "kvlab/cuda/attention_plan.hpp"
-#include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/decode_attention.cuh"
+#include "kvlab/cuda/decoders.cuh"
 #include "kvlab/cuda/device_memory.cuh"
-#include "kvlab/cuda/numeric.cuh"
+#include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/host_api.cuh"
+#include "kvlab/cuda/kv_cache.cuh"
 #include "kvlab/cuda/matmul.cuh"
 #include "kvlab/cuda/naive_attention.cuh"
-#include "kvlab/cuda/decode_attention.cuh"
-#include "kvlab/cuda/kv_cache.cuh"
-#include "kvlab/cuda/host_api.cuh"
-#include "kvlab/cuda/decoders.cuh"
+#include "kvlab/cuda/numeric.cuh"
+#include "kvlab/kvlab.hpp"
 
 namespace kvlab {
 /// CUDA kernels with the names and argument order of their `cpu::` twins, the device memory

@@ -2,9 +2,9 @@
 // type, values rounded through a storage type, and device copies of host test data.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "../names_matcher.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/cpu/types.hpp"
 #include "kvlab/cuda/numeric.cuh"
-#include "../names_matcher.hpp"
 
 namespace kvlab_test {
 
@@ -41,8 +41,8 @@ struct Tolerance<float> {
 
 /// Checks every element: |got - want| <= atol + rtol * |want| (no NaN allowed anywhere). On
 /// failure reports how many elements fail and the first one.
-inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatrix<float>& want, double rtol,
-                        double atol) {
+inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatrix<float>& want,
+                        double rtol, double atol) {
   REQUIRE(got.rows() == want.rows());
   REQUIRE(got.cols() == want.cols());
   long bad = 0;
@@ -56,14 +56,16 @@ inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatr
       if (!(diff <= allowed)) {  // NaN fails too
         if (bad++ == 0) {
           char text[160];
-          std::snprintf(text, sizeof text, "(%ld, %ld): got %.8g, want %.8g", static_cast<long>(r), static_cast<long>(c), g, w);
+          std::snprintf(text, sizeof text, "(%ld, %ld): got %.8g, want %.8g", static_cast<long>(r),
+                        static_cast<long>(c), g, w);
           first = text;
         }
       }
       if (std::isfinite(diff)) worst = std::max(worst, diff / allowed);
     }
-  INFO("elements outside atol + rtol*|ref| (rtol " << rtol << ", atol " << atol << "): " << bad << " of "
-                                                   << want.size() << "; first " << first << "; worst ratio " << worst);
+  INFO("elements outside atol + rtol*|ref| (rtol " << rtol << ", atol " << atol << "): " << bad
+                                                   << " of " << want.size() << "; first " << first
+                                                   << "; worst ratio " << worst);
   CHECK(bad == 0);
 }
 

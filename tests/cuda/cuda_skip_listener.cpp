@@ -3,8 +3,8 @@
 // (`--list-test-names-only`, used by catch_discover_tests at build time) still works, since
 // it does not start a test run.
 #define CATCH_CONFIG_EXTERNAL_INTERFACES
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <cstdlib>

@@ -21,7 +21,8 @@ namespace kvlab_test {
 /// last one exactly max_len.
 inline std::vector<int> vllm_lengths(int count, int max_len, kvlab::Rng& rng) {
   std::vector<int> lengths(static_cast<std::size_t>(count));
-  for (int& len : lengths) len = 1 + static_cast<int>(rng.next_u64() % static_cast<std::uint64_t>(max_len));
+  for (int& len : lengths)
+    len = 1 + static_cast<int>(rng.next_u64() % static_cast<std::uint64_t>(max_len));
   lengths.back() = max_len;
   return lengths;
 }
@@ -33,14 +34,15 @@ inline std::vector<int> vllm_lengths(int count, int max_len, kvlab::Rng& rng) {
 /// identity for fp32, rounding through fp16/bf16 for the GPU tests, so that a float reference
 /// sees exactly the values the GPU stores.
 struct RaggedBatch {
-  std::vector<float> k, v;                                    // the pool: [num_blocks, ...] in `layout`
-  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};          // replaced in the constructor
-  kvlab::PagedKVView<float> view;                             // host pointers into k, v, tables
-  std::vector<int> lengths;                                   // [batch]
+  // the pool: [num_blocks, ...] in `layout`
+  std::vector<float> k, v;
+  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};  // replaced in the constructor
+  kvlab::PagedKVView<float> view;                     // host pointers into k, v, tables
+  std::vector<int> lengths;                           // [batch]
 
   template <typename Round>
-  RaggedBatch(const kvlab::AttentionShape& shape, int block_size, std::vector<int> seq_lengths, kvlab::KVLayout layout,
-              kvlab::Rng& rng, Round round, int spare = 3)
+  RaggedBatch(const kvlab::AttentionShape& shape, int block_size, std::vector<int> seq_lengths,
+              kvlab::KVLayout layout, kvlab::Rng& rng, Round round, int spare = 3)
       : lengths(std::move(seq_lengths)) {
     int pages = 0;
     for (int len : lengths) pages += (len - 1) / block_size + 1;
@@ -50,7 +52,8 @@ struct RaggedBatch {
     for (std::size_t i = order.size() - 1; i > 0; --i)  // Fisher-Yates with kvlab's generator
       std::swap(order[i], order[static_cast<std::size_t>(rng.next_u64() % (i + 1))]);
 
-    const std::size_t pool = static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size) *
+    const std::size_t pool = static_cast<std::size_t>(num_blocks) *
+                             static_cast<std::size_t>(block_size) *
                              static_cast<std::size_t>(shape.kv_width());
     k.assign(pool, std::numeric_limits<float>::quiet_NaN());
     v.assign(pool, std::numeric_limits<float>::quiet_NaN());

@@ -11,8 +11,8 @@
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
 // (tests/cuda_emulation, KVLAB_CUDA_EMULATION) the same tests run with shorter contexts, and
 // fp16 alternates the pool layouts of vLLM's grid: see `kContext` below.
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <string>
@@ -44,12 +44,14 @@ struct DeviceContiguous {
   kc::DeviceBuffer<T> k, v;
   kvlab::ContiguousKVView<T> view;
 
-  DeviceContiguous(const AttentionShape& shape, const RowMatrix<float>& keys, const RowMatrix<float>& values,
-                   int capacity) {
+  DeviceContiguous(const AttentionShape& shape, const RowMatrix<float>& keys,
+                   const RowMatrix<float>& values, int capacity) {
     const int length = static_cast<int>(keys.rows());
-    const std::size_t size = static_cast<std::size_t>(shape.num_kv_heads()) * capacity * shape.head_dim();
+    const std::size_t size =
+        static_cast<std::size_t>(shape.num_kv_heads()) * capacity * shape.head_dim();
     std::vector<T> hk(size, kc::from_float<T>(NAN)), hv(size, kc::from_float<T>(NAN));
-    view = kvlab::ContiguousKVView<T>{nullptr, nullptr, shape.num_kv_heads(), shape.head_dim(), capacity, length};
+    view = kvlab::ContiguousKVView<T>{nullptr,          nullptr,  shape.num_kv_heads(),
+                                      shape.head_dim(), capacity, length};
     for (int h = 0; h < shape.num_kv_heads(); ++h)
       for (int pos = 0; pos < length; ++pos)
         for (int c = 0; c < shape.head_dim(); ++c) {
@@ -67,7 +69,8 @@ struct DeviceContiguous {
 // A contiguous cache of `length` rows read by `q_len` queries: the device API against
 // cpu::decode_attention on the same (rounded) values.
 template <typename T>
-void check_decode(const AttentionShape& shape, int length, int q_len, int partitions, kvlab::Rng& rng) {
+void check_decode(const AttentionShape& shape, int length, int q_len, int partitions,
+                  kvlab::Rng& rng) {
   CAPTURE(shape.num_heads(), shape.num_kv_heads(), shape.head_dim(), length, q_len, partitions);
   const RowMatrix<float> keys = random_rounded<T>(length, shape.kv_width(), rng);
   const RowMatrix<float> values = random_rounded<T>(length, shape.kv_width(), rng);
@@ -77,14 +80,15 @@ void check_decode(const AttentionShape& shape, int length, int q_len, int partit
   kvlab::CostCounters want_counts;
   const RowMatrix<float> want = kvlab::cpu::decode_attention(shape, q, cache.view(0), &want_counts);
 
-  const DeviceContiguous<T> device(shape, keys, values, length + 9);  // 9 NaN rows per head past the end
+  // 9 NaN rows per head past the end
+  const DeviceContiguous<T> device(shape, keys, values, length + 9);
   const kc::DeviceBuffer<T> d_q = kc::to_device<T>(q);
   kc::DeviceBuffer<T> d_out(static_cast<std::size_t>(q_len) * shape.q_width());
   kc::LaunchOptions options;
   options.partitions = partitions;
   kvlab::CostCounters got_counts;
-  kc::decode_attention(shape, d_q.matrix(q_len, shape.q_width()), device.view, d_out.matrix(q_len, shape.q_width()),
-                       &got_counts, options);
+  kc::decode_attention(shape, d_q.matrix(q_len, shape.q_width()), device.view,
+                       d_out.matrix(q_len, shape.q_width()), &got_counts, options);
   check_close<T>(kc::to_host(d_out, q_len, shape.q_width()), want);
   CHECK(got_counts.qk_dots == want_counts.qk_dots);
   CHECK(got_counts.macs == want_counts.macs);
@@ -98,8 +102,8 @@ struct Heads {
 };
 
 // Context lengths. The CPU emulator runs every thread of every block in turn, thousands of times
-// slower than a GPU, so under KVLAB_CUDA_EMULATION the long contexts are shorter, yet long enough for
-// every branch: several key tiles (kKeyTile = 256), split-K partitions > 1 of whole units,
+// slower than a GPU, so under KVLAB_CUDA_EMULATION the long contexts are shorter, yet long enough
+// for every branch: several key tiles (kKeyTile = 256), split-K partitions > 1 of whole units,
 // partitions past a short row's last, and (vLLM's grid) every head size, block size, head
 // layout, pool layout and storage type.
 struct ContextLengths {
@@ -120,11 +124,13 @@ constexpr bool kEveryLayoutInFp16 = true;  // vLLM's grid: fp16 runs both pool l
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("cuda::naive_attention equals cpu::naive_attention per element", "", float, __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE("cuda::naive_attention equals cpu::naive_attention per element", "", float,
+                   __half, __nv_bfloat16) {
   std::uint64_t seed = 1;
-  for (const AttentionShape& shape : {AttentionShape(4, 4, 64), AttentionShape(8, 2, 80), AttentionShape(4, 2, 20),
-                                      AttentionShape(6, 1, 128)})
-    for (const std::pair<int, int>& lens : {std::pair<int, int>{1, 1}, {1, 300}, {17, 17}, {33, 100}, {200, 200}}) {
+  for (const AttentionShape& shape : {AttentionShape(4, 4, 64), AttentionShape(8, 2, 80),
+                                      AttentionShape(4, 2, 20), AttentionShape(6, 1, 128)})
+    for (const std::pair<int, int>& lens :
+         {std::pair<int, int>{1, 1}, {1, 300}, {17, 17}, {33, 100}, {200, 200}}) {
       CAPTURE(shape.num_heads(), shape.num_kv_heads(), shape.head_dim(), lens.first, lens.second);
       kvlab::Rng rng(seed++);
       const RowMatrix<float> q = random_rounded<TestType>(lens.first, shape.q_width(), rng);
@@ -134,27 +140,34 @@ TEMPLATE_TEST_CASE("cuda::naive_attention equals cpu::naive_attention per elemen
       const RowMatrix<float> want = kvlab::cpu::naive_attention(shape, q, k, v, &want_counts);
       const RowMatrix<float> got = kc::naive_attention<TestType>(shape, q, k, v, &got_counts);
       check_close<TestType>(got, want);
-      if (std::is_same<TestType, float>::value) CHECK(got_counts == want_counts);  // bytes: sizeof(T) differs
+      // bytes: sizeof(T) differs
+      if (std::is_same<TestType, float>::value) CHECK(got_counts == want_counts);
       CHECK(got_counts.qk_dots == want_counts.qk_dots);
     }
 }
 
-TEMPLATE_TEST_CASE("cuda::decode_attention equals cpu::decode_attention per element, rows past the length unread",
-                   "", float, __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE(
+    "cuda::decode_attention equals cpu::decode_attention per element, rows past the length unread",
+    "", float, __half, __nv_bfloat16) {
   kvlab::Rng rng(2);
   for (int head_dim : {8, 64, 80, 96, 112, 128, 200, 256})
-    for (const Heads& heads : {Heads{4, 4}, Heads{6, 2}, Heads{8, 1}, Heads{24, 2}})  // groups 1, 3, 8, 12
+    // groups 1, 3, 8, 12
+    for (const Heads& heads : {Heads{4, 4}, Heads{6, 2}, Heads{8, 1}, Heads{24, 2}})
       for (int length : {1, 257, kContext.decode_long})
         for (int partitions : {1, 0, 3}) {
           const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
           check_decode<TestType>(shape, length, 1, partitions, rng);
-          if (length > 5 && partitions != 1) check_decode<TestType>(shape, length, 5, partitions, rng);  // causal rows
+          // causal rows
+          if (length > 5 && partitions != 1)
+            check_decode<TestType>(shape, length, 5, partitions, rng);
         }
 }
 
-TEMPLATE_TEST_CASE("cuda::paged_decode_attention over vLLM's grid equals cpu::paged_decode_attention per element", "",
-                   float, __half, __nv_bfloat16) {
-  const Heads grid_heads[] = {{40, 40}, {64, 8}, {32, 8}};  // MHA and two GQA layouts, as vLLM's test
+TEMPLATE_TEST_CASE(
+    "cuda::paged_decode_attention over vLLM's grid equals cpu::paged_decode_attention per element",
+    "", float, __half, __nv_bfloat16) {
+  // MHA and two GQA layouts, as vLLM's test
+  const Heads grid_heads[] = {{40, 40}, {64, 8}, {32, 8}};
   std::uint64_t seed = 1000;
   int case_index = 0;
   for (int head_dim : {64, 80, 96, 112, 128, 256})
@@ -168,8 +181,10 @@ TEMPLATE_TEST_CASE("cuda::paged_decode_attention over vLLM's grid equals cpu::pa
           const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
           kvlab::Rng rng(seed++);
           const std::vector<int> lengths = kvlab_test::vllm_lengths(7, kContext.grid_max, rng);
-          CAPTURE(head_dim, block_size, heads.num_heads, heads.num_kv_heads, kvlab::to_string(layout), lengths);
-          const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<TestType>{});
+          CAPTURE(head_dim, block_size, heads.num_heads, heads.num_kv_heads,
+                  kvlab::to_string(layout), lengths);
+          const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng,
+                                              kvlab_test::RoundTo<TestType>{});
           const RowMatrix<float> q = random_rounded<TestType>(7, shape.q_width(), rng);
           const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
           const RowMatrix<float> got = kc::paged_decode_attention<TestType>(shape, q, batch.view);
@@ -215,8 +230,8 @@ TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
   }
 }
 
-TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_attention per element", "", float,
-                   __half) {
+TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_attention per element",
+                   "", float, __half) {
   std::uint64_t seed = 2000;
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
     for (int block_size : {1, 3, 16, 32})
@@ -224,15 +239,20 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
         const AttentionShape shape(heads.num_heads, heads.num_kv_heads, 64);
         CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads);
         kvlab::Rng rng(seed++);
-        const std::vector<int> lengths{2 * block_size + 1, 37, 1, block_size + 1, kContext.prefill_long};
-        const std::vector<std::int32_t> qo_indptr{0, 2 * block_size + 1, 2 * block_size + 1, 2 * block_size + 2,
-                                                  2 * block_size + 4,
-                                                  2 * block_size + 4 + kContext.prefill_queries};  // 0 and many queries too
-        const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<TestType>{});
+        const std::vector<int> lengths{2 * block_size + 1, 37, 1, block_size + 1,
+                                       kContext.prefill_long};
+        const std::vector<std::int32_t> qo_indptr{0, 2 * block_size + 1, 2 * block_size + 1,
+                                                  2 * block_size + 2, 2 * block_size + 4,
+                                                  // 0 and many queries too
+                                                  2 * block_size + 4 + kContext.prefill_queries};
+        const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng,
+                                            kvlab_test::RoundTo<TestType>{});
         const RowMatrix<float> q = random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
         kvlab::CostCounters want_counts, got_counts;
-        const RowMatrix<float> want = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view, &want_counts);
-        const RowMatrix<float> got = kc::paged_prefill_attention<TestType>(shape, q, qo_indptr, batch.view, &got_counts);
+        const RowMatrix<float> want =
+            kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view, &want_counts);
+        const RowMatrix<float> got =
+            kc::paged_prefill_attention<TestType>(shape, q, qo_indptr, batch.view, &got_counts);
         check_close<TestType>(got, want);
         CHECK(got_counts.qk_dots == want_counts.qk_dots);
         CHECK(got_counts.macs == want_counts.macs);
@@ -242,7 +262,8 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
 TEST_CASE("cuda decode counters equal the CPU's for a decode step") {
   for (const AttentionShape& shape : {AttentionShape(32, 8, 128), AttentionShape(40, 40, 64)}) {
     kvlab::Rng rng(4);
-    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng, kvlab_test::NoRounding{});
+    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng,
+                                        kvlab_test::NoRounding{});
     const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
     kvlab::CostCounters want, got;
     kvlab::cpu::paged_decode_attention(shape, q, batch.view, &want);
@@ -258,19 +279,23 @@ TEST_CASE("the CUDA attention functions reject bad arguments, naming them") {
   kc::DeviceBuffer<__half> q(4 * 256 + 8), out(4 * 256), k(2 * 64 * 16), v(2 * 64 * 16);
   for (kc::DeviceBuffer<__half>* buffer : {&q, &out, &k, &v}) buffer->fill_bytes(0);
   const kvlab::ContiguousKVView<__half> cache{k.data(), v.data(), 2, 64, 16, 10};
-  const auto run = [&](const AttentionShape& s, kc::DeviceMatrix<const __half> qm, const kvlab::ContiguousKVView<__half>& c,
+  const auto run = [&](const AttentionShape& s, kc::DeviceMatrix<const __half> qm,
+                       const kvlab::ContiguousKVView<__half>& c,
                        kc::DeviceMatrix<__half> om) { kc::decode_attention(s, qm, c, om); };
   const kc::DeviceMatrix<const __half> q1(q.data(), 1, 256);
   const kc::DeviceMatrix<__half> out1(out.data(), 1, 256);
   CHECK_NOTHROW(run(shape, q1, cache, out1));
-  CHECK_THROWS_MATCHES(run(AttentionShape(4, 2, 60), kc::DeviceMatrix<const __half>(q.data(), 1, 240), cache,
-                           kc::DeviceMatrix<__half>(out.data(), 1, 240)),
-                       InvalidArgument, names("shape.head_dim()", "a multiple of 8 in [8, 256]", "60"));
-  CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data(), 1, 128), cache, out1), InvalidArgument,
-                       names("q.cols", "256", "128"));
-  CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data() + 1, 1, 256), cache, out1), InvalidArgument,
-                       names("q.data", "a 16-byte aligned device pointer", ""));
-  CHECK_THROWS_MATCHES(run(shape, q1, cache, kc::DeviceMatrix<__half>(q.data() + 128, 1, 256)), InvalidArgument,
+  CHECK_THROWS_MATCHES(
+      run(AttentionShape(4, 2, 60), kc::DeviceMatrix<const __half>(q.data(), 1, 240), cache,
+          kc::DeviceMatrix<__half>(out.data(), 1, 240)),
+      InvalidArgument, names("shape.head_dim()", "a multiple of 8 in [8, 256]", "60"));
+  CHECK_THROWS_MATCHES(run(shape, kc::DeviceMatrix<const __half>(q.data(), 1, 128), cache, out1),
+                       InvalidArgument, names("q.cols", "256", "128"));
+  CHECK_THROWS_MATCHES(
+      run(shape, kc::DeviceMatrix<const __half>(q.data() + 1, 1, 256), cache, out1),
+      InvalidArgument, names("q.data", "a 16-byte aligned device pointer", ""));
+  CHECK_THROWS_MATCHES(run(shape, q1, cache, kc::DeviceMatrix<__half>(q.data() + 128, 1, 256)),
+                       InvalidArgument,
                        names("out", "memory that does not overlap q", "an overlap"));
   kvlab::ContiguousKVView<__half> bad = cache;
   bad.length = 17;
@@ -278,7 +303,8 @@ TEST_CASE("the CUDA attention functions reject bad arguments, naming them") {
                        names("cache.length", "in [q.rows (1), cache.capacity (16)]", "17"));
   bad = cache;
   bad.num_kv_heads = 1;
-  CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument, names("cache.num_kv_heads", "2", "1"));
+  CHECK_THROWS_MATCHES(run(shape, q1, bad, out1), InvalidArgument,
+                       names("cache.num_kv_heads", "2", "1"));
   KVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -311,5 +337,6 @@ TEST_CASE("a failing CUDA call becomes a CudaError naming the call and CUDA's er
     CHECK(std::string(e.what()).find("cudaMalloc") != std::string::npos);
   }
   // A handled error is not reported again by the next launch.
-  CHECK_NOTHROW(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(32), 0, nullptr));
+  CHECK_NOTHROW(
+      kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(32), 0, nullptr));
 }

@@ -8,8 +8,8 @@
 //    through two layers), and their counters.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp); the CPU emulator
 // (tests/cuda_emulation) runs them unchanged.
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -51,8 +51,9 @@ bool same_bits(T stored, float want) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("cuda::ContiguousKVCache::append stores what ContiguousKVCache::append stores, bit for bit", "",
-                   float, __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE(
+    "cuda::ContiguousKVCache::append stores what ContiguousKVCache::append stores, bit for bit", "",
+    float, __half, __nv_bfloat16) {
   const AttentionShape shape(8, 2, 24);
   kvlab::Rng rng(1);
   kvlab::ContiguousKVCache<float> cpu(2, shape.num_kv_heads(), shape.head_dim(), 40);
@@ -69,7 +70,8 @@ TEMPLATE_TEST_CASE("cuda::ContiguousKVCache::append stores what ContiguousKVCach
     }
     for (int layer = 0; layer < 2; ++layer) {
       const kvlab::ContiguousKVView<TestType> view = gpu.view(layer);
-      const std::size_t size = static_cast<std::size_t>(view.num_kv_heads) * view.capacity * view.head_dim;
+      const std::size_t size =
+          static_cast<std::size_t>(view.num_kv_heads) * view.capacity * view.head_dim;
       const std::vector<TestType> keys = download(view.k, size), values = download(view.v, size);
       long mismatches = 0;
       for (int h = 0; h < shape.num_kv_heads(); ++h)
@@ -84,21 +86,26 @@ TEMPLATE_TEST_CASE("cuda::ContiguousKVCache::append stores what ContiguousKVCach
   }
   // Full: 40 rows taken; one more is a CapacityError and changes nothing.
   const kc::DeviceBuffer<TestType> one(static_cast<std::size_t>(shape.kv_width()));
-  CHECK_THROWS_AS(gpu.append(0, one.matrix(1, shape.kv_width()), one.matrix(1, shape.kv_width())), kvlab::CapacityError);
+  CHECK_THROWS_AS(gpu.append(0, one.matrix(1, shape.kv_width()), one.matrix(1, shape.kv_width())),
+                  kvlab::CapacityError);
   CHECK(gpu.length(0) == 40);
   gpu.truncate(3);
   CHECK(gpu.length(1) == 3);
 }
 
-TEMPLATE_TEST_CASE("cuda::PagedKVCache mirrors PagedKVCache: append, write, fork with copy on write, truncate, free",
-                   "", float, __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE(
+    "cuda::PagedKVCache mirrors PagedKVCache: append, write, fork with copy on write, truncate, "
+    "free",
+    "", float, __half, __nv_bfloat16) {
   const AttentionShape shape(4, 2, 16);
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
     for (int block_size : {1, 3, 16}) {
       CAPTURE(kvlab::to_string(layout), block_size);
       kvlab::Rng rng(static_cast<std::uint64_t>(block_size));
-      kvlab::PagedKVCache<float> cpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64, layout);
-      kc::PagedKVCache<TestType> gpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64, layout);
+      kvlab::PagedKVCache<float> cpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64,
+                                     layout);
+      kc::PagedKVCache<TestType> gpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64,
+                                     layout);
       const auto grow = [&](int cpu_seq, int gpu_seq, int n) {
         const std::vector<std::int64_t> slots = cpu.append(cpu_seq, n);
         REQUIRE(gpu.append(gpu_seq, n) == slots);
@@ -126,16 +133,20 @@ TEMPLATE_TEST_CASE("cuda::PagedKVCache mirrors PagedKVCache: append, write, fork
         for (int layer = 0; layer < 2; ++layer) {
           const kvlab::PagedKVView<float> want = cpu.view(layer, tables);
           const kvlab::PagedKVView<TestType> got = gpu.view(layer, device_tables);
-          const std::size_t pool = static_cast<std::size_t>(got.num_blocks) * block_size * shape.kv_width();
+          const std::size_t pool =
+              static_cast<std::size_t>(got.num_blocks) * block_size * shape.kv_width();
           const std::vector<TestType> keys = download(got.k, pool), values = download(got.v, pool);
           long mismatches = 0;
           for (int s = 0; s < want.batch; ++s)
             for (int pos = 0; pos < want.seq_len(s); ++pos)
               for (int h = 0; h < shape.num_kv_heads(); ++h) {
-                const std::ptrdiff_t at = want.offset(s, pos, h);  // the same block ids: the same offsets
+                // the same block ids: the same offsets
+                const std::ptrdiff_t at = want.offset(s, pos, h);
                 for (int c = 0; c < shape.head_dim(); ++c) {
-                  mismatches += !same_bits(keys[static_cast<std::size_t>(at + c)], want.key(s, pos, h)[c]);
-                  mismatches += !same_bits(values[static_cast<std::size_t>(at + c)], want.value(s, pos, h)[c]);
+                  mismatches +=
+                      !same_bits(keys[static_cast<std::size_t>(at + c)], want.key(s, pos, h)[c]);
+                  mismatches += !same_bits(values[static_cast<std::size_t>(at + c)],
+                                           want.value(s, pos, h)[c]);
                 }
               }
           CHECK(mismatches == 0);
@@ -182,8 +193,10 @@ TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {
   gpu.write(0, device_slots.data(), k.matrix(2, 8), v.matrix(2, 8));
   const std::vector<float> pool = download(view.k, 2 * 4 * 8);
   for (int c = 0; c < 8; ++c) {
-    CHECK(pool[static_cast<std::size_t>(slots[0] * 8 + c)] == static_cast<float>(c + 1));  // row 0 written
-    CHECK(pool[static_cast<std::size_t>(slots[1] * 8 + c)] == 0.f);                         // row 1 skipped
+    // row 0 written
+    CHECK(pool[static_cast<std::size_t>(slots[0] * 8 + c)] == static_cast<float>(c + 1));
+    // row 1 skipped
+    CHECK(pool[static_cast<std::size_t>(slots[1] * 8 + c)] == 0.f);
   }
 }
 
@@ -224,21 +237,24 @@ TEST_CASE("the GPU decoders equal the CPU decoders at every step, with the same 
 
   const auto step = [&](const RowMatrix<float>& x, bool decode) {
     const RowMatrix<float> want = cpu_cached.prefill(x);
-    check_close(cpu_naive.prefill(x), want, kTol, kTol);  // the CPU decoders agree (as their tests say)
+    // the CPU decoders agree (as their tests say)
+    check_close(cpu_naive.prefill(x), want, kTol, kTol);
     check_close(cpu_paged.prefill(x), want, kTol, kTol);
     check_close(gpu_naive.prefill(x), want, kTol, kTol);
     check_close(gpu_cached.prefill(x), want, kTol, kTol);
     check_close(gpu_paged.prefill(x), want, kTol, kTol);
     CHECK(gpu_naive.last_step() == cpu_naive.last_step());
-    for (const kvlab::Decoder<float>* gpu : {static_cast<const kvlab::Decoder<float>*>(&gpu_cached),
-                                             static_cast<const kvlab::Decoder<float>*>(&gpu_paged)}) {
+    for (const kvlab::Decoder<float>* gpu :
+         {static_cast<const kvlab::Decoder<float>*>(&gpu_cached),
+          static_cast<const kvlab::Decoder<float>*>(&gpu_paged)}) {
       const kvlab::CostCounters& got = gpu->last_step();
       const kvlab::CostCounters& cpu = cpu_cached.last_step();
       CHECK(got.q_projections == cpu.q_projections);
       CHECK(got.kv_projections == cpu.kv_projections);
       CHECK(got.qk_dots == cpu.qk_dots);
       CHECK(got.macs == cpu.macs);
-      if (decode) CHECK(got.kv_bytes_read == cpu.kv_bytes_read);  // a prefill's differs: per query row on the GPU
+      // a prefill's differs: per query row on the GPU
+      if (decode) CHECK(got.kv_bytes_read == cpu.kv_bytes_read);
     }
   };
   step(tokens.topRows(5), false);  // the prompt
@@ -264,6 +280,7 @@ TEST_CASE("the GPU decoders equal the CPU decoders at every step, with the same 
     const RowMatrix<float> x = tokens.middleRows(t, 1);
     check_close(gpu_fork->prefill(x), cpu_fork->prefill(x), kTol, kTol);
   }
-  check_close(gpu_paged.prefill(tokens.middleRows(38, 1)), cpu_paged.prefill(tokens.middleRows(38, 1)), kTol, kTol);
+  check_close(gpu_paged.prefill(tokens.middleRows(38, 1)),
+              cpu_paged.prefill(tokens.middleRows(38, 1)), kTol, kTol);
   CHECK(gpu_paged.cache().allocator().num_free() == cpu_paged.cache().allocator().num_free());
 }

@@ -1,8 +1,8 @@
 // The vocabulary headers (core/) under nvcc: the same KVLAB_HOST_DEVICE functions give the
 // same answers on the device as on the host. Runs on a GPU machine (skipped without one) and on
 // the CPU emulator (tests/cuda_emulation).
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <vector>
 
@@ -46,8 +46,8 @@ TEST_CASE("ContiguousKVView offsets and AttentionShape grouping agree on host an
   int* d_kv_heads = nullptr;
   CHECK_CUDA(cudaMalloc(&d_offsets, n * sizeof(long long)));
   CHECK_CUDA(cudaMalloc(&d_kv_heads, shape.num_heads() * sizeof(int)));
-  kvlab::cuda::detail::launch_kernel("offsets_kernel", offsets_kernel, dim3((n + 127) / 128), dim3(128), 0, nullptr, view,
-                                     shape, d_offsets, d_kv_heads);
+  kvlab::cuda::detail::launch_kernel("offsets_kernel", offsets_kernel, dim3((n + 127) / 128),
+                                     dim3(128), 0, nullptr, view, shape, d_offsets, d_kv_heads);
   std::vector<long long> offsets(n);
   std::vector<int> kv_heads(shape.num_heads());
   CHECK_CUDA(cudaMemcpy(offsets.data(), d_offsets, n * sizeof(long long), cudaMemcpyDeviceToHost));
@@ -55,7 +55,8 @@ TEST_CASE("ContiguousKVView offsets and AttentionShape grouping agree on host an
                         cudaMemcpyDeviceToHost));
   cudaFree(d_offsets);
   cudaFree(d_kv_heads);
-  for (int i = 0; i < n; ++i) REQUIRE(offsets[i] == view.offset(i / view.capacity, i % view.capacity));
+  for (int i = 0; i < n; ++i)
+    REQUIRE(offsets[i] == view.offset(i / view.capacity, i % view.capacity));
   for (int h = 0; h < shape.num_heads(); ++h) REQUIRE(kv_heads[h] == shape.kv_head_of(h));
 }
 
@@ -65,7 +66,8 @@ TEST_CASE("CostCounters accumulate on the device") {
   kvlab::CostCounters start;
   start.kv_projections = 10;
   CHECK_CUDA(cudaMemcpy(d, &start, sizeof start, cudaMemcpyHostToDevice));
-  kvlab::cuda::detail::launch_kernel("counters_kernel", counters_kernel, dim3(1), dim3(1), 0, nullptr, d);
+  kvlab::cuda::detail::launch_kernel("counters_kernel", counters_kernel, dim3(1), dim3(1), 0,
+                                     nullptr, d);
   kvlab::CostCounters got;
   CHECK_CUDA(cudaMemcpy(&got, d, sizeof got, cudaMemcpyDeviceToHost));
   cudaFree(d);

@@ -47,7 +47,7 @@ cudaError_t fail(cudaError_t code) {
 // --- device memory ----------------------------------------------------------------------------
 
 constexpr std::size_t kDeviceMemory = std::size_t{80} << 30;  // an 80 GiB GPU
-constexpr std::size_t kAlignment = 256;                        // as cudaMalloc
+constexpr std::size_t kAlignment = 256;                       // as cudaMalloc
 
 std::mutex memory_mutex;
 std::map<std::uintptr_t, std::size_t> allocations;  // start -> bytes
@@ -77,7 +77,8 @@ constexpr std::size_t kStackBytes = std::size_t{256} << 10;
 // A stack and the saved state of a suspended execution (a fiber or the launching thread).
 struct Context {
 #if defined(__x86_64__)
-  void* sp = nullptr;  // saved stack pointer: callee-saved registers and the return address above it
+  // saved stack pointer: callee-saved registers and the return address above it
+  void* sp = nullptr;
 #else
   ucontext_t uc{};
 #endif
@@ -126,7 +127,8 @@ kvlab_emulation_switch:
 // `from` will never run again (AddressSanitizer frees its fake stack).
 void switch_context(Context& from, Context& to, bool finished = false) {
 #if defined(KVLAB_EMULATION_ASAN)
-  __sanitizer_start_switch_fiber(finished ? nullptr : &from.fake_stack, to.stack_bottom, to.stack_size);
+  __sanitizer_start_switch_fiber(finished ? nullptr : &from.fake_stack, to.stack_bottom,
+                                 to.stack_size);
 #else
   (void)finished;
 #endif
@@ -160,14 +162,15 @@ struct Fiber {
 };
 
 struct Warp {
-  int lanes = 0;         // threads of the block in this warp
-  int arrived = 0;       // lanes waiting at the current shuffle
-  unsigned exited = 0;   // lanes that have exited
-  int needed = 0;        // lanes the current shuffle waits for
-  unsigned mask = 0;     // the current shuffle's mask
+  int lanes = 0;        // threads of the block in this warp
+  int arrived = 0;      // lanes waiting at the current shuffle
+  unsigned exited = 0;  // lanes that have exited
+  int needed = 0;       // lanes the current shuffle waits for
+  unsigned mask = 0;    // the current shuffle's mask
   const char* file = nullptr;
   int line = 0;
-  std::uint64_t values[2][32] = {};  // double-buffered: a lane reads [p], the next shuffle writes [p ^ 1]
+  // double-buffered: a lane reads [p], the next shuffle writes [p ^ 1]
+  std::uint64_t values[2][32] = {};
 };
 
 struct Launch {
@@ -178,7 +181,7 @@ struct Launch {
   std::vector<Warp> warps;
   Context scheduler;
   Fiber* current = nullptr;
-  bool reverse = false;  // this block resumes its threads in reverse order
+  bool reverse = false;   // this block resumes its threads in reverse order
   int block_arrived = 0;  // threads waiting at the current __syncthreads
   int exited = 0;         // threads that have exited
   const char* block_file = nullptr;
@@ -199,8 +202,8 @@ std::string where(const char* file, int line) {
 }
 
 std::string thread_name(const Fiber& f) {
-  return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," + std::to_string(f.tid.z) +
-         ")";
+  return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," +
+         std::to_string(f.tid.z) + ")";
 }
 
 // Thrown through the frames of a thread that found a kernel bug, up to fiber_entry, so that
@@ -279,8 +282,9 @@ void suspend() { yield(false); }
     } else {
       const Warp& w = l.warps[static_cast<std::size_t>(f.warp)];
       if (w.arrived > 0 && (w.mask >> f.lane & 1u) != 0) {
-        l.error = thread_name(f) + " exited while " + std::to_string(w.arrived) + " lanes of its warp wait for it at " +
-                  "__shfl_xor_sync (" + where(w.file, w.line) + ")";
+        l.error = thread_name(f) + " exited while " + std::to_string(w.arrived) +
+                  " lanes of its warp wait for it at " + "__shfl_xor_sync (" +
+                  where(w.file, w.line) + ")";
       }
     }
   }
@@ -294,7 +298,8 @@ void suspend() { yield(false); }
 // A fresh fiber stack (mmap: committed as it is touched; a guard page below catches overflow).
 void map_stack(Fiber& f) {
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p =
+      mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     std::fprintf(stderr, "kvlab CUDA emulation: cannot map a %zu-byte fiber stack\n", kStackBytes);
     std::abort();
@@ -328,9 +333,9 @@ void start_fiber(Fiber& f) {
   asm volatile("stmxcsr %0" : "=m"(mxcsr));
   asm volatile("fnstcw %0" : "=m"(fpucw));
   frame[0] = static_cast<std::uint64_t>(mxcsr) | static_cast<std::uint64_t>(fpucw) << 32;
-  for (int i = 1; i <= 6; ++i) frame[i] = 0;                         // r15 r14 r13 r12 rbx rbp
-  frame[7] = reinterpret_cast<std::uint64_t>(&fiber_entry);          // where `ret` goes
-  frame[8] = 0;                                                      // fiber_entry never returns
+  for (int i = 1; i <= 6; ++i) frame[i] = 0;                 // r15 r14 r13 r12 rbx rbp
+  frame[7] = reinterpret_cast<std::uint64_t>(&fiber_entry);  // where `ret` goes
+  frame[8] = 0;                                              // fiber_entry never returns
   f.context.sp = frame;
 #else
   getcontext(&f.context.uc);
@@ -352,8 +357,8 @@ std::string describe_deadlock(const Launch& l) {
       break;
     }
     text += " " + thread_name(f) + " waits at " +
-            (f.state == State::kAtBlockBarrier ? "__syncthreads" : "__shfl_xor_sync") + " (" + where(f.file, f.line) +
-            ");";
+            (f.state == State::kAtBlockBarrier ? "__syncthreads" : "__shfl_xor_sync") + " (" +
+            where(f.file, f.line) + ");";
   }
   int exited = 0;
   for (const Fiber& f : l.fibers) exited += f.state == State::kDone;
@@ -402,14 +407,16 @@ bool run_block(Launch& l) {
 
 namespace detail {
 
-cudaError_t run_launch(const char* name, dim3 grid, dim3 block, std::size_t smem_bytes, cudaStream_t /*stream*/,
-                       void (*body)(void*), void* closure) {
+cudaError_t run_launch(const char* name, dim3 grid, dim3 block, std::size_t smem_bytes,
+                       cudaStream_t /*stream*/, void (*body)(void*), void* closure) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
-  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
-      grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
+  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+      grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
+      grid.z > 65535) {
     return fail(cudaErrorInvalidConfiguration);
   }
-  if (smem_bytes > 48 * 1024) return fail(cudaErrorInvalidValue);  // more needs cudaFuncSetAttribute
+  // more needs cudaFuncSetAttribute
+  if (smem_bytes > 48 * 1024) return fail(cudaErrorInvalidValue);
 
   std::lock_guard<std::mutex> lock(launch_mutex);
   Launch l;
@@ -453,8 +460,10 @@ cudaError_t run_launch(const char* name, dim3 grid, dim3 block, std::size_t smem
         l.smem = nullptr;
         if (!ok) {
           std::fprintf(stderr,
-                       "kvlab CUDA emulation: kernel bug in %s, block (%u,%u,%u) of grid (%u,%u,%u), %u threads: %s\n",
-                       name, x, y, z, grid.x, grid.y, grid.z, static_cast<unsigned>(threads), l.error.c_str());
+                       "kvlab CUDA emulation: kernel bug in %s, block (%u,%u,%u) of grid "
+                       "(%u,%u,%u), %u threads: %s\n",
+                       name, x, y, z, grid.x, grid.y, grid.z, static_cast<unsigned>(threads),
+                       l.error.c_str());
           status = cudaErrorLaunchFailure;
         }
       }
@@ -468,11 +477,13 @@ void sync_block(const char* file, int line) {
   Launch& l = *running;
   Fiber& f = *l.current;
   if (l.block_arrived > 0 && (file != l.block_file || line != l.block_line)) {
-    kernel_bug(thread_name(f) + " waits at __syncthreads (" + where(file, line) + ") while others wait at " +
-               where(l.block_file, l.block_line) + ": divergent barriers");
+    kernel_bug(thread_name(f) + " waits at __syncthreads (" + where(file, line) +
+               ") while others wait at " + where(l.block_file, l.block_line) +
+               ": divergent barriers");
   }
   if (l.exited > 0) {
-    kernel_bug(thread_name(f) + " reached __syncthreads (" + where(file, line) + ") after " + std::to_string(l.exited) +
+    kernel_bug(thread_name(f) + " reached __syncthreads (" + where(file, line) + ") after " +
+               std::to_string(l.exited) +
                " threads of its block exited: a barrier that only part of the block reaches");
   }
   if (++l.block_arrived < l.threads) {
@@ -491,37 +502,46 @@ void sync_block(const char* file, int line) {
   }
 }
 
-std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint64_t value, int lane_mask, int width) {
+std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint64_t value,
+                           int lane_mask, int width) {
   Launch& l = *running;
   Fiber& f = *l.current;
   Warp& w = l.warps[static_cast<std::size_t>(f.warp)];
   const auto call = [&] { return "__shfl_xor_sync (" + where(file, line) + ")"; };
   const unsigned present = w.lanes == 32 ? 0xffffffffu : (1u << w.lanes) - 1u;
-  if ((mask >> f.lane & 1u) == 0) kernel_bug(thread_name(f) + " calls " + call() + " with a mask without its own lane");
+  if ((mask >> f.lane & 1u) == 0)
+    kernel_bug(thread_name(f) + " calls " + call() + " with a mask without its own lane");
   if ((mask & ~present) != 0) {
-    kernel_bug(thread_name(f) + ": the mask of " + call() + " names lanes that the block does not have (" +
-               std::to_string(w.lanes) + " threads in this warp)");
+    kernel_bug(thread_name(f) + ": the mask of " + call() +
+               " names lanes that the block does not have (" + std::to_string(w.lanes) +
+               " threads in this warp)");
   }
   // Whole-warp masks only: the exchange buffer's halves alternate per lane, which stays in step
   // across the warp only if every lane takes part in every shuffle (kvlab's kernels use no other
   // mask). A partial mask is refused rather than emulated wrongly.
   if (mask != present) {
     kernel_bug(thread_name(f) + " calls " + call() + " with mask " + std::to_string(mask) +
-               ": the emulator supports only masks of the whole warp (" + std::to_string(present) + ")");
+               ": the emulator supports only masks of the whole warp (" + std::to_string(present) +
+               ")");
   }
-  if (width < 1 || width > 32 || (width & (width - 1)) != 0) kernel_bug(call() + ": width is not a power of two <= 32");
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0)
+    kernel_bug(call() + ": width is not a power of two <= 32");
   if (w.arrived > 0 && (w.mask != mask || w.file != file || w.line != line)) {
     kernel_bug(thread_name(f) + " calls " + call() + " while its warp waits at __shfl_xor_sync (" +
-               where(w.file, w.line) + ") with mask " + std::to_string(w.mask) + ": divergent shuffles");
+               where(w.file, w.line) + ") with mask " + std::to_string(w.mask) +
+               ": divergent shuffles");
   }
   if ((mask & w.exited) != 0) {
-    kernel_bug(thread_name(f) + " calls " + call() + " with a mask that names lanes which have exited (" +
+    kernel_bug(thread_name(f) + " calls " + call() +
+               " with a mask that names lanes which have exited (" +
                std::to_string(mask & w.exited) + ")");
   }
   int src = f.lane ^ lane_mask;
-  if (src >= (f.lane / width + 1) * width || src > 31) src = f.lane;  // a later segment: its own value
+  // a later segment: its own value
+  if (src >= (f.lane / width + 1) * width || src > 31) src = f.lane;
   if ((mask >> src & 1u) == 0) {
-    kernel_bug(thread_name(f) + " reads lane " + std::to_string(src) + " outside the mask in " + call());
+    kernel_bug(thread_name(f) + " reads lane " + std::to_string(src) + " outside the mask in " +
+               call());
   }
 
   const int p = f.parity;
@@ -573,7 +593,9 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
 
 // The emulated device's multiprocessors: 16, a small GPU; KVLAB_EMULATION_SM_COUNT overrides it.
 static int emulated_sm_count() {
@@ -619,29 +641,47 @@ cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorLaunchFailure: return "unspecified launch failure (a kernel bug found by the CPU emulator)";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure (a kernel bug found by the CPU emulator)";
+    default:
+      return "unknown error";
   }
 }
 
@@ -687,12 +727,14 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpy
   }
   const bool want_dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool want_src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (kind != cudaMemcpyHostToHost && kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost &&
-      kind != cudaMemcpyDeviceToDevice) {
+  if (kind != cudaMemcpyHostToHost && kind != cudaMemcpyHostToDevice &&
+      kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice) {
     return fail(cudaErrorInvalidMemcpyDirection);
   }
-  if (want_dst_device ? !is_device_range(dst, bytes) : dst_device) return fail(cudaErrorInvalidValue);
-  if (want_src_device ? !is_device_range(src, bytes) : src_device) return fail(cudaErrorInvalidValue);
+  if (want_dst_device ? !is_device_range(dst, bytes) : dst_device)
+    return fail(cudaErrorInvalidValue);
+  if (want_src_device ? !is_device_range(src, bytes) : src_device)
+    return fail(cudaErrorInvalidValue);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }

@@ -10,7 +10,8 @@ namespace {
 struct EmulationListener : Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
   void testRunStarting(Catch::TestRunInfo const& info) override {
-    std::printf("kvlab: CUDA kernels run on the CPU emulator (tests/cuda_emulation), not on a GPU\n");
+    std::printf(
+        "kvlab: CUDA kernels run on the CPU emulator (tests/cuda_emulation), not on a GPU\n");
     TestEventListenerBase::testRunStarting(info);
   }
 };

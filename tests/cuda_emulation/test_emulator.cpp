@@ -3,8 +3,8 @@
 // catch are reported as launch failures instead of hanging or passing: a __syncthreads that part
 // of the block skips, divergent barriers, shuffles naming exited lanes; plus launch limits and
 // copy checks.
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -95,7 +95,8 @@ std::vector<T> download(const kc::DeviceBuffer<T>& buffer) {
 
 // Launches a buggy kernel and expects the emulator to report it as a failed launch.
 template <typename... Args>
-void require_kernel_bug(const char* name, void (*kernel)(Args...), dim3 grid, dim3 block, Args... args) {
+void require_kernel_bug(const char* name, void (*kernel)(Args...), dim3 grid, dim3 block,
+                        Args... args) {
   try {
     kc::detail::launch_kernel(name, kernel, grid, block, 0, nullptr, args...);
     FAIL("the emulator ran " << name << " without reporting its bug");
@@ -120,17 +121,19 @@ TEST_CASE("the emulator's barriers, shuffles and shared memory behave as CUDA's"
     std::vector<float> host(3 * 128);
     for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i);
     kc::DeviceBuffer<float> data(host);
-    kc::detail::launch_kernel("reverse_kernel", reverse_kernel, dim3(3), dim3(128), 0, nullptr, data.data());
+    kc::detail::launch_kernel("reverse_kernel", reverse_kernel, dim3(3), dim3(128), 0, nullptr,
+                              data.data());
     const std::vector<float> got = download(data);
     for (int b = 0; b < 3; ++b)
       for (int t = 0; t < 128; ++t) {
-        REQUIRE(got[static_cast<std::size_t>(b * 128 + t)] == host[static_cast<std::size_t>(b * 128 + 127 - t)]);
+        REQUIRE(got[static_cast<std::size_t>(b * 128 + t)] ==
+                host[static_cast<std::size_t>(b * 128 + 127 - t)]);
       }
   }
   SECTION("__shfl_xor_sync exchanges within the warp") {
     kc::DeviceBuffer<float> sums(64), swapped(64);
-    kc::detail::launch_kernel("shuffle_kernel", shuffle_kernel, dim3(1), dim3(64), 0, nullptr, sums.data(),
-                              swapped.data());
+    kc::detail::launch_kernel("shuffle_kernel", shuffle_kernel, dim3(1), dim3(64), 0, nullptr,
+                              sums.data(), swapped.data());
     const std::vector<float> s = download(sums), w = download(swapped);
     for (int t = 0; t < 64; ++t) {
       const int warp_base = t / 32 * 32;
@@ -140,36 +143,46 @@ TEST_CASE("the emulator's barriers, shuffles and shared memory behave as CUDA's"
   }
   SECTION("dynamic shared memory has the launch's size and is shared by the block") {
     kc::DeviceBuffer<int> out(96);
-    kc::detail::launch_kernel("dynamic_smem_kernel", dynamic_smem_kernel, dim3(1), dim3(96), 96 * sizeof(int), nullptr,
-                              out.data());
+    kc::detail::launch_kernel("dynamic_smem_kernel", dynamic_smem_kernel, dim3(1), dim3(96),
+                              96 * sizeof(int), nullptr, out.data());
     const std::vector<int> got = download(out);
     for (int t = 0; t < 96; ++t) REQUIRE(got[static_cast<std::size_t>(t)] == (t + 1) % 96);
   }
 }
 
-TEST_CASE("the emulator reports barriers and shuffles that part of a block skips, instead of hanging") {
+TEST_CASE(
+    "the emulator reports barriers and shuffles that part of a block skips, instead of hanging") {
   kc::DeviceBuffer<float> data(std::vector<float>(64, 1.f));
   require_kernel_bug("early_exit_kernel", early_exit_kernel, dim3(1), dim3(64), data.data(), 40);
-  require_kernel_bug("divergent_barrier_kernel", divergent_barrier_kernel, dim3(1), dim3(64), data.data());
-  require_kernel_bug("shuffle_after_exit_kernel", shuffle_after_exit_kernel, dim3(1), dim3(32), data.data());
-  require_kernel_bug("partial_warp_shuffle_kernel", partial_warp_shuffle_kernel, dim3(1), dim3(20), data.data());
+  require_kernel_bug("divergent_barrier_kernel", divergent_barrier_kernel, dim3(1), dim3(64),
+                     data.data());
+  require_kernel_bug("shuffle_after_exit_kernel", shuffle_after_exit_kernel, dim3(1), dim3(32),
+                     data.data());
+  require_kernel_bug("partial_warp_shuffle_kernel", partial_warp_shuffle_kernel, dim3(1), dim3(20),
+                     data.data());
   // The same early-exit kernel is correct when every thread reaches the barrier.
-  CHECK_NOTHROW(kc::detail::launch_kernel("early_exit_kernel", early_exit_kernel, dim3(1), dim3(64), 0, nullptr,
-                                          data.data(), 64));
+  CHECK_NOTHROW(kc::detail::launch_kernel("early_exit_kernel", early_exit_kernel, dim3(1), dim3(64),
+                                          0, nullptr, data.data(), 64));
 }
 
 TEST_CASE("the emulator refuses launches and copies that CUDA refuses") {
-  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(1025), 0, nullptr),
-                  kvlab::CudaError);
-  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1, 65536), dim3(32), 0, nullptr),
-                  kvlab::CudaError);
-  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(32), 48 * 1024 + 1, nullptr),
+  CHECK_THROWS_AS(
+      kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(1025), 0, nullptr),
+      kvlab::CudaError);
+  CHECK_THROWS_AS(
+      kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1, 65536), dim3(32), 0, nullptr),
+      kvlab::CudaError);
+  CHECK_THROWS_AS(kc::detail::launch_kernel("empty_kernel", empty_kernel, dim3(1), dim3(32),
+                                            48 * 1024 + 1, nullptr),
                   kvlab::CudaError);
   kc::DeviceBuffer<float> device(4);
   std::vector<float> host(8);
-  CHECK(cudaMemcpy(device.data(), host.data(), 8 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
-  CHECK(cudaMemcpy(host.data(), device.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
-  CHECK(cudaMemcpy(device.data(), host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(device.data(), host.data(), 8 * sizeof(float), cudaMemcpyHostToDevice) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(host.data(), device.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(device.data(), host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) ==
+        cudaSuccess);
   CHECK(cudaFree(host.data()) == cudaErrorInvalidDevicePointer);
   (void)cudaGetLastError();
 }

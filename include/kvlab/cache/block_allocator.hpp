@@ -100,8 +100,8 @@ class BlockAllocator {
     }
   }
 
-  std::vector<int> ref_count_;            // [num_blocks]: holders of each block, 0 = free
-  std::vector<std::int32_t> free_list_;   // free block ids; the back is handed out next
+  std::vector<int> ref_count_;           // [num_blocks]: holders of each block, 0 = free
+  std::vector<std::int32_t> free_list_;  // free block ids; the back is handed out next
 };
 
 }  // namespace kvlab

@@ -29,8 +29,11 @@ class BlockTables {
   /// \throws InvalidArgument naming the first array element that breaks an invariant.
   BlockTables(std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
               std::vector<std::int32_t> last_page_len, int num_blocks, int block_size)
-      : indptr_(std::move(indptr)), indices_(std::move(indices)),
-        last_page_len_(std::move(last_page_len)), num_blocks_(num_blocks), block_size_(block_size) {
+      : indptr_(std::move(indptr)),
+        indices_(std::move(indices)),
+        last_page_len_(std::move(last_page_len)),
+        num_blocks_(num_blocks),
+        block_size_(block_size) {
     constexpr const char* kWhere = "kvlab::BlockTables";
     detail::require_at_least(kWhere, "num_blocks", num_blocks, 1);
     detail::require_at_least(kWhere, "block_size", block_size, 1);
@@ -107,17 +110,17 @@ class BlockTables {
   /// \throws InvalidArgument if `seq` is not in [0, batch()).
   int seq_len(int seq) const {
     if (seq < 0 || seq >= batch()) {
-      detail::fail("kvlab::BlockTables::seq_len", "seq", "in [0, " + std::to_string(batch()) + ")", seq);
+      detail::fail("kvlab::BlockTables::seq_len", "seq", "in [0, " + std::to_string(batch()) + ")",
+                   seq);
     }
     return view<float>(nullptr, nullptr, 1, 1).seq_len(seq);
   }
 
   /// The view of a pool through these tables; valid while both live.
-  /// \param k             keys, `num_blocks * block_size * num_kv_heads * head_dim` values in `layout`
-  /// \param v             values, the same
-  /// \param num_kv_heads  K/V heads per token
-  /// \param head_dim      values per head
-  /// \param layout        `KVLayout::NHD`: `[num_blocks, block_size, num_kv_heads, head_dim]`;
+  /// \param k             keys, `num_blocks * block_size * num_kv_heads * head_dim` values in
+  /// `layout` \param v             values, the same \param num_kv_heads  K/V heads per token \param
+  /// head_dim      values per head \param layout        `KVLayout::NHD`: `[num_blocks, block_size,
+  /// num_kv_heads, head_dim]`;
   ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
   template <typename T>
   PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,

@@ -35,7 +35,9 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if any argument is below 1, a K/V row (num_kv_heads * head_dim)
   ///         does not fit in an `int`, or the cache does not fit in the address space.
   ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
-      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
+      : num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
         capacity_(capacity) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache";
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
@@ -98,11 +100,11 @@ class ContiguousKVCache {
     const auto l = static_cast<std::size_t>(layer);
     const long new_length = length_[l] + static_cast<long>(k.rows());
     if (new_length > capacity_) {
-      detail::fail<CapacityError>(
-          kWhere, "k.rows()",
-          "at most " + std::to_string(capacity_ - length_[l]) + " (capacity " +
-              std::to_string(capacity_) + ", length " + std::to_string(length_[l]) + ")",
-          k.rows());
+      detail::fail<CapacityError>(kWhere, "k.rows()",
+                                  "at most " + std::to_string(capacity_ - length_[l]) +
+                                      " (capacity " + std::to_string(capacity_) + ", length " +
+                                      std::to_string(length_[l]) + ")",
+                                  k.rows());
     }
     // Scatter each token's row, head by head, into the head-major blocks.
     const ContiguousKVView<T> layout = view(layer);
@@ -110,8 +112,10 @@ class ContiguousKVCache {
       const int pos = length_[l] + static_cast<int>(t);
       for (int kv_head = 0; kv_head < num_kv_heads_; ++kv_head) {
         const std::ptrdiff_t dst = layout.offset(kv_head, pos);
-        Eigen::Map<RowVector<T>>(k_[l].data() + dst, head_dim_) = k.row(t).segment(kv_head * head_dim_, head_dim_);
-        Eigen::Map<RowVector<T>>(v_[l].data() + dst, head_dim_) = v.row(t).segment(kv_head * head_dim_, head_dim_);
+        Eigen::Map<RowVector<T>>(k_[l].data() + dst, head_dim_) =
+            k.row(t).segment(kv_head * head_dim_, head_dim_);
+        Eigen::Map<RowVector<T>>(v_[l].data() + dst, head_dim_) =
+            v.row(t).segment(kv_head * head_dim_, head_dim_);
       }
     }
     length_[l] = static_cast<int>(new_length);
@@ -142,22 +146,22 @@ class ContiguousKVCache {
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::ContiguousKVCache::view", layer);
     const auto l = static_cast<std::size_t>(layer);
-    return ContiguousKVView<T>{k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, capacity_,
-                               length_[l]};
+    return ContiguousKVView<T>{k_[l].data(), v_[l].data(), num_kv_heads_,
+                               head_dim_,    capacity_,    length_[l]};
   }
 
-  /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The map keeps
-  /// the length it was made with: rows appended later are not in it.
-  /// \throws InvalidArgument if `layer` or `head` is out of range.
+  /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The map
+  /// keeps the length it was made with: rows appended later are not in it. \throws InvalidArgument
+  /// if `layer` or `head` is out of range.
   Eigen::Map<const RowMatrix<T>> keys(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::keys", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
     return Eigen::Map<const RowMatrix<T>>(v.key(kv_head, 0), v.length, head_dim_);
   }
 
-  /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The map
-  /// keeps the length it was made with: rows appended later are not in it.
-  /// \throws InvalidArgument if `layer` or `head` is out of range.
+  /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The
+  /// map keeps the length it was made with: rows appended later are not in it. \throws
+  /// InvalidArgument if `layer` or `head` is out of range.
   Eigen::Map<const RowMatrix<T>> values(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::values", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);

@@ -42,11 +42,16 @@ enum class KVDtype {
 /// \throws InvalidArgument for a value that is not one of the enumerators.
 constexpr int bits_per_element(KVDtype dtype) {
   switch (dtype) {
-    case KVDtype::fp32: return 32;
-    case KVDtype::fp16: return 16;
-    case KVDtype::bf16: return 16;
-    case KVDtype::int8: return 8;
-    case KVDtype::int4: return 4;
+    case KVDtype::fp32:
+      return 32;
+    case KVDtype::fp16:
+      return 16;
+    case KVDtype::bf16:
+      return 16;
+    case KVDtype::int8:
+      return 8;
+    case KVDtype::int4:
+      return 4;
   }
   detail::fail("kvlab::bits_per_element", "dtype", "one of fp32, fp16, bf16, int8, int4",
                static_cast<int>(dtype));
@@ -56,11 +61,16 @@ constexpr int bits_per_element(KVDtype dtype) {
 /// \throws InvalidArgument for a value that is not one of the enumerators.
 inline std::string dtype_name(KVDtype dtype) {
   switch (dtype) {
-    case KVDtype::fp32: return "fp32";
-    case KVDtype::fp16: return "fp16";
-    case KVDtype::bf16: return "bf16";
-    case KVDtype::int8: return "int8";
-    case KVDtype::int4: return "int4";
+    case KVDtype::fp32:
+      return "fp32";
+    case KVDtype::fp16:
+      return "fp16";
+    case KVDtype::bf16:
+      return "bf16";
+    case KVDtype::int8:
+      return "int8";
+    case KVDtype::int4:
+      return "int4";
   }
   detail::fail("kvlab::dtype_name", "dtype", "one of fp32, fp16, bf16, int8, int4",
                static_cast<int>(dtype));
@@ -147,8 +157,8 @@ inline void check_model_config(const char* where, const ModelConfig& config) {
 
 /// Returns `a * b`, or throws InvalidArgument naming `argument` (whose value is `b`) if the
 /// product does not fit in std::uint64_t. `a` must be > 0.
-inline std::uint64_t checked_size_product(const char* where, const char* argument,
-                                          std::uint64_t a, std::uint64_t b) {
+inline std::uint64_t checked_size_product(const char* where, const char* argument, std::uint64_t a,
+                                          std::uint64_t b) {
   const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() / a;
   if (b > limit) {
     fail(where, argument,

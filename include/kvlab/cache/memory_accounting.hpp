@@ -46,8 +46,9 @@ struct MemoryFootprint {
   std::uint64_t waste_bytes() const { return reserved_bytes - used_bytes; }
   /// `waste_bytes() / reserved_bytes`, in [0, 1]; 0 when nothing is reserved.
   double waste_fraction() const {
-    return reserved_bytes == 0 ? 0.0
-                               : static_cast<double>(waste_bytes()) / static_cast<double>(reserved_bytes);
+    return reserved_bytes == 0
+               ? 0.0
+               : static_cast<double>(waste_bytes()) / static_cast<double>(reserved_bytes);
   }
   /// `used_bytes / reserved_bytes`, in [0, 1]: the share of the reservation that holds
   /// tokens, `1 - waste_fraction()`; 1 when nothing is reserved.
@@ -62,8 +63,8 @@ inline std::uint64_t accounting_bytes(const char* where, std::uint64_t tokens,
                                       std::uint64_t bytes_per_token, const char* what) {
   if (tokens != 0 && bytes_per_token > std::numeric_limits<std::uint64_t>::max() / tokens) {
     fail(where, "bytes_per_token",
-         "at most " + std::to_string(std::numeric_limits<std::uint64_t>::max() / tokens) +
-             " for " + std::to_string(tokens) + " " + what +
+         "at most " + std::to_string(std::numeric_limits<std::uint64_t>::max() / tokens) + " for " +
+             std::to_string(tokens) + " " + what +
              " tokens (so that the size fits in std::uint64_t)",
          bytes_per_token);
   }
@@ -281,7 +282,8 @@ MemoryFootprint paged_cache_footprint(const PagedKVCache<T>& cache, std::uint64_
   constexpr const char* kWhere = "kvlab::paged_cache_footprint";
   detail::require_at_least(kWhere, "bytes_per_token", bytes_per_token, std::uint64_t{1});
   const int block_size = cache.block_size();
-  std::map<std::int32_t, std::int64_t> fill;  // distinct block -> tokens its fullest holder has in it
+  // distinct block -> tokens its fullest holder has in it
+  std::map<std::int32_t, std::int64_t> fill;
   for (int seq : cache.sequences()) {
     const std::int64_t len = cache.length(seq);
     const std::vector<std::int32_t>& blocks = cache.blocks(seq);
@@ -294,8 +296,8 @@ MemoryFootprint paged_cache_footprint(const PagedKVCache<T>& cache, std::uint64_
   }
   std::uint64_t used = 0;
   for (const auto& entry : fill) used += static_cast<std::uint64_t>(entry.second);
-  const std::uint64_t reserved =
-      static_cast<std::uint64_t>(cache.allocator().num_used()) * static_cast<std::uint64_t>(block_size);
+  const std::uint64_t reserved = static_cast<std::uint64_t>(cache.allocator().num_used()) *
+                                 static_cast<std::uint64_t>(block_size);
   MemoryFootprint out;
   out.reserved_bytes = detail::accounting_bytes(kWhere, reserved, bytes_per_token, "reserved");
   out.used_bytes = detail::accounting_bytes(kWhere, used, bytes_per_token, "used");

@@ -49,7 +49,10 @@ class PagedKVCache {
   /// \throws InvalidArgument if any size is below 1 or the pool overflows the address space.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
                KVLayout layout = KVLayout::NHD)
-      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), layout_(layout),
+      : num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        layout_(layout),
         book_(block_size, num_blocks, "kvlab::PagedKVCache") {
     constexpr const char* kWhere = "kvlab::PagedKVCache";
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
@@ -59,7 +62,8 @@ class PagedKVCache {
     const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
                               static_cast<std::size_t>(num_layers) / token;
     if (static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks) > limit) {
-      detail::fail(kWhere, "num_blocks * block_size", "at most " + std::to_string(limit) + " tokens",
+      detail::fail(kWhere, "num_blocks * block_size",
+                   "at most " + std::to_string(limit) + " tokens",
                    static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks));
     }
     const std::size_t pool = static_cast<std::size_t>(num_blocks) * block_size * token;
@@ -100,7 +104,9 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks
   ///         the blocks (nothing changes).
   std::vector<std::int64_t> append(int seq, int n) {
-    return book_.append(seq, n, [this](std::int32_t from, std::int32_t to, int tokens) { copy_block(from, to, tokens); });
+    return book_.append(seq, n, [this](std::int32_t from, std::int32_t to, int tokens) {
+      copy_block(from, to, tokens);
+    });
   }
 
   /// Stores keys and values of tokens at `slots` (from `append`) in `layer`.
@@ -114,17 +120,20 @@ class PagedKVCache {
     constexpr const char* kWhere = "kvlab::PagedKVCache::write";
     check_layer(kWhere, layer);
     const long width = static_cast<long>(num_kv_heads_) * head_dim_;
-    detail::require_equal(kWhere, "k.rows()", static_cast<long>(k.rows()), static_cast<long>(slots.size()),
-                          "slots.size()");
-    detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()), width, "num_kv_heads * head_dim");
-    detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()), static_cast<long>(k.rows()),
-                          "k.rows()");
-    detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), width, "num_kv_heads * head_dim");
-    const std::int64_t num_slots = static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
+    detail::require_equal(kWhere, "k.rows()", static_cast<long>(k.rows()),
+                          static_cast<long>(slots.size()), "slots.size()");
+    detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()), width,
+                          "num_kv_heads * head_dim");
+    detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
+                          static_cast<long>(k.rows()), "k.rows()");
+    detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), width,
+                          "num_kv_heads * head_dim");
+    const std::int64_t num_slots =
+        static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] < 0 || slots[i] >= num_slots) {
-        detail::fail(kWhere, "slots[" + std::to_string(i) + "]", "in [0, " + std::to_string(num_slots) + ")",
-                     slots[i]);
+        detail::fail(kWhere, "slots[" + std::to_string(i) + "]",
+                     "in [0, " + std::to_string(num_slots) + ")", slots[i]);
       }
     }
     const auto l = static_cast<std::size_t>(layer);
@@ -133,8 +142,10 @@ class PagedKVCache {
       const auto row = static_cast<Eigen::Index>(i);
       for (int h = 0; h < num_kv_heads_; ++h) {  // NHD: the heads of a token are one contiguous row
         const auto dst = static_cast<std::ptrdiff_t>(pool.slot_offset(slots[i], h));
-        std::copy(k.row(row).data() + h * head_dim_, k.row(row).data() + (h + 1) * head_dim_, k_[l].begin() + dst);
-        std::copy(v.row(row).data() + h * head_dim_, v.row(row).data() + (h + 1) * head_dim_, v_[l].begin() + dst);
+        std::copy(k.row(row).data() + h * head_dim_, k.row(row).data() + (h + 1) * head_dim_,
+                  k_[l].begin() + dst);
+        std::copy(v.row(row).data() + h * head_dim_, v.row(row).data() + (h + 1) * head_dim_,
+                  v_[l].begin() + dst);
       }
     }
   }
@@ -165,8 +176,10 @@ class PagedKVCache {
   PagedKVView<T> view(int layer, const BlockTables& tables) const {
     constexpr const char* kWhere = "kvlab::PagedKVCache::view";
     check_layer(kWhere, layer);
-    detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(), allocator().num_blocks(), "num_blocks");
-    detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size(), "block_size");
+    detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(),
+                          allocator().num_blocks(), "num_blocks");
+    detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size(),
+                          "block_size");
     const auto l = static_cast<std::size_t>(layer);
     return tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
   }
@@ -194,14 +207,18 @@ class PagedKVCache {
   void copy_block(std::int32_t from, std::int32_t to, int tokens) {
     const bool hnd = layout_ == KVLayout::HND;
     const int runs = hnd ? num_kv_heads_ : 1;
-    const std::size_t run = static_cast<std::size_t>(tokens) * head_dim_ * (hnd ? 1 : num_kv_heads_);
+    const std::size_t run =
+        static_cast<std::size_t>(tokens) * head_dim_ * (hnd ? 1 : num_kv_heads_);
     for (int l = 0; l < num_layers_; ++l) {
       const PagedKVView<T> pool = layout_view(l);
-      for (std::vector<T>* values : {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
+      for (std::vector<T>* values :
+           {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
         for (int h = 0; h < runs; ++h) {
-          const auto src = values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size(), h);
-          std::copy(src, src + static_cast<std::ptrdiff_t>(run),
-                    values->begin() + pool.slot_offset(static_cast<std::int64_t>(to) * block_size(), h));
+          const auto src =
+              values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size(), h);
+          std::copy(
+              src, src + static_cast<std::ptrdiff_t>(run),
+              values->begin() + pool.slot_offset(static_cast<std::int64_t>(to) * block_size(), h));
         }
       }
     }
@@ -211,9 +228,11 @@ class PagedKVCache {
   int num_kv_heads_;
   int head_dim_;
   KVLayout layout_;
-  PagedSequences book_;            // which blocks each sequence holds; the allocator
-  std::vector<std::vector<T>> k_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
-  std::vector<std::vector<T>> v_;  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  PagedSequences book_;  // which blocks each sequence holds; the allocator
+  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  std::vector<std::vector<T>> k_;
+  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  std::vector<std::vector<T>> v_;
 };
 
 }  // namespace kvlab

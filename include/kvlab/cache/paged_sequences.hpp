@@ -35,7 +35,9 @@ class PagedSequences {
   ///                    "kvlab::PagedKVCache", giving "kvlab::PagedKVCache::append: ...")
   /// \throws InvalidArgument if `block_size` or `num_blocks` is below 1.
   PagedSequences(int block_size, int num_blocks, std::string owner)
-      : owner_(std::move(owner)), block_size_(checked_block_size(block_size, owner_)), allocator_(num_blocks) {}
+      : owner_(std::move(owner)),
+        block_size_(checked_block_size(block_size, owner_)),
+        allocator_(num_blocks) {}
 
   /// Tokens per block.
   int block_size() const { return block_size_; }
@@ -102,7 +104,8 @@ class PagedSequences {
     for (int i = 0; i < n; ++i) {
       const int pos = s.length + i;
       slots[static_cast<std::size_t>(i)] =
-          static_cast<std::int64_t>(s.blocks[static_cast<std::size_t>(pos / block_size_)]) * block_size_ +
+          static_cast<std::int64_t>(s.blocks[static_cast<std::size_t>(pos / block_size_)]) *
+              block_size_ +
           pos % block_size_;
     }
     s.length += n;
@@ -126,9 +129,11 @@ class PagedSequences {
   void truncate(int seq, int length) {
     Sequence& s = find("truncate", seq);
     if (length < 0 || length > s.length) {
-      detail::fail(where("truncate").c_str(), "length", "in [0, " + std::to_string(s.length) + "]", length);
+      detail::fail(where("truncate").c_str(), "length", "in [0, " + std::to_string(s.length) + "]",
+                   length);
     }
-    const std::size_t keep = length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
+    const std::size_t keep =
+        length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
     for (std::size_t b = keep; b < s.blocks.size(); ++b) allocator_.release(s.blocks[b]);
     s.blocks.resize(keep);
     s.length = length;
@@ -151,7 +156,9 @@ class PagedSequences {
     std::vector<int> lengths;
     for (int seq : seqs) {
       const Sequence& s = find("tables", seq);
-      if (s.length == 0) detail::fail(at.c_str(), "seqs", "non-empty sequences", "sequence " + std::to_string(seq) + " (empty)");
+      if (s.length == 0)
+        detail::fail(at.c_str(), "seqs", "non-empty sequences",
+                     "sequence " + std::to_string(seq) + " (empty)");
       lists.push_back(s.blocks);
       lengths.push_back(s.length);
     }
@@ -171,12 +178,14 @@ class PagedSequences {
   std::string where(const char* function) const { return owner_ + "::" + function; }
   Sequence& find(const char* function, int seq) {
     const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) detail::fail(where(function).c_str(), "seq", "a live sequence id", seq);
+    if (it == sequences_.end())
+      detail::fail(where(function).c_str(), "seq", "a live sequence id", seq);
     return it->second;
   }
   const Sequence& find(const char* function, int seq) const {
     const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) detail::fail(where(function).c_str(), "seq", "a live sequence id", seq);
+    if (it == sequences_.end())
+      detail::fail(where(function).c_str(), "seq", "a live sequence id", seq);
     return it->second;
   }
 

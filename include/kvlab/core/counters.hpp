@@ -57,8 +57,7 @@ struct CostCounters {
   /// True when every count is equal.
   KVLAB_HOST_DEVICE bool operator==(const CostCounters& other) const {
     return q_projections == other.q_projections && kv_projections == other.kv_projections &&
-           qk_dots == other.qk_dots && kv_bytes_read == other.kv_bytes_read &&
-           macs == other.macs;
+           qk_dots == other.qk_dots && kv_bytes_read == other.kv_bytes_read && macs == other.macs;
   }
   /// True when any count differs.
   KVLAB_HOST_DEVICE bool operator!=(const CostCounters& other) const { return !(*this == other); }

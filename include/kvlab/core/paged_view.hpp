@@ -41,17 +41,19 @@ inline const char* to_string(KVLayout layout) { return layout == KVLayout::HND ?
 /// virtual address. Slots past a sequence's end hold nothing meaningful and are never read.
 template <typename T>
 struct PagedKVView {
-  const T* k = nullptr;                        ///< keys:   [num_blocks, block_size, num_kv_heads, head_dim] (NHD)
-  const T* v = nullptr;                        ///< values: the same layout as `k`
-  int num_blocks = 0;                          ///< blocks in the pool
-  int block_size = 0;                          ///< tokens per block, >= 1
-  int num_kv_heads = 0;                        ///< K/V heads
-  int head_dim = 0;                            ///< values per head
-  int batch = 0;                               ///< sequences in the batch
-  const std::int32_t* indptr = nullptr;        ///< [batch + 1]: CSR row pointers into indices
-  const std::int32_t* indices = nullptr;       ///< [indptr[batch]]: physical block ids
-  const std::int32_t* last_page_len = nullptr; ///< [batch]: tokens in each last block, 1..block_size
-  KVLayout layout = KVLayout::NHD;             ///< order of the values within a block
+  /// keys:   [num_blocks, block_size, num_kv_heads, head_dim] (NHD)
+  const T* k = nullptr;
+  const T* v = nullptr;                   ///< values: the same layout as `k`
+  int num_blocks = 0;                     ///< blocks in the pool
+  int block_size = 0;                     ///< tokens per block, >= 1
+  int num_kv_heads = 0;                   ///< K/V heads
+  int head_dim = 0;                       ///< values per head
+  int batch = 0;                          ///< sequences in the batch
+  const std::int32_t* indptr = nullptr;   ///< [batch + 1]: CSR row pointers into indices
+  const std::int32_t* indices = nullptr;  ///< [indptr[batch]]: physical block ids
+  /// [batch]: tokens in each last block, 1..block_size
+  const std::int32_t* last_page_len = nullptr;
+  KVLayout layout = KVLayout::NHD;  ///< order of the values within a block
 
   /// Blocks held by sequence `seq`.
   KVLAB_HOST_DEVICE int num_pages(int seq) const { return indptr[seq + 1] - indptr[seq]; }
@@ -68,17 +70,20 @@ struct PagedKVView {
   KVLAB_HOST_DEVICE std::ptrdiff_t slot_offset(std::int64_t slot, int head) const {
     const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(slot / block_size);
     const std::ptrdiff_t in_block = static_cast<std::ptrdiff_t>(slot % block_size);
-    return layout == KVLayout::HND ? ((block * num_kv_heads + head) * block_size + in_block) * head_dim
-                                   : ((block * block_size + in_block) * num_kv_heads + head) * head_dim;
+    return layout == KVLayout::HND
+               ? ((block * num_kv_heads + head) * block_size + in_block) * head_dim
+               : ((block * block_size + in_block) * num_kv_heads + head) * head_dim;
   }
   /// Offset, in elements, of head `head` of token `pos` of sequence `seq` from `k` (or `v`).
   KVLAB_HOST_DEVICE std::ptrdiff_t offset(int seq, int pos, int head) const {
-    return slot_offset(static_cast<std::int64_t>(block_of(seq, pos)) * block_size + pos % block_size, head);
+    return slot_offset(
+        static_cast<std::int64_t>(block_of(seq, pos)) * block_size + pos % block_size, head);
   }
   /// Elements from a token's row of one head to the next token's row of the same head in the
   /// same block: `num_kv_heads * head_dim` (NHD) or `head_dim` (HND).
   KVLAB_HOST_DEVICE std::ptrdiff_t token_stride() const {
-    return layout == KVLayout::HND ? head_dim : static_cast<std::ptrdiff_t>(num_kv_heads) * head_dim;
+    return layout == KVLayout::HND ? head_dim
+                                   : static_cast<std::ptrdiff_t>(num_kv_heads) * head_dim;
   }
   /// Elements from a token's row of head h to the same token's row of head h + 1: `head_dim`
   /// (NHD) or `block_size * head_dim` (HND).
@@ -86,9 +91,13 @@ struct PagedKVView {
     return layout == KVLayout::HND ? static_cast<std::ptrdiff_t>(block_size) * head_dim : head_dim;
   }
   /// Key of head `head` of token `pos` of sequence `seq`: `head_dim` values.
-  KVLAB_HOST_DEVICE const T* key(int seq, int pos, int head) const { return k + offset(seq, pos, head); }
+  KVLAB_HOST_DEVICE const T* key(int seq, int pos, int head) const {
+    return k + offset(seq, pos, head);
+  }
   /// Value of head `head` of token `pos` of sequence `seq`: `head_dim` values.
-  KVLAB_HOST_DEVICE const T* value(int seq, int pos, int head) const { return v + offset(seq, pos, head); }
+  KVLAB_HOST_DEVICE const T* value(int seq, int pos, int head) const {
+    return v + offset(seq, pos, head);
+  }
 };
 
 }  // namespace kvlab

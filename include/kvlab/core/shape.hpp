@@ -47,8 +47,8 @@ class AttentionShape {
                    "a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")", num_heads);
     }
     if (num_heads > INT_MAX / head_dim) {
-      detail::fail(kWhere, "num_heads * head_dim",
-                   "at most " + std::to_string(INT_MAX), 1LL * num_heads * head_dim);
+      detail::fail(kWhere, "num_heads * head_dim", "at most " + std::to_string(INT_MAX),
+                   1LL * num_heads * head_dim);
     }
     if (!(scale > 0.0) || !std::isfinite(scale)) {
       detail::fail(kWhere, "scale", "a finite value > 0", scale);

@@ -50,7 +50,8 @@ struct SoftmaxScales {
 /// computed. An empty `b` gives {1, 0}; an empty `a` becomes `b` and
 /// gives {0, 1} (its accumulator is zeros).
 template <typename T>
-KVLAB_HOST_DEVICE SoftmaxScales<T> merge_softmax_scales(SoftmaxState<T>& a, const SoftmaxState<T>& b) {
+KVLAB_HOST_DEVICE SoftmaxScales<T> merge_softmax_scales(SoftmaxState<T>& a,
+                                                        const SoftmaxState<T>& b) {
   if (b.sum == T(0)) return SoftmaxScales<T>{T(1), T(0)};  // b is empty: a stays
   if (a.sum == T(0)) {                                     // a is empty: the union is b
     a = b;
@@ -75,12 +76,13 @@ KVLAB_HOST_DEVICE SoftmaxScales<T> merge_softmax_scales(SoftmaxState<T>& a, cons
 /// \param acc_b  [head_dim]: subset b's accumulator
 /// \param head_dim  values per accumulator
 template <typename T>
-KVLAB_HOST_DEVICE void merge_softmax_states(SoftmaxState<T>& a, T* acc_a, const SoftmaxState<T>& b, const T* acc_b,
-                                            int head_dim) {
+KVLAB_HOST_DEVICE void merge_softmax_states(SoftmaxState<T>& a, T* acc_a, const SoftmaxState<T>& b,
+                                            const T* acc_b, int head_dim) {
   if (b.sum == T(0)) return;           // b is empty: its accumulator is not read
   const bool a_empty = a.sum == T(0);  // then a's accumulator is not read either: the union is b
   const SoftmaxScales<T> scale = merge_softmax_scales(a, b);
-  for (int c = 0; c < head_dim; ++c) acc_a[c] = a_empty ? acc_b[c] : acc_a[c] * scale.a + acc_b[c] * scale.b;
+  for (int c = 0; c < head_dim; ++c)
+    acc_a[c] = a_empty ? acc_b[c] : acc_a[c] * scale.a + acc_b[c] * scale.b;
 }
 
 /// How split-K cuts `length` keys into at most `parts` partitions of whole `align`-key units

@@ -36,17 +36,24 @@ struct ContiguousRows {
 
   /// Calls `f(pos, row)` for the key rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void keys(int begin, int end, F&& f) const { walk(cache.key(head, 0), begin, end, f); }
+  void keys(int begin, int end, F&& f) const {
+    walk(cache.key(head, 0), begin, end, f);
+  }
   /// Calls `f(pos, row)` for the value rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void values(int begin, int end, F&& f) const { walk(cache.value(head, 0), begin, end, f); }
+  void values(int begin, int end, F&& f) const {
+    walk(cache.value(head, 0), begin, end, f);
+  }
   /// Elements from a row of head h to the same token's row of head h + 1.
-  std::ptrdiff_t head_stride() const { return static_cast<std::ptrdiff_t>(cache.capacity) * cache.head_dim; }
+  std::ptrdiff_t head_stride() const {
+    return static_cast<std::ptrdiff_t>(cache.capacity) * cache.head_dim;
+  }
 
  private:
   template <typename F>
   void walk(const T* base, int begin, int end, F& f) const {
-    for (int pos = begin; pos < end; ++pos) f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.head_dim);
+    for (int pos = begin; pos < end; ++pos)
+      f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.head_dim);
   }
 };
 
@@ -63,10 +70,14 @@ struct PagedRows {
 
   /// Calls `f(pos, row)` for the key rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void keys(int begin, int end, F&& f) const { walk(cache.k, begin, end, f); }
+  void keys(int begin, int end, F&& f) const {
+    walk(cache.k, begin, end, f);
+  }
   /// Calls `f(pos, row)` for the value rows `pos` in [begin, end) of head `head`, in order.
   template <typename F>
-  void values(int begin, int end, F&& f) const { walk(cache.v, begin, end, f); }
+  void values(int begin, int end, F&& f) const {
+    walk(cache.v, begin, end, f);
+  }
   /// Elements from a row of head h to the same token's row of head h + 1.
   std::ptrdiff_t head_stride() const { return cache.head_stride(); }
 
@@ -85,10 +96,15 @@ struct PagedRows {
 /// Scratch buffers of one worker, reused from tile to tile.
 template <typename T>
 struct TileScratch {
-  RowMatrix<T> queries;                ///< [heads * rows * group, head_dim]: query (K/V head hk0 + j, row i, member g) at (j*rows + i)*group + g
-  RowMatrix<T> probs;                  ///< [heads * rows * group, >= keys]: scores, then exp(score - max) (see `padded_span`)
-  RowMatrix<T> acc;                    ///< [heads * rows * group, head_dim]: Σ exp(score - max) · value
-  std::vector<SoftmaxState<T>> state;  ///< [heads * rows * group]: max and Σ exp(score - max) of each query
+  /// [heads * rows * group, head_dim]: query (K/V head hk0 + j, row i, member g) at (j*rows +
+  /// i)*group + g
+  RowMatrix<T> queries;
+  /// [heads * rows * group, >= keys]: scores, then exp(score - max) (see `padded_span`)
+  RowMatrix<T> probs;
+  /// [heads * rows * group, head_dim]: Σ exp(score - max) · value
+  RowMatrix<T> acc;
+  /// [heads * rows * group]: max and Σ exp(score - max) of each query
+  std::vector<SoftmaxState<T>> state;
 };
 
 /// Columns to allocate for `span` scores per query: `span` rounded up to whole 64-byte lines,
@@ -99,7 +115,8 @@ struct TileScratch {
 /// evicts its own lines at every key.
 template <typename T>
 int padded_span(int span) {
-  constexpr int kLine = 64 / static_cast<int>(sizeof(T)) > 0 ? 64 / static_cast<int>(sizeof(T)) : 1;  // elements per line
+  // elements per line
+  constexpr int kLine = 64 / static_cast<int>(sizeof(T)) > 0 ? 64 / static_cast<int>(sizeof(T)) : 1;
   int lines = (span + kLine - 1) / kLine;
   if (lines % 2 == 0) ++lines;
   return lines * kLine;
@@ -125,28 +142,32 @@ int padded_span(int span) {
 /// first_position + rows) — one partition of a split context — is for a single row
 /// (`rows == 1`), which sees every key up to its position.
 template <typename T, typename Source>
-void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows, int first_position,
-                    int hk0, int heads, const Source& source, int key_begin, int key_end,
-                    TileScratch<T>& scratch) {
+void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows,
+                    int first_position, int hk0, int heads, const Source& source, int key_begin,
+                    int key_end, TileScratch<T>& scratch) {
   const int group = shape.group_size();
   const int hd = shape.head_dim();
   const T scale = static_cast<T>(shape.scale());
   const int per_head = rows * group;  // queries of one K/V head in the tile
   const int m = heads * per_head;
-  const int span = key_end;  // keys of the range: [key_begin, span), the tile's last row sees them all
+  // keys of the range: [key_begin, span), the tile's last row sees them all
+  const int span = key_end;
   const std::ptrdiff_t head_stride = source.head_stride();
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
-  RowMatrix<T>& probs = scratch.probs;      // [m, padded_span(span - key_begin)]: key pos in column pos - key_begin
-  RowMatrix<T>& acc = scratch.acc;          // [m, head_dim]
+  // [m, padded_span(span - key_begin)]: key pos in column pos - key_begin
+  RowMatrix<T>& probs = scratch.probs;
+  RowMatrix<T>& acc = scratch.acc;  // [m, head_dim]
   queries.resize(m, hd);
   for (int j = 0; j < heads; ++j)
     for (int i = 0; i < rows; ++i)
       for (int g = 0; g < group; ++g)
-        queries.row(j * per_head + i * group + g) = q.block(row0 + i, ((hk0 + j) * group + g) * hd, 1, hd);
+        queries.row(j * per_head + i * group + g) =
+            q.block(row0 + i, ((hk0 + j) * group + g) * hd, 1, hd);
   // Query qi (< per_head) of a head sees keys [0, shared + qi / group]: all of them see [0,
   // shared), and the tile's later rows see up to `rows - 1` more (the causal corner).
   const int shared = first_position + 1;
-  const auto visible = [&](int qi) { return std::min(span, shared + qi / group); };  // end of qi's keys
+  // end of qi's keys
+  const auto visible = [&](int qi) { return std::min(span, shared + qi / group); };
   // The first query of a head that sees key `pos` (0 outside the corner).
   const auto first_seeing = [&](int pos) { return pos < shared ? 0 : (pos - shared + 1) * group; };
 
@@ -160,10 +181,13 @@ void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0
         probs(qi, pos - key_begin) = scale * queries.row(qi).dot(key);
     }
   });
-  // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their sum.
+  // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their
+  // sum.
   scratch.state.resize(static_cast<std::size_t>(m));
   for (int qi = 0; qi < m; ++qi) {
-    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, 0), visible(qi % per_head) - key_begin);  // [visible keys]
+    // [visible keys]
+    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, 0),
+                                                     visible(qi % per_head) - key_begin);
     const T max = x.maxCoeff();
     x = (x - max).exp();
     scratch.state[static_cast<std::size_t>(qi)] = SoftmaxState<T>{max, x.sum()};
@@ -184,9 +208,11 @@ void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0
 /// `attend_partial`), normalised — output = Σ exp(score − max) · value / Σ exp(score − max),
 /// the softmax-weighted sum — and written to the same rows and heads of `out`.
 template <typename T, typename Source>
-void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows, int first_position,
-                 int hk0, int heads, const Source& source, TileScratch<T>& scratch, RowMatrix<T>& out) {
-  attend_partial(shape, q, row0, rows, first_position, hk0, heads, source, 0, first_position + rows, scratch);
+void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows,
+                 int first_position, int hk0, int heads, const Source& source,
+                 TileScratch<T>& scratch, RowMatrix<T>& out) {
+  attend_partial(shape, q, row0, rows, first_position, hk0, heads, source, 0, first_position + rows,
+                 scratch);
   const int group = shape.group_size();
   const int hd = shape.head_dim();
   const int per_head = rows * group;
@@ -208,7 +234,8 @@ inline void count_attention(const AttentionShape& shape, std::size_t element_byt
                              (n * static_cast<std::uint64_t>(first_position) + n * (n + 1) / 2);
   std::uint64_t rows_streamed = 0;
   for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile)
-    rows_streamed += static_cast<std::uint64_t>(first_position + r0 + std::min(cpu::kDecodeQueryTile, q_len - r0));
+    rows_streamed += static_cast<std::uint64_t>(first_position + r0 +
+                                                std::min(cpu::kDecodeQueryTile, q_len - r0));
   counters.qk_dots += dots;
   counters.macs += 2 * dots * static_cast<std::uint64_t>(shape.head_dim());
   counters.kv_bytes_read += 2 * element_bytes * rows_streamed *

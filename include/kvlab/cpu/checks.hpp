@@ -13,7 +13,7 @@ template <typename T>
 void check_queries(const char* where, const AttentionShape& shape, const RowMatrix<T>& q) {
   detail::require_at_least(where, "q.rows()", static_cast<long>(q.rows()), 1L);
   detail::require_equal(where, "q.cols()", static_cast<long>(q.cols()),
-                               static_cast<long>(shape.q_width()), "num_heads * head_dim");
+                        static_cast<long>(shape.q_width()), "num_heads * head_dim");
 }
 
 }  // namespace kvlab::detail

@@ -11,8 +11,8 @@
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/attention_tile.hpp"
+#include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/parallel.hpp"
 #include "kvlab/cpu/types.hpp"
 
@@ -74,17 +74,20 @@ void decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
   const int first_position = cache.length - q_len;  // position of query row 0
   out.resize(q_len, shape.q_width());
 
-  const bool parallel = 1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
+  const bool parallel =
+      1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
   detail::parallel_for(shape.num_kv_heads(), parallel, [&](int hk) {
     detail::TileScratch<T> scratch;
     const detail::ContiguousRows<T> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
     for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
       const int rows = std::min(kDecodeQueryTile, q_len - r0);
-      detail::attend_tile(shape, q, r0, rows, first_position + r0, hk, 1, rows_of_head, scratch, out);
+      detail::attend_tile(shape, q, r0, rows, first_position + r0, hk, 1, rows_of_head, scratch,
+                          out);
     }
   });
 
-  if (counters != nullptr) detail::count_attention(shape, sizeof(T), q_len, first_position, *counters);
+  if (counters != nullptr)
+    detail::count_attention(shape, sizeof(T), q_len, first_position, *counters);
 }
 
 /// Returning form of `decode_attention`: `[q_len, num_heads * head_dim]`.

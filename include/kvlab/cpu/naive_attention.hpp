@@ -41,14 +41,13 @@ void naive_attention(const AttentionShape& shape, const RowMatrix<T>& q, const R
   constexpr const char* kWhere = "kvlab::cpu::naive_attention";
   detail::check_queries(kWhere, shape, q);
   detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()),
-                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+                        static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
   detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
-                               static_cast<long>(k.rows()), "k.rows()");
+                        static_cast<long>(k.rows()), "k.rows()");
   detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()),
-                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+                        static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
   if (k.rows() < q.rows()) {
-    detail::fail(kWhere, "k.rows()", ">= q.rows() (" + std::to_string(q.rows()) + ")",
-                        k.rows());
+    detail::fail(kWhere, "k.rows()", ">= q.rows() (" + std::to_string(q.rows()) + ")", k.rows());
   }
   if (&out == &q || &out == &k || &out == &v) {
     detail::fail(kWhere, "out", "a matrix other than q, k and v", "one of them");

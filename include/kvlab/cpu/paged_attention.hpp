@@ -33,38 +33,41 @@ namespace detail {
 template <typename T>
 void check_paged_view(const char* where, const AttentionShape& shape, const PagedKVView<T>& cache) {
   detail::require_equal(where, "cache.num_kv_heads", cache.num_kv_heads, shape.num_kv_heads(),
-                               "shape.num_kv_heads()");
-  detail::require_equal(where, "cache.head_dim", cache.head_dim, shape.head_dim(), "shape.head_dim()");
+                        "shape.num_kv_heads()");
+  detail::require_equal(where, "cache.head_dim", cache.head_dim, shape.head_dim(),
+                        "shape.head_dim()");
   detail::require_at_least(where, "cache.batch", cache.batch, 1);
   detail::require_at_least(where, "cache.block_size", cache.block_size, 1);
   detail::require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
-  if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr || cache.indices == nullptr ||
-      cache.last_page_len == nullptr) {
+  if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr ||
+      cache.indices == nullptr || cache.last_page_len == nullptr) {
     detail::fail(where, "cache.k / v / indptr / indices / last_page_len", "non-null pointers",
-                        "a null pointer");
+                 "a null pointer");
   }
   detail::require_equal(where, "cache.indptr[0]", cache.indptr[0], 0);
   for (int s = 0; s < cache.batch; ++s) {
     const std::string seq = "[" + std::to_string(s) + "]";
     if (cache.indptr[s + 1] <= cache.indptr[s]) {
       detail::fail(where, "cache.indptr[" + std::to_string(s + 1) + "]",
-                          "> cache.indptr" + seq + " (" + std::to_string(cache.indptr[s]) + ")",
-                          cache.indptr[s + 1]);
+                   "> cache.indptr" + seq + " (" + std::to_string(cache.indptr[s]) + ")",
+                   cache.indptr[s + 1]);
     }
-    if (static_cast<std::int64_t>(cache.indptr[s + 1] - cache.indptr[s]) * cache.block_size > INT32_MAX) {
+    if (static_cast<std::int64_t>(cache.indptr[s + 1] - cache.indptr[s]) * cache.block_size >
+        INT32_MAX) {
       detail::fail(where, "cache.indptr[" + std::to_string(s + 1) + "]",
-                          "a sequence of at most " + std::to_string(INT32_MAX) + " tokens",
-                          std::to_string(cache.indptr[s + 1] - cache.indptr[s]) + " blocks");
+                   "a sequence of at most " + std::to_string(INT32_MAX) + " tokens",
+                   std::to_string(cache.indptr[s + 1] - cache.indptr[s]) + " blocks");
     }
     if (cache.last_page_len[s] < 1 || cache.last_page_len[s] > cache.block_size) {
       detail::fail(where, "cache.last_page_len" + seq,
-                          "in [1, block_size (" + std::to_string(cache.block_size) + ")]", cache.last_page_len[s]);
+                   "in [1, block_size (" + std::to_string(cache.block_size) + ")]",
+                   cache.last_page_len[s]);
     }
   }
   for (std::int32_t i = 0; i < cache.indptr[cache.batch]; ++i) {
     if (cache.indices[i] < 0 || cache.indices[i] >= cache.num_blocks) {
       detail::fail(where, "cache.indices[" + std::to_string(i) + "]",
-                          "in [0, " + std::to_string(cache.num_blocks) + ")", cache.indices[i]);
+                   "in [0, " + std::to_string(cache.num_blocks) + ")", cache.indices[i]);
     }
   }
 }
@@ -76,10 +79,12 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
 /// there are fewer sequences than threads: splitting the context keeps each thread on whole
 /// token rows, where splitting the heads would give each thread a strided half of every row.
 template <typename T>
-void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q, const std::int32_t* qo_indptr,
-                          const PagedKVView<T>& cache, int parts, RowMatrix<T>& out) {
+void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q,
+                          const std::int32_t* qo_indptr, const PagedKVView<T>& cache, int parts,
+                          RowMatrix<T>& out) {
   const int hd = shape.head_dim();
-  const int heads = shape.num_heads();  // query heads of one row: query h of K/V head h / group is qi = h
+  // query heads of one row: query h of K/V head h / group is qi = h
+  const int heads = shape.num_heads();
   struct Partition {
     int seq, begin, end;  // keys [begin, end) of sequence seq
   };
@@ -88,17 +93,20 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q, co
     if (qo_indptr[s + 1] == qo_indptr[s]) continue;  // no query
     const int len = cache.seq_len(s);
     const int size = partition_size(len, parts, cache.block_size);
-    for (int begin = 0; begin < len; begin += size) partitions.push_back({s, begin, std::min(len, begin + size)});
+    for (int begin = 0; begin < len; begin += size)
+      partitions.push_back({s, begin, std::min(len, begin + size)});
   }
   const int items = static_cast<int>(partitions.size());
   std::vector<SoftmaxState<T>> state(static_cast<std::size_t>(items) * heads);  // [items * heads]
-  RowMatrix<T> acc(static_cast<Eigen::Index>(items) * heads, hd);               // [items * heads, head_dim]
+  // [items * heads, head_dim]
+  RowMatrix<T> acc(static_cast<Eigen::Index>(items) * heads, hd);
   parallel_for(items, true, [&](int item) {
     const Partition& p = partitions[static_cast<std::size_t>(item)];
     TileScratch<T> scratch;
     attend_partial(shape, q, qo_indptr[p.seq], 1, cache.seq_len(p.seq) - 1, 0, shape.num_kv_heads(),
                    PagedRows<T>{cache, p.seq, 0}, p.begin, p.end, scratch);
-    std::copy(scratch.state.begin(), scratch.state.end(), state.begin() + static_cast<std::ptrdiff_t>(item) * heads);
+    std::copy(scratch.state.begin(), scratch.state.end(),
+              state.begin() + static_cast<std::ptrdiff_t>(item) * heads);
     acc.middleRows(static_cast<Eigen::Index>(item) * heads, heads) = scratch.acc;
   });
   // Merge each sequence's partitions into its first, in order, and normalise.
@@ -122,8 +130,9 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q, co
 
 /// The kernel of `paged_prefill_attention` and `paged_decode_attention`, arguments checked.
 template <typename T>
-void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q, const std::int32_t* qo_indptr,
-                     const PagedKVView<T>& cache, RowMatrix<T>& out, CostCounters* counters) {
+void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+                     const std::int32_t* qo_indptr, const PagedKVView<T>& cache, RowMatrix<T>& out,
+                     CostCounters* counters) {
   out.resize(q.rows(), shape.q_width());
   const int kv_heads = shape.num_kv_heads();
   long long elements = 0;  // K/V elements per tensor in the batch
@@ -146,7 +155,8 @@ void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q, const s
   //    with fewer sequences than threads, decode splits each sequence's context (split-K)
   //    and prefill splits its heads.
   if (cache.layout == KVLayout::NHD && decode && threads > cache.batch) {
-    paged_decode_split_k(shape, q, qo_indptr, cache, (threads + cache.batch - 1) / cache.batch, out);
+    paged_decode_split_k(shape, q, qo_indptr, cache, (threads + cache.batch - 1) / cache.batch,
+                         out);
   } else {
     int chunks = cache.layout == KVLayout::HND ? kv_heads : 1;
     if (cache.layout == KVLayout::NHD && threads > cache.batch)
@@ -154,16 +164,19 @@ void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q, const s
     parallel_for(cache.batch * chunks, parallel, [&](int item) {
       const int s = item / chunks;
       const int chunk = item % chunks;
-      const int hk0 = chunk * kv_heads / chunks;            // this item's K/V heads: [hk0, hk1)
+      const int hk0 = chunk * kv_heads / chunks;  // this item's K/V heads: [hk0, hk1)
       const int hk1 = (chunk + 1) * kv_heads / chunks;
-      const int row_begin = qo_indptr[s];                   // the sequence's queries: rows [row_begin, row_end) of q
+      // the sequence's queries: rows [row_begin, row_end) of q
+      const int row_begin = qo_indptr[s];
       const int q_len = qo_indptr[s + 1] - row_begin;
       const int first_position = cache.seq_len(s) - q_len;  // position of its first query
-      const PagedRows<T> rows_from{cache, s, hk0};          // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_stride
+      // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_stride
+      const PagedRows<T> rows_from{cache, s, hk0};
       TileScratch<T> scratch;
       for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile) {
         const int rows = std::min(cpu::kDecodeQueryTile, q_len - r0);
-        attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk0, hk1 - hk0, rows_from, scratch, out);
+        attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk0, hk1 - hk0, rows_from,
+                    scratch, out);
       }
     });
   }
@@ -207,15 +220,17 @@ namespace cpu {
 /// \throws InvalidArgument for any shape or view that does not fit the above, or block tables
 ///         that break their invariants (out and counters are then unchanged).
 template <typename T>
-void paged_decode_attention(const AttentionShape& shape, const RowMatrix<T>& q, const PagedKVView<T>& cache,
-                            RowMatrix<T>& out, CostCounters* counters = nullptr) {
+void paged_decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+                            const PagedKVView<T>& cache, RowMatrix<T>& out,
+                            CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cpu::paged_decode_attention";
   detail::check_queries(kWhere, shape, q);
   detail::check_paged_view(kWhere, shape, cache);
-  detail::require_equal(kWhere, "q.rows()", static_cast<long>(q.rows()), static_cast<long>(cache.batch),
-                               "cache.batch (one query per sequence)");
+  detail::require_equal(kWhere, "q.rows()", static_cast<long>(q.rows()),
+                        static_cast<long>(cache.batch), "cache.batch (one query per sequence)");
   if (&out == &q) detail::fail(kWhere, "out", "a matrix other than q", "q");
-  std::vector<std::int32_t> qo_indptr(static_cast<std::size_t>(cache.batch) + 1);  // [batch + 1]: 0, 1, ..., batch
+  // [batch + 1]: 0, 1, ..., batch
+  std::vector<std::int32_t> qo_indptr(static_cast<std::size_t>(cache.batch) + 1);
   for (int s = 0; s <= cache.batch; ++s) qo_indptr[static_cast<std::size_t>(s)] = s;
   detail::paged_attention(shape, q, qo_indptr.data(), cache, out, counters);
 }
@@ -237,8 +252,8 @@ RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const RowMatrix
 /// batch prefill). Its `q_len` new tokens must already be in the pool, as its last `q_len`
 /// tokens (write the prompt into its blocks first, then attend): query row `i` of the sequence
 /// is the token at position `seq_len - q_len + i` and sees that sequence's tokens
-/// `[0, seq_len - q_len + i]`. A sequence may bring no query (`q_len == 0`): it is skipped. With one query
-/// per sequence this is `paged_decode_attention`; with one sequence it equals
+/// `[0, seq_len - q_len + i]`. A sequence may bring no query (`q_len == 0`): it is skipped. With
+/// one query per sequence this is `paged_decode_attention`; with one sequence it equals
 /// `decode_attention` on a contiguous cache holding the same rows.
 ///
 /// \param shape      the head layout; `cache` must have its num_kv_heads and head_dim
@@ -252,26 +267,28 @@ RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const RowMatrix
 ///         then unchanged).
 template <typename T>
 void paged_prefill_attention(const AttentionShape& shape, const RowMatrix<T>& q,
-                             const std::vector<std::int32_t>& qo_indptr, const PagedKVView<T>& cache,
-                             RowMatrix<T>& out, CostCounters* counters = nullptr) {
+                             const std::vector<std::int32_t>& qo_indptr,
+                             const PagedKVView<T>& cache, RowMatrix<T>& out,
+                             CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cpu::paged_prefill_attention";
   detail::check_queries(kWhere, shape, q);
   detail::check_paged_view(kWhere, shape, cache);
   detail::require_equal(kWhere, "qo_indptr.size()", qo_indptr.size(),
-                               static_cast<std::size_t>(cache.batch) + 1, "cache.batch + 1");
+                        static_cast<std::size_t>(cache.batch) + 1, "cache.batch + 1");
   detail::require_equal(kWhere, "qo_indptr[0]", qo_indptr[0], 0);
   for (int s = 0; s < cache.batch; ++s) {
     const auto i = static_cast<std::size_t>(s);
     const std::int64_t q_len = static_cast<std::int64_t>(qo_indptr[i + 1]) - qo_indptr[i];
     if (q_len < 0 || q_len > cache.seq_len(s)) {
       detail::fail(kWhere, "qo_indptr[" + std::to_string(s + 1) + "]",
-                          "in [qo_indptr[" + std::to_string(s) + "] (" + std::to_string(qo_indptr[i]) +
-                              "), that + the sequence's length (" + std::to_string(cache.seq_len(s)) + ")]",
-                          qo_indptr[i + 1]);
+                   "in [qo_indptr[" + std::to_string(s) + "] (" + std::to_string(qo_indptr[i]) +
+                       "), that + the sequence's length (" + std::to_string(cache.seq_len(s)) +
+                       ")]",
+                   qo_indptr[i + 1]);
     }
   }
   detail::require_equal(kWhere, "qo_indptr[batch]", static_cast<long>(qo_indptr.back()),
-                               static_cast<long>(q.rows()), "q.rows()");
+                        static_cast<long>(q.rows()), "q.rows()");
   if (&out == &q) detail::fail(kWhere, "out", "a matrix other than q", "q");
   detail::paged_attention(shape, q, qo_indptr.data(), cache, out, counters);
 }
@@ -279,7 +296,8 @@ void paged_prefill_attention(const AttentionShape& shape, const RowMatrix<T>& q,
 /// Returning form of `paged_prefill_attention`: `[q.rows(), num_heads * head_dim]`.
 template <typename T>
 RowMatrix<T> paged_prefill_attention(const AttentionShape& shape, const RowMatrix<T>& q,
-                                     const std::vector<std::int32_t>& qo_indptr, const PagedKVView<T>& cache,
+                                     const std::vector<std::int32_t>& qo_indptr,
+                                     const PagedKVView<T>& cache,
                                      CostCounters* counters = nullptr) {
   RowMatrix<T> out;
   paged_prefill_attention(shape, q, qo_indptr, cache, out, counters);

@@ -39,7 +39,8 @@ constexpr int kTargetBlocksPerSm = 4;
 
 /// True for the head sizes the CUDA kernels accept: multiples of 8 from 8 to 256.
 KVLAB_HOST_DEVICE inline bool head_dim_supported(int head_dim) {
-  return head_dim >= kValuesPerThread && head_dim <= kMaxHeadDim && head_dim % kValuesPerThread == 0;
+  return head_dim >= kValuesPerThread && head_dim <= kMaxHeadDim &&
+         head_dim % kValuesPerThread == 0;
 }
 
 /// Threads that share one K/V row in the attention kernel: the smallest power of two that
@@ -123,8 +124,8 @@ struct QueryRow {
 /// Query row `row` of `rows` new tokens over a contiguous cache (the tokens are the cache's
 /// last `rows`): it sees keys [0, cache.length − rows + row + 1), as in `cpu::decode_attention`.
 template <typename T>
-KVLAB_HOST_DEVICE QueryRow locate_row(const ContiguousKVView<T>& cache, const std::int32_t* /*qo_indptr*/, int rows,
-                                      int row) {
+KVLAB_HOST_DEVICE QueryRow locate_row(const ContiguousKVView<T>& cache,
+                                      const std::int32_t* /*qo_indptr*/, int rows, int row) {
   return QueryRow{0, cache.length - rows + row + 1};
 }
 
@@ -132,8 +133,8 @@ KVLAB_HOST_DEVICE QueryRow locate_row(const ContiguousKVView<T>& cache, const st
 /// sees all its keys; with it (prefill, CSR rows as in `cpu::paged_prefill_attention`) the row
 /// is query i of sequence s and sees keys [0, seq_len(s) − q_len(s) + i + 1).
 template <typename T>
-KVLAB_HOST_DEVICE QueryRow locate_row(const PagedKVView<T>& cache, const std::int32_t* qo_indptr, int /*rows*/,
-                                      int row) {
+KVLAB_HOST_DEVICE QueryRow locate_row(const PagedKVView<T>& cache, const std::int32_t* qo_indptr,
+                                      int /*rows*/, int row) {
   if (qo_indptr == nullptr) return QueryRow{row, cache.seq_len(row)};
   const int seq = sequence_of_row(qo_indptr, cache.batch, row);
   const int q_len = qo_indptr[seq + 1] - qo_indptr[seq];
@@ -143,19 +144,23 @@ KVLAB_HOST_DEVICE QueryRow locate_row(const PagedKVView<T>& cache, const std::in
 /// Offset, in elements from `cache.k` (or `cache.v`), of the row of K/V head `kv_head` at
 /// position `pos` of a contiguous cache (`seq` is ignored).
 template <typename T>
-KVLAB_HOST_DEVICE std::ptrdiff_t row_offset(const ContiguousKVView<T>& cache, int /*seq*/, int pos, int kv_head) {
+KVLAB_HOST_DEVICE std::ptrdiff_t row_offset(const ContiguousKVView<T>& cache, int /*seq*/, int pos,
+                                            int kv_head) {
   return cache.offset(kv_head, pos);
 }
 
 /// Offset, in elements from `cache.k` (or `cache.v`), of the row of K/V head `kv_head` at
 /// position `pos` of sequence `seq` of a paged cache: through its block table.
 template <typename T>
-KVLAB_HOST_DEVICE std::ptrdiff_t row_offset(const PagedKVView<T>& cache, int seq, int pos, int kv_head) {
+KVLAB_HOST_DEVICE std::ptrdiff_t row_offset(const PagedKVView<T>& cache, int seq, int pos,
+                                            int kv_head) {
   return cache.offset(seq, pos, kv_head);
 }
 
 /// `bytes` rounded up to a multiple of 16.
-KVLAB_HOST_DEVICE inline std::size_t round_up_16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
+KVLAB_HOST_DEVICE inline std::size_t round_up_16(std::size_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
 
 /// Byte offsets of the regions of an attention block's shared memory.
 ///
@@ -186,8 +191,8 @@ KVLAB_HOST_DEVICE inline AttentionSmemLayout attention_smem_layout(int group_til
   const std::size_t tiles_end = layout.scores + round_up_16(tile * kKeyTile * sizeof(float));
   layout.reduce = layout.offsets;
   const std::size_t reduce_end =
-      layout.reduce + round_up_16(static_cast<std::size_t>(kAttentionWarps) * tile * static_cast<std::size_t>(head_dim) *
-                              sizeof(float));
+      layout.reduce + round_up_16(static_cast<std::size_t>(kAttentionWarps) * tile *
+                                  static_cast<std::size_t>(head_dim) * sizeof(float));
   layout.bytes = tiles_end > reduce_end ? tiles_end : reduce_end;
   return layout;
 }
@@ -199,11 +204,11 @@ KVLAB_HOST_DEVICE inline AttentionSmemLayout attention_smem_layout(int group_til
 /// query heads [kv_head · group_size + t · group_tile, … + group_tile) (kv_head = y /
 /// group_tiles, t = y % group_tiles) of `row`, over partition `part` of the keys it sees.
 struct AttentionPlan {
-  int lanes;        ///< threads per K/V row (`lanes_per_row`)
-  int group_tile;   ///< query heads per block: the compiled variant (1, 2, 4 or 8)
-  int group_tiles;  ///< blocks per K/V head and row
-  int partitions;   ///< split-K partitions per row at most (1: single pass, no merge)
-  int unit;         ///< partition sizes are multiples of this (`split_k_unit`)
+  int lanes;               ///< threads per K/V row (`lanes_per_row`)
+  int group_tile;          ///< query heads per block: the compiled variant (1, 2, 4 or 8)
+  int group_tiles;         ///< blocks per K/V head and row
+  int partitions;          ///< split-K partitions per row at most (1: single pass, no merge)
+  int unit;                ///< partition sizes are multiples of this (`split_k_unit`)
   std::size_t smem_bytes;  ///< dynamic shared memory per block
 };
 
@@ -216,8 +221,8 @@ struct AttentionPlan {
 /// per multiprocessor — many for a batch of 1, one for a large batch. Each row then uses
 /// `partition_count(keys, partitions, unit)` of them: a short row keeps one partition.
 /// \pre `head_dim_supported(shape.head_dim())`, rows >= 1, block_size >= 1, sm_count >= 1
-inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int block_size, int sm_count,
-                                    int requested_partitions) {
+inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int block_size,
+                                    int sm_count, int requested_partitions) {
   AttentionPlan plan{};
   plan.lanes = lanes_per_row(shape.head_dim());
   plan.group_tile = group_tile(shape.group_size());
@@ -239,9 +244,11 @@ inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int b
 /// accumulator of head_dim floats and a `SoftmaxState<float>`; 0 for a single pass.
 inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const AttentionPlan& plan) {
   if (plan.partitions <= 1) return 0;
-  const std::size_t slots = static_cast<std::size_t>(rows) * static_cast<std::size_t>(shape.num_heads()) *
+  const std::size_t slots = static_cast<std::size_t>(rows) *
+                            static_cast<std::size_t>(shape.num_heads()) *
                             static_cast<std::size_t>(plan.partitions);
-  return slots * (static_cast<std::size_t>(shape.head_dim()) * sizeof(float) + sizeof(SoftmaxState<float>));
+  return slots *
+         (static_cast<std::size_t>(shape.head_dim()) * sizeof(float) + sizeof(SoftmaxState<float>));
 }
 
 /// Adds what the attention kernel does for query rows that see `keys` keys in total (summed
@@ -249,12 +256,13 @@ inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const At
 /// value, and K and V rows of `keys` per K/V head and group tile (each block reads its rows
 /// once for up to 8 query heads). For one query per sequence and groups of at most 8 query
 /// heads these are the counts of `cpu::decode_attention` and `cpu::paged_decode_attention`.
-inline void count_attention(const AttentionShape& shape, std::size_t element_bytes, std::uint64_t keys,
-                            CostCounters& counters) {
+inline void count_attention(const AttentionShape& shape, std::size_t element_bytes,
+                            std::uint64_t keys, CostCounters& counters) {
   const std::uint64_t dots = static_cast<std::uint64_t>(shape.num_heads()) * keys;
   counters.qk_dots += dots;
   counters.macs += 2 * dots * static_cast<std::uint64_t>(shape.head_dim());
-  counters.kv_bytes_read += 2 * element_bytes * keys * static_cast<std::uint64_t>(shape.num_kv_heads()) *
+  counters.kv_bytes_read += 2 * element_bytes * keys *
+                            static_cast<std::uint64_t>(shape.num_kv_heads()) *
                             static_cast<std::uint64_t>(group_tiles(shape.group_size())) *
                             static_cast<std::uint64_t>(shape.head_dim());
 }

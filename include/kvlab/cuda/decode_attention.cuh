@@ -37,9 +37,10 @@ constexpr int kRowsInFlight = 4;
 /// Everything one launch of `attention_kernel` needs, passed by value.
 template <typename T, typename Cache>
 struct AttentionArgs {
-  const T* q;                          ///< [rows, num_heads * head_dim]
-  T* out;                              ///< [rows, num_heads * head_dim]
-  Cache cache;                         ///< `ContiguousKVView<T>` or `PagedKVView<T>`, device pointers
+  const T* q;  ///< [rows, num_heads * head_dim]
+  T* out;      ///< [rows, num_heads * head_dim]
+  /// `ContiguousKVView<T>` or `PagedKVView<T>`, device pointers
+  Cache cache;
   const std::int32_t* qo_indptr;       ///< [batch + 1]: ragged prefill rows (paged only), else null
   int rows;                            ///< query rows
   int num_heads;                       ///< query heads
@@ -57,12 +58,14 @@ struct AttentionArgs {
 /// Sum of `x` over the aligned group of `lanes` threads (a power of two dividing 32) that
 /// holds this thread; every thread of the warp must call it.
 __device__ inline float lane_group_sum(float x, int lanes) {
-  for (int offset = lanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  for (int offset = lanes / 2; offset > 0; offset /= 2)
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
 /// Maximum of `x` over the warp.
 __device__ inline float warp_max(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
 /// Sum of `x` over the warp.
@@ -97,7 +100,8 @@ __device__ inline float warp_sum(float x) {
 /// Shared memory (`attention_smem_layout`): running states and factors, the tile's row offsets
 /// and scores; at the end, the per-warp sums in place of the last two.
 template <typename T, typename Cache, int kGroupTile>
-__global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const AttentionArgs<T, Cache> a) {
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_kernel(const AttentionArgs<T, Cache> a) {
   const int row = static_cast<int>(blockIdx.x);
   const int kv_head = static_cast<int>(blockIdx.y) / a.group_tiles;
   const int tile = static_cast<int>(blockIdx.y) % a.group_tiles;
@@ -115,14 +119,16 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
   auto* scale_a = reinterpret_cast<float*>(smem + layout.scale_a);                // [kGroupTile]
   auto* scale_b = reinterpret_cast<float*>(smem + layout.scale_b);                // [kGroupTile]
   auto* offsets = reinterpret_cast<std::ptrdiff_t*>(smem + layout.offsets);       // [kKeyTile]
-  auto* scores = reinterpret_cast<float*>(smem + layout.scores);                  // [kGroupTile, kKeyTile]
-  auto* reduce = reinterpret_cast<float*>(smem + layout.reduce);                  // [warps, kGroupTile, head_dim]
+  // [kGroupTile, kKeyTile]
+  auto* scores = reinterpret_cast<float*>(smem + layout.scores);
+  // [warps, kGroupTile, head_dim]
+  auto* reduce = reinterpret_cast<float*>(smem + layout.reduce);
 
   const int thread = static_cast<int>(threadIdx.x);
   const int lane = thread % 32;
   const int warp = thread / 32;
-  const int chunk = thread % a.lanes;                // this thread's values: [8 chunk, 8 chunk + 8)
-  const int key_slot = thread / a.lanes;             // which of the block's rows in flight it reads
+  const int chunk = thread % a.lanes;     // this thread's values: [8 chunk, 8 chunk + 8)
+  const int key_slot = thread / a.lanes;  // which of the block's rows in flight it reads
   const int key_slots = kAttentionThreads / a.lanes;
   const bool holds = chunk * kValuesPerThread < a.head_dim;
   const int q_width = a.num_heads * a.head_dim;
@@ -145,11 +151,13 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
   for (int t0 = range.begin; t0 < range.end; t0 += kKeyTile) {
     const int n = min(kKeyTile, range.end - t0);  // keys in this tile
     // 0. Where each key's row is (the block table is read here, once per key).
-    for (int j = thread; j < n; j += kAttentionThreads) offsets[j] = row_offset(a.cache, where.seq, t0 + j, kv_head);
+    for (int j = thread; j < n; j += kAttentionThreads)
+      offsets[j] = row_offset(a.cache, where.seq, t0 + j, kv_head);
     __syncthreads();
 
     // 1. Scores: scale · q · k for each served head and each key of the tile.
-    for (int j0 = 0; j0 < n; j0 += key_slots * kRowsInFlight) {  // the same trip count for every thread
+    // the same trip count for every thread
+    for (int j0 = 0; j0 < n; j0 += key_slots * kRowsInFlight) {
       Pack8<T> rows_in_flight[kRowsInFlight];
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
@@ -189,7 +197,8 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
       }
       sum = warp_sum(sum);
       if (lane == 0) {
-        const SoftmaxScales<float> f = merge_softmax_scales(running[g], SoftmaxState<float>{max, sum});
+        const SoftmaxScales<float> f =
+            merge_softmax_scales(running[g], SoftmaxState<float>{max, sum});
         scale_a[g] = f.a;
         scale_b[g] = f.b;
       }
@@ -240,7 +249,8 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
     if (g < heads) {
 #pragma unroll
       for (int i = 0; i < kValuesPerThread; ++i) {
-        for (int offset = a.lanes; offset < 32; offset *= 2) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
+        for (int offset = a.lanes; offset < 32; offset *= 2)
+          acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
       }
     }
   }
@@ -259,12 +269,15 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
     const int g = idx / a.head_dim;
     const int c = idx % a.head_dim;
     float total = 0.f;
-    for (int w = 0; w < kAttentionWarps; ++w) total += reduce[(w * kGroupTile + g) * a.head_dim + c];
+    for (int w = 0; w < kAttentionWarps; ++w)
+      total += reduce[(w * kGroupTile + g) * a.head_dim + c];
     const int head = head0 + g;
     if (parts == 1) {  // the whole row in this block: the output itself
-      a.out[static_cast<std::ptrdiff_t>(row) * q_width + head * a.head_dim + c] = from_float<T>(total / running[g].sum);
+      a.out[static_cast<std::ptrdiff_t>(row) * q_width + head * a.head_dim + c] =
+          from_float<T>(total / running[g].sum);
     } else {  // one partition of several: its state, for merge_partitions_kernel
-      const std::ptrdiff_t slot = (static_cast<std::ptrdiff_t>(row) * a.num_heads + head) * a.partitions + part;
+      const std::ptrdiff_t slot =
+          (static_cast<std::ptrdiff_t>(row) * a.num_heads + head) * a.partitions + part;
       a.partial_acc[slot * a.head_dim + c] = total;
       if (c == 0) a.partial_state[slot] = running[g];
     }
@@ -276,13 +289,15 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
 /// log-sum-exp rule) and writes accumulator / sum. Rows with one partition were written by
 /// `attention_kernel` and are skipped.
 template <typename T, typename Cache>
-__global__ void __launch_bounds__(kMaxHeadDim) merge_partitions_kernel(const AttentionArgs<T, Cache> a) {
+__global__ void __launch_bounds__(kMaxHeadDim)
+    merge_partitions_kernel(const AttentionArgs<T, Cache> a) {
   const int row = static_cast<int>(blockIdx.x);
   const int head = static_cast<int>(blockIdx.y);
   const QueryRow where = locate_row(a.cache, a.qo_indptr, a.rows, row);
   const int parts = partition_count(where.keys, a.partitions, a.unit);
   if (parts == 1) return;
-  const std::ptrdiff_t first = (static_cast<std::ptrdiff_t>(row) * a.num_heads + head) * a.partitions;
+  const std::ptrdiff_t first =
+      (static_cast<std::ptrdiff_t>(row) * a.num_heads + head) * a.partitions;
   for (int c = static_cast<int>(threadIdx.x); c < a.head_dim; c += static_cast<int>(blockDim.x)) {
     SoftmaxState<float> state = empty_softmax_state<float>();
     float acc = 0.f;
@@ -319,19 +334,22 @@ void check_attention_args(const char* where, const AttentionShape& shape, Device
   if (!head_dim_supported(shape.head_dim())) {
     kvlab::detail::fail(where, "shape.head_dim()", "a multiple of 8 in [8, 256]", shape.head_dim());
   }
-  require_equal(where, "cache.num_kv_heads", cache_kv_heads, shape.num_kv_heads(), "shape.num_kv_heads()");
+  require_equal(where, "cache.num_kv_heads", cache_kv_heads, shape.num_kv_heads(),
+                "shape.num_kv_heads()");
   require_equal(where, "cache.head_dim", cache_head_dim, shape.head_dim(), "shape.head_dim()");
   kvlab::detail::require_at_least(where, "q.rows", q.rows, 1);
   require_equal(where, "q.cols", q.cols, shape.q_width(), "num_heads * head_dim");
   require_equal(where, "out.rows", out.rows, q.rows, "q.rows");
   require_equal(where, "out.cols", out.cols, shape.q_width(), "num_heads * head_dim");
-  if (q.data == nullptr || out.data == nullptr) kvlab::detail::fail(where, "q.data / out.data", "device pointers", "a null pointer");
+  if (q.data == nullptr || out.data == nullptr)
+    kvlab::detail::fail(where, "q.data / out.data", "device pointers", "a null pointer");
   require_aligned(where, "q.data", q.data);
   if (overlaps(q.data, q.size() * sizeof(T), out.data, out.size() * sizeof(T))) {
     kvlab::detail::fail(where, "out", "memory that does not overlap q", "an overlap");
   }
   if (shape.num_kv_heads() > 65535 / group_tiles(shape.group_size())) {
-    kvlab::detail::fail(where, "shape.num_kv_heads()", "at most 65535 blocks per row", shape.num_kv_heads());
+    kvlab::detail::fail(where, "shape.num_kv_heads()", "at most 65535 blocks per row",
+                        shape.num_kv_heads());
   }
 }
 
@@ -339,13 +357,15 @@ void check_attention_args(const char* where, const AttentionShape& shape, Device
 /// `q.rows` query rows over `cache`.
 template <typename T, typename Cache>
 void launch_attention(const AttentionShape& shape, DeviceMatrix<const T> q, const Cache& cache,
-                      const std::int32_t* qo_indptr, DeviceMatrix<T> out, int block_size, const LaunchOptions& options) {
+                      const std::int32_t* qo_indptr, DeviceMatrix<T> out, int block_size,
+                      const LaunchOptions& options) {
   const int sm_count = options.partitions >= 1 ? 1 : multiprocessor_count();
-  const AttentionPlan plan = plan_attention(shape, q.rows, block_size, sm_count, options.partitions);
+  const AttentionPlan plan =
+      plan_attention(shape, q.rows, block_size, sm_count, options.partitions);
   const std::size_t acc_bytes = partial_bytes(shape, q.rows, plan) == 0
                                     ? 0
-                                    : static_cast<std::size_t>(q.rows) * shape.num_heads() * plan.partitions *
-                                          shape.head_dim() * sizeof(float);
+                                    : static_cast<std::size_t>(q.rows) * shape.num_heads() *
+                                          plan.partitions * shape.head_dim() * sizeof(float);
   Scratch scratch(partial_bytes(shape, q.rows, plan), options.workspace, options.stream);
 
   AttentionArgs<T, Cache> args{};
@@ -365,7 +385,8 @@ void launch_attention(const AttentionShape& shape, DeviceMatrix<const T> q, cons
   args.partial_acc = plan.partitions > 1 ? scratch.as<float>() : nullptr;
   args.partial_state = plan.partitions > 1 ? scratch.as<SoftmaxState<float>>(acc_bytes) : nullptr;
 
-  const dim3 grid(static_cast<unsigned>(q.rows), static_cast<unsigned>(shape.num_kv_heads() * plan.group_tiles),
+  const dim3 grid(static_cast<unsigned>(q.rows),
+                  static_cast<unsigned>(shape.num_kv_heads() * plan.group_tiles),
                   static_cast<unsigned>(plan.partitions));
   const auto smem = static_cast<unsigned>(plan.smem_bytes);
   // One compiled variant per group tile: the heads a block serves are registers (`q`, `acc`).
@@ -383,8 +404,8 @@ void launch_attention(const AttentionShape& shape, DeviceMatrix<const T> q, cons
     default:
       break;
   }
-  launch_kernel("kvlab::cuda::detail::attention_kernel", kernel, grid, dim3(kAttentionThreads), smem, options.stream,
-                args);
+  launch_kernel("kvlab::cuda::detail::attention_kernel", kernel, grid, dim3(kAttentionThreads),
+                smem, options.stream, args);
   if (plan.partitions > 1) {
     launch_kernel("kvlab::cuda::detail::merge_partitions_kernel", merge_partitions_kernel<T, Cache>,
                   dim3(static_cast<unsigned>(q.rows), static_cast<unsigned>(shape.num_heads())),
@@ -399,9 +420,10 @@ void check_paged_fields(const char* where, const PagedKVView<T>& cache) {
   kvlab::detail::require_at_least(where, "cache.batch", cache.batch, 1);
   kvlab::detail::require_at_least(where, "cache.block_size", cache.block_size, 1);
   kvlab::detail::require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
-  if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr || cache.indices == nullptr ||
-      cache.last_page_len == nullptr) {
-    kvlab::detail::fail(where, "cache.k / v / indptr / indices / last_page_len", "device pointers", "a null pointer");
+  if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr ||
+      cache.indices == nullptr || cache.last_page_len == nullptr) {
+    kvlab::detail::fail(where, "cache.k / v / indptr / indices / last_page_len", "device pointers",
+                        "a null pointer");
   }
   require_aligned(where, "cache.k", cache.k);
   require_aligned(where, "cache.v", cache.v);
@@ -410,15 +432,20 @@ void check_paged_fields(const char* where, const PagedKVView<T>& cache) {
 /// Keys seen by all query rows of a paged launch (for the counters): copies the batch's
 /// `indptr`, `last_page_len` and `qo_indptr` (if not null) to the host, waiting for `stream`.
 template <typename T>
-std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* qo_indptr, cudaStream_t stream) {
+std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* qo_indptr,
+                              cudaStream_t stream) {
   const auto batch = static_cast<std::size_t>(cache.batch);
-  std::vector<std::int32_t> indptr(batch + 1), last(batch), qo(qo_indptr != nullptr ? batch + 1 : 0);
-  KVLAB_CUDA_CHECK(cudaMemcpyAsync(indptr.data(), cache.indptr, indptr.size() * sizeof(std::int32_t),
-                                   cudaMemcpyDeviceToHost, stream));
-  KVLAB_CUDA_CHECK(cudaMemcpyAsync(last.data(), cache.last_page_len, last.size() * sizeof(std::int32_t),
-                                   cudaMemcpyDeviceToHost, stream));
+  std::vector<std::int32_t> indptr(batch + 1), last(batch),
+      qo(qo_indptr != nullptr ? batch + 1 : 0);
+  KVLAB_CUDA_CHECK(cudaMemcpyAsync(indptr.data(), cache.indptr,
+                                   indptr.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                   stream));
+  KVLAB_CUDA_CHECK(cudaMemcpyAsync(last.data(), cache.last_page_len,
+                                   last.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                   stream));
   if (qo_indptr != nullptr) {
-    KVLAB_CUDA_CHECK(cudaMemcpyAsync(qo.data(), qo_indptr, qo.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
+    KVLAB_CUDA_CHECK(cudaMemcpyAsync(qo.data(), qo_indptr, qo.size() * sizeof(std::int32_t),
+                                     cudaMemcpyDeviceToHost, stream));
   }
   KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));
   PagedKVView<T> host = cache;  // the host copies of the arrays that seq_len reads
@@ -430,7 +457,8 @@ std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* q
     if (qo_indptr == nullptr) {
       keys += len;
     } else {  // query i of q_len sees len - q_len + i + 1 keys
-      const auto q_len = static_cast<std::uint64_t>(qo[static_cast<std::size_t>(s) + 1] - qo[static_cast<std::size_t>(s)]);
+      const auto q_len = static_cast<std::uint64_t>(qo[static_cast<std::size_t>(s) + 1] -
+                                                    qo[static_cast<std::size_t>(s)]);
       keys += q_len * (len - q_len) + q_len * (q_len + 1) / 2;
     }
   }
@@ -465,23 +493,26 @@ std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* q
 /// \throws InvalidArgument for any shape, pointer or view that does not fit the above;
 ///         CudaError if a CUDA call fails.
 template <typename T>
-void decode_attention(const AttentionShape& shape, DeviceInput<T> q, const ContiguousKVView<T>& cache,
-                      DeviceMatrix<T> out, CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
+void decode_attention(const AttentionShape& shape, DeviceInput<T> q,
+                      const ContiguousKVView<T>& cache, DeviceMatrix<T> out,
+                      CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::decode_attention";
   detail::check_attention_args<T>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
   if (cache.length < q.rows || cache.length > cache.capacity) {
     kvlab::detail::fail(kWhere, "cache.length",
-                        "in [q.rows (" + std::to_string(q.rows) + "), cache.capacity (" + std::to_string(cache.capacity) +
-                            ")]",
+                        "in [q.rows (" + std::to_string(q.rows) + "), cache.capacity (" +
+                            std::to_string(cache.capacity) + ")]",
                         cache.length);
   }
-  if (cache.k == nullptr || cache.v == nullptr) kvlab::detail::fail(kWhere, "cache.k / cache.v", "device pointers", "a null pointer");
+  if (cache.k == nullptr || cache.v == nullptr)
+    kvlab::detail::fail(kWhere, "cache.k / cache.v", "device pointers", "a null pointer");
   detail::require_aligned(kWhere, "cache.k", cache.k);
   detail::require_aligned(kWhere, "cache.v", cache.v);
   detail::launch_attention(shape, q, cache, nullptr, out, /*block_size=*/1, options);
   if (counters != nullptr) {
     const auto n = static_cast<std::uint64_t>(q.rows);
-    const auto first = static_cast<std::uint64_t>(cache.length - q.rows);  // keys before the first query's own
+    // keys before the first query's own
+    const auto first = static_cast<std::uint64_t>(cache.length - q.rows);
     count_attention(shape, sizeof(T), n * first + n * (n + 1) / 2, *counters);
   }
 }
@@ -510,14 +541,18 @@ void decode_attention(const AttentionShape& shape, DeviceInput<T> q, const Conti
 /// \throws InvalidArgument for any shape, pointer or view that does not fit the above;
 ///         CudaError if a CUDA call fails.
 template <typename T>
-void paged_decode_attention(const AttentionShape& shape, DeviceInput<T> q, const PagedKVView<T>& cache,
-                            DeviceMatrix<T> out, CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
+void paged_decode_attention(const AttentionShape& shape, DeviceInput<T> q,
+                            const PagedKVView<T>& cache, DeviceMatrix<T> out,
+                            CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_decode_attention";
   detail::check_attention_args<T>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
   detail::check_paged_fields(kWhere, cache);
-  kvlab::detail::require_equal(kWhere, "q.rows", q.rows, cache.batch, "cache.batch (one query per sequence)");
+  kvlab::detail::require_equal(kWhere, "q.rows", q.rows, cache.batch,
+                               "cache.batch (one query per sequence)");
   detail::launch_attention(shape, q, cache, nullptr, out, cache.block_size, options);
-  if (counters != nullptr) count_attention(shape, sizeof(T), detail::paged_keys_seen(cache, nullptr, options.stream), *counters);
+  if (counters != nullptr)
+    count_attention(shape, sizeof(T), detail::paged_keys_seen(cache, nullptr, options.stream),
+                    *counters);
 }
 
 /// Prefill (or chunked prefill, or decode) attention of a ragged batch over a paged pool in
@@ -538,15 +573,19 @@ void paged_decode_attention(const AttentionShape& shape, DeviceInput<T> q, const
 /// \throws InvalidArgument for any shape, pointer or view that does not fit the above;
 ///         CudaError if a CUDA call fails.
 template <typename T>
-void paged_prefill_attention(const AttentionShape& shape, DeviceInput<T> q, const std::int32_t* qo_indptr,
-                             const PagedKVView<T>& cache, DeviceMatrix<T> out, CostCounters* counters = nullptr,
+void paged_prefill_attention(const AttentionShape& shape, DeviceInput<T> q,
+                             const std::int32_t* qo_indptr, const PagedKVView<T>& cache,
+                             DeviceMatrix<T> out, CostCounters* counters = nullptr,
                              const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_prefill_attention";
   detail::check_attention_args<T>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
   detail::check_paged_fields(kWhere, cache);
-  if (qo_indptr == nullptr) kvlab::detail::fail(kWhere, "qo_indptr", "a device pointer", "a null pointer");
+  if (qo_indptr == nullptr)
+    kvlab::detail::fail(kWhere, "qo_indptr", "a device pointer", "a null pointer");
   detail::launch_attention(shape, q, cache, qo_indptr, out, cache.block_size, options);
-  if (counters != nullptr) count_attention(shape, sizeof(T), detail::paged_keys_seen(cache, qo_indptr, options.stream), *counters);
+  if (counters != nullptr)
+    count_attention(shape, sizeof(T), detail::paged_keys_seen(cache, qo_indptr, options.stream),
+                    *counters);
 }
 
 }  // namespace kvlab::cuda

@@ -56,14 +56,18 @@ struct DeviceMatrix {
   KVLAB_HOST_DEVICE DeviceMatrix(T* pointer, int count_rows, int count_cols)
       : data(pointer), rows(count_rows), cols(count_cols) {}
   /// A read-only view of a writable one.
-  template <typename U, typename = std::enable_if_t<std::is_same<const U, T>::value && !std::is_same<U, T>::value>>
-  KVLAB_HOST_DEVICE DeviceMatrix(const DeviceMatrix<U>& other)  // NOLINT: implicit, like T* -> const T*
+  template <typename U, typename = std::enable_if_t<std::is_same<const U, T>::value &&
+                                                    !std::is_same<U, T>::value>>
+  // NOLINT: implicit, like T* -> const T*
+  KVLAB_HOST_DEVICE DeviceMatrix(const DeviceMatrix<U>& other)
       : data(other.data), rows(other.rows), cols(other.cols) {}
 
   /// Row `r`: `cols` values.
   KVLAB_HOST_DEVICE T* row(int r) const { return data + static_cast<std::ptrdiff_t>(r) * cols; }
   /// rows * cols.
-  KVLAB_HOST_DEVICE std::size_t size() const { return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols); }
+  KVLAB_HOST_DEVICE std::size_t size() const {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  }
 };
 
 namespace detail {
@@ -83,7 +87,8 @@ using DeviceInput = DeviceMatrix<const typename detail::NonDeduced<T>::type>;
 /// move-only. Values are uninitialised until written.
 template <typename T>
 class DeviceBuffer {
-  static_assert(std::is_trivially_copyable<T>::value, "DeviceBuffer holds trivially copyable values");
+  static_assert(std::is_trivially_copyable<T>::value,
+                "DeviceBuffer holds trivially copyable values");
 
  public:
   /// An empty buffer (no allocation).
@@ -91,7 +96,8 @@ class DeviceBuffer {
   /// `count` uninitialised values.
   /// \throws CudaError if the allocation fails.
   explicit DeviceBuffer(std::size_t count) : size_(count) {
-    if (count > 0) KVLAB_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)));
+    if (count > 0)
+      KVLAB_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)));
   }
   /// A copy of the host array `host` [count].
   /// \throws CudaError if the allocation or the copy fails.
@@ -130,13 +136,15 @@ class DeviceBuffer {
   /// \throws InvalidArgument if the range does not fit; CudaError if the copy fails.
   void upload(const T* host, std::size_t count, std::size_t offset = 0) {
     check_range("kvlab::cuda::DeviceBuffer::upload", count, offset);
-    if (count > 0) KVLAB_CUDA_CHECK(cudaMemcpy(data_ + offset, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    if (count > 0)
+      KVLAB_CUDA_CHECK(cudaMemcpy(data_ + offset, host, count * sizeof(T), cudaMemcpyHostToDevice));
   }
   /// Copies `count` values, from value `offset` on, into host memory.
   /// \throws InvalidArgument if the range does not fit; CudaError if the copy fails.
   void download(T* host, std::size_t count, std::size_t offset = 0) const {
     check_range("kvlab::cuda::DeviceBuffer::download", count, offset);
-    if (count > 0) KVLAB_CUDA_CHECK(cudaMemcpy(host, data_ + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
+    if (count > 0)
+      KVLAB_CUDA_CHECK(cudaMemcpy(host, data_ + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
   }
   /// All values, copied to the host.
   std::vector<T> to_host() const {
@@ -170,7 +178,8 @@ class DeviceBuffer {
     }
   }
   void check_matrix(int rows, int cols) const {
-    if (rows < 0 || cols < 0 || static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) > size_) {
+    if (rows < 0 || cols < 0 ||
+        static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) > size_) {
       kvlab::detail::fail("kvlab::cuda::DeviceBuffer::matrix", "rows * cols",
                           "in [0, size() (" + std::to_string(size_) + ")]",
                           std::to_string(rows) + " * " + std::to_string(cols));

@@ -19,8 +19,8 @@ class CudaError : public std::runtime_error {
  public:
   /// The error `code` returned by `call` (its source text) at `file`:`line`.
   CudaError(const std::string& call, cudaError_t code, const char* file, int line)
-      : std::runtime_error(call + ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ") at " +
-                           file + ":" + std::to_string(line)),
+      : std::runtime_error(call + ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
+                           ") at " + file + ":" + std::to_string(line)),
         code_(code) {}
 
   /// The CUDA error code.
@@ -47,7 +47,8 @@ inline void check(cudaError_t status, const char* call, const char* file, int li
 /// no device). Errors inside the running kernel surface at the next synchronising call.
 inline void check_launch(const char* kernel, const char* file, int line) {
   const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) throw CudaError(std::string("launch of ") + kernel, status, file, line);
+  if (status != cudaSuccess)
+    throw CudaError(std::string("launch of ") + kernel, status, file, line);
 }
 
 }  // namespace cuda

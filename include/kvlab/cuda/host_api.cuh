@@ -43,7 +43,8 @@ DeviceBuffer<Storage> upload_as(const float* host, std::size_t count) {
 
 /// A device copy of `m` ([rows, cols]) rounded to `Storage`.
 template <typename Storage>
-DeviceBuffer<Storage> upload_matrix(const char* where, const char* name, const RowMatrix<float>& m) {
+DeviceBuffer<Storage> upload_matrix(const char* where, const char* name,
+                                    const RowMatrix<float>& m) {
   if (m.rows() > INT_MAX || m.cols() > INT_MAX) {
     kvlab::detail::fail(where, std::string(name) + " shape", "rows and cols that fit in an int",
                         std::to_string(m.rows()) + " x " + std::to_string(m.cols()));
@@ -54,30 +55,34 @@ DeviceBuffer<Storage> upload_matrix(const char* where, const char* name, const R
 /// `buffer` ([rows, cols] of Storage) copied back to the host as floats, after waiting for
 /// `stream`.
 template <typename Storage>
-RowMatrix<float> download_matrix(const DeviceBuffer<Storage>& buffer, int rows, int cols, cudaStream_t stream) {
+RowMatrix<float> download_matrix(const DeviceBuffer<Storage>& buffer, int rows, int cols,
+                                 cudaStream_t stream) {
   KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<Storage> host = buffer.to_host();
   RowMatrix<float> out(rows, cols);
-  for (Eigen::Index i = 0; i < out.size(); ++i) out.data()[i] = to_float(host[static_cast<std::size_t>(i)]);
+  for (Eigen::Index i = 0; i < out.size(); ++i)
+    out.data()[i] = to_float(host[static_cast<std::size_t>(i)]);
   return out;
 }
 
 /// A host paged view's pool and block tables copied to the device, with the device view.
 template <typename Storage>
 struct DevicePagedCopy {
-  DeviceBuffer<Storage> k, v;                         ///< the pool, converted
-  DeviceBuffer<std::int32_t> indptr, indices, last;   ///< the block tables
-  PagedKVView<Storage> view;                          ///< the same view with device pointers
+  DeviceBuffer<Storage> k, v;                        ///< the pool, converted
+  DeviceBuffer<std::int32_t> indptr, indices, last;  ///< the block tables
+  PagedKVView<Storage> view;                         ///< the same view with device pointers
 
   /// Copies `cache` (host pointers, checked by the caller).
   explicit DevicePagedCopy(const PagedKVView<float>& cache) {
-    const std::size_t pool = static_cast<std::size_t>(cache.num_blocks) * static_cast<std::size_t>(cache.block_size) *
-                             static_cast<std::size_t>(cache.num_kv_heads) * static_cast<std::size_t>(cache.head_dim);
+    const std::size_t pool =
+        static_cast<std::size_t>(cache.num_blocks) * static_cast<std::size_t>(cache.block_size) *
+        static_cast<std::size_t>(cache.num_kv_heads) * static_cast<std::size_t>(cache.head_dim);
     const auto batch = static_cast<std::size_t>(cache.batch);
     k = upload_as<Storage>(cache.k, pool);
     v = upload_as<Storage>(cache.v, pool);
     indptr = DeviceBuffer<std::int32_t>(cache.indptr, batch + 1);
-    indices = DeviceBuffer<std::int32_t>(cache.indices, static_cast<std::size_t>(cache.indptr[cache.batch]));
+    indices = DeviceBuffer<std::int32_t>(cache.indices,
+                                         static_cast<std::size_t>(cache.indptr[cache.batch]));
     last = DeviceBuffer<std::int32_t>(cache.last_page_len, batch);
     view.k = k.data();
     view.v = v.data();
@@ -108,14 +113,17 @@ DeviceBuffer<Storage> to_device(const RowMatrix<float>& m) {
 /// \throws InvalidArgument if the buffer holds fewer values; CudaError if the copy fails.
 template <typename Storage>
 RowMatrix<float> to_host(const DeviceBuffer<Storage>& buffer, int rows, int cols) {
-  if (rows < 0 || cols < 0 || static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) > buffer.size()) {
-    kvlab::detail::fail("kvlab::cuda::to_host", "rows * cols", "at most buffer.size() (" + std::to_string(buffer.size()) + ")",
+  if (rows < 0 || cols < 0 ||
+      static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) > buffer.size()) {
+    kvlab::detail::fail("kvlab::cuda::to_host", "rows * cols",
+                        "at most buffer.size() (" + std::to_string(buffer.size()) + ")",
                         std::to_string(rows) + " * " + std::to_string(cols));
   }
   std::vector<Storage> host(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
   buffer.download(host.data(), host.size());
   RowMatrix<float> out(rows, cols);
-  for (Eigen::Index i = 0; i < out.size(); ++i) out.data()[i] = to_float(host[static_cast<std::size_t>(i)]);
+  for (Eigen::Index i = 0; i < out.size(); ++i)
+    out.data()[i] = to_float(host[static_cast<std::size_t>(i)]);
   return out;
 }
 
@@ -130,18 +138,23 @@ RowMatrix<float> to_host(const DeviceBuffer<Storage>& buffer, int rows, int cols
 /// \throws InvalidArgument as the device overload; CudaError if a CUDA call fails (also when
 ///         there is no GPU).
 template <typename Storage = float>
-RowMatrix<float> naive_attention(const AttentionShape& shape, const RowMatrix<float>& q, const RowMatrix<float>& k,
-                                 const RowMatrix<float>& v, CostCounters* counters = nullptr) {
+RowMatrix<float> naive_attention(const AttentionShape& shape, const RowMatrix<float>& q,
+                                 const RowMatrix<float>& k, const RowMatrix<float>& v,
+                                 CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cuda::naive_attention";
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const auto d_k = detail::upload_matrix<Storage>(kWhere, "k", k);
   const auto d_v = detail::upload_matrix<Storage>(kWhere, "v", v);
   const int rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(rows) * static_cast<std::size_t>(shape.q_width()));
-  naive_attention<Storage>(shape, DeviceMatrix<const Storage>(d_q.data(), rows, static_cast<int>(q.cols())),
-                           DeviceMatrix<const Storage>(d_k.data(), static_cast<int>(k.rows()), static_cast<int>(k.cols())),
-                           DeviceMatrix<const Storage>(d_v.data(), static_cast<int>(v.rows()), static_cast<int>(v.cols())),
-                           DeviceMatrix<Storage>(d_out.data(), rows, shape.q_width()), counters);
+  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(rows) *
+                              static_cast<std::size_t>(shape.q_width()));
+  naive_attention<Storage>(
+      shape, DeviceMatrix<const Storage>(d_q.data(), rows, static_cast<int>(q.cols())),
+      DeviceMatrix<const Storage>(d_k.data(), static_cast<int>(k.rows()),
+                                  static_cast<int>(k.cols())),
+      DeviceMatrix<const Storage>(d_v.data(), static_cast<int>(v.rows()),
+                                  static_cast<int>(v.cols())),
+      DeviceMatrix<Storage>(d_out.data(), rows, shape.q_width()), counters);
   return detail::download_matrix(d_out, rows, shape.q_width(), nullptr);
 }
 
@@ -157,32 +170,39 @@ RowMatrix<float> naive_attention(const AttentionShape& shape, const RowMatrix<fl
 /// \throws InvalidArgument as the device overload; CudaError if a CUDA call fails.
 template <typename Storage = float>
 RowMatrix<float> decode_attention(const AttentionShape& shape, const RowMatrix<float>& q,
-                                  const ContiguousKVView<float>& cache, CostCounters* counters = nullptr,
+                                  const ContiguousKVView<float>& cache,
+                                  CostCounters* counters = nullptr,
                                   const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::decode_attention";
-  if (cache.k == nullptr || cache.v == nullptr) kvlab::detail::fail(kWhere, "cache.k / cache.v", "host pointers", "a null pointer");
+  if (cache.k == nullptr || cache.v == nullptr)
+    kvlab::detail::fail(kWhere, "cache.k / cache.v", "host pointers", "a null pointer");
   if (cache.length < 0 || cache.length > cache.capacity) {
-    kvlab::detail::fail(kWhere, "cache.length", "in [0, capacity (" + std::to_string(cache.capacity) + ")]", cache.length);
+    kvlab::detail::fail(kWhere, "cache.length",
+                        "in [0, capacity (" + std::to_string(cache.capacity) + ")]", cache.length);
   }
   // The filled rows only: a device cache with capacity = length.
-  const std::size_t rows = static_cast<std::size_t>(cache.num_kv_heads) * static_cast<std::size_t>(cache.length);
+  const std::size_t rows =
+      static_cast<std::size_t>(cache.num_kv_heads) * static_cast<std::size_t>(cache.length);
   std::vector<float> k(rows * static_cast<std::size_t>(cache.head_dim)), v(k.size());
   for (int h = 0; h < cache.num_kv_heads; ++h)
     for (int pos = 0; pos < cache.length; ++pos)
       for (int c = 0; c < cache.head_dim; ++c) {
-        const std::size_t at = (static_cast<std::size_t>(h) * cache.length + pos) * cache.head_dim + c;
+        const std::size_t at =
+            (static_cast<std::size_t>(h) * cache.length + pos) * cache.head_dim + c;
         k[at] = cache.key(h, pos)[c];
         v[at] = cache.value(h, pos)[c];
       }
   const auto d_k = detail::upload_as<Storage>(k.data(), k.size());
   const auto d_v = detail::upload_as<Storage>(v.data(), v.size());
-  const ContiguousKVView<Storage> device{d_k.data(), d_v.data(), cache.num_kv_heads, cache.head_dim, cache.length,
-                                         cache.length};
+  const ContiguousKVView<Storage> device{d_k.data(),     d_v.data(),   cache.num_kv_heads,
+                                         cache.head_dim, cache.length, cache.length};
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) * static_cast<std::size_t>(shape.q_width()));
-  decode_attention<Storage>(shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())), device,
-                            DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters, options);
+  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) *
+                              static_cast<std::size_t>(shape.q_width()));
+  decode_attention<Storage>(
+      shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())), device,
+      DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters, options);
   return detail::download_matrix(d_out, q_rows, shape.q_width(), options.stream);
 }
 
@@ -198,17 +218,19 @@ RowMatrix<float> decode_attention(const AttentionShape& shape, const RowMatrix<f
 /// \throws InvalidArgument for bad arguments or tables; CudaError if a CUDA call fails.
 template <typename Storage = float>
 RowMatrix<float> paged_decode_attention(const AttentionShape& shape, const RowMatrix<float>& q,
-                                        const PagedKVView<float>& cache, CostCounters* counters = nullptr,
+                                        const PagedKVView<float>& cache,
+                                        CostCounters* counters = nullptr,
                                         const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_decode_attention";
   kvlab::detail::check_paged_view(kWhere, shape, cache);
   const detail::DevicePagedCopy<Storage> device(cache);
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) * static_cast<std::size_t>(shape.q_width()));
-  paged_decode_attention<Storage>(shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())),
-                                  device.view, DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters,
-                                  options);
+  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) *
+                              static_cast<std::size_t>(shape.q_width()));
+  paged_decode_attention<Storage>(
+      shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())),
+      device.view, DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters, options);
   return detail::download_matrix(d_out, q_rows, shape.q_width(), options.stream);
 }
 
@@ -226,19 +248,22 @@ RowMatrix<float> paged_decode_attention(const AttentionShape& shape, const RowMa
 /// \throws InvalidArgument for bad arguments or tables; CudaError if a CUDA call fails.
 template <typename Storage = float>
 RowMatrix<float> paged_prefill_attention(const AttentionShape& shape, const RowMatrix<float>& q,
-                                         const std::vector<std::int32_t>& qo_indptr, const PagedKVView<float>& cache,
-                                         CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
+                                         const std::vector<std::int32_t>& qo_indptr,
+                                         const PagedKVView<float>& cache,
+                                         CostCounters* counters = nullptr,
+                                         const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_prefill_attention";
   kvlab::detail::check_paged_view(kWhere, shape, cache);
-  kvlab::detail::require_equal(kWhere, "qo_indptr.size()", qo_indptr.size(), static_cast<std::size_t>(cache.batch) + 1,
-                               "cache.batch + 1");
+  kvlab::detail::require_equal(kWhere, "qo_indptr.size()", qo_indptr.size(),
+                               static_cast<std::size_t>(cache.batch) + 1, "cache.batch + 1");
   kvlab::detail::require_equal(kWhere, "qo_indptr[0]", qo_indptr[0], 0);
   for (int s = 0; s < cache.batch; ++s) {
     const auto i = static_cast<std::size_t>(s);
     const std::int64_t q_len = static_cast<std::int64_t>(qo_indptr[i + 1]) - qo_indptr[i];
     if (q_len < 0 || q_len > cache.seq_len(s)) {
       kvlab::detail::fail(kWhere, "qo_indptr[" + std::to_string(s + 1) + "]",
-                          "in [qo_indptr[" + std::to_string(s) + "], that + the sequence's length (" +
+                          "in [qo_indptr[" + std::to_string(s) +
+                              "], that + the sequence's length (" +
                               std::to_string(cache.seq_len(s)) + ")]",
                           qo_indptr[i + 1]);
     }
@@ -249,10 +274,12 @@ RowMatrix<float> paged_prefill_attention(const AttentionShape& shape, const RowM
   const DeviceBuffer<std::int32_t> d_qo_indptr(qo_indptr);
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) * static_cast<std::size_t>(shape.q_width()));
-  paged_prefill_attention<Storage>(shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())),
-                                   d_qo_indptr.data(), device.view,
-                                   DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters, options);
+  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) *
+                              static_cast<std::size_t>(shape.q_width()));
+  paged_prefill_attention<Storage>(
+      shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())),
+      d_qo_indptr.data(), device.view, DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()),
+      counters, options);
   return detail::download_matrix(d_out, q_rows, shape.q_width(), options.stream);
 }
 

@@ -42,15 +42,16 @@ inline unsigned write_blocks(std::int64_t count) {
 /// \param k_cache  [num_kv_heads, capacity, head_dim], this layer's keys
 /// \param v_cache  [num_kv_heads, capacity, head_dim], this layer's values
 template <typename T>
-__global__ void append_rows_kernel(const T* k, const T* v, int n, T* k_cache, T* v_cache, ContiguousKVView<T> layout,
-                                   int first) {
+__global__ void append_rows_kernel(const T* k, const T* v, int n, T* k_cache, T* v_cache,
+                                   ContiguousKVView<T> layout, int first) {
   const int width = layout.num_kv_heads * layout.head_dim;
   const std::int64_t count = static_cast<std::int64_t>(n) * width;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int t = static_cast<int>(i / width);
     const int in_row = static_cast<int>(i % width);
-    const std::ptrdiff_t dst = layout.offset(in_row / layout.head_dim, first + t) + in_row % layout.head_dim;
+    const std::ptrdiff_t dst =
+        layout.offset(in_row / layout.head_dim, first + t) + in_row % layout.head_dim;
     k_cache[dst] = k[i];
     v_cache[dst] = v[i];
   }
@@ -64,8 +65,8 @@ __global__ void append_rows_kernel(const T* k, const T* v, int n, T* k_cache, T*
 ///                [num_blocks, num_kv_heads, block_size, head_dim] (HND)
 /// \param v_pool  this layer's values, the same layout
 template <typename T>
-__global__ void write_slots_kernel(const T* k, const T* v, const std::int64_t* slots, int n, T* k_pool, T* v_pool,
-                                   PagedKVView<T> layout) {
+__global__ void write_slots_kernel(const T* k, const T* v, const std::int64_t* slots, int n,
+                                   T* k_pool, T* v_pool, PagedKVView<T> layout) {
   const int width = layout.num_kv_heads * layout.head_dim;
   const std::int64_t count = static_cast<std::int64_t>(n) * width;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
@@ -73,7 +74,8 @@ __global__ void write_slots_kernel(const T* k, const T* v, const std::int64_t* s
     const std::int64_t slot = slots[i / width];
     if (slot < 0) continue;
     const int in_row = static_cast<int>(i % width);
-    const std::ptrdiff_t dst = layout.slot_offset(slot, in_row / layout.head_dim) + in_row % layout.head_dim;
+    const std::ptrdiff_t dst =
+        layout.slot_offset(slot, in_row / layout.head_dim) + in_row % layout.head_dim;
     k_pool[dst] = k[i];
     v_pool[dst] = v[i];
   }
@@ -81,7 +83,8 @@ __global__ void write_slots_kernel(const T* k, const T* v, const std::int64_t* s
 
 /// Checks that `k` and `v` are both [rows >= min_rows, width] device matrices.
 template <typename T>
-void check_rows(const char* where, DeviceMatrix<const T> k, DeviceMatrix<const T> v, int width, int min_rows) {
+void check_rows(const char* where, DeviceMatrix<const T> k, DeviceMatrix<const T> v, int width,
+                int min_rows) {
   kvlab::detail::require_at_least(where, "k.rows", k.rows, min_rows);
   kvlab::detail::require_equal(where, "k.cols", k.cols, width, "num_kv_heads * head_dim");
   kvlab::detail::require_equal(where, "v.rows", v.rows, k.rows, "k.rows");
@@ -104,8 +107,12 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if any argument is below 1 or the sizes overflow; CudaError if the
   ///         allocation fails.
   ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
-      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), capacity_(capacity),
-        k_(elements(num_layers, num_kv_heads, head_dim, capacity)), v_(k_.size()),
+      : num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        capacity_(capacity),
+        k_(elements(num_layers, num_kv_heads, head_dim, capacity)),
+        v_(k_.size()),
         length_(static_cast<std::size_t>(num_layers), 0) {}
 
   /// Number of layers.
@@ -131,22 +138,25 @@ class ContiguousKVCache {
   /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
   ///         more than `capacity()` tokens (either way nothing is written); CudaError if the
   ///         launch fails.
-  void append(int layer, DeviceMatrix<const T> k, DeviceMatrix<const T> v, cudaStream_t stream = nullptr) {
+  void append(int layer, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
+              cudaStream_t stream = nullptr) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
     const auto l = static_cast<std::size_t>(layer);
     if (k.rows > capacity_ - length_[l]) {
       kvlab::detail::fail<CapacityError>(kWhere, "k.rows",
-                                         "at most " + std::to_string(capacity_ - length_[l]) + " (capacity " +
-                                             std::to_string(capacity_) + ", length " + std::to_string(length_[l]) + ")",
+                                         "at most " + std::to_string(capacity_ - length_[l]) +
+                                             " (capacity " + std::to_string(capacity_) +
+                                             ", length " + std::to_string(length_[l]) + ")",
                                          k.rows);
     }
     const ContiguousKVView<T> layout = view(layer);
-    detail::launch_kernel("kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
-                          dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
-                          dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
-                          layer_data(v_, layer), layout, length_[l]);
+    detail::launch_kernel(
+        "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
+        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+        dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
+        layer_data(v_, layer), layout, length_[l]);
     length_[l] += k.rows;
   }
 
@@ -172,7 +182,11 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if `layer` is out of range.
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
-    return ContiguousKVView<T>{layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, capacity_,
+    return ContiguousKVView<T>{layer_data(k_, layer),
+                               layer_data(v_, layer),
+                               num_kv_heads_,
+                               head_dim_,
+                               capacity_,
                                length_[static_cast<std::size_t>(layer)]};
   }
 
@@ -190,8 +204,10 @@ class ContiguousKVCache {
       kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                           1LL * num_kv_heads * head_dim);
     }
-    const std::size_t row = static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
-    const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers);
+    const std::size_t row =
+        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
+    const std::size_t limit =
+        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers);
     if (row > limit / static_cast<std::size_t>(capacity)) {
       kvlab::detail::fail(kWhere, "capacity", "at most " + std::to_string(limit / row), capacity);
     }
@@ -223,7 +239,9 @@ class DeviceBlockTables {
   /// Copies `tables` (indptr, indices, last_page_len) to the device.
   /// \throws CudaError if an allocation or copy fails.
   explicit DeviceBlockTables(BlockTables tables)
-      : host_(std::move(tables)), indptr_(host_.indptr()), indices_(host_.indices()),
+      : host_(std::move(tables)),
+        indptr_(host_.indptr()),
+        indices_(host_.indices()),
         last_page_len_(host_.last_page_len()) {}
 
   /// The tables on the host.
@@ -240,7 +258,8 @@ class DeviceBlockTables {
   /// \param layout        `KVLayout::NHD`: `[num_blocks, block_size, num_kv_heads, head_dim]`;
   ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
   template <typename T>
-  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim, KVLayout layout = KVLayout::NHD) const {
+  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,
+                      KVLayout layout = KVLayout::NHD) const {
     PagedKVView<T> out = host_.view(k, v, num_kv_heads, head_dim, layout);
     out.indptr = indptr_.data();
     out.indices = indices_.data();
@@ -279,9 +298,13 @@ class PagedKVCache {
   ///         allocation fails.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
                KVLayout layout = KVLayout::NHD)
-      : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim), layout_(layout),
+      : num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        layout_(layout),
         book_(block_size, num_blocks, "kvlab::cuda::PagedKVCache"),
-        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks)), v_(k_.size()) {}
+        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks)),
+        v_(k_.size()) {}
 
   /// Layers.
   int num_layers() const { return num_layers_; }
@@ -314,7 +337,8 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks the
   ///         blocks; CudaError if the copy fails (nothing changes in any of these cases).
   std::vector<std::int64_t> append(int seq, int n) {
-    return book_.append(seq, n, [this](std::int32_t from, std::int32_t to, int) { copy_block(from, to); });
+    return book_.append(seq, n,
+                        [this](std::int32_t from, std::int32_t to, int) { copy_block(from, to); });
   }
 
   /// Stores the keys and values of tokens at `slots` (device memory) in `layer`
@@ -331,11 +355,13 @@ class PagedKVCache {
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
     if (k.rows == 0) return;
-    if (slots == nullptr) kvlab::detail::fail(kWhere, "slots", "a device pointer", "a null pointer");
-    detail::launch_kernel("kvlab::cuda::detail::write_slots_kernel", detail::write_slots_kernel<T>,
-                          dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
-                          dim3(detail::kWriteThreads), 0, stream, k.data, v.data, slots, k.rows, layer_data(k_, layer),
-                          layer_data(v_, layer), layout_view(layer));
+    if (slots == nullptr)
+      kvlab::detail::fail(kWhere, "slots", "a device pointer", "a null pointer");
+    detail::launch_kernel(
+        "kvlab::cuda::detail::write_slots_kernel", detail::write_slots_kernel<T>,
+        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+        dim3(detail::kWriteThreads), 0, stream, k.data, v.data, slots, k.rows,
+        layer_data(k_, layer), layer_data(v_, layer), layout_view(layer));
   }
 
   /// Stores the keys and values of tokens at `slots` (host memory, from `append`) in `layer`,
@@ -347,24 +373,26 @@ class PagedKVCache {
   /// \param stream  the stream to run on
   /// \throws InvalidArgument for a wrong layer, shape or slot (nothing is written); CudaError if
   ///         a copy or the launch fails.
-  void write(int layer, const std::vector<std::int64_t>& slots, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
-             cudaStream_t stream = nullptr) {
+  void write(int layer, const std::vector<std::int64_t>& slots, DeviceMatrix<const T> k,
+             DeviceMatrix<const T> v, cudaStream_t stream = nullptr) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::write";
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
-    kvlab::detail::require_equal(kWhere, "k.rows", static_cast<long>(k.rows), static_cast<long>(slots.size()),
-                                 "slots.size()");
-    const std::int64_t num_slots = static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
+    kvlab::detail::require_equal(kWhere, "k.rows", static_cast<long>(k.rows),
+                                 static_cast<long>(slots.size()), "slots.size()");
+    const std::int64_t num_slots =
+        static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] < 0 || slots[i] >= num_slots) {
-        kvlab::detail::fail(kWhere, "slots[" + std::to_string(i) + "]", "in [0, " + std::to_string(num_slots) + ")",
-                            slots[i]);
+        kvlab::detail::fail(kWhere, "slots[" + std::to_string(i) + "]",
+                            "in [0, " + std::to_string(num_slots) + ")", slots[i]);
       }
     }
     if (slots.empty()) return;
     if (slots_.size() < slots.size()) slots_ = DeviceBuffer<std::int64_t>(slots.size());
-    KVLAB_CUDA_CHECK(cudaMemcpyAsync(slots_.data(), slots.data(), slots.size() * sizeof(std::int64_t),
-                                     cudaMemcpyHostToDevice, stream));
+    KVLAB_CUDA_CHECK(cudaMemcpyAsync(slots_.data(), slots.data(),
+                                     slots.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice,
+                                     stream));
     write(layer, slots_.data(), k, v, stream);
   }
 
@@ -392,14 +420,17 @@ class PagedKVCache {
   PagedKVView<T> view(int layer, const DeviceBlockTables& tables) const {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::view";
     check_layer(kWhere, layer);
-    kvlab::detail::require_equal(kWhere, "tables.num_blocks()", tables.host().num_blocks(), allocator().num_blocks(),
-                                 "num_blocks");
-    kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(), block_size(), "block_size");
-    return tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, layout_);
+    kvlab::detail::require_equal(kWhere, "tables.num_blocks()", tables.host().num_blocks(),
+                                 allocator().num_blocks(), "num_blocks");
+    kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(),
+                                 block_size(), "block_size");
+    return tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_,
+                          layout_);
   }
 
  private:
-  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size,
+                              int num_blocks) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache";
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
@@ -409,12 +440,15 @@ class PagedKVCache {
       kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                           1LL * num_kv_heads * head_dim);
     }
-    const std::size_t token = static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
-    const std::size_t limit =
-        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers) / token;
-    const std::size_t tokens = static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks);
+    const std::size_t token =
+        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
+    const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) /
+                              static_cast<std::size_t>(num_layers) / token;
+    const std::size_t tokens =
+        static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks);
     if (tokens > limit) {
-      kvlab::detail::fail(kWhere, "num_blocks * block_size", "at most " + std::to_string(limit) + " tokens", tokens);
+      kvlab::detail::fail(kWhere, "num_blocks * block_size",
+                          "at most " + std::to_string(limit) + " tokens", tokens);
     }
     return static_cast<std::size_t>(num_layers) * tokens * token;
   }
@@ -428,7 +462,8 @@ class PagedKVCache {
            static_cast<std::size_t>(head_dim_);
   }
   T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
-    const std::size_t per_layer = block_elements() * static_cast<std::size_t>(allocator().num_blocks());
+    const std::size_t per_layer =
+        block_elements() * static_cast<std::size_t>(allocator().num_blocks());
     return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
   }
   // A view of `layer` without block tables: for its slot_offset() only.
@@ -451,8 +486,8 @@ class PagedKVCache {
       for (const DeviceBuffer<T>* values : {&k_, &v_}) {
         T* base = layer_data(*values, l);
         KVLAB_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<std::size_t>(to) * block,
-                                         base + static_cast<std::size_t>(from) * block, block * sizeof(T),
-                                         cudaMemcpyDeviceToDevice, nullptr));
+                                         base + static_cast<std::size_t>(from) * block,
+                                         block * sizeof(T), cudaMemcpyDeviceToDevice, nullptr));
       }
     }
   }
@@ -462,8 +497,9 @@ class PagedKVCache {
   int head_dim_;
   KVLayout layout_;
   PagedSequences book_;  // which blocks each sequence holds; the allocator (host)
-  DeviceBuffer<T> k_;  // [num_layers, num_blocks * block_size * num_kv_heads * head_dim], in layout_
-  DeviceBuffer<T> v_;  // the same for V
+  // [num_layers, num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  DeviceBuffer<T> k_;
+  DeviceBuffer<T> v_;                 // the same for V
   DeviceBuffer<std::int64_t> slots_;  // scratch for the host-slots write: [at least n]
 };
 

@@ -29,10 +29,11 @@ namespace kvlab::cuda::detail {
 /// \param stream      the stream to queue the kernel on
 /// \param args        the kernel's arguments, converted to its parameter types
 template <typename... Params, typename... Args>
-void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem_bytes,
-                   cudaStream_t stream, Args&&... args) {
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   std::size_t smem_bytes, cudaStream_t stream, Args&&... args) {
 #if defined(KVLAB_CUDA_EMULATION)
-  kvlab_emulation::launch(name, kernel, grid, block, smem_bytes, stream, std::forward<Args>(args)...);
+  kvlab_emulation::launch(name, kernel, grid, block, smem_bytes, stream,
+                          std::forward<Args>(args)...);
 #else
   kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
 #endif

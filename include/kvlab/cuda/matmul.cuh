@@ -85,13 +85,15 @@ template <typename TA, typename TB, typename TC>
 void matmul(const MatmulArgs<TA, TB, TC>& args, int batches, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0 || batches == 0) return;
   const dim3 grid(static_cast<unsigned>((args.n + kMatmulTile - 1) / kMatmulTile),
-                  static_cast<unsigned>((args.m + kMatmulTile - 1) / kMatmulTile), static_cast<unsigned>(batches));
+                  static_cast<unsigned>((args.m + kMatmulTile - 1) / kMatmulTile),
+                  static_cast<unsigned>(batches));
   if (grid.y > 65535u || grid.z > 65535u) {
-    kvlab::detail::fail("kvlab::cuda::matmul", "m or batches", "at most 65535 tiles of rows and 65535 batches",
+    kvlab::detail::fail("kvlab::cuda::matmul", "m or batches",
+                        "at most 65535 tiles of rows and 65535 batches",
                         std::to_string(args.m) + " rows, " + std::to_string(batches) + " batches");
   }
-  launch_kernel("kvlab::cuda::detail::matmul_kernel", matmul_kernel<TA, TB, TC>, grid, dim3(kMatmulTile, kMatmulTile), 0,
-                stream, args);
+  launch_kernel("kvlab::cuda::detail::matmul_kernel", matmul_kernel<TA, TB, TC>, grid,
+                dim3(kMatmulTile, kMatmulTile), 0, stream, args);
 }
 
 }  // namespace detail

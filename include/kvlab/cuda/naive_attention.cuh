@@ -70,7 +70,8 @@ __global__ void masked_softmax_kernel(float* scores, int q_len, int kv_len) {
     sum += row[j];
   }
   sum = block_reduce(sum, SumOp{}, partial);
-  for (int j = static_cast<int>(threadIdx.x); j < kv_len; j += kThreads) row[j] = j < visible ? row[j] / sum : 0.f;
+  for (int j = static_cast<int>(threadIdx.x); j < kv_len; j += kThreads)
+    row[j] = j < visible ? row[j] / sum : 0.f;
 }
 
 }  // namespace detail
@@ -98,9 +99,11 @@ __global__ void masked_softmax_kernel(float* scores, int q_len, int kv_len) {
 /// \throws InvalidArgument for any shape that does not fit the above; CudaError if a CUDA call
 ///         fails.
 template <typename T>
-void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<T> k, DeviceInput<T> v,
-                     DeviceMatrix<T> out, CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
-  static_assert(is_storage_type<T>, "kvlab::cuda::naive_attention stores float, __half or __nv_bfloat16");
+void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<T> k,
+                     DeviceInput<T> v, DeviceMatrix<T> out, CostCounters* counters = nullptr,
+                     const LaunchOptions& options = {}) {
+  static_assert(is_storage_type<T>,
+                "kvlab::cuda::naive_attention stores float, __half or __nv_bfloat16");
   constexpr const char* kWhere = "kvlab::cuda::naive_attention";
   using kvlab::detail::fail;
   using kvlab::detail::require_equal;
@@ -120,9 +123,10 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
   const int kv_len = k.rows;
   const int hd = shape.head_dim();
   const int heads = shape.num_heads();
-  const std::size_t scores_per_head = static_cast<std::size_t>(q_len) * static_cast<std::size_t>(kv_len);
-  detail::Scratch scratch(static_cast<std::size_t>(heads) * scores_per_head * sizeof(float), options.workspace,
-                          options.stream);
+  const std::size_t scores_per_head =
+      static_cast<std::size_t>(q_len) * static_cast<std::size_t>(kv_len);
+  detail::Scratch scratch(static_cast<std::size_t>(heads) * scores_per_head * sizeof(float),
+                          options.workspace, options.stream);
   float* scores = scratch.as<float>();  // [num_heads, q_len, kv_len]
 
   // 1. Every score: S_h(i, j) = scale · q_h(i) · k_{h / group}(j).
@@ -146,9 +150,10 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
 
   // 2. Softmax of each row's visible scores; the masked ones become 0.
   if (heads > 65535) fail(kWhere, "shape.num_heads()", "at most 65535", heads);
-  detail::launch_kernel("kvlab::cuda::detail::masked_softmax_kernel", detail::masked_softmax_kernel<>,
-                        dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)), dim3(detail::kSoftmaxThreads),
-                        0, options.stream, scores, q_len, kv_len);
+  detail::launch_kernel("kvlab::cuda::detail::masked_softmax_kernel",
+                        detail::masked_softmax_kernel<>,
+                        dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)),
+                        dim3(detail::kSoftmaxThreads), 0, options.stream, scores, q_len, kv_len);
 
   // 3. O_h = P_h V_{h / group}.
   detail::MatmulArgs<float, T, T> pv{};
@@ -173,8 +178,8 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
     const auto dots = static_cast<std::uint64_t>(heads) * scores_per_head;
     counters->qk_dots += dots;
     counters->macs += 2 * dots * static_cast<std::uint64_t>(hd);
-    counters->kv_bytes_read += 2 * sizeof(T) * static_cast<std::uint64_t>(heads) * static_cast<std::uint64_t>(kv_len) *
-                               static_cast<std::uint64_t>(hd);
+    counters->kv_bytes_read += 2 * sizeof(T) * static_cast<std::uint64_t>(heads) *
+                               static_cast<std::uint64_t>(kv_len) * static_cast<std::uint64_t>(hd);
   }
 }
 

@@ -14,8 +14,8 @@ namespace kvlab::cuda {
 
 /// True for the element types the CUDA kernels store: float, __half, __nv_bfloat16.
 template <typename T>
-constexpr bool is_storage_type =
-    std::is_same<T, float>::value || std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value;
+constexpr bool is_storage_type = std::is_same<T, float>::value || std::is_same<T, __half>::value ||
+                                 std::is_same<T, __nv_bfloat16>::value;
 
 /// Name of a storage type: "fp32", "fp16" or "bf16".
 template <typename T>

@@ -38,8 +38,12 @@ class AttentionLayer {
   /// \throws InvalidArgument if a weight has the wrong shape or d_model < 1.
   AttentionLayer(const AttentionShape& shape, int d_model, RowMatrix<T> wq, RowMatrix<T> wk,
                  RowMatrix<T> wv, RowMatrix<T> wo)
-      : shape_(shape), d_model_(d_model), wq_(std::move(wq)), wk_(std::move(wk)),
-        wv_(std::move(wv)), wo_(std::move(wo)) {
+      : shape_(shape),
+        d_model_(d_model),
+        wq_(std::move(wq)),
+        wk_(std::move(wk)),
+        wv_(std::move(wv)),
+        wo_(std::move(wo)) {
     constexpr const char* kWhere = "kvlab::AttentionLayer";
     detail::require_at_least(kWhere, "d_model", d_model, 1);
     check_weight(kWhere, "wq", wq_, shape.q_width(), d_model);
@@ -95,8 +99,8 @@ class AttentionLayer {
                   CostCounters* counters = nullptr) const {
     check_input("kvlab::AttentionLayer::project_kv", x);
     if (&k == &x || &v == &x || &k == &v) {
-      detail::fail("kvlab::AttentionLayer::project_kv", "k, v", "two matrices distinct from x and each other",
-                   "an alias");
+      detail::fail("kvlab::AttentionLayer::project_kv", "k, v",
+                   "two matrices distinct from x and each other", "an alias");
     }
     if (counters != nullptr) {
       counters->kv_projections += static_cast<std::uint64_t>(x.rows()) * shape_.num_kv_heads();

@@ -46,12 +46,12 @@ class CachedDecoder : public Decoder<T> {
     const AttentionStack<T>& stack = this->stack();
     const int p = static_cast<int>(x.rows());
     if (p > cache_.capacity() - this->position()) {  // checked before any layer is touched
-      detail::fail<CapacityError>(
-          "kvlab::CachedDecoder::forward", "x.rows()",
-          "at most " + std::to_string(cache_.capacity() - this->position()) + " (capacity " +
-              std::to_string(cache_.capacity()) + ", position " +
-              std::to_string(this->position()) + ")",
-          p);
+      detail::fail<CapacityError>("kvlab::CachedDecoder::forward", "x.rows()",
+                                  "at most " +
+                                      std::to_string(cache_.capacity() - this->position()) +
+                                      " (capacity " + std::to_string(cache_.capacity()) +
+                                      ", position " + std::to_string(this->position()) + ")",
+                                  p);
     }
     RowMatrix<T> h = x;  // [p, d_model]: the current layer's input
     RowMatrix<T> k, v;   // [p, num_kv_heads * head_dim]

@@ -30,18 +30,21 @@ namespace detail {
 
 /// An open checkpoint: its stream, size in bytes and name, for reading with named errors.
 struct CheckpointFile {
-  std::string path;       ///< the file's name, as given
-  std::ifstream stream;   ///< open, binary
-  std::uint64_t size = 0; ///< bytes in the file
+  std::string path;        ///< the file's name, as given
+  std::ifstream stream;    ///< open, binary
+  std::uint64_t size = 0;  ///< bytes in the file
 };
 
 /// Opens `path` for reading and measures it.
 inline CheckpointFile open_checkpoint(const char* where, const std::string& path) {
   CheckpointFile file{path, std::ifstream(path, std::ios::binary), 0};
-  if (!file.stream) detail::fail(where, path, "an existing, readable llama2.c checkpoint", "a path that cannot be opened");
+  if (!file.stream)
+    detail::fail(where, path, "an existing, readable llama2.c checkpoint",
+                 "a path that cannot be opened");
   file.stream.seekg(0, std::ios::end);
   const std::streamoff end = file.stream.tellg();
-  if (!file.stream || end < 0) detail::fail(where, path, "a file whose size can be read", "an error while seeking");
+  if (!file.stream || end < 0)
+    detail::fail(where, path, "a file whose size can be read", "an error while seeking");
   file.size = static_cast<std::uint64_t>(end);
   file.stream.seekg(0, std::ios::beg);
   return file;
@@ -59,17 +62,22 @@ inline bool little_endian_host() {
 inline LlamaConfig read_checkpoint_header(const char* where, CheckpointFile& file) {
   const std::string prefix = file.path + ": ";
   if (!little_endian_host()) {
-    detail::fail(where, prefix + "byte order", "a little-endian host (llama2.c files are little-endian)", "big-endian");
+    detail::fail(where, prefix + "byte order",
+                 "a little-endian host (llama2.c files are little-endian)", "big-endian");
   }
   if (file.size < 28) {
-    detail::fail(where, prefix + "header", "28 bytes (7 int32: dim, hidden_dim, n_layers, n_heads, n_kv_heads, "
-                 "vocab_size, seq_len)", std::to_string(file.size) + " bytes (the whole file)");
+    detail::fail(where, prefix + "header",
+                 "28 bytes (7 int32: dim, hidden_dim, n_layers, n_heads, n_kv_heads, "
+                 "vocab_size, seq_len)",
+                 std::to_string(file.size) + " bytes (the whole file)");
   }
-  std::int32_t h[7] = {};  // [7]: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
+  // [7]: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
+  std::int32_t h[7] = {};
   file.stream.read(reinterpret_cast<char*>(h), sizeof h);
   if (!file.stream) detail::fail(where, prefix + "header", "28 readable bytes", "a read error");
   if (h[0] == kLlama2cMagic) {
-    detail::fail(where, prefix + "format", "a legacy version-0 checkpoint (header starts with dim; "
+    detail::fail(where, prefix + "format",
+                 "a legacy version-0 checkpoint (header starts with dim; "
                  "llama2.c's export.py --version 0 writes one)",
                  "the magic \"ak42\" of llama2.c's version " + std::to_string(h[1]) + " format");
   }
@@ -80,7 +88,8 @@ inline LlamaConfig read_checkpoint_header(const char* where, CheckpointFile& fil
   c.n_heads = h[3];
   c.n_kv_heads = h[4];
   // llama2.c's convention: a negative vocab_size means the classifier is stored separately.
-  if (h[5] == INT32_MIN) detail::fail(where, prefix + "vocab_size", "a value in [-2^31+1, 2^31-1], not 0", h[5]);
+  if (h[5] == INT32_MIN)
+    detail::fail(where, prefix + "vocab_size", "a value in [-2^31+1, 2^31-1], not 0", h[5]);
   c.vocab_size = h[5] < 0 ? -h[5] : h[5];
   c.shared_classifier = h[5] > 0;
   c.seq_len = h[6];
@@ -91,7 +100,8 @@ inline LlamaConfig read_checkpoint_header(const char* where, CheckpointFile& fil
 /// Reads `m.size()` float32 values into `m` (row-major, as in the file), naming `name` on error.
 template <typename Matrix>
 void read_tensor(const char* where, CheckpointFile& file, Matrix& m, const std::string& name) {
-  const auto bytes = static_cast<std::streamsize>(m.size()) * static_cast<std::streamsize>(sizeof(float));
+  const auto bytes =
+      static_cast<std::streamsize>(m.size()) * static_cast<std::streamsize>(sizeof(float));
   file.stream.read(reinterpret_cast<char*>(m.data()), bytes);
   if (file.stream.gcount() != bytes) {
     detail::fail(where, file.path + ": " + name, std::to_string(bytes) + " bytes",
@@ -115,7 +125,8 @@ inline LlamaConfig read_llama_config(const std::string& path) {
   detail::CheckpointFile file = detail::open_checkpoint(kWhere, path);
   const LlamaConfig config = detail::read_checkpoint_header(kWhere, file);
   const std::uint64_t expected = config.checkpoint_bytes(kWhere, path + ": ");
-  detail::require_equal(kWhere, path + ": file size", file.size, expected, "28-byte header + weights of " + to_string(config));
+  detail::require_equal(kWhere, path + ": file size", file.size, expected,
+                        "28-byte header + weights of " + to_string(config));
   return config;
 }
 
@@ -142,20 +153,23 @@ inline LlamaConfig read_llama_config(const std::string& path) {
 /// \param path  the checkpoint, e.g. `stories260K.bin` from the tinyllamas model page
 /// \return      the weights; `weights.config` is the header's shape
 /// \throws InvalidArgument whose message names the function, the file and the field, e.g.
-///         `"kvlab::load_llama_checkpoint: m.bin: n_heads: expected a multiple of n_kv_heads (3), got 8"`
-///         or `"...: m.bin: file size: expected 1056540 (28-byte header + weights of dim 64, ...), got 1056536"`.
+///         `"kvlab::load_llama_checkpoint: m.bin: n_heads: expected a multiple of n_kv_heads (3),
+///         got 8"` or `"...: m.bin: file size: expected 1056540 (28-byte header + weights of dim
+///         64, ...), got 1056536"`.
 inline LlamaWeights load_llama_checkpoint(const std::string& path) {
   constexpr const char* kWhere = "kvlab::load_llama_checkpoint";
   detail::CheckpointFile file = detail::open_checkpoint(kWhere, path);
   const LlamaConfig config = detail::read_checkpoint_header(kWhere, file);
   const std::uint64_t expected = config.checkpoint_bytes(kWhere, path + ": ");
-  detail::require_equal(kWhere, path + ": file size", file.size, expected, "28-byte header + weights of " + to_string(config));
+  detail::require_equal(kWhere, path + ": file size", file.size, expected,
+                        "28-byte header + weights of " + to_string(config));
 
   LlamaWeights w = LlamaWeights::zeros(config);
   std::vector<LlamaLayerWeights>& layers = w.layers;
   const auto per_layer = [&](const char* name, auto member) {  // one kind of tensor, every layer
     for (std::size_t l = 0; l < layers.size(); ++l) {
-      detail::read_tensor(kWhere, file, layers[l].*member, std::string(name) + "[" + std::to_string(l) + "]");
+      detail::read_tensor(kWhere, file, layers[l].*member,
+                          std::string(name) + "[" + std::to_string(l) + "]");
     }
   };
   detail::read_tensor(kWhere, file, w.token_embedding, "token_embedding_table");

@@ -17,20 +17,25 @@ namespace detail {
 
 /// `a * b` for sizes; throws InvalidArgument naming `where` and `what` if the product does not
 /// fit in a signed 64-bit integer.
-inline std::uint64_t checked_size_product(const char* where, const std::string& what, std::uint64_t a,
-                                          std::uint64_t b) {
-  constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+inline std::uint64_t checked_size_product(const char* where, const std::string& what,
+                                          std::uint64_t a, std::uint64_t b) {
+  constexpr std::uint64_t kMax =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   if (a != 0 && b > kMax / a) {
-    fail(where, what, "a size below 2^63", std::to_string(a) + " * " + std::to_string(b) + " (overflows)");
+    fail(where, what, "a size below 2^63",
+         std::to_string(a) + " * " + std::to_string(b) + " (overflows)");
   }
   return a * b;
 }
 
 /// `a + b` for sizes; throws InvalidArgument naming `where` and `what` on overflow past 2^63.
-inline std::uint64_t checked_size_sum(const char* where, const std::string& what, std::uint64_t a, std::uint64_t b) {
-  constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+inline std::uint64_t checked_size_sum(const char* where, const std::string& what, std::uint64_t a,
+                                      std::uint64_t b) {
+  constexpr std::uint64_t kMax =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   if (b > kMax - a) {
-    fail(where, what, "a size below 2^63", std::to_string(a) + " + " + std::to_string(b) + " (overflows)");
+    fail(where, what, "a size below 2^63",
+         std::to_string(a) + " + " + std::to_string(b) + " (overflows)");
   }
   return a + b;
 }
@@ -51,14 +56,14 @@ inline std::uint64_t checked_size_sum(const char* where, const std::string& what
 /// of `n_kv_heads` (grouped-query attention), `dim` a multiple of `n_heads`, an even head size
 /// (RoPE rotates pairs of values), and no size overflowing 64 bits.
 struct LlamaConfig {
-  int dim = 0;                     ///< width of the residual stream (= n_heads * head_dim)
-  int hidden_dim = 0;              ///< width of the SwiGLU MLP
-  int n_layers = 0;                ///< transformer blocks
-  int n_heads = 0;                 ///< query heads per layer
-  int n_kv_heads = 0;              ///< key/value heads per layer (divides n_heads)
-  int vocab_size = 0;              ///< token ids are in [0, vocab_size)
-  int seq_len = 0;                 ///< the longest sequence (prompt + generated tokens)
-  bool shared_classifier = true;   ///< true: logits use the token embedding as classifier
+  int dim = 0;                    ///< width of the residual stream (= n_heads * head_dim)
+  int hidden_dim = 0;             ///< width of the SwiGLU MLP
+  int n_layers = 0;               ///< transformer blocks
+  int n_heads = 0;                ///< query heads per layer
+  int n_kv_heads = 0;             ///< key/value heads per layer (divides n_heads)
+  int vocab_size = 0;             ///< token ids are in [0, vocab_size)
+  int seq_len = 0;                ///< the longest sequence (prompt + generated tokens)
+  bool shared_classifier = true;  ///< true: logits use the token embedding as classifier
 
   /// Values per head: `dim / n_heads`.
   int head_dim() const { return dim / n_heads; }
@@ -79,14 +84,16 @@ struct LlamaConfig {
     at_least_one("vocab_size", vocab_size);
     at_least_one("seq_len", seq_len);
     if (n_heads % n_kv_heads != 0) {
-      detail::fail(where, prefix + "n_heads", "a multiple of n_kv_heads (" + std::to_string(n_kv_heads) + ")",
-                   n_heads);
+      detail::fail(where, prefix + "n_heads",
+                   "a multiple of n_kv_heads (" + std::to_string(n_kv_heads) + ")", n_heads);
     }
     if (dim % n_heads != 0) {
-      detail::fail(where, prefix + "dim", "a multiple of n_heads (" + std::to_string(n_heads) + ")", dim);
+      detail::fail(where, prefix + "dim", "a multiple of n_heads (" + std::to_string(n_heads) + ")",
+                   dim);
     }
     if (head_dim() % 2 != 0) {
-      detail::fail(where, prefix + "dim / n_heads", "an even head size (RoPE rotates pairs of values)", head_dim());
+      detail::fail(where, prefix + "dim / n_heads",
+                   "an even head size (RoPE rotates pairs of values)", head_dim());
     }
     (void)num_weights(where, prefix);  // throws if a size overflows
   }
@@ -101,16 +108,24 @@ struct LlamaConfig {
     const std::string what = prefix + "parameter count";
     const auto u = [](int v) { return static_cast<std::uint64_t>(v < 0 ? 0 : v); };
     const std::uint64_t d = u(dim), kv = u(n_kv_heads) * u(dim / (n_heads < 1 ? 1 : n_heads));
-    const std::uint64_t embedding = checked_size_product(where, what, u(vocab_size), d);   // [vocab_size, dim]
-    std::uint64_t layer = 2 * d;                                                           // rms_att, rms_ffn: [dim] each
-    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));   // wq [dim, dim]
-    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, 2 * kv, d));  // wk, wv [kv_dim, dim]
-    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));   // wo [dim, dim]
+    // [vocab_size, dim]
+    const std::uint64_t embedding = checked_size_product(where, what, u(vocab_size), d);
+    // rms_att, rms_ffn: [dim] each
+    std::uint64_t layer = 2 * d;
+    // wq [dim, dim]
+    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));
+    // wk, wv [kv_dim, dim]
+    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, 2 * kv, d));
+    // wo [dim, dim]
+    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));
     layer = checked_size_sum(where, what, layer,
-                             checked_size_product(where, what, 3 * u(hidden_dim), d));     // w1, w3 [hidden, dim]; w2 [dim, hidden]
-    std::uint64_t total = checked_size_sum(where, what, embedding, checked_size_product(where, what, u(n_layers), layer));
+                             // w1, w3 [hidden, dim]; w2 [dim, hidden]
+                             checked_size_product(where, what, 3 * u(hidden_dim), d));
+    std::uint64_t total = checked_size_sum(where, what, embedding,
+                                           checked_size_product(where, what, u(n_layers), layer));
     total = checked_size_sum(where, what, total, d);  // rms_final [dim]
-    if (!shared_classifier) total = checked_size_sum(where, what, total, embedding);  // wcls [vocab_size, dim]
+    // wcls [vocab_size, dim]
+    if (!shared_classifier) total = checked_size_sum(where, what, total, embedding);
     return total;
   }
 
@@ -118,12 +133,14 @@ struct LlamaConfig {
   /// legacy RoPE tables `freq_cis_real` and `freq_cis_imag` (seq_len * head_dim / 2 each), which
   /// run.c skips and kvlab skips too (it computes the rotation as run.c does).
   /// \throws InvalidArgument (naming `where`) if a size overflows 64 bits.
-  std::uint64_t num_weights(const char* where = "kvlab::LlamaConfig::num_weights", const std::string& prefix = "") const {
+  std::uint64_t num_weights(const char* where = "kvlab::LlamaConfig::num_weights",
+                            const std::string& prefix = "") const {
     const std::uint64_t params = num_parameters(where, prefix);
-    const std::uint64_t rope = detail::checked_size_product(where, prefix + "freq_cis size",
-                                                            static_cast<std::uint64_t>(seq_len < 0 ? 0 : seq_len),
-                                                            static_cast<std::uint64_t>(dim / (n_heads < 1 ? 1 : n_heads)));
-    return detail::checked_size_sum(where, prefix + "weight count", params, rope);  // 2 tables of rope / 2 each
+    const std::uint64_t rope = detail::checked_size_product(
+        where, prefix + "freq_cis size", static_cast<std::uint64_t>(seq_len < 0 ? 0 : seq_len),
+        static_cast<std::uint64_t>(dim / (n_heads < 1 ? 1 : n_heads)));
+    // 2 tables of rope / 2 each
+    return detail::checked_size_sum(where, prefix + "weight count", params, rope);
   }
 
   /// Bytes of a llama2.c version-0 checkpoint of this shape: the 28-byte header (7 int32) and
@@ -132,8 +149,9 @@ struct LlamaConfig {
   std::uint64_t checkpoint_bytes(const char* where = "kvlab::LlamaConfig::checkpoint_bytes",
                                  const std::string& prefix = "") const {
     const std::uint64_t floats = num_weights(where, prefix);
-    return detail::checked_size_sum(where, prefix + "file size", 28,
-                                    detail::checked_size_product(where, prefix + "file size", floats, 4));
+    return detail::checked_size_sum(
+        where, prefix + "file size", 28,
+        detail::checked_size_product(where, prefix + "file size", floats, 4));
   }
 
   /// Bytes of weights that one decode step (one token through the model) reads: every layer's
@@ -142,7 +160,8 @@ struct LlamaConfig {
   /// is bound by memory bandwidth: time per token >= this / bandwidth.
   std::uint64_t decode_weight_bytes() const {
     const std::uint64_t d = static_cast<std::uint64_t>(dim);
-    const std::uint64_t per_layer = 2 * d + 2 * d * d + 2 * static_cast<std::uint64_t>(kv_dim()) * d +
+    const std::uint64_t per_layer = 2 * d + 2 * d * d +
+                                    2 * static_cast<std::uint64_t>(kv_dim()) * d +
                                     3 * static_cast<std::uint64_t>(hidden_dim) * d;
     const std::uint64_t floats = static_cast<std::uint64_t>(n_layers) * per_layer + d +
                                  static_cast<std::uint64_t>(vocab_size) * d + d;
@@ -166,9 +185,9 @@ struct LlamaConfig {
 
   /// True when every field is equal.
   bool operator==(const LlamaConfig& o) const {
-    return dim == o.dim && hidden_dim == o.hidden_dim && n_layers == o.n_layers && n_heads == o.n_heads &&
-           n_kv_heads == o.n_kv_heads && vocab_size == o.vocab_size && seq_len == o.seq_len &&
-           shared_classifier == o.shared_classifier;
+    return dim == o.dim && hidden_dim == o.hidden_dim && n_layers == o.n_layers &&
+           n_heads == o.n_heads && n_kv_heads == o.n_kv_heads && vocab_size == o.vocab_size &&
+           seq_len == o.seq_len && shared_classifier == o.shared_classifier;
   }
   /// True when any field differs.
   bool operator!=(const LlamaConfig& o) const { return !(*this == o); }
@@ -179,8 +198,9 @@ struct LlamaConfig {
 inline std::string to_string(const LlamaConfig& c) {
   return "dim " + std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
          std::to_string(c.n_layers) + " layers, " + std::to_string(c.n_heads) + " heads / " +
-         std::to_string(c.n_kv_heads) + " kv heads, vocab " + std::to_string(c.vocab_size) + ", seq_len " +
-         std::to_string(c.seq_len) + (c.shared_classifier ? ", shared classifier" : ", separate classifier");
+         std::to_string(c.n_kv_heads) + " kv heads, vocab " + std::to_string(c.vocab_size) +
+         ", seq_len " + std::to_string(c.seq_len) +
+         (c.shared_classifier ? ", shared classifier" : ", separate classifier");
 }
 
 }  // namespace kvlab

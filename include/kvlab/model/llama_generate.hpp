@@ -19,17 +19,22 @@ namespace kvlab {
 
 /// What `generate` produced and how long each phase took.
 struct Generation {
-  std::vector<int> tokens;      ///< the generated ids, in order (not the prompt; not the stop token)
-  int prompt_tokens = 0;        ///< tokens fed by the prefill
-  int decode_steps = 0;         ///< decode calls (one token each) after the prefill
-  double prefill_seconds = 0;   ///< the prefill's forward pass and the first sample
-  double decode_seconds = 0;    ///< every decode step's forward pass and sample
-  bool stopped = false;         ///< true if the stop token was drawn (and generation ended there)
+  /// the generated ids, in order (not the prompt; not the stop token)
+  std::vector<int> tokens;
+  int prompt_tokens = 0;       ///< tokens fed by the prefill
+  int decode_steps = 0;        ///< decode calls (one token each) after the prefill
+  double prefill_seconds = 0;  ///< the prefill's forward pass and the first sample
+  double decode_seconds = 0;   ///< every decode step's forward pass and sample
+  bool stopped = false;        ///< true if the stop token was drawn (and generation ended there)
 
   /// Prompt tokens per second of the prefill.
-  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
+  double prefill_tokens_per_second() const {
+    return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0;
+  }
   /// Tokens per second of the decode phase.
-  double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0; }
+  double decode_tokens_per_second() const {
+    return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0;
+  }
 };
 
 /// Generates up to `steps` tokens after `prompt`, as llama2.c's `generate()`:
@@ -51,18 +56,21 @@ struct Generation {
 /// \param stop_token  the token that ends generation (not included in the result), or -1
 /// \throws InvalidArgument if `prompt` is empty or has a bad id, `steps < 1`, or the model
 ///         cannot hold `prompt.size() + steps - 1` more tokens (nothing is run then).
-inline Generation generate(LlamaModel& model, Sampler& sampler, const std::vector<int>& prompt, int steps,
-                           const std::function<void(int)>& on_token = nullptr, int stop_token = -1) {
+inline Generation generate(LlamaModel& model, Sampler& sampler, const std::vector<int>& prompt,
+                           int steps, const std::function<void(int)>& on_token = nullptr,
+                           int stop_token = -1) {
   constexpr const char* kWhere = "kvlab::generate";
   using Clock = std::chrono::steady_clock;
   detail::require_at_least(kWhere, "prompt.size()", prompt.size(), std::size_t{1});
   detail::require_at_least(kWhere, "steps", steps, 1);
-  const long room = static_cast<long>(model.max_tokens()) - model.position() - static_cast<long>(prompt.size()) + 1;
+  const long room = static_cast<long>(model.max_tokens()) - model.position() -
+                    static_cast<long>(prompt.size()) + 1;
   if (steps > room) {
     detail::fail(kWhere, "steps",
-                 "at most " + std::to_string(room) + " (max_tokens " + std::to_string(model.max_tokens()) +
-                     " - position " + std::to_string(model.position()) + " - prompt " + std::to_string(prompt.size()) +
-                     " + 1)",
+                 "at most " + std::to_string(room) + " (max_tokens " +
+                     std::to_string(model.max_tokens()) + " - position " +
+                     std::to_string(model.position()) + " - prompt " +
+                     std::to_string(prompt.size()) + " + 1)",
                  steps);
   }
   Generation g;

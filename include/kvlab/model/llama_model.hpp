@@ -49,7 +49,9 @@ enum class LlamaBackend : int {
 
 /// Name of a backend: "naive", "cached" or "paged".
 inline const char* to_string(LlamaBackend backend) {
-  return backend == LlamaBackend::Naive ? "naive" : backend == LlamaBackend::Cached ? "cached" : "paged";
+  return backend == LlamaBackend::Naive    ? "naive"
+         : backend == LlamaBackend::Cached ? "cached"
+                                           : "paged";
 }
 
 /// The backend named `name` ("naive", "cached" or "paged").
@@ -69,9 +71,12 @@ inline LlamaBackend parse_llama_backend(const std::string& name) {
 /// (they cost the same per computed position with or without a cache, but the naive backend
 /// computes more positions), so that `macs()` is every multiply-add of the matrix products.
 struct LlamaCounters {
-  CostCounters attention;            ///< projections q, k, v, o and attention, as `CostCounters` defines them
-  std::uint64_t mlp_macs = 0;        ///< multiply-adds of w1, w3 and w2: 3 * dim * hidden_dim per computed position
-  std::uint64_t classifier_macs = 0; ///< multiply-adds of the classifier: dim * vocab_size per logits row
+  /// projections q, k, v, o and attention, as `CostCounters` defines them
+  CostCounters attention;
+  /// multiply-adds of w1, w3 and w2: 3 * dim * hidden_dim per computed position
+  std::uint64_t mlp_macs = 0;
+  /// multiply-adds of the classifier: dim * vocab_size per logits row
+  std::uint64_t classifier_macs = 0;
 
   /// Every multiply-add of the matrix products: attention + MLP + classifier.
   std::uint64_t macs() const { return attention.macs + mlp_macs + classifier_macs; }
@@ -85,7 +90,8 @@ struct LlamaCounters {
   }
   /// True when every count is equal.
   bool operator==(const LlamaCounters& o) const {
-    return attention == o.attention && mlp_macs == o.mlp_macs && classifier_macs == o.classifier_macs;
+    return attention == o.attention && mlp_macs == o.mlp_macs &&
+           classifier_macs == o.classifier_macs;
   }
   /// True when any count differs.
   bool operator!=(const LlamaCounters& o) const { return !(*this == o); }
@@ -112,7 +118,8 @@ class RotaryEmbedding {
     sin_.resize(max_positions, head_dim / 2);
     for (int pos = 0; pos < max_positions; ++pos) {
       for (int j = 0; j < head_dim / 2; ++j) {
-        const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(2 * j) / static_cast<float>(head_dim));
+        const float freq =
+            1.0f / std::pow(10000.0f, static_cast<float>(2 * j) / static_cast<float>(head_dim));
         const float angle = static_cast<float>(pos) * freq;
         cos_(pos, j) = std::cos(angle);
         sin_(pos, j) = std::sin(angle);
@@ -134,10 +141,12 @@ class RotaryEmbedding {
   void apply(RowMatrix<float>& x, int first_position) const {
     constexpr const char* kWhere = "kvlab::RotaryEmbedding::apply";
     if (x.cols() % head_dim_ != 0) {
-      detail::fail(kWhere, "x.cols()", "a multiple of head_dim (" + std::to_string(head_dim_) + ")", x.cols());
+      detail::fail(kWhere, "x.cols()", "a multiple of head_dim (" + std::to_string(head_dim_) + ")",
+                   x.cols());
     }
     if (first_position < 0 || first_position + x.rows() > max_positions()) {
-      detail::fail(kWhere, "first_position", "positions within [0, " + std::to_string(max_positions()) + ")",
+      detail::fail(kWhere, "first_position",
+                   "positions within [0, " + std::to_string(max_positions()) + ")",
                    std::to_string(first_position) + " + " + std::to_string(x.rows()) + " rows");
     }
     const Eigen::Index heads = x.cols() / head_dim_;
@@ -189,7 +198,8 @@ inline void matmul_wt(const RowMatrix<float>& x, const RowMatrix<float>& w, RowM
 
 /// RMSNorm of every row, as run.c: `out = weight * x / sqrt(mean(x^2) + 1e-5)`.
 /// x [rows, dim], weight [dim], out [rows, dim] (resized; may not alias x).
-inline void rmsnorm(const RowMatrix<float>& x, const RowVector<float>& weight, RowMatrix<float>& out) {
+inline void rmsnorm(const RowMatrix<float>& x, const RowVector<float>& weight,
+                    RowMatrix<float>& out) {
   out.resize(x.rows(), x.cols());
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
     const float mean_square = x.row(r).squaredNorm() / static_cast<float>(x.cols()) + 1e-5f;
@@ -236,16 +246,20 @@ class LlamaModel {
   ///         `max_tokens` is not in [0, seq_len].
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, LlamaBackend backend, int block_size = 16,
              int max_tokens = 0)
-      : weights_(checked(std::move(weights))), backend_(backend), block_size_(block_size),
+      : weights_(checked(std::move(weights))),
+        backend_(backend),
+        block_size_(block_size),
         max_tokens_(checked_max_tokens(weights_->config, block_size, max_tokens)),
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
         rope_(weights_->config.head_dim(), max_tokens_) {
     const LlamaConfig& c = weights_->config;
     if (backend == LlamaBackend::Cached) {
-      cache_ = std::make_unique<ContiguousKVCache<float>>(c.n_layers, c.n_kv_heads, c.head_dim(), max_tokens_);
+      cache_ = std::make_unique<ContiguousKVCache<float>>(c.n_layers, c.n_kv_heads, c.head_dim(),
+                                                          max_tokens_);
     } else if (backend == LlamaBackend::Paged) {
       const int num_blocks = (max_tokens_ - 1) / block_size + 1;  // enough for max_tokens
-      pool_ = std::make_unique<PagedKVCache<float>>(c.n_layers, c.n_kv_heads, c.head_dim(), block_size, num_blocks);
+      pool_ = std::make_unique<PagedKVCache<float>>(c.n_layers, c.n_kv_heads, c.head_dim(),
+                                                    block_size, num_blocks);
       seq_ = pool_->add_sequence();
     }
   }
@@ -285,7 +299,9 @@ class LlamaModel {
   /// [p, vocab_size]: row i is the distribution of the token that follows tokens[i].
   /// \throws InvalidArgument if `tokens` is empty or holds an id outside [0, vocab_size);
   ///         CapacityError if the sequence would exceed `max_tokens()`. Either way nothing changes.
-  RowMatrix<float> forward(const std::vector<int>& tokens) { return step(tokens, static_cast<int>(tokens.size())); }
+  RowMatrix<float> forward(const std::vector<int>& tokens) {
+    return step(tokens, static_cast<int>(tokens.size()));
+  }
 
   /// Feeds a prompt (or any run of tokens) at once and returns the logits after its last token,
   /// [vocab_size]: the distribution of the first generated token. The classifier runs on the last
@@ -312,12 +328,14 @@ class LlamaModel {
     weights->check("kvlab::LlamaModel");
     return weights;
   }
-  // The sequence limit (max_tokens, 0 meaning seq_len), checked with block_size before anything is allocated.
+  // The sequence limit (max_tokens, 0 meaning seq_len), checked with block_size before anything is
+  // allocated.
   static int checked_max_tokens(const LlamaConfig& c, int block_size, int max_tokens) {
     constexpr const char* kWhere = "kvlab::LlamaModel";
     detail::require_at_least(kWhere, "block_size", block_size, 1);
     if (max_tokens < 0 || max_tokens > c.seq_len) {
-      detail::fail(kWhere, "max_tokens", "in [0, seq_len (" + std::to_string(c.seq_len) + ")]", max_tokens);
+      detail::fail(kWhere, "max_tokens", "in [0, seq_len (" + std::to_string(c.seq_len) + ")]",
+                   max_tokens);
     }
     return max_tokens == 0 ? c.seq_len : max_tokens;
   }
@@ -329,26 +347,34 @@ class LlamaModel {
     detail::require_at_least(kWhere, "tokens.size()", tokens.size(), std::size_t{1});
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
-        detail::fail(kWhere, "tokens[" + std::to_string(i) + "]", "an id in [0, " + std::to_string(c.vocab_size) + ")",
-                     tokens[i]);
+        detail::fail(kWhere, "tokens[" + std::to_string(i) + "]",
+                     "an id in [0, " + std::to_string(c.vocab_size) + ")", tokens[i]);
       }
     }
     if (tokens.size() > static_cast<std::size_t>(max_tokens_ - position())) {
       detail::fail<CapacityError>(kWhere, "tokens.size()",
-                                  "at most " + std::to_string(max_tokens_ - position()) + " (max_tokens " +
-                                      std::to_string(max_tokens_) + ", position " + std::to_string(position()) + ")",
+                                  "at most " + std::to_string(max_tokens_ - position()) +
+                                      " (max_tokens " + std::to_string(max_tokens_) +
+                                      ", position " + std::to_string(position()) + ")",
                                   tokens.size());
     }
     LlamaCounters counters;
     RowMatrix<float> x;  // [p, dim]: the new tokens' residual stream after the last layer
     switch (backend_) {
-      case LlamaBackend::Naive: x = layers_naive(tokens, counters); break;
-      case LlamaBackend::Cached: x = layers_cached(tokens, counters); break;
-      case LlamaBackend::Paged: x = layers_paged(tokens, counters); break;
+      case LlamaBackend::Naive:
+        x = layers_naive(tokens, counters);
+        break;
+      case LlamaBackend::Cached:
+        x = layers_cached(tokens, counters);
+        break;
+      case LlamaBackend::Paged:
+        x = layers_paged(tokens, counters);
+        break;
     }
     // 3. Final RMSNorm and classifier, on the rows whose logits are wanted.
     const RowMatrix<float> last = x.bottomRows(out_rows);  // [out_rows, dim]
-    RowMatrix<float> normed, logits;                       // [out_rows, dim], [out_rows, vocab_size]
+    // [out_rows, dim], [out_rows, vocab_size]
+    RowMatrix<float> normed, logits;
     detail::rmsnorm(last, weights_->rms_final, normed);
     detail::matmul_wt(normed, weights_->classifier(), logits);
     counters.classifier_macs += static_cast<std::uint64_t>(out_rows) * c.dim * c.vocab_size;
@@ -362,26 +388,32 @@ class LlamaModel {
   // Rows `ids` of the embedding table: [ids.size(), dim].
   RowMatrix<float> embed(const std::vector<int>& ids) const {
     RowMatrix<float> x(static_cast<Eigen::Index>(ids.size()), config().dim);  // [n, dim]
-    for (std::size_t i = 0; i < ids.size(); ++i) x.row(static_cast<Eigen::Index>(i)) = weights_->token_embedding.row(ids[i]);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      x.row(static_cast<Eigen::Index>(i)) = weights_->token_embedding.row(ids[i]);
     return x;
   }
 
-  // q = xb Wq^T ([rows, dim] -> [rows, n_heads * head_dim]), counted as AttentionLayer::project_q counts it.
-  void project_q(const LlamaLayerWeights& w, const RowMatrix<float>& xb, RowMatrix<float>& q, LlamaCounters& c) const {
+  // q = xb Wq^T ([rows, dim] -> [rows, n_heads * head_dim]), counted as AttentionLayer::project_q
+  // counts it.
+  void project_q(const LlamaLayerWeights& w, const RowMatrix<float>& xb, RowMatrix<float>& q,
+                 LlamaCounters& c) const {
     detail::matmul_wt(xb, w.wq, q);
     c.attention.q_projections += static_cast<std::uint64_t>(xb.rows()) * shape_.num_heads();
     c.attention.macs += static_cast<std::uint64_t>(xb.rows()) * config().dim * shape_.q_width();
   }
-  // k, v = xb Wk^T, xb Wv^T ([rows, kv_dim] each), counted as AttentionLayer::project_kv counts them.
-  void project_kv(const LlamaLayerWeights& w, const RowMatrix<float>& xb, RowMatrix<float>& k, RowMatrix<float>& v,
-                  LlamaCounters& c) const {
+  // k, v = xb Wk^T, xb Wv^T ([rows, kv_dim] each), counted as AttentionLayer::project_kv counts
+  // them.
+  void project_kv(const LlamaLayerWeights& w, const RowMatrix<float>& xb, RowMatrix<float>& k,
+                  RowMatrix<float>& v, LlamaCounters& c) const {
     detail::matmul_wt(xb, w.wk, k);
     detail::matmul_wt(xb, w.wv, v);
     c.attention.kv_projections += static_cast<std::uint64_t>(xb.rows()) * shape_.num_kv_heads();
-    c.attention.macs += 2 * static_cast<std::uint64_t>(xb.rows()) * config().dim * shape_.kv_width();
+    c.attention.macs +=
+        2 * static_cast<std::uint64_t>(xb.rows()) * config().dim * shape_.kv_width();
   }
   // x += attn Wo^T: the output projection and the residual.
-  void project_out(const LlamaLayerWeights& w, const RowMatrix<float>& attn, RowMatrix<float>& x, LlamaCounters& c) const {
+  void project_out(const LlamaLayerWeights& w, const RowMatrix<float>& attn, RowMatrix<float>& x,
+                   LlamaCounters& c) const {
     RowMatrix<float> out;  // [rows, dim]
     detail::matmul_wt(attn, w.wo, out);
     x += out;
@@ -389,13 +421,15 @@ class LlamaModel {
   }
   // x += W2 (SiLU(W1 RMSNorm(x)) * W3 RMSNorm(x)): the MLP block and its residual.
   void mlp(const LlamaLayerWeights& w, RowMatrix<float>& x, LlamaCounters& c) const {
-    RowMatrix<float> xb, hb, hb2, out;  // [rows, dim], [rows, hidden_dim], [rows, hidden_dim], [rows, dim]
-    detail::rmsnorm(x, w.rms_ffn, xb);                                         // ffn RMSNorm
-    detail::matmul_wt(xb, w.w1, hb);                                           // gate: xb W1^T
-    detail::matmul_wt(xb, w.w3, hb2);                                          // up:   xb W3^T
-    hb.array() = hb.array() * (1.0f + (-hb.array()).exp()).inverse() * hb2.array();  // SiLU(gate) * up
-    detail::matmul_wt(hb, w.w2, out);                                          // down: W2
-    x += out;                                                                  // residual
+    // [rows, dim], [rows, hidden_dim], [rows, hidden_dim], [rows, dim]
+    RowMatrix<float> xb, hb, hb2, out;
+    detail::rmsnorm(x, w.rms_ffn, xb);  // ffn RMSNorm
+    detail::matmul_wt(xb, w.w1, hb);    // gate: xb W1^T
+    detail::matmul_wt(xb, w.w3, hb2);   // up:   xb W3^T
+    // SiLU(gate) * up
+    hb.array() = hb.array() * (1.0f + (-hb.array()).exp()).inverse() * hb2.array();
+    detail::matmul_wt(hb, w.w2, out);  // down: W2
+    x += out;                          // residual
     c.mlp_macs += 3 * static_cast<std::uint64_t>(x.rows()) * config().dim * config().hidden_dim;
   }
 
@@ -405,25 +439,26 @@ class LlamaModel {
     all.insert(all.end(), tokens.begin(), tokens.end());
     const int p = static_cast<int>(tokens.size());
     const int t = static_cast<int>(all.size());
-    RowMatrix<float> x = embed(all);   // [rows, dim]: rows = t below the top layer, p after it
-    RowMatrix<float> xb, xq, q, k, v;  // [t, dim], [rows, dim], [rows, dim], [t, kv_dim], [t, kv_dim]
-    RowMatrix<float> attn;             // [rows, dim]
+    RowMatrix<float> x = embed(all);  // [rows, dim]: rows = t below the top layer, p after it
+    // [t, dim], [rows, dim], [rows, dim], [t, kv_dim], [t, kv_dim]
+    RowMatrix<float> xb, xq, q, k, v;
+    RowMatrix<float> attn;  // [rows, dim]
     const int num_layers = config().n_layers;
     for (int l = 0; l < num_layers; ++l) {
       const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
       // Positions whose output is needed: all t below the top layer (the next layer's K/V need
       // them), only the p new ones in the top layer.
       const int rows = l + 1 == num_layers ? p : t;
-      detail::rmsnorm(x, w.rms_att, xb);                 // attention RMSNorm, all t positions
-      project_kv(w, xb, k, v, c);                        // K and V of every token, again
-      rope_.apply(k, 0);                                 // keys rotated to positions 0..t-1
-      xq = xb.bottomRows(rows);                          // the positions that need a query
+      detail::rmsnorm(x, w.rms_att, xb);  // attention RMSNorm, all t positions
+      project_kv(w, xb, k, v, c);         // K and V of every token, again
+      rope_.apply(k, 0);                  // keys rotated to positions 0..t-1
+      xq = xb.bottomRows(rows);           // the positions that need a query
       project_q(w, xq, q, c);
-      rope_.apply(q, t - rows);                          // queries rotated to their positions
+      rope_.apply(q, t - rows);  // queries rotated to their positions
       cpu::naive_attention(shape_, q, k, v, attn, &c.attention);  // causal, full score matrix
-      if (rows != t) x = RowMatrix<float>(x.bottomRows(rows));   // keep the rows still needed
-      project_out(w, attn, x, c);                        // x += attn Wo^T
-      mlp(w, x, c);                                      // x += MLP(x)
+      if (rows != t) x = RowMatrix<float>(x.bottomRows(rows));    // keep the rows still needed
+      project_out(w, attn, x, c);                                 // x += attn Wo^T
+      mlp(w, x, c);                                               // x += MLP(x)
     }
     return x;  // [p, dim]
   }
@@ -436,15 +471,16 @@ class LlamaModel {
     try {
       for (int l = 0; l < config().n_layers; ++l) {
         const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
-        detail::rmsnorm(x, w.rms_att, xb);            // attention RMSNorm
-        project_q(w, xb, q, c);                       // q, k, v of the new tokens only
+        detail::rmsnorm(x, w.rms_att, xb);  // attention RMSNorm
+        project_q(w, xb, q, c);             // q, k, v of the new tokens only
         project_kv(w, xb, k, v, c);
-        rope_.apply(q, pos);                          // rotate q and k to their positions
+        rope_.apply(q, pos);  // rotate q and k to their positions
         rope_.apply(k, pos);
-        cache_->append(l, k, v);                      // keep k (rotated) and v for every later step
-        cpu::decode_attention(shape_, q, cache_->view(l), attn, &c.attention);  // over the whole cache
-        project_out(w, attn, x, c);                   // x += attn Wo^T
-        mlp(w, x, c);                                 // x += MLP(x)
+        cache_->append(l, k, v);  // keep k (rotated) and v for every later step
+        // over the whole cache
+        cpu::decode_attention(shape_, q, cache_->view(l), attn, &c.attention);
+        project_out(w, attn, x, c);  // x += attn Wo^T
+        mlp(w, x, c);                // x += MLP(x)
       }
     } catch (...) {
       cache_->truncate(pos);  // undo this call's appends
@@ -458,22 +494,23 @@ class LlamaModel {
     const int pos = position();
     const int p = static_cast<int>(tokens.size());
     const std::vector<std::int64_t> slots = pool_->append(seq_, p);  // [p]: room for the new tokens
-    RowMatrix<float> x = embed(tokens);  // [p, dim]
+    RowMatrix<float> x = embed(tokens);                              // [p, dim]
     RowMatrix<float> xb, q, k, v, attn;  // [p, dim], [p, dim], [p, kv_dim], [p, kv_dim], [p, dim]
     try {
       const BlockTables tables = pool_->tables({seq_});  // the same blocks in every layer
       const std::vector<std::int32_t> qo_indptr{0, p};   // [2]: all p queries are this sequence's
       for (int l = 0; l < config().n_layers; ++l) {
         const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
-        detail::rmsnorm(x, w.rms_att, xb);            // attention RMSNorm
-        project_q(w, xb, q, c);                       // q, k, v of the new tokens only
+        detail::rmsnorm(x, w.rms_att, xb);  // attention RMSNorm
+        project_q(w, xb, q, c);             // q, k, v of the new tokens only
         project_kv(w, xb, k, v, c);
-        rope_.apply(q, pos);                          // rotate q and k to their positions
+        rope_.apply(q, pos);  // rotate q and k to their positions
         rope_.apply(k, pos);
-        pool_->write(l, slots, k, v);                 // keep k (rotated) and v in the blocks
-        cpu::paged_prefill_attention(shape_, q, qo_indptr, pool_->view(l, tables), attn, &c.attention);
-        project_out(w, attn, x, c);                   // x += attn Wo^T
-        mlp(w, x, c);                                 // x += MLP(x)
+        pool_->write(l, slots, k, v);  // keep k (rotated) and v in the blocks
+        cpu::paged_prefill_attention(shape_, q, qo_indptr, pool_->view(l, tables), attn,
+                                     &c.attention);
+        project_out(w, attn, x, c);  // x += attn Wo^T
+        mlp(w, x, c);                // x += MLP(x)
       }
     } catch (...) {
       pool_->truncate(seq_, pos);  // undo the append
@@ -488,10 +525,13 @@ class LlamaModel {
   int max_tokens_;
   AttentionShape shape_;
   RotaryEmbedding rope_;
-  std::vector<int> tokens_;                          // [position]: every token fed so far
-  std::unique_ptr<ContiguousKVCache<float>> cache_;  // cached backend: [n_layers][n_kv_heads][max_tokens][head_dim]
-  std::unique_ptr<PagedKVCache<float>> pool_;        // paged backend: [n_layers][num_blocks, block_size, n_kv_heads, head_dim]
-  int seq_ = -1;                                     // paged backend: this model's sequence in pool_
+  std::vector<int> tokens_;  // [position]: every token fed so far
+  // cached backend: [n_layers][n_kv_heads][max_tokens][head_dim]
+  std::unique_ptr<ContiguousKVCache<float>> cache_;
+  // paged backend: [n_layers][num_blocks, block_size, n_kv_heads, head_dim]
+  std::unique_ptr<PagedKVCache<float>> pool_;
+  // paged backend: this model's sequence in pool_
+  int seq_ = -1;
   LlamaCounters last_step_;
   LlamaCounters total_;
 };

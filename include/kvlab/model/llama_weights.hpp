@@ -40,14 +40,18 @@ struct LlamaLayerWeights {
 /// groups a kind across layers, this struct groups a layer's tensors. `wcls` is empty when
 /// `config.shared_classifier` (the classifier is then the token embedding; see `classifier()`).
 struct LlamaWeights {
-  LlamaConfig config;                     ///< the shape
-  RowMatrix<float> token_embedding;       ///< token embeddings, [vocab_size, dim]: row t is token t's input vector
+  LlamaConfig config;  ///< the shape
+  /// token embeddings, [vocab_size, dim]: row t is token t's input vector
+  RowMatrix<float> token_embedding;
   std::vector<LlamaLayerWeights> layers;  ///< the transformer blocks, [n_layers]
   RowVector<float> rms_final;             ///< RMSNorm weight before the classifier, [dim]
-  RowMatrix<float> wcls;                  ///< separate classifier, [vocab_size, dim]; empty when the classifier is shared
+  /// separate classifier, [vocab_size, dim]; empty when the classifier is shared
+  RowMatrix<float> wcls;
 
   /// The classifier, [vocab_size, dim]: `wcls`, or the token embedding when shared.
-  const RowMatrix<float>& classifier() const { return config.shared_classifier ? token_embedding : wcls; }
+  const RowMatrix<float>& classifier() const {
+    return config.shared_classifier ? token_embedding : wcls;
+  }
 
   /// Zero-filled weights of shape `config` (filled by a loader or by hand).
   /// \throws InvalidArgument if `config` is not valid (see `LlamaConfig::validate`).
@@ -104,7 +108,9 @@ struct LlamaWeights {
   /// The built-in model of `kvlab-generate`, the tests and tutorial 05: `random(config,
   /// kBuiltinSeed)`, by default of shape `LlamaConfig::tiny()`. It runs without any file.
   /// \throws InvalidArgument if `config` is not valid.
-  static LlamaWeights builtin(const LlamaConfig& config = LlamaConfig::tiny()) { return random(config, kBuiltinSeed); }
+  static LlamaWeights builtin(const LlamaConfig& config = LlamaConfig::tiny()) {
+    return random(config, kBuiltinSeed);
+  }
 
   /// The seed of `builtin()`.
   static constexpr std::uint64_t kBuiltinSeed = 20240605;
@@ -115,7 +121,8 @@ struct LlamaWeights {
   void check(const char* where = "kvlab::LlamaWeights::check") const {
     config.validate(where);
     const int d = config.dim, kv = config.kv_dim(), hid = config.hidden_dim;
-    check_shape(where, "token_embedding", token_embedding.rows(), token_embedding.cols(), config.vocab_size, d);
+    check_shape(where, "token_embedding", token_embedding.rows(), token_embedding.cols(),
+                config.vocab_size, d);
     if (layers.size() != static_cast<std::size_t>(config.n_layers)) {
       detail::fail(where, "layers.size()", config.n_layers, layers.size());
     }
@@ -141,10 +148,11 @@ struct LlamaWeights {
   }
 
  private:
-  static void check_shape(const char* where, const std::string& name, Eigen::Index rows, Eigen::Index cols,
-                          Eigen::Index want_rows, Eigen::Index want_cols) {
+  static void check_shape(const char* where, const std::string& name, Eigen::Index rows,
+                          Eigen::Index cols, Eigen::Index want_rows, Eigen::Index want_cols) {
     if (rows != want_rows || cols != want_cols) {
-      detail::fail(where, name + " shape", "[" + std::to_string(want_rows) + ", " + std::to_string(want_cols) + "]",
+      detail::fail(where, name + " shape",
+                   "[" + std::to_string(want_rows) + ", " + std::to_string(want_cols) + "]",
                    "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
     }
   }

@@ -51,7 +51,7 @@ class NaiveDecoder : public Decoder<T> {
       // 1. K and V of the whole prefix, again.
       layer.project_kv(h, k, v, &counters);
       // 2. Queries of the positions that need an output.
-      const RowMatrix<T> h_rows = h.bottomRows(rows);           // [rows, d_model]
+      const RowMatrix<T> h_rows = h.bottomRows(rows);             // [rows, d_model]
       const RowMatrix<T> q = layer.project_q(h_rows, &counters);  // [rows, num_heads * head_dim]
       // 3. Attention over the whole prefix, then the output projection and the residual.
       const RowMatrix<T> attn = cpu::naive_attention(layer.shape(), q, k, v, &counters);

@@ -44,15 +44,19 @@ class PagedDecoder : public Decoder<T> {
   PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int block_size, int num_blocks,
                KVLayout layout = KVLayout::NHD)
       : Decoder<T>(std::move(stack)),
-        pool_(std::make_shared<PagedKVCache<T>>(this->stack().num_layers(), this->stack().shape().num_kv_heads(),
-                                                this->stack().shape().head_dim(), block_size, num_blocks, layout)),
+        pool_(std::make_shared<PagedKVCache<T>>(
+            this->stack().num_layers(), this->stack().shape().num_kv_heads(),
+            this->stack().shape().head_dim(), block_size, num_blocks, layout)),
         seq_(pool_->add_sequence()) {}
 
   /// A decoder that adds its sequence to `pool`, shared with other decoders of the same stack.
   /// \throws InvalidArgument if `pool` is null or its layers, K/V heads or head_dim differ from
   ///         the stack's.
-  PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack, std::shared_ptr<PagedKVCache<T>> pool)
-      : Decoder<T>(std::move(stack)), pool_(checked(std::move(pool), this->stack())), seq_(pool_->add_sequence()) {}
+  PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack,
+               std::shared_ptr<PagedKVCache<T>> pool)
+      : Decoder<T>(std::move(stack)),
+        pool_(checked(std::move(pool), this->stack())),
+        seq_(pool_->add_sequence()) {}
 
   /// Frees this decoder's blocks (those no fork still holds).
   ~PagedDecoder() override { pool_->free_sequence(seq_); }
@@ -88,8 +92,8 @@ class PagedDecoder : public Decoder<T> {
         // 2. Keep k and v in the sequence's blocks.
         pool_->write(l, slots, k, v);
         // 3. The new queries attend through the block table to every token, themselves included.
-        const RowMatrix<T> attn =
-            cpu::paged_prefill_attention(layer.shape(), q, qo_indptr, pool_->view(l, tables), &counters);
+        const RowMatrix<T> attn = cpu::paged_prefill_attention(layer.shape(), q, qo_indptr,
+                                                               pool_->view(l, tables), &counters);
         h += layer.project_out(attn, &counters);
       }
     } catch (...) {
@@ -114,8 +118,8 @@ class PagedDecoder : public Decoder<T> {
     if (!pool) detail::fail(kWhere, "pool", "a non-null pool", "nullptr");
     detail::require_equal(kWhere, "pool->num_layers()", pool->num_layers(), stack.num_layers(),
                           "stack's num_layers");
-    detail::require_equal(kWhere, "pool->num_kv_heads()", pool->num_kv_heads(), stack.shape().num_kv_heads(),
-                          "stack's num_kv_heads");
+    detail::require_equal(kWhere, "pool->num_kv_heads()", pool->num_kv_heads(),
+                          stack.shape().num_kv_heads(), "stack's num_kv_heads");
     detail::require_equal(kWhere, "pool->head_dim()", pool->head_dim(), stack.shape().head_dim(),
                           "stack's head_dim");
     return pool;

@@ -65,7 +65,8 @@ inline int sample_mult(const float* probs, int n, float coin) {
 /// \param coin     a uniform number in [0, 1)
 /// \param scratch  reused buffer (resized to n)
 /// \throws InvalidArgument if `n < 1`.
-inline int sample_topp(const float* probs, int n, float top_p, float coin, std::vector<ProbIndex>& scratch) {
+inline int sample_topp(const float* probs, int n, float top_p, float coin,
+                       std::vector<ProbIndex>& scratch) {
   detail::require_at_least("kvlab::sample_topp", "n", n, 1);
   scratch.resize(static_cast<std::size_t>(n));
   const float cutoff = n > 1 ? (1.0f - top_p) / static_cast<float>(n - 1) : 0.0f;
@@ -138,12 +139,13 @@ class Sampler {
   /// The next token for `logits` ([vocab_size]).
   /// \throws InvalidArgument if `logits` does not have `vocab_size()` values.
   int sample(const RowVector<float>& logits) {
-    detail::require_equal("kvlab::Sampler::sample", "logits.size()", static_cast<long>(logits.size()),
-                          static_cast<long>(vocab_size_), "vocab_size");
+    detail::require_equal("kvlab::Sampler::sample", "logits.size()",
+                          static_cast<long>(logits.size()), static_cast<long>(vocab_size_),
+                          "vocab_size");
     if (temperature_ == 0.0f) return sample_argmax(logits.data(), vocab_size_);
-    probs_.assign(logits.data(), logits.data() + vocab_size_);   // [vocab_size]
-    for (float& p : probs_) p /= temperature_;                    // logits / temperature
-    cpu::softmax_inplace(probs_.data(), vocab_size_);             // probabilities
+    probs_.assign(logits.data(), logits.data() + vocab_size_);  // [vocab_size]
+    for (float& p : probs_) p /= temperature_;                  // logits / temperature
+    cpu::softmax_inplace(probs_.data(), vocab_size_);           // probabilities
     const float coin = next_coin();
     if (top_p_ >= 1.0f) return sample_mult(probs_.data(), vocab_size_, coin);
     return sample_topp(probs_.data(), vocab_size_, top_p_, coin, scratch_);

@@ -91,7 +91,8 @@ class Tokenizer {
   ///         more tokens than `vocab_size` (argument `"<path>: token count"`).
   static Tokenizer load(const std::string& path, int vocab_size) {
     if (vocab_size < 3) {
-      detail::fail("Tokenizer::load", "vocab_size", ">= 3 (ids 0, 1, 2 are <unk>, BOS, EOS)", vocab_size);
+      detail::fail("Tokenizer::load", "vocab_size", ">= 3 (ids 0, 1, 2 are <unk>, BOS, EOS)",
+                   vocab_size);
     }
     return read_file(path, vocab_size);
   }
@@ -159,7 +160,9 @@ class Tokenizer {
     //    10xxxxxx); each becomes its own token, or its bytes' tokens if it is not a piece.
     for (std::size_t start = 0; start < text.size();) {
       std::size_t length = 1;  // bytes in this code point, 1..4
-      while (start + length < text.size() && is_continuation_byte(text[start + length]) && length < 4) ++length;
+      while (start + length < text.size() && is_continuation_byte(text[start + length]) &&
+             length < 4)
+        ++length;
       push_code_point(text.substr(start, length), tokens);
       start += length;
     }
@@ -234,36 +237,44 @@ class Tokenizer {
   /// from the caller (else the longest piece sets it).
   void check_and_index(int max_token_length, bool declared) {
     const char* where = "Tokenizer";
-    require_same_size(where, "scores.size()", scores_.size(), pieces_.size(), "one score per piece");
-    if (pieces_.size() < 3 || pieces_.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-      detail::fail(where, "pieces.size()", "3 to 2^31-1 (ids 0, 1, 2 are <unk>, BOS, EOS)", pieces_.size());
+    require_same_size(where, "scores.size()", scores_.size(), pieces_.size(),
+                      "one score per piece");
+    if (pieces_.size() < 3 ||
+        pieces_.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      detail::fail(where, "pieces.size()", "3 to 2^31-1 (ids 0, 1, 2 are <unk>, BOS, EOS)",
+                   pieces_.size());
     }
     int longest = 0;  // length of the longest piece, in bytes
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       const std::string name = "pieces[" + std::to_string(i) + "]";
       const std::string problem = piece_problem(pieces_[i]);
-      if (!problem.empty()) detail::fail(where, name, "a non-empty string without NUL bytes", problem);
+      if (!problem.empty())
+        detail::fail(where, name, "a non-empty string without NUL bytes", problem);
       if (!std::isfinite(scores_[i])) {
         detail::fail(where, "scores[" + std::to_string(i) + "]", "a finite number", scores_[i]);
       }
-      if (pieces_[i].size() > static_cast<std::size_t>(longest)) longest = static_cast<int>(pieces_[i].size());
+      if (pieces_[i].size() > static_cast<std::size_t>(longest))
+        longest = static_cast<int>(pieces_[i].size());
     }
     if (declared && max_token_length < longest) {
-      detail::fail(where, "max_token_length", ">= " + std::to_string(longest) + " (the longest piece)",
-                   max_token_length);
+      detail::fail(where, "max_token_length",
+                   ">= " + std::to_string(longest) + " (the longest piece)", max_token_length);
     }
     max_token_length_ = declared ? max_token_length : longest;
     // The lookup table piece -> id (llama2.c sorts the vocabulary and binary-searches it; a hash
     // map does the same job). Should a piece appear twice, the lower id wins.
     index_.reserve(pieces_.size());
-    for (std::size_t i = 0; i < pieces_.size(); ++i) index_.emplace(pieces_[i], static_cast<int>(i));
+    for (std::size_t i = 0; i < pieces_.size(); ++i)
+      index_.emplace(pieces_[i], static_cast<int>(i));
   }
 
   /// llama2.c's starting "best score": a merge counts only if its score is above this.
   static constexpr float kNoMergeScore = -1e10f;
 
   /// True for a UTF-8 continuation byte (10xxxxxx), which never starts a code point.
-  static bool is_continuation_byte(char byte) { return (static_cast<unsigned char>(byte) & 0xC0u) == 0x80u; }
+  static bool is_continuation_byte(char byte) {
+    return (static_cast<unsigned char>(byte) & 0xC0u) == 0x80u;
+  }
 
   /// Empty if `piece` is acceptable, else what is wrong with it (for an error message).
   static std::string piece_problem(const std::string& piece) {
@@ -282,8 +293,9 @@ class Tokenizer {
 
   /// Throws unless `value == expected` (two sizes); `why` says why they must agree.
   static void require_same_size(const char* where, const std::string& argument, std::size_t value,
-                            std::size_t expected, const std::string& why) {
-    if (value != expected) detail::fail(where, argument, std::to_string(expected) + " (" + why + ")", value);
+                                std::size_t expected, const std::string& why) {
+    if (value != expected)
+      detail::fail(where, argument, std::to_string(expected) + " (" + why + ")", value);
   }
 
   /// Appends the token of one code point (`code_point`: 1..4 bytes), or, if it is not a piece,
@@ -307,7 +319,8 @@ class Tokenizer {
 
   /// The id of the piece piece(left) + piece(right), or -1 if that string is not a piece.
   int pair_id(int left, int right) const {
-    return lookup(pieces_[static_cast<std::size_t>(left)] + pieces_[static_cast<std::size_t>(right)]);
+    return lookup(pieces_[static_cast<std::size_t>(left)] +
+                  pieces_[static_cast<std::size_t>(right)]);
   }
 
   /// The value of hex digit `c`, or -1 if `c` is not one (0-9, A-F, a-f).
@@ -345,14 +358,19 @@ class Tokenizer {
   static Tokenizer read_file(const std::string& path, int vocab_size) {
     const char* where = "Tokenizer::load";
     std::ifstream file(path, std::ios::binary);
-    if (!file) detail::fail(where, path, "an existing, readable tokenizer.bin file", "a path that cannot be opened");
-    const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());  // [file size]
+    if (!file)
+      detail::fail(where, path, "an existing, readable tokenizer.bin file",
+                   "a path that cannot be opened");
+    // [file size]
+    const std::string bytes((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
     if (file.bad()) detail::fail(where, path, "a readable tokenizer.bin file", "a read error");
     FileReader reader{path, bytes, 0};
 
     // Header: the length of the longest piece, in bytes.
     const std::int32_t max_token_length = reader.read_i32("max_token_length");
-    if (max_token_length < 1) detail::fail(where, path + ": max_token_length", ">= 1", max_token_length);
+    if (max_token_length < 1)
+      detail::fail(where, path + ": max_token_length", ">= 1", max_token_length);
 
     std::vector<std::string> pieces;  // [vocab_size] as read
     std::vector<float> scores;        // [vocab_size] as read
@@ -360,11 +378,13 @@ class Tokenizer {
       const std::string token = "token " + std::to_string(i);
       // A file that ends cleanly between two tokens holds too few of them.
       if (reader.at_end()) {
-        detail::fail(where, path + ": token count", std::to_string(vocab_size) + " (vocab_size)", i);
+        detail::fail(where, path + ": token count", std::to_string(vocab_size) + " (vocab_size)",
+                     i);
       }
       // Per token: float32 score, int32 length, `length` bytes of piece.
       const float score = reader.read_f32(token + " score");
-      if (!std::isfinite(score)) detail::fail(where, path + ": " + token + " score", "a finite number", score);
+      if (!std::isfinite(score))
+        detail::fail(where, path + ": " + token + " score", "a finite number", score);
       const std::int32_t length = reader.read_i32(token + " length");
       if (length < 1 || length > max_token_length) {
         detail::fail(where, path + ": " + token + " length",
@@ -372,17 +392,19 @@ class Tokenizer {
       }
       std::string piece = reader.read_bytes(static_cast<std::size_t>(length), token + " bytes");
       const std::string problem = piece_problem(piece);
-      if (!problem.empty()) detail::fail(where, path + ": " + token + " bytes", "no NUL byte", problem);
+      if (!problem.empty())
+        detail::fail(where, path + ": " + token + " bytes", "no NUL byte", problem);
       pieces.push_back(std::move(piece));
       scores.push_back(score);
     }
     if (vocab_size < 0 && pieces.size() < 3) {
-      detail::fail(where, path + ": token count", ">= 3 (ids 0, 1, 2 are <unk>, BOS, EOS)", pieces.size());
+      detail::fail(where, path + ": token count", ">= 3 (ids 0, 1, 2 are <unk>, BOS, EOS)",
+                   pieces.size());
     }
     if (!reader.at_end()) {
       detail::fail(where, path + ": token count", std::to_string(vocab_size) + " (vocab_size)",
-                   "more: " + std::to_string(bytes.size() - reader.offset) + " bytes follow token " +
-                       std::to_string(vocab_size - 1));
+                   "more: " + std::to_string(bytes.size() - reader.offset) +
+                       " bytes follow token " + std::to_string(vocab_size - 1));
     }
     return Tokenizer(std::move(pieces), std::move(scores), max_token_length);
   }
@@ -401,8 +423,9 @@ class Tokenizer {
     std::string read_bytes(std::size_t count, const std::string& field) {
       const std::size_t left = bytes.size() - offset;
       if (left < count) {
-        detail::fail("Tokenizer::load", path + ": " + field, std::to_string(count) + " bytes",
-                     std::to_string(left) + " (the file ends at byte " + std::to_string(bytes.size()) + ")");
+        detail::fail(
+            "Tokenizer::load", path + ": " + field, std::to_string(count) + " bytes",
+            std::to_string(left) + " (the file ends at byte " + std::to_string(bytes.size()) + ")");
       }
       std::string out = bytes.substr(offset, count);
       offset += count;
@@ -413,7 +436,8 @@ class Tokenizer {
     std::uint32_t read_u32(const std::string& field) {
       const std::string b = read_bytes(4, field);
       std::uint32_t value = 0;
-      for (int i = 3; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(b[static_cast<std::size_t>(i)]);
+      for (int i = 3; i >= 0; --i)
+        value = (value << 8) | static_cast<unsigned char>(b[static_cast<std::size_t>(i)]);
       return value;
     }
 
@@ -434,10 +458,11 @@ class Tokenizer {
     }
   };
 
-  std::vector<std::string> pieces_;            // [vocab_size] token id -> piece
-  std::vector<float> scores_;                  // [vocab_size] token id -> merge score
-  int max_token_length_ = 0;                   // longest piece allowed, in bytes
-  std::unordered_map<std::string, int> index_;  // [vocab_size] piece -> token id (lowest on duplicates)
+  std::vector<std::string> pieces_;  // [vocab_size] token id -> piece
+  std::vector<float> scores_;        // [vocab_size] token id -> merge score
+  int max_token_length_ = 0;         // longest piece allowed, in bytes
+  // [vocab_size] piece -> token id (lowest on duplicates)
+  std::unordered_map<std::string, int> index_;
 };
 
 }  // namespace kvlab

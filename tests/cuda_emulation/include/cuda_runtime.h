@@ -41,7 +41,8 @@
 #pragma once
 
 #if defined(__CUDACC__)
-#error "tests/cuda_emulation/include/cuda_runtime.h emulates CUDA on the CPU: compile with a host compiler"
+#error \
+    "tests/cuda_emulation/include/cuda_runtime.h emulates CUDA on the CPU: compile with a host compiler"
 #endif
 #if !defined(KVLAB_CUDA_EMULATION)
 #error "tests/cuda_emulation/include/cuda_runtime.h is for builds with -DKVLAB_CUDA_EMULATION"
@@ -79,7 +80,8 @@ inline dim3 gridDim;     // NOLINT
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
-// --- the templates of the real cuda_runtime.h -----------------------------------------------------
+// --- the templates of the real cuda_runtime.h
+// -----------------------------------------------------
 template <typename T>
 cudaError_t cudaMalloc(T** pointer, std::size_t bytes) {
   return ::cudaMalloc(reinterpret_cast<void**>(pointer), bytes);
@@ -94,21 +96,23 @@ namespace detail {
 
 /// Runs `body(closure)` as the code of every thread of every block of a launch; returns the
 /// launch's error (cudaErrorLaunchFailure, with a message on stderr, for a kernel bug).
-cudaError_t run_launch(const char* name, dim3 grid, dim3 block, std::size_t smem_bytes, cudaStream_t stream,
-                       void (*body)(void*), void* closure);
+cudaError_t run_launch(const char* name, dim3 grid, dim3 block, std::size_t smem_bytes,
+                       cudaStream_t stream, void (*body)(void*), void* closure);
 /// __syncthreads at `file`:`line`.
 void sync_block(const char* file, int line);
 /// The value of lane `lane ^ lane_mask` (8 bytes) after every lane of `mask` arrived.
-std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint64_t value, int lane_mask, int width);
+std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint64_t value,
+                           int lane_mask, int width);
 
 }  // namespace detail
 
 /// Launches `kernel(args...)` as `kernel<<<grid, block, smem_bytes, stream>>>(args...)` would,
 /// running it to completion. Errors go to cudaGetLastError, as for a real launch.
 template <typename... Params, typename... Args>
-void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem_bytes,
-            cudaStream_t stream, Args&&... args) {
-  static_assert(sizeof...(Params) == sizeof...(Args), "a kernel launch takes one argument per parameter");
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+            std::size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args),
+                "a kernel launch takes one argument per parameter");
   struct Closure {
     void (*kernel)(Params...);
     std::tuple<std::decay_t<Params>...> params;  // copied by every thread: kernels take values
@@ -129,7 +133,8 @@ unsigned char* dynamic_shared_memory();
 /// __shfl_xor_sync: `var` of lane `lane ^ lane_mask` within segments of `width` lanes.
 template <typename T>
 T shfl_xor_sync(const char* file, int line, unsigned mask, T var, int lane_mask, int width = 32) {
-  static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffles move values of up to 8 bytes");
+  static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8,
+                "shuffles move values of up to 8 bytes");
   std::uint64_t bits = 0;
   std::memcpy(&bits, &var, sizeof(T));
   bits = detail::exchange_xor(file, line, mask, bits, lane_mask, width);
