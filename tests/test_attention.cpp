@@ -1,8 +1,9 @@
-// The two attention kernels against a plain triple loop (test_support.hpp), against each other,
-// their exact counters, their numerics at extreme logits, and their argument checks.
+// The reference attention (cpu::reference_attention, plain loops) against values computed by
+// hand; the two tuned kernels against it, against each other; their exact counters, their
+// numerics at extreme logits, and their argument checks.
 //
 // Tolerances: kernels and reference compute the same sums in different orders; the reference
-// uses long double. Differences are rounding only, ~sqrt(head_dim) ulps of the row scale:
+// sums in double. Differences are rounding only, ~sqrt(head_dim) ulps of the row scale:
 //   double: 1e-12 relative to max(1, the row's largest |value|);
 //   float:  1e-5  relative (float eps is 6e-8; head_dim 256 and the softmax give ~1e-6).
 #include <catch2/catch.hpp>
@@ -19,9 +20,9 @@
 
 using kvlab::AttentionShape;
 using kvlab::RowMatrix;
+using kvlab::cpu::reference_attention;
 using kvlab_test::max_row_relative_error;
 using kvlab_test::names;
-using kvlab_test::reference_attention;
 using kvlab_test::tolerance;
 
 namespace {
@@ -72,7 +73,73 @@ void check_kernels(const AttentionShape& shape, int q_len, int kv_len, std::uint
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("naive_attention and decode_attention equal a triple loop", "", float, double) {
+TEST_CASE(
+    "reference_attention: hand-computed values, the causal mask, GQA and the position offset") {
+  // One head, head_dim 2, scale 1: q0 = (1, 0) sees k0 only; q1 = (1, 0) sees k0 = (1, 0) and
+  // k1 = (0, 1), scores 1 and 0, so p = (e, 1) / (e + 1).
+  const AttentionShape one(1, 1, 2, /*scale=*/1.0);
+  RowMatrix<double> q(2, 2), k(2, 2), v(2, 2);
+  q << 1, 0, 1, 0;
+  k << 1, 0, 0, 1;
+  v << 1, 2, 3, 4;
+  const RowMatrix<double> out = reference_attention(one, q, k, v);
+  const double e = std::exp(1.0);
+  CHECK(out(0, 0) == 1.0);  // softmax of one score is 1: exactly v0
+  CHECK(out(0, 1) == 2.0);
+  CHECK(out(1, 0) == Approx((e * 1 + 3) / (e + 1)).epsilon(1e-15));
+  CHECK(out(1, 1) == Approx((e * 2 + 4) / (e + 1)).epsilon(1e-15));
+  // GQA: 2 query heads over 1 K/V head read the same keys, so equal queries give equal outputs.
+  const AttentionShape gqa(2, 1, 2, 1.0);
+  RowMatrix<double> q2(2, 4);
+  q2 << 1, 0, 1, 0, 1, 0, 1, 0;
+  const RowMatrix<double> out2 = reference_attention(gqa, q2, k, v);
+  CHECK(out2.leftCols(2) == out);
+  CHECK(out2.rightCols(2) == out);
+  // The position offset: a chunk of queries at positions 3 and 4 of 6 keys equals rows 3 and 4 of
+  // the whole prefill, and decode (one query at the end) equals its last row.
+  kvlab::Rng rng(4);
+  const AttentionShape shape(4, 2, 8);
+  const RowMatrix<double> qs = kvlab::random_matrix<double>(6, 32, rng);
+  const RowMatrix<double> ks = kvlab::random_matrix<double>(6, 16, rng);
+  const RowMatrix<double> vs = kvlab::random_matrix<double>(6, 16, rng);
+  const RowMatrix<double> all = reference_attention(shape, qs, ks, vs);
+  CHECK(reference_attention(shape, qs.middleRows(3, 2), ks, vs, 3) == all.middleRows(3, 2));
+  CHECK(reference_attention(shape, qs.bottomRows(1), ks, vs) == all.bottomRows(1));
+  CHECK_THROWS_MATCHES(reference_attention(shape, qs.middleRows(3, 2), ks, vs, 5),
+                       kvlab::InvalidArgument,
+                       names("first_position", "in [0, k.rows() - q.rows()] = [0, 4]", "5"));
+  CHECK_THROWS_MATCHES(reference_attention(shape, qs, ks.leftCols(8), vs), kvlab::InvalidArgument,
+                       names("k.cols()", "16 (num_kv_heads * head_dim)", "8"));
+}
+
+TEST_CASE("the attention functions take any Eigen expression: rows, row blocks, column-major") {
+  const AttentionShape shape(4, 2, 8);
+  kvlab::Rng rng(12);
+  const RowMatrix<float> q = kvlab::random_matrix<float>(6, 32, rng);
+  const RowMatrix<float> k = kvlab::random_matrix<float>(6, 16, rng);
+  const RowMatrix<float> v = kvlab::random_matrix<float>(6, 16, rng);
+  const RowMatrix<float> all = kvlab::cpu::naive_attention(shape, q, k, v);
+  // A block of rows and a single row, read in place (other row counts: other products, so
+  // rounding); a column-major copy, copied once into the same layout (the same bits).
+  CHECK(max_row_relative_error(kvlab::cpu::naive_attention(shape, q.bottomRows(2), k, v),
+                               RowMatrix<float>(all.bottomRows(2))) <= tolerance<float>());
+  const Eigen::MatrixXf q_col = q, k_col = k, v_col = v;  // column-major
+  CHECK(kvlab::cpu::naive_attention(shape, q_col, k_col, v_col) == all);
+  kvlab::ContiguousKVCache<float> cache(1, 2, 8, 6);
+  cache.append(0, k.topRows(5), v.topRows(5));  // a row block
+  cache.append(0, k.row(5), v.row(5));          // a row
+  const RowMatrix<float> decoded = kvlab::cpu::decode_attention(shape, q.row(5), cache.view(0));
+  CHECK(max_row_relative_error(decoded, RowMatrix<float>(all.row(5))) <= tolerance<float>());
+  CHECK(max_row_relative_error(
+            kvlab::cpu::decode_attention(shape, q_col.bottomRows(3), cache.view(0)),
+            RowMatrix<float>(all.bottomRows(3))) <= tolerance<float>());
+  // The output may not share memory with an input, even through a block of it.
+  RowMatrix<float> out = q;
+  CHECK_THROWS_MATCHES(kvlab::cpu::decode_attention(shape, out.bottomRows(1), cache.view(0), out),
+                       kvlab::InvalidArgument, names("out", "a matrix other than q", "q"));
+}
+
+TEMPLATE_TEST_CASE("naive_attention and decode_attention equal the reference", "", float, double) {
   struct Heads {
     int num_heads, num_kv_heads;
   };

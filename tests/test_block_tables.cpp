@@ -17,7 +17,7 @@ using kvlab_test::names;
 
 TEST_CASE("from_lists builds the CSR arrays") {
   // Block size 4: lengths 4 (one full block), 5 (one full + 1), 3 (one partial block).
-  const BlockTables t = BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, 10, 4);
+  const BlockTables t = BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, 4, 10);
   CHECK(t.batch() == 3);
   CHECK(t.indptr() == std::vector<std::int32_t>{0, 1, 3, 4});
   CHECK(t.indices() == std::vector<std::int32_t>{7, 2, 9, 0});
@@ -25,10 +25,31 @@ TEST_CASE("from_lists builds the CSR arrays") {
   CHECK(t.seq_len(0) == 4);
   CHECK(t.seq_len(1) == 5);
   CHECK(t.seq_len(2) == 3);
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, 10, 4), InvalidArgument,
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, 4, 10), InvalidArgument,
                        names("blocks[0].size()", "1 (ceil(lengths[0] / block_size))", "2"));
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 10, 4), InvalidArgument,
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 4, 10), InvalidArgument,
                        names("lengths[0]", ">= 1", "0"));
+}
+
+TEST_CASE(
+    "shuffled tables: every block at most once, spare blocks free, the same for the same seed") {
+  const std::vector<int> lengths{5, 1, 16, 17};  // blocks of 4: 2 + 1 + 4 + 5 = 12
+  kvlab::Rng a(3), b(3), c(4);
+  const BlockTables t = BlockTables::shuffled(lengths, 4, 3, a);
+  CHECK(t.num_blocks() == 15);
+  CHECK(t.block_size() == 4);
+  for (int s = 0; s < 4; ++s) CHECK(t.seq_len(s) == lengths[static_cast<std::size_t>(s)]);
+  std::vector<int> uses(15, 0);
+  for (std::int32_t block : t.indices()) ++uses[static_cast<std::size_t>(block)];
+  CHECK(std::count(uses.begin(), uses.end(), 1) == 12);
+  CHECK(std::count(uses.begin(), uses.end(), 0) == 3);
+  CHECK(!std::is_sorted(t.indices().begin(), t.indices().end()));
+  CHECK(BlockTables::shuffled(lengths, 4, 3, b).indices() == t.indices());
+  CHECK(BlockTables::shuffled(lengths, 4, 3, c).indices() != t.indices());
+  CHECK_THROWS_MATCHES(BlockTables::shuffled({3, 0}, 4, 0, a), InvalidArgument,
+                       names("lengths[1]", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(BlockTables::shuffled({3}, 4, -1, a), InvalidArgument,
+                       names("spare_blocks", ">= 0", "-1"));
 }
 
 TEST_CASE(
@@ -43,8 +64,7 @@ TEST_CASE(
     kvlab::BlockAllocator pool(num_blocks);
     kvlab::Rng rng(static_cast<std::uint64_t>(block_size));
     std::vector<std::int32_t> order = pool.allocate(num_blocks);
-    for (std::size_t i = order.size() - 1; i > 0; --i)
-      std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+    kvlab::shuffle(order, rng);
     const std::vector<int> lengths = {1, block_size, block_size + 1, 2 * block_size - 1};
     std::vector<std::vector<std::int32_t>> lists;
     std::size_t next = 0;
@@ -55,7 +75,7 @@ TEST_CASE(
           order.begin() + static_cast<std::ptrdiff_t>(next + static_cast<std::size_t>(pages)));
       next += static_cast<std::size_t>(pages);
     }
-    const BlockTables tables = BlockTables::from_lists(lists, lengths, num_blocks, block_size);
+    const BlockTables tables = BlockTables::from_lists(lists, lengths, block_size, num_blocks);
     std::vector<float> pool_k(
         static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
     const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim, layout);
@@ -98,8 +118,8 @@ TEST_CASE(
 TEST_CASE("malformed tables are rejected, naming the element") {
   const auto make = [](std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
                        std::vector<std::int32_t> last, int num_blocks = 8, int block_size = 4) {
-    return BlockTables(std::move(indptr), std::move(indices), std::move(last), num_blocks,
-                       block_size);
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last), block_size,
+                       num_blocks);
   };
   CHECK_NOTHROW(make({0, 2, 3}, {5, 1, 7}, {4, 1}));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 5}), InvalidArgument,

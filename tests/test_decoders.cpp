@@ -1,6 +1,9 @@
-// NaiveDecoder and CachedDecoder agree at every step, over heads {1, 4, 8, 32} in MHA, GQA and
-// MQA layouts, head_dim {8, 64, 80, 96, 128, 256}, 1 to 3 layers, sequences up to 1024 tokens
-// and prompts of every length; and their interface keeps its promises.
+// The one decoder-equivalence suite: CachedDecoder and PagedDecoder (block sizes 1, 3, 16, 32 in
+// the NHD pool, 3 and 16 in the HND pool) agree with NaiveDecoder at every step, over heads {1,
+// 4, 8, 32} in MHA, GQA and MQA layouts, head_dim {8, 64, 80, 96, 128, 256}, 1 to 3 layers,
+// sequences up to 1024 tokens, prompts of every length and on and beside block boundaries; the
+// decoders that keep K/V count the same work exactly; and the decoders' interface keeps its
+// promises.
 //
 // Tolerances: the two decoders compute the same values in different orders (a [t, d] GEMM of
 // the whole prefix against one row at a time; a materialised score matrix against a streamed
@@ -9,6 +12,7 @@
 //   float  1e-5  (eps 6e-8; sums over d_model and up to 1024 keys, then up to 3 layers).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -41,7 +45,26 @@ std::string describe(const Case& c, int prompt) {
          std::to_string(prompt);
 }
 
-// Prefills `prompt` tokens, then decodes up to n, comparing the decoders' outputs at every step.
+// One decoder of every kind but the naive one (the baseline): cached, and paged with block
+// sizes 1, 3, 16 and 32 (NHD) and 3 and 16 (HND), each with exactly the blocks it needs. A new
+// way of keeping K/V is one more line here.
+template <typename T>
+std::vector<std::unique_ptr<kvlab::Decoder<T>>> every_other_decoder(
+    const std::shared_ptr<const AttentionStack<T>>& stack, int n) {
+  std::vector<std::unique_ptr<kvlab::Decoder<T>>> decoders;
+  decoders.push_back(std::make_unique<CachedDecoder<T>>(stack, n));
+  for (int block_size : {1, 3, 16, 32})
+    decoders.push_back(
+        std::make_unique<kvlab::PagedDecoder<T>>(stack, block_size, (n - 1) / block_size + 1));
+  for (int block_size : {3, 16})
+    decoders.push_back(std::make_unique<kvlab::PagedDecoder<T>>(
+        stack, block_size, (n - 1) / block_size + 1, kvlab::KVLayout::HND));
+  return decoders;
+}
+
+// Prefills `prompt` tokens, then decodes up to n with every decoder in lockstep, comparing each
+// output with the naive decoder's at every step, and the counters of the decoders that keep K/V
+// with each other exactly (the same work; only where K/V live differs).
 template <typename T>
 void check_equal_at_every_step(const Case& c, std::uint64_t seed) {
   const AttentionShape shape(c.num_heads, c.num_kv_heads, c.head_dim);
@@ -51,24 +74,36 @@ void check_equal_at_every_step(const Case& c, std::uint64_t seed) {
   for (int prompt : c.prompts) {
     INFO(describe(c, prompt));
     NaiveDecoder<T> naive(stack);
-    CachedDecoder<T> cached(stack, c.n);
+    const auto decoders = every_other_decoder<T>(stack, c.n);
     const RowMatrix<T> x = inputs.topRows(prompt);
     const RowMatrix<T> want = naive.prefill(x);
-    const RowMatrix<T> got = cached.prefill(x);
-    REQUIRE(max_row_relative_error(got, want) <= tolerance<T>());
     double worst = 0;
+    const auto compare = [&](std::size_t d, const RowMatrix<T>& got, const RowMatrix<T>& expected,
+                             int step) {
+      const double error = max_row_relative_error(got, expected);
+      if (error > tolerance<T>())
+        FAIL_CHECK("decoder " << d << ", step " << step << ": error " << error);
+      worst = std::max(worst, error);
+      CHECK(decoders[d]->last_step() == decoders[0]->last_step());  // the cached decoder's work
+    };
+    for (std::size_t d = 0; d < decoders.size(); ++d)
+      compare(d, decoders[d]->prefill(x), want, prompt);
     for (int t = prompt; t < c.n; ++t) {
       const RowVector<T> token = inputs.row(t);
-      const RowVector<T> want_t = naive.decode(token);
-      const RowVector<T> got_t = cached.decode(token);
-      const double error = max_row_relative_error(got_t, want_t);
-      if (error > tolerance<T>()) FAIL_CHECK("step " << t << ": error " << error);
-      worst = std::max(worst, error);
+      const RowMatrix<T> want_t = naive.decode(token);
+      for (std::size_t d = 0; d < decoders.size(); ++d)
+        compare(d, RowMatrix<T>(decoders[d]->decode(token)), want_t, t + 1);
     }
     CHECK(worst <= tolerance<T>());
     CHECK(naive.position() == c.n);
-    CHECK(cached.position() == c.n);
+    for (const auto& d : decoders) CHECK(d->position() == c.n);
+    const auto& cached = static_cast<const CachedDecoder<T>&>(*decoders[0]);
     CHECK(cached.cache().length(c.layers - 1) == c.n);
+    for (std::size_t d = 1; d < decoders.size(); ++d) {  // exactly the blocks the tokens need
+      const auto& paged = static_cast<const kvlab::PagedDecoder<T>&>(*decoders[d]);
+      CHECK(static_cast<int>(paged.cache().blocks(paged.sequence()).size()) ==
+            (c.n - 1) / paged.cache().block_size() + 1);
+    }
   }
 }
 
@@ -94,14 +129,34 @@ std::vector<Case> grid() {
   cases.push_back({1, 1, 8, 8, 1, 1024, {1, 511}});
   cases.push_back({8, 2, 8, 16, 1, 1024, {1000}});
   cases.push_back({4, 1, 64, 32, 2, 160, {1, 17, 100}});
+  // Prompts just before, on and just after the block boundaries of blocks of 3, 16 and 32, and
+  // decode steps crossing the next ones.
+  cases.push_back({8, 2, 64, 48, 2, 66, {2, 3, 4, 15, 16, 17, 31, 32, 33}});
   return cases;
 }
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("naive and cached decoders agree at every step", "", float, double) {
-  std::uint64_t seed = 100;
-  for (const Case& c : grid()) check_equal_at_every_step<TestType>(c, seed++);
+// Two test cases, so that CTest can run them side by side: the grid of head layouts and sizes,
+// and the long sequences and block boundaries (grid() ends with kLongCases of those).
+constexpr std::size_t kLongCases = 5;
+
+TEMPLATE_TEST_CASE(
+    "every decoder (cached, and paged with blocks 1 to 32 in both layouts) agrees with the naive "
+    "one at every step: heads, K/V heads and head sizes",
+    "", float, double) {
+  const std::vector<Case> cases = grid();
+  const std::size_t i = GENERATE_COPY(range(std::size_t{0}, cases.size() - kLongCases));
+  check_equal_at_every_step<TestType>(cases[i], 100 + i);
+}
+
+TEMPLATE_TEST_CASE(
+    "every decoder (cached, and paged with blocks 1 to 32 in both layouts) agrees with the naive "
+    "one at every step: long sequences, every prompt length, block boundaries",
+    "", float, double) {
+  const std::vector<Case> cases = grid();
+  const std::size_t i = GENERATE_COPY(range(cases.size() - kLongCases, cases.size()));
+  check_equal_at_every_step<TestType>(cases[i], 100 + i);
 }
 
 TEST_CASE("a multi-layer stack equals the same stack written out with the triple-loop attention") {
@@ -115,7 +170,7 @@ TEST_CASE("a multi-layer stack equals the same stack written out with the triple
       const kvlab::AttentionLayer<double>& layer = stack->layer(l);
       const RowMatrix<double> q = h * layer.wq().transpose(), k = h * layer.wk().transpose(),
                               v = h * layer.wv().transpose();
-      h += kvlab_test::reference_attention(shape, q, k, v) * layer.wo().transpose();
+      h += kvlab::cpu::reference_attention(shape, q, k, v) * layer.wo().transpose();
     }
     NaiveDecoder<double> naive(stack);
     CachedDecoder<double> cached(stack, 9);
@@ -192,7 +247,7 @@ TEST_CASE("decoders reject bad input and stay unchanged") {
   CHECK(naive.decode(inputs.row(5)) == fresh_naive.decode(inputs.row(5)));
   // Two tokens where one fits: a typed error before any layer is touched.
   CHECK_THROWS_MATCHES(cached.prefill(inputs.middleRows(5, 2)), kvlab::CapacityError,
-                       names("x.rows()", "at most 1 (capacity 6, position 5)", "2"));
+                       names("new tokens of sequence 0", "at most 1 (capacity 6, length 5)", "2"));
   CHECK(cached.position() == 5);
   CHECK(cached.total() == before);
   for (int l = 0; l < 2; ++l) CHECK(cached.cache().length(l) == 5);

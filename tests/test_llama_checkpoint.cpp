@@ -141,6 +141,21 @@ TEST_CASE("LlamaConfig: sizes of known models, and every rule of validate()") {
   // embedding row.
   CHECK(LlamaConfig::stories260k().decode_weight_bytes() ==
         4 * (5 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 64 + 512 * 64 + 64));
+  // Named construction sets the fields it names, and the size calculator takes the config: one
+  // stories15M token is 2 (K, V) x 6 layers x 6 K/V heads x 48 values x 4 bytes in float.
+  const LlamaConfig named = LlamaConfig()
+                                .with_dim(288)
+                                .with_hidden_dim(768)
+                                .with_layers(6)
+                                .with_heads(6, 6)
+                                .with_vocab_size(32000)
+                                .with_seq_len(256);
+  CHECK(named == LlamaConfig::stories15m());
+  const kvlab::ModelConfig as_model = kvlab::to_model_config(named, "stories15M");
+  CHECK(as_model.name == "stories15M");
+  CHECK(kvlab::bytes_per_token(as_model, kvlab::KVDtype::fp32) == 2 * 6 * 6 * 48 * 4);
+  CHECK(kvlab::bytes_per_token(kvlab::to_model_config(LlamaConfig::stories260k()),
+                               kvlab::KVDtype::fp16) == 2 * 5 * 4 * 8 * 2);
 
   constexpr const char* where = "test";
   const auto invalid = [&](LlamaConfig c) {
@@ -165,8 +180,8 @@ TEST_CASE("LlamaConfig: sizes of known models, and every rule of validate()") {
   c = LlamaConfig::tiny();
   c.dim = c.hidden_dim = c.n_layers = c.vocab_size = 2147483646;
   c.n_heads = c.n_kv_heads = 1;
-  CHECK_THAT(invalid(c), Catch::Contains("f.bin: parameter count: expected a size below 2^63") &&
-                             Catch::Contains("(overflows)"));
+  CHECK_THAT(invalid(c), Catch::Contains("f.bin: parameter count: expected at most ") &&
+                             Catch::Contains("(so that the size fits in std::int64_t)"));
   CHECK_NOTHROW(LlamaConfig::tiny().validate(where));
 }
 
@@ -191,7 +206,14 @@ TEST_CASE(
   for (const bool shared : {true, false}) {
     CAPTURE(shared);
     // GQA (4 heads over 2 K/V heads), head_dim 6, odd hidden width, 3 layers.
-    const LlamaConfig config{24, 37, 3, 4, 2, 50, 16, shared};
+    const LlamaConfig config = LlamaConfig()
+                                   .with_dim(24)
+                                   .with_hidden_dim(37)
+                                   .with_layers(3)
+                                   .with_heads(4, 2)
+                                   .with_vocab_size(50)
+                                   .with_seq_len(16)
+                                   .with_shared_classifier(shared);
     const LlamaWeights original = LlamaWeights::random(config, shared ? 1 : 2);
     TempFile file(shared ? "roundtrip_shared.bin" : "roundtrip_separate.bin");
     write_checkpoint(file.path, original);
@@ -210,7 +232,13 @@ TEST_CASE(
 TEST_CASE(
     "bad files give an InvalidArgument naming the file, the field, the expected and the actual "
     "value") {
-  const LlamaConfig config{16, 24, 2, 4, 2, 32, 8, true};
+  const LlamaConfig config = LlamaConfig()
+                                 .with_dim(16)
+                                 .with_hidden_dim(24)
+                                 .with_layers(2)
+                                 .with_heads(4, 2)
+                                 .with_vocab_size(32)
+                                 .with_seq_len(8);
   const LlamaWeights weights = LlamaWeights::random(config, 3);
   TempFile good("good.bin");
   write_checkpoint(good.path, weights);
@@ -282,8 +310,7 @@ TEST_CASE(
     std::vector<std::int32_t> huge{2147483646, 2147483646, 2147483646, 1,
                                    1,          2147483646, 2147483646};
     write_bytes(bad.path, header_bytes(huge));
-    CHECK_THAT(error_of(load),
-               Catch::Contains(bad.path + ": parameter count: expected a size below 2^63"));
+    CHECK_THAT(error_of(load), Catch::Contains(bad.path + ": parameter count: expected at most "));
     // A consistent but enormous header (Llama 2 7B's shape) on a tiny file: the size check comes
     // before any allocation.
     write_bytes(bad.path, header_bytes({4096, 11008, 32, 32, 32, 32000, 4096}));

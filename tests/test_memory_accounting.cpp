@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "kvlab/cache/memory_accounting.hpp"
+#include "kvlab/analysis/memory_accounting.hpp"
 #include "test_support.hpp"
 
 using kvlab::InvalidArgument;
@@ -151,7 +151,7 @@ TEST_CASE("max_paged_sequences: as many as a real PagedKVCache of that budget ad
     for (std::int64_t len : lengths) {
       const int seq = cache.add_sequence();
       try {
-        cache.append(seq, static_cast<int>(len));
+        cache.reserve(seq, static_cast<int>(len));
       } catch (const kvlab::OutOfBlocks&) {
         break;
       }
@@ -174,7 +174,7 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
   PagedKVCache<float> cache(1, 1, 2, 4, 10);
   CHECK(kvlab::cache_bytes_per_token(cache) == 16);
   const int a = cache.add_sequence();
-  cache.append(a, 5);           // blocks: [4 tokens][1 token]
+  cache.reserve(a, 5);          // blocks: [4 tokens][1 token]
   const int b = cache.fork(a);  // shares both blocks
   MemoryFootprint f = kvlab::paged_cache_footprint(cache, 1);
   CHECK(f.reserved_bytes == 8);  // 2 distinct blocks · 4
@@ -182,7 +182,7 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
   // The lengths formula counts each sequence's blocks on their own: 2 · 8 reserved, 2 · 5 used.
   CHECK(kvlab::paged_footprint({5, 5}, 4, 1).reserved_bytes == 16);
 
-  cache.append(a, 1);  // copy on write: a gets its own copy of the last block (1 + 1 tokens)
+  cache.reserve(a, 1);  // copy on write: a gets its own copy of the last block (1 + 1 tokens)
   f = kvlab::paged_cache_footprint(cache, 1);
   CHECK(f.reserved_bytes == 12);     // shared [4], b's [1], a's copy [2]: 3 blocks
   CHECK(f.used_bytes == 4 + 1 + 2);  // the copied token is stored twice
@@ -236,7 +236,7 @@ TEST_CASE(
         } else if (r < 0.75) {
           const int n = 1 + static_cast<int>(rng.uniform() * (2 * block_size + 1));
           try {
-            cache.append(pick, n);
+            cache.reserve(pick, n);
           } catch (const kvlab::OutOfBlocks&) {
             cache.free_sequence(pick);  // the pool is full: end this request
           }
@@ -346,7 +346,7 @@ TEST_CASE("memory accounting: bad arguments and overflow") {
   CHECK_THROWS_MATCHES(kvlab::paged_footprint({i64_max, i64_max, i64_max}, 1, 1), InvalidArgument,
                        names("lengths[2]",
                              "at most 1 tokens in blocks after the 18446744073709551614 reserved "
-                             "before it (so that the total fits in std::uint64_t)",
+                             "before it (so that the size fits in std::uint64_t)",
                              "9223372036854775807"));
   // 2^62 tokens · 4 bytes = 2^64.
   CHECK_THROWS_MATCHES(kvlab::paged_footprint({std::int64_t{1} << 62}, 1, 4), InvalidArgument,
@@ -371,7 +371,7 @@ TEST_CASE("memory accounting: bad arguments and overflow") {
                        names("bytes_per_token", ">= 1", "0"));
 
   PagedKVCache<float> cache(1, 1, 1, 4, 4);
-  cache.append(cache.add_sequence(), 3);
+  cache.reserve(cache.add_sequence(), 3);
   CHECK_THROWS_MATCHES(kvlab::paged_cache_footprint(cache, 0), InvalidArgument,
                        names("bytes_per_token", ">= 1", "0"));
   // 4 reserved tokens · 2^62 bytes = 2^64.

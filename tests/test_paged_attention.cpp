@@ -24,65 +24,18 @@
 
 #include "kvlab/cpu/paged_attention.hpp"
 #include "kvlab/kvlab.hpp"
+#include "ragged_batch.hpp"
 #include "test_support.hpp"
 
 using kvlab::AttentionShape;
 using kvlab::RowMatrix;
+using kvlab::cpu::reference_attention;
 using kvlab_test::max_row_relative_error;
 using kvlab_test::names;
-using kvlab_test::reference_attention;
+using kvlab_test::RaggedBatch;
 using kvlab_test::tolerance;
 
 namespace {
-
-// A ragged batch in a block pool built by hand: every sequence's rows are written to blocks
-// taken in a random permutation of the pool (so tables are non-monotonic), a few blocks stay
-// unused, and every slot that no sequence owns — the tails of last blocks and the unused
-// blocks — holds NaN. The same rows are kept per sequence as [len, kv_width] matrices.
-template <typename T>
-struct RaggedPool {
-  std::vector<RowMatrix<T>> keys, values;  // [batch][len, kv_width]
-  // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads,
-  // block_size, head_dim] (HND)
-  std::vector<T> k, v;
-  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
-  kvlab::PagedKVView<T> view;
-
-  RaggedPool(const AttentionShape& shape, int block_size, const std::vector<int>& lengths,
-             kvlab::Rng& rng, kvlab::KVLayout layout = kvlab::KVLayout::NHD) {
-    int pages = 0;
-    for (int len : lengths) pages += (len - 1) / block_size + 1;
-    const int num_blocks = pages + 3;  // three blocks nobody owns
-    std::vector<std::int32_t> order(static_cast<std::size_t>(num_blocks));
-    std::iota(order.begin(), order.end(), 0);
-    for (std::size_t i = order.size() - 1; i > 0; --i)  // Fisher-Yates with kvlab's generator
-      std::swap(order[i], order[static_cast<std::size_t>(rng.next_u64() % (i + 1))]);
-
-    const std::size_t pool = static_cast<std::size_t>(num_blocks) * block_size * shape.kv_width();
-    k.assign(pool, std::numeric_limits<T>::quiet_NaN());
-    v.assign(pool, std::numeric_limits<T>::quiet_NaN());
-    std::vector<std::vector<std::int32_t>> lists;
-    std::size_t next = 0;
-    for (int len : lengths) {
-      keys.push_back(kvlab::random_matrix<T>(len, shape.kv_width(), rng));
-      values.push_back(kvlab::random_matrix<T>(len, shape.kv_width(), rng));
-      lists.emplace_back(
-          order.begin() + static_cast<std::ptrdiff_t>(next),
-          order.begin() + static_cast<std::ptrdiff_t>(next) + (len - 1) / block_size + 1);
-      next += lists.back().size();
-    }
-    tables = kvlab::BlockTables::from_lists(lists, lengths, num_blocks, block_size);
-    view = tables.view(k.data(), v.data(), shape.num_kv_heads(), shape.head_dim(), layout);
-    for (std::size_t s = 0; s < lengths.size(); ++s)
-      for (int pos = 0; pos < lengths[s]; ++pos)
-        for (int h = 0; h < shape.num_kv_heads(); ++h)
-          for (int c = 0; c < shape.head_dim(); ++c) {
-            const auto at = static_cast<std::size_t>(view.offset(static_cast<int>(s), pos, h) + c);
-            k[at] = keys[s](pos, h * shape.head_dim() + c);
-            v[at] = values[s](pos, h * shape.head_dim() + c);
-          }
-  }
-};
 
 // Lengths on, just before and just after the first two block boundaries, plus one longer.
 std::vector<int> boundary_lengths(int block_size) {
@@ -112,7 +65,7 @@ TEMPLATE_TEST_CASE(
         std::vector<int> lengths = boundary_lengths(block_size);
         kvlab::Rng rng(seed++);
         std::shuffle(lengths.begin(), lengths.end(), std::mt19937(static_cast<unsigned>(seed)));
-        const RaggedPool<TestType> batch(shape, block_size, lengths, rng, layout);
+        const RaggedBatch<TestType> batch(shape, block_size, lengths, layout, rng);
         const RowMatrix<TestType> q =
             kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
         const RowMatrix<TestType> got = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
@@ -121,8 +74,7 @@ TEMPLATE_TEST_CASE(
                   head_dim, s, lengths[static_cast<std::size_t>(s)]);
           const RowMatrix<TestType> q_s = q.row(s);
           const RowMatrix<TestType> want =
-              reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
-                                  batch.values[static_cast<std::size_t>(s)]);
+              reference_attention(shape, q_s, batch.keys(s), batch.values(s));
           const RowMatrix<TestType> got_s = got.row(s);
           CHECK(max_row_relative_error(got_s, want) <= tolerance<TestType>());
         }
@@ -137,7 +89,7 @@ TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within e
     const std::vector<int> lengths = {2 * block_size + 1, 37, 1, block_size + 1, 50};
     // whole prompt, none, ..., tile + 1
     const std::vector<int> q_lens = {2 * block_size + 1, 0, 1, 2, 17};
-    const RaggedPool<double> batch(shape, block_size, lengths, rng, layout);
+    const RaggedBatch<double> batch(shape, block_size, lengths, layout, rng);
     std::vector<std::int32_t> qo_indptr{0};
     for (int n : q_lens) qo_indptr.push_back(qo_indptr.back() + n);
     const RowMatrix<double> q =
@@ -152,14 +104,14 @@ TEST_CASE("paged_prefill_attention: ragged queries per sequence, causal within e
       if (q_lens[s] == 0) continue;
       const RowMatrix<double> q_s = q.middleRows(qo_indptr[s], q_lens[s]);
       const RowMatrix<double> want =
-          reference_attention(shape, q_s, batch.keys[s], batch.values[s]);
+          reference_attention(shape, q_s, batch.keys(s), batch.values(s));
       const RowMatrix<double> got_s = got.middleRows(qo_indptr[s], q_lens[s]);
       CHECK(max_row_relative_error(got_s, want) <= tolerance<double>());
       // decode_attention on a contiguous cache with the same rows: the same counts, the same
       // values.
       kvlab::ContiguousKVCache<double> contiguous(1, shape.num_kv_heads(), shape.head_dim(),
                                                   lengths[s]);
-      contiguous.append(0, batch.keys[s], batch.values[s]);
+      contiguous.append(0, batch.keys(s), batch.values(s));
       const RowMatrix<double> flat =
           kvlab::cpu::decode_attention(shape, q_s, contiguous.view(0), &want_counters);
       CHECK(max_row_relative_error(got_s, flat) <= tolerance<double>());
@@ -173,7 +125,7 @@ TEST_CASE("paged_decode_attention: the same counts as decode_attention per seque
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   kvlab::Rng rng(7);
   const std::vector<int> lengths = {1, 15, 16, 17, 100};
-  const RaggedPool<float> batch(shape, 16, lengths, rng, layout);
+  const RaggedBatch<float> batch(shape, 16, lengths, layout, rng);
   const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
   kvlab::CostCounters counters;
   kvlab::cpu::paged_decode_attention(shape, q, batch.view, &counters);
@@ -192,7 +144,7 @@ TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   kvlab::Rng rng(11);
   const std::vector<int> lengths = {700, 3, 1200, 64, 999, 1};  // ragged: dynamic schedule
-  const RaggedPool<float> batch(shape, 16, lengths, rng, layout);
+  const RaggedBatch<float> batch(shape, 16, lengths, layout, rng);
   const RowMatrix<float> q = kvlab::random_matrix<float>(6, shape.q_width(), rng);
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -212,6 +164,9 @@ TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
 // differs from one pass by rounding only: compared with the triple loop at the usual tolerance,
 // for partitions that end on, before and after block boundaries, uneven last partitions, a
 // sequence shorter than one partition, and NaN in every unused slot. The counts do not change.
+// Every case holds at least kDecodeParallelMinElements K/V elements, so the threads are used,
+// and the test asserts (plan_paged_attention, which the kernel follows) that the split-K path
+// is the one taken with `threads` threads and not with one.
 TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences than threads", "",
                    float, double) {
 #if defined(_OPENMP)
@@ -221,15 +176,23 @@ TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences tha
     for (int threads : {2, 3, 8}) {
       const AttentionShape shape(8, 2, 64);
       for (const std::vector<int>& lengths :
-           {std::vector<int>{1000}, std::vector<int>{5 * block_size + 2, 1},
+           {std::vector<int>{1000}, std::vector<int>{5 * block_size + 600, 1},
             std::vector<int>{777, 2 * block_size, 64}}) {
         // split-K needs fewer sequences than threads
         if (static_cast<int>(lengths.size()) >= threads) continue;
         CAPTURE(block_size, threads, lengths);
         kvlab::Rng rng(seed++);
-        const RaggedPool<TestType> batch(shape, block_size, lengths, rng, kvlab::KVLayout::NHD);
+        const RaggedBatch<TestType> batch(shape, block_size, lengths, kvlab::KVLayout::NHD, rng);
         const RowMatrix<TestType> q =
             kvlab::random_matrix<TestType>(batch.view.batch, shape.q_width(), rng);
+        std::vector<std::int32_t> one_each(lengths.size() + 1);  // one query per sequence
+        std::iota(one_each.begin(), one_each.end(), 0);
+        const kvlab::cpu::PagedAttentionPlan split_plan =
+            kvlab::cpu::plan_paged_attention(shape, batch.view, one_each.data(), threads);
+        REQUIRE(split_plan.split_k);
+        REQUIRE(split_plan.parts == (threads + batch.view.batch - 1) / batch.view.batch);
+        REQUIRE_FALSE(
+            kvlab::cpu::plan_paged_attention(shape, batch.view, one_each.data(), 1).split_k);
         omp_set_num_threads(1);
         kvlab::CostCounters one_pass_counts;
         const RowMatrix<TestType> one_pass =
@@ -244,8 +207,7 @@ TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences tha
         for (int s = 0; s < batch.view.batch; ++s) {
           const RowMatrix<TestType> q_s = q.row(s);
           const RowMatrix<TestType> want =
-              reference_attention(shape, q_s, batch.keys[static_cast<std::size_t>(s)],
-                                  batch.values[static_cast<std::size_t>(s)]);
+              reference_attention(shape, q_s, batch.keys(s), batch.values(s));
           CHECK(max_row_relative_error(RowMatrix<TestType>(split.row(s)), want) <=
                 tolerance<TestType>());
         }
@@ -261,7 +223,7 @@ TEST_CASE("paged attention rejects bad arguments and views, naming them, and out
   using kvlab::InvalidArgument;
   const AttentionShape shape(4, 2, 8);
   kvlab::Rng rng(3);
-  RaggedPool<float> batch(shape, 4, {5, 9}, rng);
+  RaggedBatch<float> batch(shape, 4, {5, 9}, kvlab::KVLayout::NHD, rng);
   const RowMatrix<float> q = kvlab::random_matrix<float>(2, shape.q_width(), rng);
   RowMatrix<float> out = RowMatrix<float>::Constant(1, 1, 42.0f);
   kvlab::CostCounters counters;

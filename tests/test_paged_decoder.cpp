@@ -1,8 +1,7 @@
-// PagedDecoder == CachedDecoder == NaiveDecoder at every step, over block sizes {1, 3, 16, 32},
-// prompts that end just before, on and just after a block boundary (and decode steps crossing
-// the next ones), MHA/GQA/MQA and head_dim {64, 80, 96, 112, 128, 256}, pools in both layouts
-// (NHD, HND); several decoders interleaved in random order in one pool; forks that diverge;
-// rewind; a dry pool; bad input.
+// What only PagedDecoder does (its agreement with the other decoders at every step, over block
+// sizes, layouts and head shapes, is in the one equivalence suite of test_decoders.cpp): several
+// decoders interleaved in random order in one pool; forks that diverge; rewind; a dry pool; bad
+// input.
 //
 // Tolerances (see test_support.hpp): the decoders compute the same sums in different orders,
 // so outputs differ by rounding only: double 1e-12, float 1e-5 relative to max(1, row max).
@@ -27,71 +26,6 @@ using kvlab::RowVector;
 using kvlab_test::max_row_relative_error;
 using kvlab_test::names;
 using kvlab_test::tolerance;
-
-namespace {
-
-// Prefills `prompt` tokens of `inputs`, then decodes the rest one by one with the three
-// decoders, comparing outputs at every step and the paged/cached counters exactly.
-template <typename T>
-void check_three_decoders(const AttentionShape& shape, int layers, int block_size,
-                          kvlab::KVLayout layout, int prompt, const RowMatrix<T>& inputs,
-                          std::uint64_t seed) {
-  const int n = static_cast<int>(inputs.rows());
-  const auto stack =
-      AttentionStack<T>::random(layers, shape, static_cast<int>(inputs.cols()), seed);
-  NaiveDecoder<T> naive(stack);
-  CachedDecoder<T> cached(stack, n);
-  // exactly enough blocks
-  PagedDecoder<T> paged(stack, block_size, (n - 1) / block_size + 1, layout);
-  CHECK(paged.cache().layout() == layout);
-
-  const RowMatrix<T> x = inputs.topRows(prompt);
-  const RowMatrix<T> y = paged.prefill(x);
-  CHECK(max_row_relative_error(y, cached.prefill(x)) <= tolerance<T>());
-  CHECK(max_row_relative_error(y, naive.prefill(x)) <= tolerance<T>());
-  CHECK(paged.last_step() == cached.last_step());
-  for (int t = prompt; t < n; ++t) {
-    CAPTURE(t);
-    const RowVector<T> token = inputs.row(t);
-    const RowMatrix<T> out = paged.decode(token);
-    CHECK(max_row_relative_error(out, RowMatrix<T>(cached.decode(token))) <= tolerance<T>());
-    CHECK(max_row_relative_error(out, RowMatrix<T>(naive.decode(token))) <= tolerance<T>());
-    CHECK(paged.last_step() == cached.last_step());
-  }
-  CHECK(paged.total() == cached.total());
-  CHECK(static_cast<int>(paged.cache().blocks(paged.sequence()).size()) ==
-        (n - 1) / block_size + 1);
-}
-
-}  // namespace
-
-TEMPLATE_TEST_CASE("paged, cached and naive decoders agree at every step", "", float, double) {
-  struct Heads {
-    int num_heads, num_kv_heads;
-  };
-  const Heads layouts[] = {{4, 4}, {8, 2}, {4, 1}};  // MHA, GQA, MQA
-  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
-  std::uint64_t seed = 1;
-  for (int block_size : {1, 3, 16, 32})
-    for (const Heads& heads : layouts)
-      for (int head_dim : {64, 80, 96, 112, 128, 256}) {
-        // HND on two head sizes only: the kernel grid of test_paged_attention covers every head
-        // size in both layouts; here the decoders' bookkeeping is what is under test.
-        if (layout == kvlab::KVLayout::HND && head_dim != 64 && head_dim != 128) continue;
-        const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
-        const int layers = head_dim == 64 ? 2 : 1;  // two layers where it is cheap
-        const int n = 2 * block_size + 2;           // decode crosses the boundary at 2 * block_size
-        kvlab::Rng rng(seed);
-        // [n, d_model]
-        const RowMatrix<TestType> inputs = kvlab::random_matrix<TestType>(n, 48, rng);
-        for (int prompt : {block_size - 1, block_size, block_size + 1}) {
-          if (prompt < 1) continue;
-          CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads, heads.num_kv_heads,
-                  head_dim, layers, prompt);
-          check_three_decoders<TestType>(shape, layers, block_size, layout, prompt, inputs, seed++);
-        }
-      }
-}
 
 TEST_CASE("decoders interleaved in random order in one pool each equal their own cached decoder") {
   const AttentionShape shape(8, 2, 16);

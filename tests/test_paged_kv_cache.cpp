@@ -24,7 +24,7 @@ double key_of(double x, int h, int c) { return x + 1e7 * h + 1e6 * c; }
 // Appends `values.size()` tokens to `seq`; token i gets key `key_of(values[i], h, c)` and the
 // negated value in head h, element c, of every layer.
 void append_tokens(PagedKVCache<double>& cache, int seq, const std::vector<double>& values) {
-  const std::vector<std::int64_t> slots = cache.append(seq, static_cast<int>(values.size()));
+  const std::vector<std::int64_t> slots = cache.reserve(seq, static_cast<int>(values.size()));
   const int width = cache.num_kv_heads() * cache.head_dim();
   // [n, num_kv_heads * head_dim]
   RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);
@@ -142,6 +142,46 @@ TEST_CASE("fork shares blocks, and appending into a shared partial block copies 
   }
 }
 
+TEST_CASE("one call appends to a one-layer cache, and an unwritten slot cannot be read") {
+  const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
+  kvlab::Rng rng(3);
+  const RowMatrix<double> k = kvlab::random_matrix<double>(5, 4, rng), v = -k;
+  PagedKVCache<double> one(1, 2, 2, 4, 4, layout);
+  const int a = one.add_sequence();
+  CHECK(one.append(a, k.topRows(3), v.topRows(3)) == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(one.append(a, k.row(3), v.row(3)) == std::vector<std::int64_t>{3});  // a row expression
+  const kvlab::BlockTables tables = one.tables({a});
+  const kvlab::PagedKVView<double> view = one.view(0, tables);
+  for (int pos = 0; pos < 4; ++pos)
+    for (int c = 0; c < 2; ++c) CHECK(view.key(0, pos, 1)[c] == k(pos, 2 + c));
+  // With two layers, append would fill one of them: it refuses, and nothing changes.
+  PagedKVCache<double> two(2, 2, 2, 4, 4, layout);
+  const int b = two.add_sequence();
+  CHECK_THROWS_MATCHES(
+      two.append(b, k, v), kvlab::InvalidArgument,
+      names("num_layers()", "1 (a cache of one layer; with more, reserve then write each layer)",
+            "2"));
+  CHECK(two.length(b) == 0);
+  // reserve, then write layer 0 only: layer 1's view refuses the unwritten tokens.
+  const std::vector<std::int64_t> slots = two.reserve(b, 5);
+  two.write(0, slots, k, v);
+  const kvlab::BlockTables t2 = two.tables({b});
+  CHECK_NOTHROW(two.view(0, t2));
+  CHECK_THROWS_MATCHES(two.view(1, t2), kvlab::InvalidArgument,
+                       names("tables", "tokens written in layer 1",
+                             "token 0 of sequence 0 of the tables reserved but never written "
+                             "(write it first)"));
+  two.write(1, slots, k, v);
+  CHECK_NOTHROW(two.view(1, t2));
+  // A copy on write carries what was written: a fork appends into the shared partial block.
+  const int c = two.fork(b);
+  const std::vector<std::int64_t> more = two.reserve(c, 1);
+  two.write(0, more, k.row(0), v.row(0));
+  two.write(1, more, k.row(0), v.row(0));
+  const kvlab::BlockTables t3 = two.tables({b, c});
+  CHECK_NOTHROW(two.view(1, t3));
+}
+
 TEST_CASE("failed operations change nothing") {
   PagedKVCache<double> cache(1, 2, 1, 4, 3);
   const int a = cache.add_sequence();
@@ -149,14 +189,14 @@ TEST_CASE("failed operations change nothing") {
   const int b = cache.fork(a);
   const auto blocks = cache.blocks(a);
   // b needs a copy of the shared partial block plus 2 new blocks for 7 tokens: 3 > 1 free.
-  CHECK_THROWS_MATCHES(cache.append(b, 7), kvlab::OutOfBlocks,
+  CHECK_THROWS_MATCHES(cache.reserve(b, 7), kvlab::OutOfBlocks,
                        names("free blocks", "at least 3 for 7 tokens of sequence 1", "1"));
   CHECK(cache.length(b) == 6);
   CHECK(cache.blocks(b) == blocks);
   CHECK(cache.allocator().num_free() == 1);
   CHECK(cache.allocator().ref_count(blocks[1]) == 2);
-  CHECK_THROWS_MATCHES(cache.append(a, 0), kvlab::InvalidArgument, names("n", ">= 1", "0"));
-  CHECK_THROWS_MATCHES(cache.append(9, 1), kvlab::InvalidArgument,
+  CHECK_THROWS_MATCHES(cache.reserve(a, 0), kvlab::InvalidArgument, names("n", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(cache.reserve(9, 1), kvlab::InvalidArgument,
                        names("seq", "a live sequence id", "9"));
   CHECK_THROWS_MATCHES(
       cache.write(1, {0}, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)),

@@ -1,10 +1,13 @@
 /// \file
-/// \brief Version numbers, the `KVLAB_HOST_DEVICE` macro and kvlab's exception types.
+/// \brief Version numbers, the `KVLAB_HOST_DEVICE` macro, kvlab's exception types and the
+/// checks that throw them (including overflow-checked size arithmetic).
 ///
 /// Every check in kvlab throws one of the exception types below, with a message of the form
 /// `"<function>: <argument>: expected <expected>, got <actual>"`, before it changes any state.
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -70,6 +73,45 @@ void require_equal(const char* where, const std::string& argument, Int value, In
     fail<Error>(where, argument, std::to_string(expected) + (why.empty() ? "" : " (" + why + ")"),
                 value);
   }
+}
+
+/// The largest size that `checked_size_product` and `checked_size_sum` accept by default.
+constexpr std::uint64_t kMaxSize = std::numeric_limits<std::uint64_t>::max();
+/// The largest size of a file or a stream offset: sizes that end up as `std::int64_t`.
+constexpr std::uint64_t kMaxSignedSize =
+    static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+
+/// `a * b` for sizes, where `b` is the value of `argument` (a > 0). If the product exceeds
+/// `max` (`kMaxSize` or `kMaxSignedSize`), throws InvalidArgument:
+/// `"<where>: <argument>: expected at most <max / a><context> (so that the size fits in
+/// std::uint64_t), got <b>"` (std::int64_t for kMaxSignedSize).
+inline std::uint64_t checked_size_product(const char* where, const std::string& argument,
+                                          std::uint64_t a, std::uint64_t b,
+                                          const std::string& context = "",
+                                          std::uint64_t max = kMaxSize) {
+  if (a != 0 && b > max / a) {
+    fail(where, argument,
+         "at most " + std::to_string(max / a) + context + " (so that the size fits in " +
+             (max == kMaxSize ? "std::uint64_t" : "std::int64_t") + ")",
+         b);
+  }
+  return a * b;
+}
+
+/// `a + b` for sizes, where `b` is the value of `argument`; throws as `checked_size_product`
+/// (expected at most `max - a`) if the sum exceeds `max`.
+inline std::uint64_t checked_size_sum(const char* where, const std::string& argument,
+                                      std::uint64_t a, std::uint64_t b,
+                                      const std::string& context = "",
+                                      std::uint64_t max = kMaxSize) {
+  if (a > max || b > max - a) {
+    fail(where, argument,
+         "at most " + std::to_string(a > max ? 0 : max - a) + context +
+             " (so that the size fits in " + (max == kMaxSize ? "std::uint64_t" : "std::int64_t") +
+             ")",
+         b);
+  }
+  return a + b;
 }
 
 }  // namespace detail

@@ -1,13 +1,27 @@
 /// \file
-/// \brief Umbrella header of kvlab's CPU side: shapes, counters, the contiguous and paged KV
-/// caches, the size calculator, the naive, cached and paged attention paths and the decoders.
+/// \brief Umbrella header of kvlab's CPU side: shapes, counters, the caches, the size and memory
+/// calculators, the reference and tuned attention paths, the K/V stores, the models.
+///
+/// The folders, each reading only the ones above it in this list:
+///  - `config.hpp`, `matrix.hpp`: errors, the host-device macro, the Eigen matrix types;
+///  - `core/`: shapes, counters, cache layouts as plain views, split-K arithmetic (host and
+///    device, no Eigen);
+///  - `cache/`: how K/V are laid out in memory — a contiguous cache, a paged pool (allocator,
+///    CSR block tables);
+///  - `cpu/`: the reference attention (plain loops, the oracle) and the tuned kernels that
+///    compute it over each layout; the layer's matrix products;
+///  - `analysis/`: pure calculators — KV-cache size of a model, memory reserved vs used;
+///  - `store/`: `KVStore`, one interface for how a model keeps its past between steps, and one
+///    class per way (recompute, contiguous, paged), each a cache and its kernel;
+///  - `model/`: the per-layer attention step (written once, over a store), the toy attention
+///    stack and its decoders, the Llama model, tokenizer, sampler and generation loop.
 #pragma once
 
+#include "kvlab/analysis/kv_cache_size.hpp"
+#include "kvlab/analysis/memory_accounting.hpp"
 #include "kvlab/cache/block_allocator.hpp"
 #include "kvlab/cache/block_tables.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
-#include "kvlab/cache/kv_cache_size.hpp"
-#include "kvlab/cache/memory_accounting.hpp"
 #include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
@@ -16,28 +30,37 @@
 #include "kvlab/core/random.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
+#include "kvlab/core/split_k.hpp"
 #include "kvlab/core/views.hpp"
 #include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/cpu/layer_ops.hpp"
 #include "kvlab/cpu/naive_attention.hpp"
 #include "kvlab/cpu/paged_attention.hpp"
+#include "kvlab/cpu/reference_attention.hpp"
 #include "kvlab/cpu/softmax.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_layer.hpp"
-#include "kvlab/model/cached_decoder.hpp"
+#include "kvlab/model/attention_step.hpp"
 #include "kvlab/model/decoder.hpp"
+#include "kvlab/model/decoders.hpp"
+#include "kvlab/model/llama_backend.hpp"
 #include "kvlab/model/llama_checkpoint.hpp"
 #include "kvlab/model/llama_config.hpp"
+#include "kvlab/model/llama_counters.hpp"
 #include "kvlab/model/llama_generate.hpp"
 #include "kvlab/model/llama_model.hpp"
 #include "kvlab/model/llama_weights.hpp"
-#include "kvlab/model/naive_decoder.hpp"
-#include "kvlab/model/paged_decoder.hpp"
+#include "kvlab/model/rope.hpp"
 #include "kvlab/model/sampler.hpp"
 #include "kvlab/model/tokenizer.hpp"
+#include "kvlab/store/contiguous_store.hpp"
+#include "kvlab/store/kv_store.hpp"
+#include "kvlab/store/paged_store.hpp"
+#include "kvlab/store/recompute_store.hpp"
 
-/// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention side
-/// by side, with exact cost counters.
+/// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention
+/// side by side, with exact cost counters.
 namespace kvlab {
-/// CPU reference kernels (Eigen).
+/// CPU reference kernels (plain loops) and tuned kernels (Eigen).
 namespace cpu {}
 }  // namespace kvlab

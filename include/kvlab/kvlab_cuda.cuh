@@ -7,15 +7,16 @@
 #pragma once
 
 #include "kvlab/cuda/attention_plan.hpp"
+#include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/decode_attention.cuh"
 #include "kvlab/cuda/decoders.cuh"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/host_api.cuh"
-#include "kvlab/cuda/kv_cache.cuh"
 #include "kvlab/cuda/matmul.cuh"
 #include "kvlab/cuda/naive_attention.cuh"
 #include "kvlab/cuda/numeric.cuh"
+#include "kvlab/cuda/paged_kv_cache.cuh"
 #include "kvlab/kvlab.hpp"
 
 namespace kvlab {

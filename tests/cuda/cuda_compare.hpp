@@ -16,8 +16,8 @@
 
 #include "../names_matcher.hpp"
 #include "kvlab/core/random.hpp"
-#include "kvlab/cpu/types.hpp"
 #include "kvlab/cuda/numeric.cuh"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab_test {
 

@@ -19,14 +19,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "../ragged_batch.hpp"
 #include "cuda_compare.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
 #include "kvlab/cpu/decode_attention.hpp"
 #include "kvlab/cpu/naive_attention.hpp"
 #include "kvlab/cpu/paged_attention.hpp"
+#include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/host_api.cuh"
-#include "kvlab/cuda/kv_cache.cuh"
-#include "ragged_batch.hpp"
+#include "kvlab/cuda/paged_kv_cache.cuh"
 
 using kvlab::AttentionShape;
 using kvlab::KVLayout;
@@ -183,8 +184,8 @@ TEMPLATE_TEST_CASE(
           const std::vector<int> lengths = kvlab_test::vllm_lengths(7, kContext.grid_max, rng);
           CAPTURE(head_dim, block_size, heads.num_heads, heads.num_kv_heads,
                   kvlab::to_string(layout), lengths);
-          const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng,
-                                              kvlab_test::RoundTo<TestType>{});
+          const kvlab_test::RaggedBatch<float> batch(shape, block_size, lengths, layout, rng,
+                                                     kvlab_test::RoundTo<TestType>{});
           const RowMatrix<float> q = random_rounded<TestType>(7, shape.q_width(), rng);
           const RowMatrix<float> want = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
           const RowMatrix<float> got = kc::paged_decode_attention<TestType>(shape, q, batch.view);
@@ -198,7 +199,8 @@ TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
   kvlab::Rng rng(3);
   const std::vector<int> lengths = kContext.split_k;
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
-    const kvlab_test::RaggedBatch batch(shape, 16, lengths, layout, rng, kvlab_test::NoRounding{});
+    const kvlab_test::RaggedBatch<float> batch(shape, 16, lengths, layout, rng,
+                                               kvlab_test::NoRounding{});
     const RowMatrix<float> q = kvlab::random_matrix<float>(6, shape.q_width(), rng);
     kc::LaunchOptions single;
     single.partitions = 1;
@@ -245,8 +247,8 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
                                                   2 * block_size + 2, 2 * block_size + 4,
                                                   // 0 and many queries too
                                                   2 * block_size + 4 + kContext.prefill_queries};
-        const kvlab_test::RaggedBatch batch(shape, block_size, lengths, layout, rng,
-                                            kvlab_test::RoundTo<TestType>{});
+        const kvlab_test::RaggedBatch<float> batch(shape, block_size, lengths, layout, rng,
+                                                   kvlab_test::RoundTo<TestType>{});
         const RowMatrix<float> q = random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
         kvlab::CostCounters want_counts, got_counts;
         const RowMatrix<float> want =
@@ -262,8 +264,8 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
 TEST_CASE("cuda decode counters equal the CPU's for a decode step") {
   for (const AttentionShape& shape : {AttentionShape(32, 8, 128), AttentionShape(40, 40, 64)}) {
     kvlab::Rng rng(4);
-    const kvlab_test::RaggedBatch batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng,
-                                        kvlab_test::NoRounding{});
+    const kvlab_test::RaggedBatch<float> batch(shape, 16, {1, 15, 16, 17, 100}, KVLayout::NHD, rng,
+                                               kvlab_test::NoRounding{});
     const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
     kvlab::CostCounters want, got;
     kvlab::cpu::paged_decode_attention(shape, q, batch.view, &want);

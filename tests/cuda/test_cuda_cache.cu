@@ -19,12 +19,11 @@
 #include "cuda_compare.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
 #include "kvlab/cache/paged_kv_cache.hpp"
+#include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/decoders.cuh"
 #include "kvlab/cuda/host_api.cuh"
-#include "kvlab/cuda/kv_cache.cuh"
-#include "kvlab/model/cached_decoder.hpp"
-#include "kvlab/model/naive_decoder.hpp"
-#include "kvlab/model/paged_decoder.hpp"
+#include "kvlab/cuda/paged_kv_cache.cuh"
+#include "kvlab/model/decoders.hpp"
 
 using kvlab::AttentionShape;
 using kvlab::KVLayout;
@@ -107,8 +106,8 @@ TEMPLATE_TEST_CASE(
       kc::PagedKVCache<TestType> gpu(2, shape.num_kv_heads(), shape.head_dim(), block_size, 64,
                                      layout);
       const auto grow = [&](int cpu_seq, int gpu_seq, int n) {
-        const std::vector<std::int64_t> slots = cpu.append(cpu_seq, n);
-        REQUIRE(gpu.append(gpu_seq, n) == slots);
+        const std::vector<std::int64_t> slots = cpu.reserve(cpu_seq, n);
+        REQUIRE(gpu.reserve(gpu_seq, n) == slots);
         for (int layer = 0; layer < 2; ++layer) {
           const RowMatrix<float> k = random_rounded<TestType>(n, shape.kv_width(), rng);
           const RowMatrix<float> v = random_rounded<TestType>(n, shape.kv_width(), rng);
@@ -181,7 +180,7 @@ TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {
   const AttentionShape shape(2, 1, 8);
   kc::PagedKVCache<float> gpu(1, 1, 8, 4, 2);
   const int seq = gpu.add_sequence();
-  const std::vector<std::int64_t> slots = gpu.append(seq, 2);
+  const std::vector<std::int64_t> slots = gpu.reserve(seq, 2);
   const kc::DeviceBuffer<std::int64_t> device_slots(std::vector<std::int64_t>{slots[0], -1});
   std::vector<float> rows(16);
   for (int i = 0; i < 16; ++i) rows[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);

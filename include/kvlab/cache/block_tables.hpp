@@ -12,6 +12,7 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
+#include "kvlab/core/random.hpp"
 
 namespace kvlab {
 
@@ -24,11 +25,14 @@ class BlockTables {
   /// \param indptr         [batch + 1], batch >= 1
   /// \param indices        [indptr[batch]], each in [0, num_blocks)
   /// \param last_page_len  [batch], each in [1, block_size]
-  /// \param num_blocks     blocks in the pool the indices point into, >= 1
   /// \param block_size     tokens per block, >= 1
+  /// \param num_blocks     blocks in the pool the indices point into, >= 1
+  ///
+  /// Sizes come in kvlab's one order everywhere: `block_size`, then `num_blocks` (as
+  /// `PagedKVCache` and `PagedSequences` take them).
   /// \throws InvalidArgument naming the first array element that breaks an invariant.
   BlockTables(std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
-              std::vector<std::int32_t> last_page_len, int num_blocks, int block_size)
+              std::vector<std::int32_t> last_page_len, int block_size, int num_blocks)
       : indptr_(std::move(indptr)),
         indices_(std::move(indices)),
         last_page_len_(std::move(last_page_len)),
@@ -75,7 +79,7 @@ class BlockTables {
   /// (each list must hold exactly ceil(length / block_size) blocks).
   /// \throws InvalidArgument if a list has the wrong number of blocks, or as the constructor.
   static BlockTables from_lists(const std::vector<std::vector<std::int32_t>>& blocks,
-                                const std::vector<int>& lengths, int num_blocks, int block_size) {
+                                const std::vector<int>& lengths, int block_size, int num_blocks) {
     constexpr const char* kWhere = "kvlab::BlockTables::from_lists";
     detail::require_at_least(kWhere, "block_size", block_size, 1);
     detail::require_equal(kWhere, "lengths.size()", lengths.size(), blocks.size(), "blocks.size()");
@@ -90,8 +94,45 @@ class BlockTables {
       indptr.push_back(static_cast<std::int32_t>(indices.size()));
       last_page_len.push_back(lengths[s] - (pages - 1) * block_size);
     }
-    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len), num_blocks,
-                       block_size);
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len), block_size,
+                       num_blocks);
+  }
+
+  /// Tables of sequences of `lengths` tokens whose blocks are taken from a shuffled pool of
+  /// `ceil(lengths[0] / block_size) + ... + spare_blocks` blocks (`kvlab::shuffle` by `rng`): the
+  /// block tables are not monotonic, and `spare_blocks` blocks belong to no sequence — the layout
+  /// of a pool after some traffic, on which tests and benchmarks check and time the paged
+  /// kernels. The pool has `num_blocks()` blocks.
+  /// \throws InvalidArgument if `lengths` is empty, a length or `block_size` is below 1, or
+  ///         `spare_blocks < 0`.
+  static BlockTables shuffled(const std::vector<int>& lengths, int block_size, int spare_blocks,
+                              Rng& rng) {
+    constexpr const char* kWhere = "kvlab::BlockTables::shuffled";
+    detail::require_at_least(kWhere, "block_size", block_size, 1);
+    detail::require_at_least(kWhere, "spare_blocks", spare_blocks, 0);
+    detail::require_at_least(kWhere, "lengths.size()", lengths.size(), std::size_t{1});
+    long long pages = 0;
+    for (std::size_t s = 0; s < lengths.size(); ++s) {
+      detail::require_at_least(kWhere, "lengths[" + std::to_string(s) + "]", lengths[s], 1);
+      pages += (lengths[s] - 1) / block_size + 1;
+    }
+    if (pages + spare_blocks > INT_MAX) {
+      detail::fail(kWhere, "lengths", "at most " + std::to_string(INT_MAX) + " blocks in all",
+                   pages + spare_blocks);
+    }
+    const int num_blocks = static_cast<int>(pages) + spare_blocks;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(num_blocks));  // [num_blocks]
+    for (int b = 0; b < num_blocks; ++b) order[static_cast<std::size_t>(b)] = b;
+    shuffle(order, rng);
+    std::vector<std::vector<std::int32_t>> lists;  // [batch][blocks of the sequence]
+    std::size_t next = 0;
+    for (int len : lengths) {
+      const auto count = static_cast<std::size_t>((len - 1) / block_size + 1);
+      lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
+                         order.begin() + static_cast<std::ptrdiff_t>(next + count));
+      next += count;
+    }
+    return from_lists(lists, lengths, block_size, num_blocks);
   }
 
   /// Sequences in the batch.
@@ -118,9 +159,11 @@ class BlockTables {
 
   /// The view of a pool through these tables; valid while both live.
   /// \param k             keys, `num_blocks * block_size * num_kv_heads * head_dim` values in
-  /// `layout` \param v             values, the same \param num_kv_heads  K/V heads per token \param
-  /// head_dim      values per head \param layout        `KVLayout::NHD`: `[num_blocks, block_size,
-  /// num_kv_heads, head_dim]`;
+  ///                      `layout`
+  /// \param v             values, the same
+  /// \param num_kv_heads  K/V heads per token
+  /// \param head_dim      values per head
+  /// \param layout        `KVLayout::NHD`: `[num_blocks, block_size, num_kv_heads, head_dim]`;
   ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
   template <typename T>
   PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,

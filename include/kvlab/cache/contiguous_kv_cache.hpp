@@ -11,7 +11,7 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab {
 
@@ -49,7 +49,8 @@ class ContiguousKVCache {
                    1LL * num_kv_heads * head_dim);
     }
     // Elements per layer and tensor, checked against overflow before they are multiplied.
-    const std::size_t row = static_cast<std::size_t>(num_kv_heads) * head_dim;
+    const std::size_t row =
+        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
     const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
                                      static_cast<std::size_t>(num_layers);
     if (row > max_elements / static_cast<std::size_t>(capacity)) {
@@ -82,11 +83,13 @@ class ContiguousKVCache {
 
   /// Appends `n` tokens to `layer`.
   /// \param layer  the layer, in [0, num_layers)
-  /// \param k      keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1
+  /// \param k      keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1: any Eigen
+  ///               expression of scalar T (`k.row(t)`, `k.middleRows(a, n)` are read in place)
   /// \param v      values of the new tokens, [n, num_kv_heads * head_dim]
   /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
   ///         more than `capacity()` tokens. Either way the cache is unchanged.
-  void append(int layer, const RowMatrix<T>& k, const RowMatrix<T>& v) {
+  void append(int layer, const Eigen::Ref<const RowMatrix<T>>& k,
+              const Eigen::Ref<const RowMatrix<T>>& v) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::append";
     check_layer(kWhere, layer);
     const int width = num_kv_heads_ * head_dim_;
@@ -146,22 +149,28 @@ class ContiguousKVCache {
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::ContiguousKVCache::view", layer);
     const auto l = static_cast<std::size_t>(layer);
-    return ContiguousKVView<T>{k_[l].data(), v_[l].data(), num_kv_heads_,
-                               head_dim_,    capacity_,    length_[l]};
+    ContiguousKVView<T> view;
+    view.k = k_[l].data();
+    view.v = v_[l].data();
+    view.num_kv_heads = num_kv_heads_;
+    view.head_dim = head_dim_;
+    view.capacity = capacity_;
+    view.length = length_[l];
+    return view;
   }
 
-  /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The map
-  /// keeps the length it was made with: rows appended later are not in it. \throws InvalidArgument
-  /// if `layer` or `head` is out of range.
+  /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The
+  /// map keeps the length it was made with: rows appended later are not in it.
+  /// \throws InvalidArgument if `layer` or `head` is out of range.
   Eigen::Map<const RowMatrix<T>> keys(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::keys", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
     return Eigen::Map<const RowMatrix<T>>(v.key(kv_head, 0), v.length, head_dim_);
   }
 
-  /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The
-  /// map keeps the length it was made with: rows appended later are not in it. \throws
-  /// InvalidArgument if `layer` or `head` is out of range.
+  /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache.
+  /// The map keeps the length it was made with: rows appended later are not in it.
+  /// \throws InvalidArgument if `layer` or `head` is out of range.
   Eigen::Map<const RowMatrix<T>> values(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::values", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
@@ -170,18 +179,22 @@ class ContiguousKVCache {
 
   /// Bytes reserved for K and V in all layers.
   std::size_t bytes_reserved() const {
-    return 2 * sizeof(T) * static_cast<std::size_t>(num_layers_) * num_kv_heads_ * capacity_ *
-           head_dim_;
+    return 2 * sizeof(T) * static_cast<std::size_t>(num_layers_) * row_width() *
+           static_cast<std::size_t>(capacity_);
   }
 
   /// Bytes holding tokens (the filled rows of K and V in all layers).
   std::size_t bytes_used() const {
     std::size_t rows = 0;
     for (int len : length_) rows += static_cast<std::size_t>(len);
-    return 2 * sizeof(T) * rows * num_kv_heads_ * head_dim_;
+    return 2 * sizeof(T) * rows * row_width();
   }
 
  private:
+  // Values of one token in one layer, K or V: num_kv_heads * head_dim.
+  std::size_t row_width() const {
+    return static_cast<std::size_t>(num_kv_heads_) * static_cast<std::size_t>(head_dim_);
+  }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);

@@ -15,7 +15,7 @@
 #include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab {
 
@@ -26,13 +26,15 @@ namespace kvlab {
 /// (`KVLayout::HND`; see `PagedKVView`); one `BlockAllocator` and one block table per sequence
 /// serve all layers (a block id means the same slots in every layer).
 ///
-/// A step of a decoder is two calls: `append(seq, n)` makes room for n tokens — a new block
-/// only when the last one is full — and returns their slots; then, layer by layer,
-/// `write(layer, slots, k, v)` stores the tokens' keys and values. `fork(seq)` starts a
-/// sequence that shares every block of `seq` (a common prompt, beam search); when either later
-/// appends into a shared, partly filled last block, that block is first copied (copy on
-/// write), so the other sequence never sees the change. `free_sequence` returns blocks whose
-/// last holder is gone.
+/// A cache of one layer takes new tokens in one call: `append(seq, k, v)`. With several layers
+/// a decoder step is two calls, as in vLLM: `reserve(seq, n)` makes room for n tokens — a new
+/// block only when the last one is full — and returns their slots; then, layer by layer,
+/// `write(layer, slots, k, v)` stores the tokens' keys and values. A slot reserved but not yet
+/// written in a layer cannot be read by mistake: `view` of that layer refuses tables that reach
+/// it. `fork(seq)` starts a sequence that shares every block of `seq` (a common prompt, beam
+/// search); when either later appends into a shared, partly filled last block, that block is
+/// first copied (copy on write), so the other sequence never sees the change. `free_sequence`
+/// returns blocks whose last holder is gone.
 ///
 /// Every operation checks everything first: on error (`OutOfBlocks`, `InvalidArgument`) no
 /// sequence, block or count has changed.
@@ -58,7 +60,8 @@ class PagedKVCache {
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
-    const std::size_t token = static_cast<std::size_t>(num_kv_heads) * head_dim;
+    const std::size_t token =
+        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
     const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
                               static_cast<std::size_t>(num_layers) / token;
     if (static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks) > limit) {
@@ -66,9 +69,13 @@ class PagedKVCache {
                    "at most " + std::to_string(limit) + " tokens",
                    static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks));
     }
-    const std::size_t pool = static_cast<std::size_t>(num_blocks) * block_size * token;
+    const std::size_t pool =
+        static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size) * token;
     k_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(pool));
     v_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(pool));
+    written_.assign(static_cast<std::size_t>(num_layers),
+                    std::vector<std::uint8_t>(static_cast<std::size_t>(num_blocks) *
+                                              static_cast<std::size_t>(block_size)));
   }
 
   /// Layers.
@@ -87,6 +94,9 @@ class PagedKVCache {
   /// Starts an empty sequence (no block yet) and returns its id; ids are never reused.
   int add_sequence() { return book_.add_sequence(); }
 
+  /// True when `seq` is a live sequence.
+  bool contains(int seq) const { return book_.contains(seq); }
+
   /// Ids of the live sequences, ascending.
   std::vector<int> sequences() const { return book_.sequences(); }
 
@@ -98,36 +108,58 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not a live sequence.
   const std::vector<std::int32_t>& blocks(int seq) const { return book_.blocks(seq); }
 
+  /// Blocks that `reserve(seq, n)` would take from the pool: new blocks past the last one, and
+  /// one for the copy of a shared, partly filled last block.
+  /// \throws InvalidArgument if `seq` is not live or `n < 1`.
+  int blocks_needed(int seq, int n) const { return book_.blocks_needed(seq, n); }
+
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n]: slot
   /// `block * block_size + offset` in every layer's pool. A block is allocated when the last
-  /// one is full; a shared, partly filled last block is copied first (all layers).
+  /// one is full; a shared, partly filled last block is copied first (all layers). The slots
+  /// count as unwritten in every layer until `write` fills them.
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks
   ///         the blocks (nothing changes).
-  std::vector<std::int64_t> append(int seq, int n) {
-    return book_.append(seq, n, [this](std::int32_t from, std::int32_t to, int tokens) {
-      copy_block(from, to, tokens);
-    });
+  std::vector<std::int64_t> reserve(int seq, int n) {
+    std::vector<std::int64_t> slots = book_.reserve(
+        seq, n,
+        [this](std::int32_t from, std::int32_t to, int tokens) { copy_block(from, to, tokens); });
+    for (std::vector<std::uint8_t>& written : written_)
+      for (std::int64_t slot : slots) written[static_cast<std::size_t>(slot)] = 0;
+    return slots;
   }
 
-  /// Stores keys and values of tokens at `slots` (from `append`) in `layer`.
+  /// Appends the keys and values of `k.rows()` new tokens to `seq` in a cache of one layer:
+  /// `reserve(seq, n)` and `write(0, slots, k, v)` in one call. Returns the slots.
+  /// \param seq  a live sequence
+  /// \param k  [n, num_kv_heads * head_dim], n >= 1 (any Eigen expression of scalar T)
+  /// \param v  [n, num_kv_heads * head_dim]
+  /// \throws InvalidArgument if the cache has more than one layer (reserve, then write each
+  ///         layer), `seq` is not live or a shape is wrong; OutOfBlocks if the pool lacks the
+  ///         blocks. Nothing changes in any of these cases.
+  std::vector<std::int64_t> append(int seq, const Eigen::Ref<const RowMatrix<T>>& k,
+                                   const Eigen::Ref<const RowMatrix<T>>& v) {
+    constexpr const char* kWhere = "kvlab::PagedKVCache::append";
+    detail::require_equal(kWhere, "num_layers()", num_layers_, 1,
+                          "a cache of one layer; with more, reserve then write each layer");
+    detail::require_at_least(kWhere, "k.rows()", static_cast<long>(k.rows()), 1L);
+    check_rows(kWhere, k, v, static_cast<long>(k.rows()), "k.rows()");
+    const std::vector<std::int64_t> slots = reserve(seq, static_cast<int>(k.rows()));
+    write(0, slots, k, v);
+    return slots;
+  }
+
+  /// Stores keys and values of tokens at `slots` (from `reserve`) in `layer`.
   /// \param layer  in [0, num_layers)
   /// \param slots  [n] slots, each in [0, num_blocks * block_size)
-  /// \param k      [n, num_kv_heads * head_dim]
+  /// \param k      [n, num_kv_heads * head_dim] (any Eigen expression of scalar T; row-major
+  ///               rows and row blocks are read in place)
   /// \param v      [n, num_kv_heads * head_dim]
   /// \throws InvalidArgument for a wrong layer, shape or slot (nothing is written).
-  void write(int layer, const std::vector<std::int64_t>& slots, const RowMatrix<T>& k,
-             const RowMatrix<T>& v) {
+  void write(int layer, const std::vector<std::int64_t>& slots,
+             const Eigen::Ref<const RowMatrix<T>>& k, const Eigen::Ref<const RowMatrix<T>>& v) {
     constexpr const char* kWhere = "kvlab::PagedKVCache::write";
     check_layer(kWhere, layer);
-    const long width = static_cast<long>(num_kv_heads_) * head_dim_;
-    detail::require_equal(kWhere, "k.rows()", static_cast<long>(k.rows()),
-                          static_cast<long>(slots.size()), "slots.size()");
-    detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()), width,
-                          "num_kv_heads * head_dim");
-    detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
-                          static_cast<long>(k.rows()), "k.rows()");
-    detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), width,
-                          "num_kv_heads * head_dim");
+    check_rows(kWhere, k, v, static_cast<long>(slots.size()), "slots.size()");
     const std::int64_t num_slots =
         static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
     for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -147,6 +179,7 @@ class PagedKVCache {
         std::copy(v.row(row).data() + h * head_dim_, v.row(row).data() + (h + 1) * head_dim_,
                   v_[l].begin() + dst);
       }
+      written_[l][static_cast<std::size_t>(slots[i])] = 1;
     }
   }
 
@@ -171,8 +204,11 @@ class PagedKVCache {
   BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
 
   /// The view of `layer` through `tables` (from `tables()`); valid while both live and until
-  /// the next append, fork or free.
-  /// \throws InvalidArgument if `layer` is out of range or `tables` is for another pool.
+  /// the next reserve, fork or free. Every token that the tables reach must have been written
+  /// in this layer: a slot that `reserve` made and `write` never filled is refused here, not
+  /// read as stale keys.
+  /// \throws InvalidArgument if `layer` is out of range, `tables` is for another pool, or a
+  ///         token of the tables is unwritten in `layer`.
   PagedKVView<T> view(int layer, const BlockTables& tables) const {
     constexpr const char* kWhere = "kvlab::PagedKVCache::view";
     check_layer(kWhere, layer);
@@ -181,14 +217,43 @@ class PagedKVCache {
     detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size(),
                           "block_size");
     const auto l = static_cast<std::size_t>(layer);
-    return tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
+    const PagedKVView<T> view =
+        tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
+    for (int s = 0; s < view.batch; ++s) {
+      for (int pos = 0; pos < view.seq_len(s); ++pos) {
+        const std::int64_t slot =
+            static_cast<std::int64_t>(view.block_of(s, pos)) * block_size() + pos % block_size();
+        if (written_[l][static_cast<std::size_t>(slot)] == 0) {
+          detail::fail(kWhere, "tables", "tokens written in layer " + std::to_string(layer),
+                       "token " + std::to_string(pos) + " of sequence " + std::to_string(s) +
+                           " of the tables reserved but never written (write it first)");
+        }
+      }
+    }
+    return view;
   }
+
+  /// A view of a temporary `BlockTables` would dangle as soon as the statement ends: keep the
+  /// tables in a variable (`const BlockTables t = cache.tables({seq}); cache.view(0, t)`).
+  PagedKVView<T> view(int layer, const BlockTables&& tables) const = delete;
 
  private:
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
     }
+  }
+  // Checks that k and v are [rows, num_kv_heads * head_dim]; `rows_from` names where rows comes
+  // from.
+  void check_rows(const char* where, const Eigen::Ref<const RowMatrix<T>>& k,
+                  const Eigen::Ref<const RowMatrix<T>>& v, long rows, const char* rows_from) const {
+    const long width = static_cast<long>(num_kv_heads_) * head_dim_;
+    detail::require_equal(where, "k.rows()", static_cast<long>(k.rows()), rows, rows_from);
+    detail::require_equal(where, "k.cols()", static_cast<long>(k.cols()), width,
+                          "num_kv_heads * head_dim");
+    detail::require_equal(where, "v.rows()", static_cast<long>(v.rows()), rows, "k.rows()");
+    detail::require_equal(where, "v.cols()", static_cast<long>(v.cols()), width,
+                          "num_kv_heads * head_dim");
   }
   // A view of `layer` without block tables: for its slot_offset() only.
   PagedKVView<T> layout_view(int layer) const {
@@ -207,9 +272,12 @@ class PagedKVCache {
   void copy_block(std::int32_t from, std::int32_t to, int tokens) {
     const bool hnd = layout_ == KVLayout::HND;
     const int runs = hnd ? num_kv_heads_ : 1;
-    const std::size_t run =
-        static_cast<std::size_t>(tokens) * head_dim_ * (hnd ? 1 : num_kv_heads_);
+    const std::size_t run = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(head_dim_) *
+                            static_cast<std::size_t>(hnd ? 1 : num_kv_heads_);
     for (int l = 0; l < num_layers_; ++l) {
+      std::vector<std::uint8_t>& written = written_[static_cast<std::size_t>(l)];
+      std::copy_n(written.begin() + static_cast<std::ptrdiff_t>(from) * block_size(), tokens,
+                  written.begin() + static_cast<std::ptrdiff_t>(to) * block_size());
       const PagedKVView<T> pool = layout_view(l);
       for (std::vector<T>* values :
            {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
@@ -233,6 +301,8 @@ class PagedKVCache {
   std::vector<std::vector<T>> k_;
   // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
   std::vector<std::vector<T>> v_;
+  // [num_layers][num_blocks * block_size]: 1 where write() filled the slot since reserve()
+  std::vector<std::vector<std::uint8_t>> written_;
 };
 
 }  // namespace kvlab

@@ -21,10 +21,10 @@ namespace kvlab {
 /// The block lists of many sequences over one pool of `num_blocks` blocks of `block_size`
 /// tokens: everything a paged KV cache knows except the keys and values themselves.
 ///
-/// A sequence holds `ceil(length / block_size)` blocks, all full but the last. `append` takes a
+/// A sequence holds `ceil(length / block_size)` blocks, all full but the last. `reserve` takes a
 /// new block only when the last one is full; `fork` shares every block (reference count + 1);
 /// appending into a shared, partly filled last block first moves the sequence to a private
-/// copy (copy on write), which the owner makes through the callback it passes to `append`.
+/// copy (copy on write), which the owner makes through the callback it passes to `reserve`.
 /// Every operation checks everything first: on error no sequence, block or count has changed.
 class PagedSequences {
  public:
@@ -32,7 +32,7 @@ class PagedSequences {
   /// \param block_size  tokens per block, >= 1
   /// \param num_blocks  blocks in the pool, >= 1
   /// \param owner       the owner's name, which every error message starts with (e.g.
-  ///                    "kvlab::PagedKVCache", giving "kvlab::PagedKVCache::append: ...")
+  ///                    "kvlab::PagedKVCache", giving "kvlab::PagedKVCache::reserve: ...")
   /// \throws InvalidArgument if `block_size` or `num_blocks` is below 1.
   PagedSequences(int block_size, int num_blocks, std::string owner)
       : owner_(std::move(owner)),
@@ -50,6 +50,9 @@ class PagedSequences {
     return next_id_++;
   }
 
+  /// True when `seq` is a live sequence.
+  bool contains(int seq) const { return sequences_.count(seq) != 0; }
+
   /// Ids of the live sequences, ascending.
   std::vector<int> sequences() const {
     std::vector<int> ids;
@@ -65,6 +68,11 @@ class PagedSequences {
   /// \throws InvalidArgument if `seq` is not a live sequence.
   const std::vector<std::int32_t>& blocks(int seq) const { return find("blocks", seq).blocks; }
 
+  /// Blocks that `reserve(seq, n)` takes from the pool: new blocks past the last one, plus one
+  /// for the private copy of a shared, partly filled last block.
+  /// \throws InvalidArgument if `seq` is not live or `n < 1`.
+  int blocks_needed(int seq, int n) const { return plan_reserve("blocks_needed", seq, n).needed(); }
+
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n]: slot
   /// `block * block_size + offset`. A block is allocated when the last one is full; a shared,
   /// partly filled last block is first replaced by a private copy, made by
@@ -73,16 +81,15 @@ class PagedSequences {
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks
   ///         the blocks; whatever `copy_block` throws. Nothing changes in any of these cases.
   template <typename CopyBlock>
-  std::vector<std::int64_t> append(int seq, int n, CopyBlock&& copy_block) {
-    Sequence& s = find("append", seq);
-    detail::require_at_least(where("append").c_str(), "n", n, 1);
-    const int filled = s.length % block_size_;  // tokens in the last block, 0 if full or none
-    const bool copy_last = filled != 0 && allocator_.ref_count(s.blocks.back()) > 1;
-    const int room = filled == 0 ? 0 : block_size_ - filled;
-    const int new_blocks = n <= room ? 0 : (n - room - 1) / block_size_ + 1;
-    const int needed = new_blocks + (copy_last ? 1 : 0);
+  std::vector<std::int64_t> reserve(int seq, int n, CopyBlock&& copy_block) {
+    const ReservePlan plan = plan_reserve("reserve", seq, n);
+    Sequence& s = find("reserve", seq);
+    const int filled = plan.filled;
+    const bool copy_last = plan.copy_last;
+    const int new_blocks = plan.new_blocks;
+    const int needed = plan.needed();
     if (needed > allocator_.num_free()) {
-      detail::fail<OutOfBlocks>(where("append").c_str(), "free blocks",
+      detail::fail<OutOfBlocks>(where("reserve").c_str(), "free blocks",
                                 "at least " + std::to_string(needed) + " for " + std::to_string(n) +
                                     " tokens of sequence " + std::to_string(seq),
                                 allocator_.num_free());
@@ -162,10 +169,28 @@ class PagedSequences {
       lists.push_back(s.blocks);
       lengths.push_back(s.length);
     }
-    return BlockTables::from_lists(lists, lengths, allocator_.num_blocks(), block_size_);
+    return BlockTables::from_lists(lists, lengths, block_size_, allocator_.num_blocks());
   }
 
  private:
+  // What reserve(seq, n) does to the pool.
+  struct ReservePlan {
+    int filled = 0;          // tokens in the last block, 0 if it is full or there is none
+    bool copy_last = false;  // the last block is shared and partly filled: copy it first
+    int new_blocks = 0;      // blocks past the last one
+    int needed() const { return new_blocks + (copy_last ? 1 : 0); }
+  };
+  ReservePlan plan_reserve(const char* function, int seq, int n) const {
+    const Sequence& s = find(function, seq);
+    detail::require_at_least(where(function).c_str(), "n", n, 1);
+    ReservePlan plan;
+    plan.filled = s.length % block_size_;
+    plan.copy_last = plan.filled != 0 && allocator_.ref_count(s.blocks.back()) > 1;
+    const int room = plan.filled == 0 ? 0 : block_size_ - plan.filled;
+    plan.new_blocks = n <= room ? 0 : (n - room - 1) / block_size_ + 1;
+    return plan;
+  }
+
   struct Sequence {
     std::vector<std::int32_t> blocks;  // [ceil(length / block_size)]: physical ids, logical order
     int length = 0;                    // tokens

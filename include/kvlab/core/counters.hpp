@@ -3,9 +3,11 @@
 /// products, bytes of K/V read, multiply-accumulates). Tests compare them with closed forms.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/shape.hpp"
 
 namespace kvlab {
 
@@ -62,5 +64,40 @@ struct CostCounters {
   /// True when any count differs.
   KVLAB_HOST_DEVICE bool operator!=(const CostCounters& other) const { return !(*this == other); }
 };
+
+/// Adds the projections of one layer to `counters` — the one place where kvlab counts them, for
+/// the CPU and the GPU paths alike: `q_rows` rows projected to queries, `kv_rows` to keys and
+/// values, `out_rows` attention outputs projected back, each row of `d_model` inputs:
+///  - `q_projections += q_rows · num_heads`, `kv_projections += kv_rows · num_kv_heads`;
+///  - `macs += d_model · (q_rows · q_width + 2 · kv_rows · kv_width + out_rows · q_width)`.
+KVLAB_HOST_DEVICE inline void add_projection_counts(const AttentionShape& shape, int d_model,
+                                                    std::uint64_t q_rows, std::uint64_t kv_rows,
+                                                    std::uint64_t out_rows,
+                                                    CostCounters& counters) {
+  const auto d = static_cast<std::uint64_t>(d_model);
+  const auto q_width = static_cast<std::uint64_t>(shape.q_width());
+  const auto kv_width = static_cast<std::uint64_t>(shape.kv_width());
+  counters.q_projections += q_rows * static_cast<std::uint64_t>(shape.num_heads());
+  counters.kv_projections += kv_rows * static_cast<std::uint64_t>(shape.num_kv_heads());
+  counters.macs += d * (q_rows * q_width + 2 * kv_rows * kv_width + out_rows * q_width);
+}
+
+/// Adds the work of an attention kernel to `counters` — the one place where kvlab counts it:
+/// `keys` (query row, key) pairs per query head met by a dot product, and `rows_streamed` key
+/// rows (and as many value rows) read per K/V head, each of `element_bytes` per value:
+///  - `qk_dots += num_heads · keys`, `macs += 2 · qk_dots · head_dim` (q·k and p·v);
+///  - `kv_bytes_read += 2 · element_bytes · rows_streamed · num_kv_heads · head_dim`.
+/// Each kernel says how many rows it streams (once per K/V head and query tile on the CPU).
+KVLAB_HOST_DEVICE inline void add_attention_counts(const AttentionShape& shape,
+                                                   std::size_t element_bytes, std::uint64_t keys,
+                                                   std::uint64_t rows_streamed,
+                                                   CostCounters& counters) {
+  const std::uint64_t dots = static_cast<std::uint64_t>(shape.num_heads()) * keys;
+  const auto head_dim = static_cast<std::uint64_t>(shape.head_dim());
+  counters.qk_dots += dots;
+  counters.macs += 2 * dots * head_dim;
+  counters.kv_bytes_read += 2 * static_cast<std::uint64_t>(element_bytes) * rows_streamed *
+                            static_cast<std::uint64_t>(shape.num_kv_heads()) * head_dim;
+}
 
 }  // namespace kvlab

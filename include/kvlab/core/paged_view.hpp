@@ -6,8 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/shape.hpp"
 
 namespace kvlab {
 
@@ -100,4 +103,72 @@ struct PagedKVView {
   }
 };
 
+namespace detail {
+
+/// Checks a paged view against `shape` and every invariant of its block tables (a raw view may
+/// come from anywhere): non-null arrays, `indptr` increasing from 0, every index a block of the
+/// pool, `1 <= last_page_len <= block_size`. O(number of pages).
+/// (Host only.)
+template <typename T>
+void check_paged_view(const char* where, const AttentionShape& shape, const PagedKVView<T>& cache) {
+  require_equal(where, "cache.num_kv_heads", cache.num_kv_heads, shape.num_kv_heads(),
+                "shape.num_kv_heads()");
+  require_equal(where, "cache.head_dim", cache.head_dim, shape.head_dim(), "shape.head_dim()");
+  require_at_least(where, "cache.batch", cache.batch, 1);
+  require_at_least(where, "cache.block_size", cache.block_size, 1);
+  require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
+  if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr ||
+      cache.indices == nullptr || cache.last_page_len == nullptr) {
+    fail(where, "cache.k / v / indptr / indices / last_page_len", "non-null pointers",
+         "a null pointer");
+  }
+  require_equal(where, "cache.indptr[0]", cache.indptr[0], 0);
+  for (int s = 0; s < cache.batch; ++s) {
+    const std::string seq = "[" + std::to_string(s) + "]";
+    if (cache.indptr[s + 1] <= cache.indptr[s]) {
+      fail(where, "cache.indptr[" + std::to_string(s + 1) + "]",
+           "> cache.indptr" + seq + " (" + std::to_string(cache.indptr[s]) + ")",
+           cache.indptr[s + 1]);
+    }
+    if (static_cast<std::int64_t>(cache.indptr[s + 1] - cache.indptr[s]) * cache.block_size >
+        INT32_MAX) {
+      fail(where, "cache.indptr[" + std::to_string(s + 1) + "]",
+           "a sequence of at most " + std::to_string(INT32_MAX) + " tokens",
+           std::to_string(cache.indptr[s + 1] - cache.indptr[s]) + " blocks");
+    }
+    if (cache.last_page_len[s] < 1 || cache.last_page_len[s] > cache.block_size) {
+      fail(where, "cache.last_page_len" + seq,
+           "in [1, block_size (" + std::to_string(cache.block_size) + ")]", cache.last_page_len[s]);
+    }
+  }
+  for (std::int32_t i = 0; i < cache.indptr[cache.batch]; ++i) {
+    if (cache.indices[i] < 0 || cache.indices[i] >= cache.num_blocks) {
+      fail(where, "cache.indices[" + std::to_string(i) + "]",
+           "in [0, " + std::to_string(cache.num_blocks) + ")", cache.indices[i]);
+    }
+  }
+}
+
+/// Checks the query rows of a ragged batch against its view (a raw array may come from
+/// anywhere): `qo_indptr` is [batch + 1], starts at 0, and sequence s brings between 0 and its
+/// length queries. (Host only.)
+template <typename T>
+void check_qo_indptr(const char* where, const std::vector<std::int32_t>& qo_indptr,
+                     const PagedKVView<T>& cache) {
+  require_equal(where, "qo_indptr.size()", qo_indptr.size(),
+                static_cast<std::size_t>(cache.batch) + 1, "cache.batch + 1");
+  require_equal(where, "qo_indptr[0]", qo_indptr[0], 0);
+  for (int s = 0; s < cache.batch; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    const std::int64_t q_len = static_cast<std::int64_t>(qo_indptr[i + 1]) - qo_indptr[i];
+    if (q_len < 0 || q_len > cache.seq_len(s)) {
+      fail(where, "qo_indptr[" + std::to_string(s + 1) + "]",
+           "in [qo_indptr[" + std::to_string(s) + "] (" + std::to_string(qo_indptr[i]) +
+               "), that + the sequence's length (" + std::to_string(cache.seq_len(s)) + ")]",
+           qo_indptr[i + 1]);
+    }
+  }
+}
+
+}  // namespace detail
 }  // namespace kvlab

@@ -1,9 +1,12 @@
 /// \file
 /// \brief `Rng`: a small seeded generator (SplitMix64) whose numbers are the same on every
-/// platform, so tutorials, tests and benchmarks print the same values everywhere.
+/// platform, so tutorials, tests and benchmarks print the same values everywhere; `shuffle`.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace kvlab {
 
@@ -33,5 +36,14 @@ class Rng {
  private:
   std::uint64_t state_;
 };
+
+/// Shuffles `values` in place (Fisher–Yates) with `rng`: the same permutation on every platform
+/// for the same seed, which `std::shuffle` does not promise. Tests and benchmarks use it to take
+/// the blocks of a pool in a random order, so that block tables are not monotonic.
+template <typename T>
+void shuffle(std::vector<T>& values, Rng& rng) {
+  for (std::size_t i = values.size(); i > 1; --i)
+    std::swap(values[i - 1], values[static_cast<std::size_t>(rng.next_u64() % i)]);
+}
 
 }  // namespace kvlab

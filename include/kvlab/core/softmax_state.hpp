@@ -1,8 +1,8 @@
 /// \file
-/// \brief Split-K ("flash-decoding") arithmetic shared by host and device code: how a sequence's
-/// keys are cut into partitions, and how the partial softmax results of two partitions merge
-/// into the result over both (the log-sum-exp rule). Checked in the tests against one pass over
-/// all keys.
+/// \brief The partial softmax state of a subset of a query's keys, and how the partial results
+/// of two disjoint subsets merge into the result over both (the log-sum-exp rule): the
+/// arithmetic of split-K ("flash-decoding"), shared by host and device code. Checked in the
+/// tests against one pass over all keys. How the keys are cut is in `core/split_k.hpp`.
 #pragma once
 
 #include <cmath>
@@ -83,22 +83,6 @@ KVLAB_HOST_DEVICE void merge_softmax_states(SoftmaxState<T>& a, T* acc_a, const 
   const SoftmaxScales<T> scale = merge_softmax_scales(a, b);
   for (int c = 0; c < head_dim; ++c)
     acc_a[c] = a_empty ? acc_b[c] : acc_a[c] * scale.a + acc_b[c] * scale.b;
-}
-
-/// How split-K cuts `length` keys into at most `parts` partitions of whole `align`-key units
-/// (the block size of a paged cache, so a partition never splits a block; 1 for a contiguous
-/// cache): every partition but the last has `partition_size(length, parts, align)` keys.
-/// \return keys per partition: ceil(ceil(length / align) / parts) · align, 0 if length is 0
-KVLAB_HOST_DEVICE inline int partition_size(int length, int parts, int align) {
-  if (length <= 0) return 0;
-  const int units = (length + align - 1) / align;
-  return (units + parts - 1) / parts * align;
-}
-
-/// Number of non-empty partitions that `partition_size` gives: ceil(length / size), <= parts.
-KVLAB_HOST_DEVICE inline int partition_count(int length, int parts, int align) {
-  const int size = partition_size(length, parts, align);
-  return size == 0 ? 0 : (length + size - 1) / size;
 }
 
 }  // namespace kvlab

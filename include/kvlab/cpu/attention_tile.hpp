@@ -2,7 +2,8 @@
 /// \brief The inner loop shared by `cpu::decode_attention` (contiguous cache) and
 /// `cpu::paged_decode_attention` / `cpu::paged_prefill_attention` (paged cache): a tile of
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
-/// rows are stored. Internal; tested through the public kernels.
+/// rows are stored. It computes what `cpu::reference_attention` computes, for the tile's rows
+/// and heads. Internal (`cpu::detail`); tested through the public kernels.
 #pragma once
 
 #include <algorithm>
@@ -15,15 +16,12 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
-namespace kvlab {
-namespace cpu {
+namespace kvlab::cpu {
 
 /// Query rows processed together by the decode kernels (a decode step has one per sequence).
 constexpr int kDecodeQueryTile = 16;
-
-}  // namespace cpu
 
 namespace detail {
 
@@ -122,13 +120,25 @@ int padded_span(int span) {
   return lines * kLine;
 }
 
-/// The unnormalised attention of the query rows [row0, row0 + rows) of `q` — consecutive tokens
-/// of one sequence, row `row0` at position `first_position` — for the query heads of K/V heads
-/// [hk0, hk0 + heads), over the keys in [key_begin, key_end) that each row sees, read through
-/// `source` (`ContiguousRows` or `PagedRows` from head hk0). Leaves in `scratch`, for query
-/// `qi` (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
-/// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form in
-/// which partial results over disjoint key ranges merge (`merge_softmax_states`).
+/// The queries and keys of one call of `attend_partial` or `attend_tile`: query rows [row0,
+/// row0 + rows) of `q` — consecutive tokens of one sequence, row `row0` at `first_position` —
+/// with the query heads of K/V heads [hk0, hk0 + heads), over keys [key_begin, key_end).
+struct AttentionTile {
+  int row0 = 0;            ///< first query row of the tile in `q`
+  int rows = 1;            ///< query rows, 1 <= rows <= kDecodeQueryTile
+  int first_position = 0;  ///< position of row `row0` in its sequence
+  int hk0 = 0;             ///< first K/V head
+  int heads = 1;           ///< K/V heads, [hk0, hk0 + heads)
+  int key_begin = 0;       ///< first key of the range
+  int key_end = 0;         ///< one past the last key; the tile's last row sees keys up to it
+};
+
+/// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
+/// over the keys in [key_begin, key_end) that each row sees, read through `source`
+/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`). Leaves in `scratch`, for query `qi`
+/// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
+/// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
+/// in which partial results over disjoint key ranges merge (`merge_softmax_states`).
 ///
 /// The queries of the groups and of the tile's rows are gathered; then
 ///  1. the key rows are streamed once (for each token, the rows of the `heads` K/V heads), and
@@ -142,16 +152,17 @@ int padded_span(int span) {
 /// first_position + rows) — one partition of a split context — is for a single row
 /// (`rows == 1`), which sees every key up to its position.
 template <typename T, typename Source>
-void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows,
-                    int first_position, int hk0, int heads, const Source& source, int key_begin,
-                    int key_end, TileScratch<T>& scratch) {
+void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T>>& q,
+                    const AttentionTile& tile, const Source& source, TileScratch<T>& scratch) {
+  const int row0 = tile.row0, rows = tile.rows, first_position = tile.first_position;
+  const int hk0 = tile.hk0, heads = tile.heads, key_begin = tile.key_begin;
   const int group = shape.group_size();
   const int hd = shape.head_dim();
   const T scale = static_cast<T>(shape.scale());
   const int per_head = rows * group;  // queries of one K/V head in the tile
   const int m = heads * per_head;
   // keys of the range: [key_begin, span), the tile's last row sees them all
-  const int span = key_end;
+  const int span = tile.key_end;
   const std::ptrdiff_t head_stride = source.head_stride();
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
   // [m, padded_span(span - key_begin)]: key pos in column pos - key_begin
@@ -204,15 +215,19 @@ void attend_partial(const AttentionShape& shape, const RowMatrix<T>& q, int row0
   });
 }
 
-/// Attention of the query rows [row0, row0 + rows) of `q` over all the keys each sees (see
-/// `attend_partial`), normalised — output = Σ exp(score − max) · value / Σ exp(score − max),
-/// the softmax-weighted sum — and written to the same rows and heads of `out`.
+/// Attention of the query rows of `tile` over all the keys each sees (the tile's key range is
+/// ignored: [0, first_position + rows); see `attend_partial`), normalised — output =
+/// Σ exp(score − max) · value / Σ exp(score − max), the softmax-weighted sum — and written to the
+/// same rows and heads of `out` ([q.rows(), num_heads * head_dim]).
 template <typename T, typename Source>
-void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, int rows,
-                 int first_position, int hk0, int heads, const Source& source,
-                 TileScratch<T>& scratch, RowMatrix<T>& out) {
-  attend_partial(shape, q, row0, rows, first_position, hk0, heads, source, 0, first_position + rows,
-                 scratch);
+void attend_tile(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T>>& q,
+                 const AttentionTile& tile, const Source& source, TileScratch<T>& scratch,
+                 RowMatrix<T>& out) {
+  AttentionTile all_keys = tile;
+  all_keys.key_begin = 0;
+  all_keys.key_end = tile.first_position + tile.rows;
+  attend_partial(shape, q, all_keys, source, scratch);
+  const int row0 = tile.row0, rows = tile.rows, hk0 = tile.hk0, heads = tile.heads;
   const int group = shape.group_size();
   const int hd = shape.head_dim();
   const int per_head = rows * group;
@@ -225,23 +240,19 @@ void attend_tile(const AttentionShape& shape, const RowMatrix<T>& q, int row0, i
 }
 
 /// Adds the work of `q_len` query rows of one sequence, the first at position
-/// `first_position`, processed in tiles of `cpu::kDecodeQueryTile` rows, to `counters`:
-/// row i sees first_position + i + 1 keys, and each tile streams the rows its last row sees.
-inline void count_attention(const AttentionShape& shape, std::size_t element_bytes, int q_len,
-                            int first_position, CostCounters& counters) {
+/// `first_position`, processed in tiles of `kDecodeQueryTile` rows, to `counters`: row i sees
+/// first_position + i + 1 keys, and each tile streams the rows its last row sees, once per K/V
+/// head.
+inline void count_tiled_attention(const AttentionShape& shape, std::size_t element_bytes, int q_len,
+                                  int first_position, CostCounters& counters) {
   const auto n = static_cast<std::uint64_t>(q_len);
-  const std::uint64_t dots = static_cast<std::uint64_t>(shape.num_heads()) *
-                             (n * static_cast<std::uint64_t>(first_position) + n * (n + 1) / 2);
+  const std::uint64_t keys = n * static_cast<std::uint64_t>(first_position) + n * (n + 1) / 2;
   std::uint64_t rows_streamed = 0;
-  for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile)
-    rows_streamed += static_cast<std::uint64_t>(first_position + r0 +
-                                                std::min(cpu::kDecodeQueryTile, q_len - r0));
-  counters.qk_dots += dots;
-  counters.macs += 2 * dots * static_cast<std::uint64_t>(shape.head_dim());
-  counters.kv_bytes_read += 2 * element_bytes * rows_streamed *
-                            static_cast<std::uint64_t>(shape.num_kv_heads()) *
-                            static_cast<std::uint64_t>(shape.head_dim());
+  for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile)
+    rows_streamed +=
+        static_cast<std::uint64_t>(first_position + r0 + std::min(kDecodeQueryTile, q_len - r0));
+  add_attention_counts(shape, element_bytes, keys, rows_streamed, counters);
 }
 
 }  // namespace detail
-}  // namespace kvlab
+}  // namespace kvlab::cpu

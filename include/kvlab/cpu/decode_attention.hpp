@@ -1,7 +1,7 @@
 /// \file
 /// \brief Decode attention: one or more new queries attend to a contiguous KV cache. Keys and
-/// values are streamed once per K/V head for the whole GQA group. Checked against
-/// `naive_attention` and a triple loop in the tests.
+/// values are streamed once per K/V head for the whole GQA group. Computes
+/// `cpu::reference_attention`; checked against it and `naive_attention` in the tests.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include "kvlab/cpu/attention_tile.hpp"
 #include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/parallel.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab::cpu {
 
@@ -22,13 +22,63 @@ namespace kvlab::cpu {
 /// starting threads costs microseconds, more than streaming a cache this small.
 constexpr long long kDecodeParallelMinElements = 1 << 16;
 
+namespace detail {
+
+/// `decode_attention` on a bound view of the queries (internal: see the public form).
+template <typename T>
+void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
+                      const ContiguousKVView<T>& cache, RowMatrix<T>& out, CostCounters* counters) {
+  constexpr const char* kWhere = "kvlab::cpu::decode_attention";
+  check_queries(kWhere, shape, q);
+  kvlab::detail::require_equal(kWhere, "cache.num_kv_heads", cache.num_kv_heads,
+                               shape.num_kv_heads(), "shape.num_kv_heads()");
+  kvlab::detail::require_equal(kWhere, "cache.head_dim", cache.head_dim, shape.head_dim(),
+                               "shape.head_dim()");
+  if (cache.length < q.rows() || cache.length > cache.capacity) {
+    kvlab::detail::fail(kWhere, "cache.length",
+                        "in [q.rows() (" + std::to_string(q.rows()) + "), cache.capacity (" +
+                            std::to_string(cache.capacity) + ")]",
+                        cache.length);
+  }
+  if (cache.k == nullptr || cache.v == nullptr) {
+    kvlab::detail::fail(kWhere, "cache.k / cache.v", "non-null pointers", "a null pointer");
+  }
+  if (shares_memory(out, q)) kvlab::detail::fail(kWhere, "out", "a matrix other than q", "q");
+
+  const int q_len = static_cast<int>(q.rows());
+  const int first_position = cache.length - q_len;  // position of query row 0
+  out.resize(q_len, shape.q_width());
+
+  const bool parallel =
+      1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
+  parallel_for(shape.num_kv_heads(), parallel, [&](int hk) {
+    TileScratch<T> scratch;
+    const ContiguousRows<T> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
+    for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
+      AttentionTile tile;  // rows [r0, r0 + rows) of q, the query heads of K/V head hk
+      tile.row0 = r0;
+      tile.rows = std::min(kDecodeQueryTile, q_len - r0);
+      tile.first_position = first_position + r0;
+      tile.hk0 = hk;
+      tile.heads = 1;
+      attend_tile(shape, q, tile, rows_of_head, scratch, out);
+    }
+  });
+
+  if (counters != nullptr)
+    count_tiled_attention(shape, sizeof(T), q_len, first_position, *counters);
+}
+
+}  // namespace detail
+
 /// Attention of `q_len` new queries over the `cache.length` tokens of a contiguous cache.
 ///
 /// The new tokens' keys and values must already be in the cache (append first, then attend):
 /// query row `i` is the token at position `cache.length - q_len + i` and sees cache rows
 /// `[0, cache.length - q_len + i]`. With `q_len == 1` (decode) it sees the whole cache and no
-/// mask is needed; with the whole prompt as `q` (prefill) the mask is causal. The results equal
-/// `naive_attention` on the cache's rows.
+/// mask is needed; with the whole prompt as `q` (prefill) the mask is causal. It computes what
+/// `reference_attention` computes over the cache's rows (and so equals `naive_attention` on them,
+/// to rounding).
 ///
 /// For each K/V head, the queries of its group (and of up to `kDecodeQueryTile` query rows)
 /// are gathered (`detail::attend_tile`, shared with the paged kernels); then
@@ -44,55 +94,24 @@ constexpr long long kDecodeParallelMinElements = 1 << 16;
 /// (out of memory) is passed on to the caller after the loop.
 ///
 /// \param shape     the head layout; `cache` must have its num_kv_heads and head_dim
-/// \param q         queries, [q_len, num_heads * head_dim], 1 <= q_len <= cache.length
+/// \param q         queries, [q_len, num_heads * head_dim], 1 <= q_len <= cache.length: any
+///                  Eigen expression of scalar T (`q.row(t)`, `q.middleRows(a, n)` are read in
+///                  place; a column-major matrix is copied once)
 /// \param cache     one layer of a contiguous cache, [num_kv_heads, capacity, head_dim] each
-/// \param out       output, [q_len, num_heads * head_dim] (resized); must not be q
+/// \param out       output, [q_len, num_heads * head_dim] (resized); must not share memory with q
 /// \param counters  if not null, receives the work done
 /// \throws InvalidArgument for any shape or view that does not fit the above.
-template <typename T>
-void decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+template <typename Q, typename T>
+void decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                       const ContiguousKVView<T>& cache, RowMatrix<T>& out,
                       CostCounters* counters = nullptr) {
-  constexpr const char* kWhere = "kvlab::cpu::decode_attention";
-  detail::check_queries(kWhere, shape, q);
-  detail::require_equal(kWhere, "cache.num_kv_heads", cache.num_kv_heads, shape.num_kv_heads(),
-                        "shape.num_kv_heads()");
-  detail::require_equal(kWhere, "cache.head_dim", cache.head_dim, shape.head_dim(),
-                        "shape.head_dim()");
-  if (cache.length < q.rows() || cache.length > cache.capacity) {
-    detail::fail(kWhere, "cache.length",
-                 "in [q.rows() (" + std::to_string(q.rows()) + "), cache.capacity (" +
-                     std::to_string(cache.capacity) + ")]",
-                 cache.length);
-  }
-  if (cache.k == nullptr || cache.v == nullptr) {
-    detail::fail(kWhere, "cache.k / cache.v", "non-null pointers", "a null pointer");
-  }
-  if (&out == &q) detail::fail(kWhere, "out", "a matrix other than q", "q");
-
-  const int q_len = static_cast<int>(q.rows());
-  const int first_position = cache.length - q_len;  // position of query row 0
-  out.resize(q_len, shape.q_width());
-
-  const bool parallel =
-      1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
-  detail::parallel_for(shape.num_kv_heads(), parallel, [&](int hk) {
-    detail::TileScratch<T> scratch;
-    const detail::ContiguousRows<T> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
-    for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
-      const int rows = std::min(kDecodeQueryTile, q_len - r0);
-      detail::attend_tile(shape, q, r0, rows, first_position + r0, hk, 1, rows_of_head, scratch,
-                          out);
-    }
-  });
-
-  if (counters != nullptr)
-    detail::count_attention(shape, sizeof(T), q_len, first_position, *counters);
+  detail::require_scalar<Q, T>();
+  detail::decode_attention<T>(shape, q, cache, out, counters);
 }
 
 /// Returning form of `decode_attention`: `[q_len, num_heads * head_dim]`.
-template <typename T>
-RowMatrix<T> decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+template <typename Q, typename T>
+RowMatrix<T> decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                               const ContiguousKVView<T>& cache, CostCounters* counters = nullptr) {
   RowMatrix<T> out;
   decode_attention(shape, q, cache, out, counters);

@@ -1,7 +1,7 @@
 /// \file
 /// \brief Naive causal attention: every score of the `[q_len, kv_len]` matrix is computed and
-/// stored, then masked, softmaxed and multiplied by V. The textbook form, and the baseline the
-/// other paths are checked against (itself checked against a triple loop in the tests).
+/// stored, then masked, softmaxed and multiplied by V, with matrix products — the textbook form
+/// of `cpu::reference_attention`, checked against it in the tests.
 #pragma once
 
 #include <cstdint>
@@ -11,46 +11,31 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/softmax.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab::cpu {
 
-/// Causal attention over a whole sequence, materialising the score matrix of every head.
-///
-/// Queries are aligned to the end of the keys: query row `i` is the token at position
-/// `kv_len - q_len + i` and sees keys `[0, kv_len - q_len + i]`. With `q_len == kv_len` this is
-/// ordinary causal self-attention; with `q_len == 1` it is one decode step.
-///
-/// For every query head `h` (reading K/V head `h / group_size`):
-///  1. `S = scale * Q_h K_h^T`, all `[q_len, kv_len]` entries, masked ones included;
-///  2. each row's masked tail is dropped and the visible part softmaxed;
-///  3. `O_h = P V_h`.
-///
-/// Counts `q_len * kv_len` dot products per query head (all of them, since all are computed).
-///
-/// \param shape     the head layout
-/// \param q         queries, [q_len, num_heads * head_dim], q_len >= 1
-/// \param k         keys,    [kv_len, num_kv_heads * head_dim], kv_len >= q_len
-/// \param v         values,  [kv_len, num_kv_heads * head_dim]
-/// \param out       output,  [q_len, num_heads * head_dim] (resized); must not be q, k or v
-/// \param counters  if not null, receives the work done
-/// \throws InvalidArgument for any shape that does not fit the above.
+namespace detail {
+
+/// `naive_attention` on checked-shape views (internal: the public form checks and binds them).
 template <typename T>
-void naive_attention(const AttentionShape& shape, const RowMatrix<T>& q, const RowMatrix<T>& k,
-                     const RowMatrix<T>& v, RowMatrix<T>& out, CostCounters* counters = nullptr) {
+void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
+                     const RowMatrixRef<T>& k, const RowMatrixRef<T>& v, RowMatrix<T>& out,
+                     CostCounters* counters) {
   constexpr const char* kWhere = "kvlab::cpu::naive_attention";
-  detail::check_queries(kWhere, shape, q);
-  detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()),
-                        static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
-  detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
-                        static_cast<long>(k.rows()), "k.rows()");
-  detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()),
-                        static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+  check_queries(kWhere, shape, q);
+  kvlab::detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()),
+                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+  kvlab::detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
+                               static_cast<long>(k.rows()), "k.rows()");
+  kvlab::detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()),
+                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
   if (k.rows() < q.rows()) {
-    detail::fail(kWhere, "k.rows()", ">= q.rows() (" + std::to_string(q.rows()) + ")", k.rows());
+    kvlab::detail::fail(kWhere, "k.rows()", ">= q.rows() (" + std::to_string(q.rows()) + ")",
+                        k.rows());
   }
-  if (&out == &q || &out == &k || &out == &v) {
-    detail::fail(kWhere, "out", "a matrix other than q, k and v", "one of them");
+  if (shares_memory(out, q) || shares_memory(out, k) || shares_memory(out, v)) {
+    kvlab::detail::fail(kWhere, "out", "a matrix other than q, k and v", "one of them");
   }
 
   const Eigen::Index q_len = q.rows();
@@ -79,19 +64,53 @@ void naive_attention(const AttentionShape& shape, const RowMatrix<T>& q, const R
     out.middleCols(h * hd, hd).noalias() = scores * v_h;
   }
 
-  if (counters != nullptr) {
-    const auto dots = static_cast<std::uint64_t>(shape.num_heads()) * q_len * kv_len;
-    counters->qk_dots += dots;
-    counters->macs += 2 * dots * static_cast<std::uint64_t>(hd);
-    counters->kv_bytes_read += 2 * sizeof(T) * static_cast<std::uint64_t>(shape.num_heads()) *
-                               kv_len * static_cast<std::uint64_t>(hd);
+  if (counters != nullptr) {  // every score; K/V rows read once per query head (a GEMM each)
+    const auto kv = static_cast<std::uint64_t>(kv_len);
+    add_attention_counts(shape, sizeof(T), static_cast<std::uint64_t>(q_len) * kv,
+                         kv * static_cast<std::uint64_t>(shape.group_size()), *counters);
   }
 }
 
+}  // namespace detail
+
+/// Causal attention over a whole sequence, materialising the score matrix of every head: it
+/// computes what `reference_attention` computes, with matrix products.
+///
+/// Queries are aligned to the end of the keys: query row `i` is the token at position
+/// `kv_len - q_len + i` and sees keys `[0, kv_len - q_len + i]`. With `q_len == kv_len` this is
+/// ordinary causal self-attention; with `q_len == 1` it is one decode step.
+///
+/// For every query head `h` (reading K/V head `h / group_size`):
+///  1. `S = scale * Q_h K_h^T`, all `[q_len, kv_len]` entries, masked ones included;
+///  2. each row's masked tail is dropped and the visible part softmaxed;
+///  3. `O_h = P V_h`.
+///
+/// Counts `q_len * kv_len` dot products per query head (all of them, since all are computed).
+/// `q`, `k` and `v` may be any Eigen expressions of one scalar type: a `RowMatrix`, its rows
+/// and row blocks are read in place, other layouts (column-major) are copied once.
+///
+/// \param shape     the head layout
+/// \param q         queries, [q_len, num_heads * head_dim], q_len >= 1
+/// \param k         keys,    [kv_len, num_kv_heads * head_dim], kv_len >= q_len
+/// \param v         values,  [kv_len, num_kv_heads * head_dim]
+/// \param out       output,  [q_len, num_heads * head_dim] (resized); must not share memory
+///                  with q, k or v
+/// \param counters  if not null, receives the work done
+/// \throws InvalidArgument for any shape that does not fit the above (out is then unchanged).
+template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
+void naive_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
+                     const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
+                     RowMatrix<T>& out, CostCounters* counters = nullptr) {
+  detail::require_scalar<Q, T>();
+  detail::require_scalar<K, T>();
+  detail::require_scalar<V, T>();
+  detail::naive_attention<T>(shape, q, k, v, out, counters);
+}
+
 /// Returning form of `naive_attention`: `[q_len, num_heads * head_dim]`.
-template <typename T>
-RowMatrix<T> naive_attention(const AttentionShape& shape, const RowMatrix<T>& q,
-                             const RowMatrix<T>& k, const RowMatrix<T>& v,
+template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
+RowMatrix<T> naive_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
+                             const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
                              CostCounters* counters = nullptr) {
   RowMatrix<T> out;
   naive_attention(shape, q, k, v, out, counters);

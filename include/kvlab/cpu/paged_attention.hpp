@@ -18,59 +18,68 @@
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
+#include "kvlab/core/split_k.hpp"
 #include "kvlab/cpu/attention_tile.hpp"
 #include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/decode_attention.hpp"
 #include "kvlab/cpu/parallel.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
-namespace kvlab {
-namespace detail {
+namespace kvlab::cpu {
 
-/// Checks a paged view against `shape` and every invariant of its block tables (a raw view may
-/// come from anywhere): non-null arrays, `indptr` increasing from 0, every index a block of the
-/// pool, `1 <= last_page_len <= block_size`. O(number of pages).
+/// How the paged kernels divide a batch between threads, for given inputs and a thread count:
+/// what `plan_paged_attention` returns and `paged_prefill_attention` and
+/// `paged_decode_attention` follow.
+struct PagedAttentionPlan {
+  /// Enough K/V (at least `kDecodeParallelMinElements` elements per tensor) to start threads.
+  bool parallel = false;
+  /// Threads the kernel uses: the thread count asked for when `parallel`, else 1.
+  int threads = 1;
+  /// True for split-K: an NHD decode (at most one query per sequence) of fewer sequences than
+  /// threads cuts each sequence's context into `parts` partitions of whole blocks, one work
+  /// item each, and merges their partial results (`merge_softmax_states`).
+  bool split_k = false;
+  /// Partitions per sequence under split-K (1 otherwise).
+  int parts = 1;
+  /// Otherwise, work items per sequence, each a range of K/V heads: every head of an HND pool
+  /// (`num_kv_heads`); one item per sequence for an NHD pool (whole token rows), or up to
+  /// `ceil(threads / batch)` head ranges when there are fewer sequences than threads.
+  int head_chunks = 1;
+};
+
+/// The split of one call of the paged kernels over `threads` threads (with OpenMP, the kernels
+/// ask for `omp_get_max_threads()`): see `PagedAttentionPlan`. The split changes which thread
+/// computes what, never a query's arithmetic — except split-K, whose merge changes the rounding.
+/// \param shape      the head layout
+/// \param cache      the pool and the batch's block tables
+/// \param qo_indptr  [cache.batch + 1]: the query rows of each sequence (as the kernels take)
+/// \param threads    the threads available
 template <typename T>
-void check_paged_view(const char* where, const AttentionShape& shape, const PagedKVView<T>& cache) {
-  detail::require_equal(where, "cache.num_kv_heads", cache.num_kv_heads, shape.num_kv_heads(),
-                        "shape.num_kv_heads()");
-  detail::require_equal(where, "cache.head_dim", cache.head_dim, shape.head_dim(),
-                        "shape.head_dim()");
-  detail::require_at_least(where, "cache.batch", cache.batch, 1);
-  detail::require_at_least(where, "cache.block_size", cache.block_size, 1);
-  detail::require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
-  if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr ||
-      cache.indices == nullptr || cache.last_page_len == nullptr) {
-    detail::fail(where, "cache.k / v / indptr / indices / last_page_len", "non-null pointers",
-                 "a null pointer");
-  }
-  detail::require_equal(where, "cache.indptr[0]", cache.indptr[0], 0);
+PagedAttentionPlan plan_paged_attention(const AttentionShape& shape, const PagedKVView<T>& cache,
+                                        const std::int32_t* qo_indptr, int threads) {
+  PagedAttentionPlan plan;
+  const int kv_heads = shape.num_kv_heads();
+  long long elements = 0;  // K/V elements per tensor in the batch
+  bool decode = true;      // at most one query per sequence
   for (int s = 0; s < cache.batch; ++s) {
-    const std::string seq = "[" + std::to_string(s) + "]";
-    if (cache.indptr[s + 1] <= cache.indptr[s]) {
-      detail::fail(where, "cache.indptr[" + std::to_string(s + 1) + "]",
-                   "> cache.indptr" + seq + " (" + std::to_string(cache.indptr[s]) + ")",
-                   cache.indptr[s + 1]);
-    }
-    if (static_cast<std::int64_t>(cache.indptr[s + 1] - cache.indptr[s]) * cache.block_size >
-        INT32_MAX) {
-      detail::fail(where, "cache.indptr[" + std::to_string(s + 1) + "]",
-                   "a sequence of at most " + std::to_string(INT32_MAX) + " tokens",
-                   std::to_string(cache.indptr[s + 1] - cache.indptr[s]) + " blocks");
-    }
-    if (cache.last_page_len[s] < 1 || cache.last_page_len[s] > cache.block_size) {
-      detail::fail(where, "cache.last_page_len" + seq,
-                   "in [1, block_size (" + std::to_string(cache.block_size) + ")]",
-                   cache.last_page_len[s]);
-    }
+    elements += 1LL * cache.seq_len(s) * kv_heads * shape.head_dim();
+    decode = decode && qo_indptr[s + 1] - qo_indptr[s] <= 1;
   }
-  for (std::int32_t i = 0; i < cache.indptr[cache.batch]; ++i) {
-    if (cache.indices[i] < 0 || cache.indices[i] >= cache.num_blocks) {
-      detail::fail(where, "cache.indices[" + std::to_string(i) + "]",
-                   "in [0, " + std::to_string(cache.num_blocks) + ")", cache.indices[i]);
-    }
+  plan.parallel = elements >= kDecodeParallelMinElements;
+  plan.threads = plan.parallel && threads > 1 ? threads : 1;
+  const int per_sequence = (plan.threads + cache.batch - 1) / cache.batch;  // threads per sequence
+  if (cache.layout == KVLayout::NHD && decode && plan.threads > cache.batch) {
+    plan.split_k = true;
+    plan.parts = per_sequence;
+  } else if (cache.layout == KVLayout::HND) {
+    plan.head_chunks = kv_heads;
+  } else if (plan.threads > cache.batch) {
+    plan.head_chunks = std::min(kv_heads, per_sequence);
   }
+  return plan;
 }
+
+namespace detail {
 
 /// Split-K decode: one query per sequence, each sequence's blocks cut into up to `parts`
 /// partitions of whole blocks (`partition_size`), every (sequence, partition) a work item that
@@ -79,7 +88,7 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
 /// there are fewer sequences than threads: splitting the context keeps each thread on whole
 /// token rows, where splitting the heads would give each thread a strided half of every row.
 template <typename T>
-void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q,
+void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
                           const std::int32_t* qo_indptr, const PagedKVView<T>& cache, int parts,
                           RowMatrix<T>& out) {
   const int hd = shape.head_dim();
@@ -97,17 +106,23 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q,
       partitions.push_back({s, begin, std::min(len, begin + size)});
   }
   const int items = static_cast<int>(partitions.size());
-  std::vector<SoftmaxState<T>> state(static_cast<std::size_t>(items) * heads);  // [items * heads]
-  // [items * heads, head_dim]
-  RowMatrix<T> acc(static_cast<Eigen::Index>(items) * heads, hd);
+  // Partial result (item, query head h) lives at slot item * heads + h of `state` and `acc`.
+  const auto slot = [heads](int item, int h) { return static_cast<std::size_t>(item * heads + h); };
+  std::vector<SoftmaxState<T>> state(slot(items, 0));  // [items * heads]
+  RowMatrix<T> acc(items * heads, hd);                 // [items * heads, head_dim]
   parallel_for(items, true, [&](int item) {
     const Partition& p = partitions[static_cast<std::size_t>(item)];
     TileScratch<T> scratch;
-    attend_partial(shape, q, qo_indptr[p.seq], 1, cache.seq_len(p.seq) - 1, 0, shape.num_kv_heads(),
-                   PagedRows<T>{cache, p.seq, 0}, p.begin, p.end, scratch);
+    AttentionTile tile;  // the sequence's one query, every K/V head, keys [begin, end)
+    tile.row0 = qo_indptr[p.seq];
+    tile.first_position = cache.seq_len(p.seq) - 1;
+    tile.heads = shape.num_kv_heads();
+    tile.key_begin = p.begin;
+    tile.key_end = p.end;
+    attend_partial(shape, q, tile, PagedRows<T>{cache, p.seq, 0}, scratch);
     std::copy(scratch.state.begin(), scratch.state.end(),
-              state.begin() + static_cast<std::ptrdiff_t>(item) * heads);
-    acc.middleRows(static_cast<Eigen::Index>(item) * heads, heads) = scratch.acc;
+              state.begin() + static_cast<std::ptrdiff_t>(slot(item, 0)));
+    acc.middleRows(item * heads, heads) = scratch.acc;
   });
   // Merge each sequence's partitions into its first, in order, and normalise.
   for (int first = 0; first < items;) {
@@ -115,68 +130,58 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrix<T>& q,
     int next = first + 1;
     for (; next < items && partitions[static_cast<std::size_t>(next)].seq == s; ++next)
       for (int h = 0; h < heads; ++h) {
-        const auto a = static_cast<std::size_t>(first) * heads + h;
-        const auto b = static_cast<std::size_t>(next) * heads + h;
-        merge_softmax_states(state[a], &acc(static_cast<Eigen::Index>(a), 0), state[b],
-                             &acc(static_cast<Eigen::Index>(b), 0), hd);
+        merge_softmax_states(state[slot(first, h)], &acc(first * heads + h, 0),
+                             state[slot(next, h)], &acc(next * heads + h, 0), hd);
       }
     for (int h = 0; h < heads; ++h) {
-      const auto a = static_cast<std::size_t>(first) * heads + h;
-      out.block(qo_indptr[s], h * hd, 1, hd) = acc.row(static_cast<Eigen::Index>(a)) / state[a].sum;
+      out.block(qo_indptr[s], h * hd, 1, hd) =
+          acc.row(first * heads + h) / state[slot(first, h)].sum;
     }
     first = next;
   }
 }
 
-/// The kernel of `paged_prefill_attention` and `paged_decode_attention`, arguments checked.
+/// The kernel of `paged_prefill_attention` and `paged_decode_attention`, arguments checked:
+/// the work split by `plan_paged_attention`.
+///  - HND: (sequence, K/V head) items; a head's rows of a block are adjacent — the contiguous
+///    kernel's access pattern, block by block.
+///  - NHD: a token's heads are adjacent, so one item reads whole token rows of a sequence; with
+///    fewer sequences than threads, decode splits each sequence's context (split-K) and
+///    prefill splits its heads.
 template <typename T>
-void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
                      const std::int32_t* qo_indptr, const PagedKVView<T>& cache, RowMatrix<T>& out,
                      CostCounters* counters) {
   out.resize(q.rows(), shape.q_width());
-  const int kv_heads = shape.num_kv_heads();
-  long long elements = 0;  // K/V elements per tensor in the batch
-  bool decode = true;      // at most one query per sequence
-  for (int s = 0; s < cache.batch; ++s) {
-    elements += 1LL * cache.seq_len(s) * kv_heads * shape.head_dim();
-    decode = decode && qo_indptr[s + 1] - qo_indptr[s] <= 1;
-  }
-  const bool parallel = elements >= cpu::kDecodeParallelMinElements;
   int threads = 1;
 #if defined(_OPENMP)
-  if (parallel) threads = omp_get_max_threads();
+  threads = omp_get_max_threads();
 #endif
-  // Work items. The result does not depend on the split by heads: each query's arithmetic is
-  // the same; the split-K path (NHD decode of fewer sequences than threads) merges partial
-  // results, which changes the rounding only.
-  //  - HND: (sequence, K/V head); a head's rows of a block are adjacent — the contiguous
-  //    kernel's access pattern, block by block.
-  //  - NHD: a token's heads are adjacent, so one item reads whole token rows of a sequence;
-  //    with fewer sequences than threads, decode splits each sequence's context (split-K)
-  //    and prefill splits its heads.
-  if (cache.layout == KVLayout::NHD && decode && threads > cache.batch) {
-    paged_decode_split_k(shape, q, qo_indptr, cache, (threads + cache.batch - 1) / cache.batch,
-                         out);
+  const PagedAttentionPlan plan = plan_paged_attention(shape, cache, qo_indptr, threads);
+  if (plan.split_k) {
+    paged_decode_split_k(shape, q, qo_indptr, cache, plan.parts, out);
   } else {
-    int chunks = cache.layout == KVLayout::HND ? kv_heads : 1;
-    if (cache.layout == KVLayout::NHD && threads > cache.batch)
-      chunks = std::min(kv_heads, (threads + cache.batch - 1) / cache.batch);
-    parallel_for(cache.batch * chunks, parallel, [&](int item) {
+    const int kv_heads = shape.num_kv_heads();
+    const int chunks = plan.head_chunks;
+    parallel_for(cache.batch * chunks, plan.parallel, [&](int item) {
       const int s = item / chunks;
       const int chunk = item % chunks;
       const int hk0 = chunk * kv_heads / chunks;  // this item's K/V heads: [hk0, hk1)
       const int hk1 = (chunk + 1) * kv_heads / chunks;
-      // the sequence's queries: rows [row_begin, row_end) of q
-      const int row_begin = qo_indptr[s];
+      const int row_begin = qo_indptr[s];  // the sequence's queries: rows [row_begin, row_end)
       const int q_len = qo_indptr[s + 1] - row_begin;
       const int first_position = cache.seq_len(s) - q_len;  // position of its first query
       // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_stride
       const PagedRows<T> rows_from{cache, s, hk0};
       TileScratch<T> scratch;
-      for (int r0 = 0; r0 < q_len; r0 += cpu::kDecodeQueryTile) {
-        const int rows = std::min(cpu::kDecodeQueryTile, q_len - r0);
-        attend_tile(shape, q, row_begin + r0, rows, first_position + r0, hk0, hk1 - hk0, rows_from,
-                    scratch, out);
+      for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
+        AttentionTile tile;
+        tile.row0 = row_begin + r0;
+        tile.rows = std::min(kDecodeQueryTile, q_len - r0);
+        tile.first_position = first_position + r0;
+        tile.hk0 = hk0;
+        tile.heads = hk1 - hk0;
+        attend_tile(shape, q, tile, rows_from, scratch, out);
       }
     });
   }
@@ -184,14 +189,14 @@ void paged_attention(const AttentionShape& shape, const RowMatrix<T>& q,
   if (counters != nullptr) {
     for (int s = 0; s < cache.batch; ++s) {
       const int q_len = qo_indptr[s + 1] - qo_indptr[s];
-      if (q_len > 0) count_attention(shape, sizeof(T), q_len, cache.seq_len(s) - q_len, *counters);
+      if (q_len > 0) {
+        count_tiled_attention(shape, sizeof(T), q_len, cache.seq_len(s) - q_len, *counters);
+      }
     }
   }
 }
 
 }  // namespace detail
-
-namespace cpu {
 
 /// Decode attention of a ragged batch: one new query per sequence attends to that sequence's
 /// keys and values, read from a block pool through its block table.
@@ -207,37 +212,44 @@ namespace cpu {
 /// K/V heads of an HND pool. An NHD batch with fewer sequences than threads is split along the
 /// context instead (split-K, as flash-decoding does): each thread takes whole blocks of a
 /// sequence, and the partial results merge by the log-sum-exp rule (`merge_softmax_states`),
-/// which changes the rounding, not the result.
+/// which changes the rounding, not the result (`plan_paged_attention` says which split a call
+/// takes). It computes what `reference_attention` computes for each sequence.
 ///
 /// \param shape     the head layout; `cache` must have its num_kv_heads and head_dim
-/// \param q         queries, [batch, num_heads * head_dim]: row s for sequence s
+/// \param q         queries, [batch, num_heads * head_dim]: row s for sequence s (any Eigen
+///                  expression of scalar T; row-major rows and blocks are read in place)
 /// \param cache     one layer's pool, [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or
 ///                  [num_blocks, num_kv_heads, block_size, head_dim] (HND), K and V, and the
 ///                  batch's block tables (see `PagedKVView`)
-/// \param out       output, [batch, num_heads * head_dim] (resized); must not be q
+/// \param out       output, [batch, num_heads * head_dim] (resized); must not share memory with q
 /// \param counters  if not null, receives the work done (the same counts as `decode_attention`
 ///                  would give for each sequence on its own)
 /// \throws InvalidArgument for any shape or view that does not fit the above, or block tables
 ///         that break their invariants (out and counters are then unchanged).
-template <typename T>
-void paged_decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+template <typename Q, typename T>
+void paged_decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                             const PagedKVView<T>& cache, RowMatrix<T>& out,
                             CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cpu::paged_decode_attention";
-  detail::check_queries(kWhere, shape, q);
-  detail::check_paged_view(kWhere, shape, cache);
-  detail::require_equal(kWhere, "q.rows()", static_cast<long>(q.rows()),
-                        static_cast<long>(cache.batch), "cache.batch (one query per sequence)");
-  if (&out == &q) detail::fail(kWhere, "out", "a matrix other than q", "q");
+  detail::require_scalar<Q, T>();
+  const detail::RowMatrixRef<T> queries(q);
+  detail::check_queries(kWhere, shape, queries);
+  kvlab::detail::check_paged_view(kWhere, shape, cache);
+  kvlab::detail::require_equal(kWhere, "q.rows()", static_cast<long>(q.rows()),
+                               static_cast<long>(cache.batch),
+                               "cache.batch (one query per sequence)");
+  if (detail::shares_memory(out, queries)) {
+    kvlab::detail::fail(kWhere, "out", "a matrix other than q", "q");
+  }
   // [batch + 1]: 0, 1, ..., batch
   std::vector<std::int32_t> qo_indptr(static_cast<std::size_t>(cache.batch) + 1);
   for (int s = 0; s <= cache.batch; ++s) qo_indptr[static_cast<std::size_t>(s)] = s;
-  detail::paged_attention(shape, q, qo_indptr.data(), cache, out, counters);
+  detail::paged_attention(shape, queries, qo_indptr.data(), cache, out, counters);
 }
 
 /// Returning form of `paged_decode_attention`: `[batch, num_heads * head_dim]`.
-template <typename T>
-RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+template <typename Q, typename T>
+RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                                     const PagedKVView<T>& cache, CostCounters* counters = nullptr) {
   RowMatrix<T> out;
   paged_decode_attention(shape, q, cache, out, counters);
@@ -258,44 +270,37 @@ RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const RowMatrix
 ///
 /// \param shape      the head layout; `cache` must have its num_kv_heads and head_dim
 /// \param q          queries, [qo_indptr[batch], num_heads * head_dim], sequence by sequence
+///                   (any Eigen expression of scalar T)
 /// \param qo_indptr  [batch + 1]: 0 = qo_indptr[0] <= qo_indptr[1] <= ... = q.rows(), and
 ///                   qo_indptr[s + 1] - qo_indptr[s] <= the length of sequence s
 /// \param cache      one layer's pool and the batch's block tables (see `PagedKVView`)
-/// \param out        output, [q.rows(), num_heads * head_dim] (resized); must not be q
+/// \param out        output, [q.rows(), num_heads * head_dim] (resized); must not share memory
+///                   with q
 /// \param counters   if not null, receives the work done
 /// \throws InvalidArgument for any argument that does not fit the above (out and counters are
 ///         then unchanged).
-template <typename T>
-void paged_prefill_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+template <typename Q, typename T>
+void paged_prefill_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                              const std::vector<std::int32_t>& qo_indptr,
                              const PagedKVView<T>& cache, RowMatrix<T>& out,
                              CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cpu::paged_prefill_attention";
-  detail::check_queries(kWhere, shape, q);
-  detail::check_paged_view(kWhere, shape, cache);
-  detail::require_equal(kWhere, "qo_indptr.size()", qo_indptr.size(),
-                        static_cast<std::size_t>(cache.batch) + 1, "cache.batch + 1");
-  detail::require_equal(kWhere, "qo_indptr[0]", qo_indptr[0], 0);
-  for (int s = 0; s < cache.batch; ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    const std::int64_t q_len = static_cast<std::int64_t>(qo_indptr[i + 1]) - qo_indptr[i];
-    if (q_len < 0 || q_len > cache.seq_len(s)) {
-      detail::fail(kWhere, "qo_indptr[" + std::to_string(s + 1) + "]",
-                   "in [qo_indptr[" + std::to_string(s) + "] (" + std::to_string(qo_indptr[i]) +
-                       "), that + the sequence's length (" + std::to_string(cache.seq_len(s)) +
-                       ")]",
-                   qo_indptr[i + 1]);
-    }
+  detail::require_scalar<Q, T>();
+  const detail::RowMatrixRef<T> queries(q);
+  detail::check_queries(kWhere, shape, queries);
+  kvlab::detail::check_paged_view(kWhere, shape, cache);
+  kvlab::detail::check_qo_indptr(kWhere, qo_indptr, cache);
+  kvlab::detail::require_equal(kWhere, "qo_indptr[batch]", static_cast<long>(qo_indptr.back()),
+                               static_cast<long>(q.rows()), "q.rows()");
+  if (detail::shares_memory(out, queries)) {
+    kvlab::detail::fail(kWhere, "out", "a matrix other than q", "q");
   }
-  detail::require_equal(kWhere, "qo_indptr[batch]", static_cast<long>(qo_indptr.back()),
-                        static_cast<long>(q.rows()), "q.rows()");
-  if (&out == &q) detail::fail(kWhere, "out", "a matrix other than q", "q");
-  detail::paged_attention(shape, q, qo_indptr.data(), cache, out, counters);
+  detail::paged_attention(shape, queries, qo_indptr.data(), cache, out, counters);
 }
 
 /// Returning form of `paged_prefill_attention`: `[q.rows(), num_heads * head_dim]`.
-template <typename T>
-RowMatrix<T> paged_prefill_attention(const AttentionShape& shape, const RowMatrix<T>& q,
+template <typename Q, typename T>
+RowMatrix<T> paged_prefill_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                                      const std::vector<std::int32_t>& qo_indptr,
                                      const PagedKVView<T>& cache,
                                      CostCounters* counters = nullptr) {
@@ -304,5 +309,4 @@ RowMatrix<T> paged_prefill_attention(const AttentionShape& shape, const RowMatri
   return out;
 }
 
-}  // namespace cpu
-}  // namespace kvlab
+}  // namespace kvlab::cpu

@@ -1,11 +1,11 @@
 /// \file
-/// \brief `detail::parallel_for`: the work-item loop of the CPU attention kernels, on OpenMP
+/// \brief `cpu::detail::parallel_for`: the work-item loop of the CPU kernels, on OpenMP
 /// threads when enabled, with any exception carried out of the parallel region (internal).
 #pragma once
 
 #include <exception>
 
-namespace kvlab::detail {
+namespace kvlab::cpu::detail {
 
 /// Runs `body(item)` for every item in [0, items), in parallel (dynamic schedule, one item at a
 /// time) when `parallel` is true and OpenMP is enabled. No exception may leave an OpenMP loop,
@@ -30,4 +30,4 @@ void parallel_for(int items, bool parallel, F&& body) {
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace kvlab::detail
+}  // namespace kvlab::cpu::detail

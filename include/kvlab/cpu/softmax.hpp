@@ -18,7 +18,7 @@ namespace kvlab::cpu {
 /// \throws InvalidArgument if `n < 1`.
 template <typename T>
 void softmax_inplace(T* row, Eigen::Index n) {
-  detail::require_at_least("kvlab::cpu::softmax_inplace", "n", n, Eigen::Index{1});
+  kvlab::detail::require_at_least("kvlab::cpu::softmax_inplace", "n", n, Eigen::Index{1});
   Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(row, n);  // [n]
   const T max = x.maxCoeff();
   x = (x - max).exp();

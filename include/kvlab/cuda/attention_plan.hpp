@@ -16,6 +16,7 @@
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
+#include "kvlab/core/split_k.hpp"
 #include "kvlab/core/views.hpp"
 
 namespace kvlab::cuda {
@@ -258,13 +259,9 @@ inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const At
 /// heads these are the counts of `cpu::decode_attention` and `cpu::paged_decode_attention`.
 inline void count_attention(const AttentionShape& shape, std::size_t element_bytes,
                             std::uint64_t keys, CostCounters& counters) {
-  const std::uint64_t dots = static_cast<std::uint64_t>(shape.num_heads()) * keys;
-  counters.qk_dots += dots;
-  counters.macs += 2 * dots * static_cast<std::uint64_t>(shape.head_dim());
-  counters.kv_bytes_read += 2 * element_bytes * keys *
-                            static_cast<std::uint64_t>(shape.num_kv_heads()) *
-                            static_cast<std::uint64_t>(group_tiles(shape.group_size())) *
-                            static_cast<std::uint64_t>(shape.head_dim());
+  add_attention_counts(shape, element_bytes, keys,
+                       keys * static_cast<std::uint64_t>(group_tiles(shape.group_size())),
+                       counters);
 }
 
 }  // namespace kvlab::cuda

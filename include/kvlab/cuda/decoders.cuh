@@ -4,8 +4,9 @@
 /// weights, activations and caches in device memory (projections by `linear`, attention by the
 /// kernels of this folder), behind the same `Decoder<float>` interface and with the same cost
 /// counters, so the naive-vs-cached gap can be measured on a GPU. Checked step by step against
-/// the CPU decoders in tests/cuda. Includes Eigen (host side only: the `Decoder` interface takes
-/// and returns host matrices).
+/// the CPU decoders in tests/cuda. The three share one step (`detail::device_step`, the GPU twin
+/// of the CPU's `attention_step`) and differ only in how they keep K and V. Includes Eigen (host
+/// side only: the `Decoder` interface takes and returns host matrices).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,13 +21,14 @@
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/paged_view.hpp"
-#include "kvlab/cpu/types.hpp"
 #include "kvlab/cuda/attention_plan.hpp"
+#include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/decode_attention.cuh"
 #include "kvlab/cuda/device_memory.cuh"
-#include "kvlab/cuda/kv_cache.cuh"
 #include "kvlab/cuda/matmul.cuh"
 #include "kvlab/cuda/naive_attention.cuh"
+#include "kvlab/cuda/paged_kv_cache.cuh"
+#include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_layer.hpp"
 #include "kvlab/model/decoder.hpp"
 
@@ -93,19 +95,6 @@ class DeviceAttentionStack {
 
 namespace detail {
 
-/// Adds the counts of the projections, as `AttentionLayer` counts them: `q_rows` query rows,
-/// `kv_rows` key/value rows and `out_rows` output rows of one layer.
-inline void count_projections(const AttentionShape& shape, int d_model, std::uint64_t q_rows,
-                              std::uint64_t kv_rows, std::uint64_t out_rows,
-                              CostCounters& counters) {
-  const auto d = static_cast<std::uint64_t>(d_model);
-  counters.q_projections += q_rows * static_cast<std::uint64_t>(shape.num_heads());
-  counters.kv_projections += kv_rows * static_cast<std::uint64_t>(shape.num_kv_heads());
-  counters.macs += q_rows * d * static_cast<std::uint64_t>(shape.q_width()) +
-                   2 * kv_rows * d * static_cast<std::uint64_t>(shape.kv_width()) +
-                   out_rows * d * static_cast<std::uint64_t>(shape.q_width());
-}
-
 /// A device copy of the host tokens `x` ([p, d_model]).
 inline DeviceBuffer<float> upload_rows(const RowMatrix<float>& x) {
   return DeviceBuffer<float>(x.data(), static_cast<std::size_t>(x.size()));
@@ -122,46 +111,78 @@ inline RowMatrix<float> download_rows(const float* data, int rows, int cols) {
   return out;
 }
 
-/// One step of a decoder with a cache, on the device, for the p new tokens `x` ([p, d_model]):
-/// per layer, q, k, v of the new tokens only (counted), then `attend(l, k, v, q, attn)` keeps k
-/// and v in the cache and writes the new queries' attention to `attn` (each [p, width] device
-/// matrices), then the output projection is added to the residual. Returns the top layer's
-/// output rows, [p, d_model], on the host. Shared by `CachedDecoder` and `PagedDecoder`, which
-/// differ only in `attend`.
-template <typename Attend>
-RowMatrix<float> cached_forward(const DeviceAttentionStack& w, const RowMatrix<float>& x,
-                                CostCounters& counters, Attend&& attend) {
+/// How a GPU decoder keeps the keys and values of a step's rows and attends over them: the part
+/// in which `NaiveDecoder`, `CachedDecoder` and `PagedDecoder` differ (the device side of
+/// `RecomputeStore`, `ContiguousStore` and `PagedStore`).
+class DeviceKeeper {
+ public:
+  virtual ~DeviceKeeper() = default;
+  /// Keeps (or holds for this layer) the keys and values of every row of the step of `layer`.
+  /// \param k  [step rows, num_kv_heads * head_dim], device memory
+  /// \param v  the same shape
+  virtual void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) = 0;
+  /// Attention of `q` — the sequence's last `q.rows` tokens — over its keys, into `attn`.
+  /// \param q     [q rows, num_heads * head_dim], device memory
+  /// \param attn  the same shape
+  virtual void attend(int layer, DeviceMatrix<float> q, DeviceMatrix<float> attn,
+                      CostCounters& counters) = 0;
+};
+
+/// One step of a decoder on the device — the GPU twin of `attention_step` inside `run_stack`,
+/// written once for the three GPU decoders. `h` holds the layer-0 input of every row the step
+/// computes ([rows, d_model]: the new tokens for a decoder with a cache, the whole sequence for
+/// the naive one), the last `new_rows` of them new. Per layer:
+///  1. k, v = h Wkᵀ, h Wvᵀ for every row, kept by `keeper`;
+///  2. q = h Wqᵀ for the rows whose outputs carry on (all of them below the top layer, the new
+///     tokens at the top);
+///  3. `keeper.attend`: those queries attend to the sequence's keys;
+///  4. h = those rows + attention · Woᵀ (the residual).
+/// Projections are counted here (`add_projection_counts`), attention by the keeper. Returns
+/// the top layer's output rows, [new_rows, d_model], on the host.
+inline RowMatrix<float> device_step(const DeviceAttentionStack& w, DeviceBuffer<float> h, int rows,
+                                    int new_rows, DeviceKeeper& keeper, CostCounters& counters) {
   const AttentionShape& shape = w.shape();
   const int d_model = w.d_model();
-  const int p = static_cast<int>(x.rows());
-  const auto n = static_cast<std::uint64_t>(p);
-  DeviceBuffer<float> h = upload_rows(x);  // [p, d_model]
-  // [p, num_kv_heads * head_dim]
-  DeviceBuffer<float> k(static_cast<std::size_t>(p) * shape.kv_width());
+  DeviceBuffer<float> k(static_cast<std::size_t>(rows) * shape.kv_width());  // [rows, kv_width]
   DeviceBuffer<float> v(k.size());
-  // [p, num_heads * head_dim]
-  DeviceBuffer<float> q(static_cast<std::size_t>(p) * shape.q_width());
+  DeviceBuffer<float> q(static_cast<std::size_t>(rows) * shape.q_width());  // [q rows, q_width]
   DeviceBuffer<float> attn(q.size());
   for (int l = 0; l < w.num_layers(); ++l) {
-    const DeviceMatrix<const float> h_in = h.matrix(p, d_model);
-    // 1. q, k, v of the new tokens only.
-    linear(h_in, w.wk(l), k.matrix(p, shape.kv_width()));
-    linear(h_in, w.wv(l), v.matrix(p, shape.kv_width()));
-    linear(h_in, w.wq(l), q.matrix(p, shape.q_width()));
-    count_projections(shape, d_model, n, n, n, counters);
-    // 2. and 3. Keep k and v; the new queries attend to every token, themselves included.
-    attend(l, k.matrix(p, shape.kv_width()), v.matrix(p, shape.kv_width()),
-           q.matrix(p, shape.q_width()), attn.matrix(p, shape.q_width()));
-    linear(attn.matrix(p, shape.q_width()), w.wo(l), h.matrix(p, d_model), /*accumulate=*/true);
+    const bool top = l + 1 == w.num_layers();
+    const int q_rows = top ? new_rows : rows;  // rows whose outputs carry on: the last q_rows
+    const DeviceMatrix<const float> h_all(h.data(), rows, d_model);  // [rows, d_model]
+    const DeviceMatrix<const float> h_out(
+        h.data() + static_cast<std::size_t>(rows - q_rows) * d_model, q_rows,
+        d_model);  // [q_rows, d_model]
+    // 1. K and V of every row, kept.
+    linear(h_all, w.wk(l), k.matrix(rows, shape.kv_width()));
+    linear(h_all, w.wv(l), v.matrix(rows, shape.kv_width()));
+    keeper.keep(l, k.matrix(rows, shape.kv_width()), v.matrix(rows, shape.kv_width()));
+    // 2. and 3. Queries of the rows that carry on, attending.
+    linear(h_out, w.wq(l), q.matrix(q_rows, shape.q_width()));
+    add_projection_counts(shape, d_model, static_cast<std::uint64_t>(q_rows),
+                          static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(q_rows),
+                          counters);
+    keeper.attend(l, q.matrix(q_rows, shape.q_width()), attn.matrix(q_rows, shape.q_width()),
+                  counters);
+    // 4. The residual, on the rows that carry on.
+    if (q_rows != rows) {
+      DeviceBuffer<float> next(static_cast<std::size_t>(q_rows) * d_model);  // [q_rows, d_model]
+      KVLAB_CUDA_CHECK(cudaMemcpy(next.data(), h_out.data, next.bytes(), cudaMemcpyDeviceToDevice));
+      h = std::move(next);
+      rows = q_rows;
+    }
+    linear(attn.matrix(rows, shape.q_width()), w.wo(l), h.matrix(rows, d_model),
+           /*accumulate=*/true);
   }
-  return download_rows(h.data(), p, d_model);  // [p, d_model]
+  return download_rows(h.data(), rows, d_model);  // [new_rows, d_model]
 }
 
 }  // namespace detail
 
-/// `NaiveDecoder` on the GPU (`T` = float): keeps only its inputs (in device memory) and recomputes
-/// K and V of the whole prefix at every step, with `cuda::naive_attention` (the score matrix
-/// materialised). The same steps and the same counts as `kvlab::NaiveDecoder`.
+/// `NaiveDecoder` on the GPU (`T` = float): keeps only its inputs (in device memory) and
+/// recomputes K and V of the whole prefix at every step, with `cuda::naive_attention` (the
+/// score matrix materialised). The same steps and the same counts as `kvlab::NaiveDecoder`.
 template <typename T>
 class NaiveDecoder : public Decoder<T> {
   static_assert(std::is_same<T, float>::value, "the GPU decoders run float models");
@@ -174,63 +195,47 @@ class NaiveDecoder : public Decoder<T> {
         weights_(std::make_shared<const DeviceAttentionStack>(this->stack())) {}
 
  protected:
-  /// One step: see `kvlab::NaiveDecoder` (the same three steps per layer, on the device).
+  /// One step: `detail::device_step` over every token so far, K and V held for one layer.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
-    const DeviceAttentionStack& w = *weights_;
-    const AttentionShape& shape = w.shape();
-    const int d_model = w.d_model();
+    const int d_model = weights_->d_model();
     const int p = static_cast<int>(x.rows());
     const int t = this->position() + p;  // tokens after this step
     reserve(t);
     KVLAB_CUDA_CHECK(
         cudaMemcpy(inputs_.data() + static_cast<std::size_t>(this->position()) * d_model, x.data(),
                    static_cast<std::size_t>(x.size()) * sizeof(float), cudaMemcpyHostToDevice));
-    // [rows, d_model]: the current layer's input
-    DeviceBuffer<float> h(static_cast<std::size_t>(t) * d_model);
+    DeviceBuffer<float> h(static_cast<std::size_t>(t) * d_model);  // [t, d_model]: every input
     KVLAB_CUDA_CHECK(cudaMemcpy(h.data(), inputs_.data(), h.bytes(), cudaMemcpyDeviceToDevice));
-    // [t, num_kv_heads * head_dim]
-    DeviceBuffer<float> k(static_cast<std::size_t>(t) * shape.kv_width());
-    DeviceBuffer<float> v(k.size());
-    // [rows, num_heads * head_dim]
-    DeviceBuffer<float> q(static_cast<std::size_t>(t) * shape.q_width());
-    DeviceBuffer<float> attn(q.size());
-    int h_rows = t;
-    LaunchOptions options;
-    options.workspace = &workspace_;
-    for (int l = 0; l < w.num_layers(); ++l) {
-      const bool top = l + 1 == w.num_layers();
-      const int rows = top ? p : t;  // positions whose output is needed
-      const DeviceMatrix<const float> h_all(h.data(), h_rows, d_model);  // [t, d_model]
-      const DeviceMatrix<const float> h_out(
-          h.data() + static_cast<std::size_t>(h_rows - rows) * d_model, rows,
-          d_model);  // [rows, d_model]: the last rows
-      // 1. K and V of the whole prefix, again.
-      linear(h_all, w.wk(l), k.matrix(t, shape.kv_width()));
-      linear(h_all, w.wv(l), v.matrix(t, shape.kv_width()));
-      // 2. Queries of the positions that need an output.
-      linear(h_out, w.wq(l), q.matrix(rows, shape.q_width()));
-      detail::count_projections(shape, d_model, static_cast<std::uint64_t>(rows),
-                                static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(rows),
-                                counters);
-      // 3. Attention over the whole prefix (scores materialised), then the output projection
-      //    added to the residual.
-      naive_attention<float>(shape, q.matrix(rows, shape.q_width()), k.matrix(t, shape.kv_width()),
-                             v.matrix(t, shape.kv_width()), attn.matrix(rows, shape.q_width()),
-                             &counters, options);
-      DeviceBuffer<float> next(static_cast<std::size_t>(rows) * d_model);  // [rows, d_model]
-      KVLAB_CUDA_CHECK(cudaMemcpy(next.data(), h_out.data, next.bytes(), cudaMemcpyDeviceToDevice));
-      linear(attn.matrix(rows, shape.q_width()), w.wo(l), next.matrix(rows, d_model),
-             /*accumulate=*/true);
-      h = std::move(next);
-      h_rows = rows;
-    }
-    return detail::download_rows(h.data(), p, d_model);  // [p, d_model]
+    Recompute keeper(weights_->shape(), workspace_);
+    return detail::device_step(*weights_, std::move(h), t, p, keeper, counters);
   }
 
   /// Nothing to drop: the inputs past `position` are overwritten by the next step.
   void truncate(int /*position*/) override {}
 
  private:
+  // Holds each layer's K and V of the whole sequence for its attention only.
+  class Recompute : public detail::DeviceKeeper {
+   public:
+    Recompute(const AttentionShape& shape, Workspace& workspace)
+        : shape_(shape), workspace_(workspace) {}
+    void keep(int, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
+      k_ = k;
+      v_ = v;
+    }
+    void attend(int, DeviceMatrix<float> q, DeviceMatrix<float> attn,
+                CostCounters& counters) override {
+      LaunchOptions options;
+      options.workspace = &workspace_;
+      naive_attention<float>(shape_, q, k_, v_, attn, &counters, options);
+    }
+
+   private:
+    const AttentionShape& shape_;
+    Workspace& workspace_;
+    DeviceMatrix<float> k_, v_;  // [t, kv_width]: this layer's keys and values
+  };
+
   // Room for `rows` input rows, keeping the rows already fed.
   void reserve(int rows) {
     const std::size_t needed =
@@ -273,31 +278,20 @@ class CachedDecoder : public Decoder<T> {
   const ContiguousKVCache<float>& cache() const { return cache_; }
 
  protected:
-  /// One step: see `kvlab::CachedDecoder` (the same three steps per layer, on the device).
+  /// One step: `detail::device_step` over the new tokens, K and V appended to the cache.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
-    const DeviceAttentionStack& w = *weights_;
-    const AttentionShape& shape = w.shape();
     const int p = static_cast<int>(x.rows());
     if (p > cache_.capacity() - this->position()) {  // checked before any layer is touched
-      kvlab::detail::fail<CapacityError>("kvlab::cuda::CachedDecoder::forward", "x.rows()",
+      kvlab::detail::fail<CapacityError>("kvlab::Decoder::prefill", "new tokens of sequence 0",
                                          "at most " +
                                              std::to_string(cache_.capacity() - this->position()) +
                                              " (capacity " + std::to_string(cache_.capacity()) +
-                                             ", position " + std::to_string(this->position()) + ")",
+                                             ", length " + std::to_string(this->position()) + ")",
                                          p);
     }
-    LaunchOptions options;
-    options.workspace = &workspace_;
+    Contiguous keeper(weights_->shape(), cache_, workspace_);
     try {
-      return detail::cached_forward(w, x, counters,
-                                    [&](int l, DeviceMatrix<float> k, DeviceMatrix<float> v,
-                                        DeviceMatrix<float> q, DeviceMatrix<float> attn) {
-                                      // 2. Keep k and v for every later step.
-                                      cache_.append(l, k, v);
-                                      // 3. The new queries attend to everything cached.
-                                      decode_attention<float>(shape, q, cache_.view(l), attn,
-                                                              &counters, options);
-                                    });
+      return detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
     } catch (...) {
       cache_.truncate(this->position());  // undo the appends of this step
       throw;
@@ -308,6 +302,27 @@ class CachedDecoder : public Decoder<T> {
   void truncate(int position) override { cache_.truncate(position); }
 
  private:
+  // Appends each layer's k and v to the cache and attends with decode_attention.
+  class Contiguous : public detail::DeviceKeeper {
+   public:
+    Contiguous(const AttentionShape& shape, ContiguousKVCache<float>& cache, Workspace& workspace)
+        : shape_(shape), cache_(cache), workspace_(workspace) {}
+    void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
+      cache_.append(layer, k, v);
+    }
+    void attend(int layer, DeviceMatrix<float> q, DeviceMatrix<float> attn,
+                CostCounters& counters) override {
+      LaunchOptions options;
+      options.workspace = &workspace_;
+      decode_attention<float>(shape_, q, cache_.view(layer), attn, &counters, options);
+    }
+
+   private:
+    const AttentionShape& shape_;
+    ContiguousKVCache<float>& cache_;
+    Workspace& workspace_;
+  };
+
   std::shared_ptr<const DeviceAttentionStack> weights_;
   ContiguousKVCache<float> cache_;
   Workspace workspace_;  // split-K partial results
@@ -315,7 +330,7 @@ class CachedDecoder : public Decoder<T> {
 
 /// `PagedDecoder` on the GPU (`T` = float): keeps K and V of its tokens in the blocks of a
 /// `cuda::PagedKVCache` (possibly shared with other decoders); each step makes room
-/// (`append`), then per layer writes k and v to the new slots and runs
+/// (`reserve`), then per layer writes k and v to the new slots and runs
 /// `cuda::paged_prefill_attention` through the sequence's block table. The same steps and counts
 /// as `kvlab::PagedDecoder` (for p > 1, `kv_bytes_read` as `cuda::CachedDecoder`).
 template <typename T>
@@ -360,34 +375,18 @@ class PagedDecoder : public Decoder<T> {
   int sequence() const { return seq_; }
 
  protected:
-  /// One step: see `kvlab::PagedDecoder` (the same steps, on the device).
+  /// One step: room for the new tokens, then `detail::device_step` over them, K and V written
+  /// into their slots.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
-    const DeviceAttentionStack& w = *weights_;
-    const AttentionShape& shape = w.shape();
     const int p = static_cast<int>(x.rows());
-    // 0. Room for the p new tokens (throws OutOfBlocks, changing nothing, if the pool is dry).
-    const std::vector<std::int64_t> slots = pool_->append(seq_, p);  // [p]
+    // Room for the p new tokens (throws OutOfBlocks, changing nothing, if the pool is dry).
+    const std::vector<std::int64_t> slots = pool_->reserve(seq_, p);  // [p]
     try {
-      const DeviceBlockTables tables(pool_->tables({seq_}));  // the same blocks in every layer
-      // [2]: all p queries are ours
-      const DeviceBuffer<std::int32_t> qo_indptr(std::vector<std::int32_t>{0, p});
-      const auto len = static_cast<std::uint64_t>(pool_->length(seq_));
-      const auto n = static_cast<std::uint64_t>(p);
-      LaunchOptions options;
-      options.workspace = &workspace_;
-      return detail::cached_forward(
-          w, x, counters,
-          [&](int l, DeviceMatrix<float> k, DeviceMatrix<float> v, DeviceMatrix<float> q,
-              DeviceMatrix<float> attn) {
-            // 2. Keep k and v in the sequence's blocks.
-            pool_->write(l, slots, k, v);
-            // 3. The new queries attend through the block table to every token.
-            paged_prefill_attention<float>(shape, q, qo_indptr.data(), pool_->view(l, tables), attn,
-                                           nullptr, options);
-            count_attention(shape, sizeof(float), n * (len - n) + n * (n + 1) / 2, counters);
-          });
+      Paged keeper(weights_->shape(), *pool_, slots, DeviceBlockTables(pool_->tables({seq_})), p,
+                   workspace_);
+      return detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
     } catch (...) {
-      pool_->truncate(seq_, this->position());  // undo step 0
+      pool_->truncate(seq_, this->position());  // give back the slots
       throw;
     }
   }
@@ -396,6 +395,42 @@ class PagedDecoder : public Decoder<T> {
   void truncate(int position) override { pool_->truncate(seq_, position); }
 
  private:
+  // Writes each layer's k and v into the step's slots and attends through the block table.
+  class Paged : public detail::DeviceKeeper {
+   public:
+    Paged(const AttentionShape& shape, PagedKVCache<float>& pool,
+          const std::vector<std::int64_t>& slots, DeviceBlockTables tables, int new_rows,
+          Workspace& workspace)
+        : shape_(shape),
+          pool_(pool),
+          slots_(slots),
+          tables_(std::move(tables)),
+          qo_indptr_(std::vector<std::int32_t>{0, new_rows}),
+          workspace_(workspace) {}
+    void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
+      pool_.write(layer, slots_, k, v);
+    }
+    void attend(int layer, DeviceMatrix<float> q, DeviceMatrix<float> attn,
+                CostCounters& counters) override {
+      LaunchOptions options;
+      options.workspace = &workspace_;
+      paged_prefill_attention<float>(shape_, q, qo_indptr_.data(), pool_.view(layer, tables_), attn,
+                                     nullptr, options);
+      // Counted on the host (the device tables would have to be copied back).
+      const auto len = static_cast<std::uint64_t>(tables_.host().seq_len(0));
+      const auto n = static_cast<std::uint64_t>(q.rows);
+      count_attention(shape_, sizeof(float), n * (len - n) + n * (n + 1) / 2, counters);
+    }
+
+   private:
+    const AttentionShape& shape_;
+    PagedKVCache<float>& pool_;
+    const std::vector<std::int64_t>& slots_;  // [new rows]: this step's slots
+    DeviceBlockTables tables_;                // the sequence's block table, on the device
+    DeviceBuffer<std::int32_t> qo_indptr_;    // [2]: all queries are this sequence's
+    Workspace& workspace_;
+  };
+
   // The fork: same weights, same pool, sequence `seq` (already forked in the pool).
   PagedDecoder(const PagedDecoder& parent, int seq)
       : Decoder<T>(parent.stack_pointer()),

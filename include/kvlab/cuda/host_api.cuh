@@ -23,12 +23,11 @@
 #include "kvlab/core/paged_view.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/paged_attention.hpp"  // detail::check_paged_view
-#include "kvlab/cpu/types.hpp"
 #include "kvlab/cuda/decode_attention.cuh"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/naive_attention.cuh"
 #include "kvlab/cuda/numeric.cuh"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab::cuda {
 namespace detail {
@@ -254,20 +253,7 @@ RowMatrix<float> paged_prefill_attention(const AttentionShape& shape, const RowM
                                          const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_prefill_attention";
   kvlab::detail::check_paged_view(kWhere, shape, cache);
-  kvlab::detail::require_equal(kWhere, "qo_indptr.size()", qo_indptr.size(),
-                               static_cast<std::size_t>(cache.batch) + 1, "cache.batch + 1");
-  kvlab::detail::require_equal(kWhere, "qo_indptr[0]", qo_indptr[0], 0);
-  for (int s = 0; s < cache.batch; ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    const std::int64_t q_len = static_cast<std::int64_t>(qo_indptr[i + 1]) - qo_indptr[i];
-    if (q_len < 0 || q_len > cache.seq_len(s)) {
-      kvlab::detail::fail(kWhere, "qo_indptr[" + std::to_string(s + 1) + "]",
-                          "in [qo_indptr[" + std::to_string(s) +
-                              "], that + the sequence's length (" +
-                              std::to_string(cache.seq_len(s)) + ")]",
-                          qo_indptr[i + 1]);
-    }
-  }
+  kvlab::detail::check_qo_indptr(kWhere, qo_indptr, cache);
   kvlab::detail::require_equal(kWhere, "qo_indptr[batch]", static_cast<long>(qo_indptr.back()),
                                static_cast<long>(q.rows()), "q.rows()");
   const detail::DevicePagedCopy<Storage> device(cache);

@@ -175,11 +175,9 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
   detail::matmul(pv, heads, options.stream);
 
   if (counters != nullptr) {  // the counts of cpu::naive_attention
-    const auto dots = static_cast<std::uint64_t>(heads) * scores_per_head;
-    counters->qk_dots += dots;
-    counters->macs += 2 * dots * static_cast<std::uint64_t>(hd);
-    counters->kv_bytes_read += 2 * sizeof(T) * static_cast<std::uint64_t>(heads) *
-                               static_cast<std::uint64_t>(kv_len) * static_cast<std::uint64_t>(hd);
+    const auto kv = static_cast<std::uint64_t>(kv_len);
+    add_attention_counts(shape, sizeof(T), static_cast<std::uint64_t>(scores_per_head),
+                         kv * static_cast<std::uint64_t>(shape.group_size()), *counters);
   }
 }
 

@@ -1,6 +1,7 @@
 /// \file
 /// \brief `AttentionLayer` (projection weights Wq, Wk, Wv, Wo of one layer) and
-/// `AttentionStack` (a residual stack of them), the model that kvlab's decoders run.
+/// `AttentionStack` (a residual stack of them), the small model that kvlab's decoders run, and
+/// `run_stack`, one step of it over a ragged batch of sequences of a `KVStore`.
 #pragma once
 
 #include <cmath>
@@ -14,7 +15,10 @@
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/core/shape.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/cpu/layer_ops.hpp"
+#include "kvlab/matrix.hpp"
+#include "kvlab/model/attention_step.hpp"
+#include "kvlab/store/kv_store.hpp"
 
 namespace kvlab {
 
@@ -80,16 +84,18 @@ class AttentionLayer {
   /// Output weights, [d_model, num_heads * head_dim].
   const RowMatrix<T>& wo() const { return wo_; }
 
+  /// The four projections as the per-layer step takes them (`attention_step`).
+  AttentionWeights<T> weights() const { return AttentionWeights<T>{wq_, wk_, wv_, wo_}; }
+
   /// Queries of `x` ([n, d_model]): [n, num_heads * head_dim]. Counts n * num_heads query
   /// projections.
   /// \throws InvalidArgument if `x.cols() != d_model()`.
   RowMatrix<T> project_q(const RowMatrix<T>& x, CostCounters* counters = nullptr) const {
     check_input("kvlab::AttentionLayer::project_q", x);
-    if (counters != nullptr) {
-      counters->q_projections += static_cast<std::uint64_t>(x.rows()) * shape_.num_heads();
-      counters->macs += static_cast<std::uint64_t>(x.rows()) * d_model_ * shape_.q_width();
-    }
-    return x * wq_.transpose();
+    RowMatrix<T> q;
+    cpu::linear(x, wq_, q);
+    if (counters != nullptr) add_projection_counts(shape_, d_model_, rows(x), 0, 0, *counters);
+    return q;
   }
 
   /// Keys and values of `x` ([n, d_model]): `k`, `v` become [n, num_kv_heads * head_dim].
@@ -102,12 +108,9 @@ class AttentionLayer {
       detail::fail("kvlab::AttentionLayer::project_kv", "k, v",
                    "two matrices distinct from x and each other", "an alias");
     }
-    if (counters != nullptr) {
-      counters->kv_projections += static_cast<std::uint64_t>(x.rows()) * shape_.num_kv_heads();
-      counters->macs += 2 * static_cast<std::uint64_t>(x.rows()) * d_model_ * shape_.kv_width();
-    }
-    k.noalias() = x * wk_.transpose();
-    v.noalias() = x * wv_.transpose();
+    cpu::linear(x, wk_, k);
+    cpu::linear(x, wv_, v);
+    if (counters != nullptr) add_projection_counts(shape_, d_model_, 0, rows(x), 0, *counters);
   }
 
   /// Output projection of attention results `attn` ([n, num_heads * head_dim]): [n, d_model].
@@ -116,13 +119,14 @@ class AttentionLayer {
     detail::require_equal("kvlab::AttentionLayer::project_out", "attn.cols()",
                           static_cast<long>(attn.cols()), static_cast<long>(shape_.q_width()),
                           "num_heads * head_dim");
-    if (counters != nullptr) {
-      counters->macs += static_cast<std::uint64_t>(attn.rows()) * d_model_ * shape_.q_width();
-    }
-    return attn * wo_.transpose();
+    RowMatrix<T> y;
+    cpu::linear(attn, wo_, y);
+    if (counters != nullptr) add_projection_counts(shape_, d_model_, 0, 0, rows(attn), *counters);
+    return y;
   }
 
  private:
+  static std::uint64_t rows(const RowMatrix<T>& m) { return static_cast<std::uint64_t>(m.rows()); }
   static void check_weight(const char* where, const char* name, const RowMatrix<T>& w, int rows,
                            int cols) {
     if (w.rows() != rows || w.cols() != cols) {
@@ -209,5 +213,65 @@ class AttentionStack {
  private:
   std::vector<AttentionLayer<T>> layers_;
 };
+
+/// One step of `stack` over a ragged batch of sequences kept in `store`: sequence `seqs[i]` adds
+/// the rows `[x_indptr[i], x_indptr[i + 1])` of `x` as new tokens, and the outputs of the stack
+/// at those tokens are returned, row for row. All rows of the step go through each weight matrix
+/// in one product (the weights are read once per step, whatever the batch), and each layer's
+/// attention is one call of the store's kernel over the ragged batch.
+///
+/// Per layer (`attention_step`): `h += attention(h) Woᵀ`, the residual around the attention
+/// block; the store decides which rows a step computes (the new tokens when it keeps K and V,
+/// every token when it recomputes) and keeps K and V.
+///
+/// \param stack     the model
+/// \param store     its K/V, for every sequence of the batch (`num_layers`, K/V heads and
+///                  head_dim those of the stack)
+/// \param seqs      [batch]: distinct live sequences of `store`
+/// \param x_indptr  [batch + 1]: CSR rows of `x` per sequence, at least one each
+/// \param x         [x_indptr[batch], d_model]: the new tokens' inputs
+/// \param counters  if not null, receives the work of the step
+/// \param caller    the public function the user called, for error messages
+/// \return          [x.rows(), d_model]
+/// \throws InvalidArgument for a bad argument; CapacityError or OutOfBlocks if the store has no
+///         room. Either way the store is unchanged.
+template <typename T>
+RowMatrix<T> run_stack(const AttentionStack<T>& stack, KVStore<T>& store,
+                       const std::vector<int>& seqs, const std::vector<std::int32_t>& x_indptr,
+                       const RowMatrix<T>& x, CostCounters* counters = nullptr,
+                       const char* caller = "kvlab::run_stack") {
+  detail::require_equal(caller, "store.num_layers()", store.num_layers(), stack.num_layers(),
+                        "the stack's num_layers");
+  detail::require_equal(caller, "store.num_kv_heads()", store.num_kv_heads(),
+                        stack.shape().num_kv_heads(), "the stack's num_kv_heads");
+  detail::require_equal(caller, "store.head_dim()", store.head_dim(), stack.shape().head_dim(),
+                        "the stack's head_dim");
+  detail::require_equal(caller, "x.cols()", static_cast<long>(x.cols()),
+                        static_cast<long>(stack.d_model()), "d_model");
+  CostCounters work;
+  RowMatrix<T> h;  // [step rows, d_model]: the current layer's input, one row per step row
+  const StepBatch& batch = store.begin_step(seqs, x_indptr, x, h, caller);
+  try {
+    StepScratch<T> scratch;
+    RowMatrix<T> out;  // [rows that carry on, d_model]
+    for (int l = 0; l < stack.num_layers(); ++l) {
+      const AttentionLayer<T>& layer = stack.layer(l);
+      const bool top = l + 1 == stack.num_layers();
+      attention_step(layer.shape(), layer.weights(), nullptr, store, l, top, h, out, scratch, work);
+      if (out.rows() != h.rows()) {  // the top layer of a recomputing step: the new tokens only
+        RowMatrix<T> kept;
+        new_token_rows(batch, h, kept);
+        h = std::move(kept);
+      }
+      h += out;  // the residual
+    }
+    store.end_step();
+  } catch (...) {
+    store.abort_step();  // every sequence back to its length before the step
+    throw;
+  }
+  if (counters != nullptr) *counters += work;
+  return h;  // [x.rows(), d_model]
+}
 
 }  // namespace kvlab

@@ -9,7 +9,7 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_layer.hpp"
 
 namespace kvlab {

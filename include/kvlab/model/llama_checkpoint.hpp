@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 #include "kvlab/model/llama_config.hpp"
 #include "kvlab/model/llama_weights.hpp"
 

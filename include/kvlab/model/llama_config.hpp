@@ -6,41 +6,12 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <string>
 
+#include "kvlab/analysis/kv_cache_size.hpp"
 #include "kvlab/config.hpp"
 
 namespace kvlab {
-
-namespace detail {
-
-/// `a * b` for sizes; throws InvalidArgument naming `where` and `what` if the product does not
-/// fit in a signed 64-bit integer.
-inline std::uint64_t checked_size_product(const char* where, const std::string& what,
-                                          std::uint64_t a, std::uint64_t b) {
-  constexpr std::uint64_t kMax =
-      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-  if (a != 0 && b > kMax / a) {
-    fail(where, what, "a size below 2^63",
-         std::to_string(a) + " * " + std::to_string(b) + " (overflows)");
-  }
-  return a * b;
-}
-
-/// `a + b` for sizes; throws InvalidArgument naming `where` and `what` on overflow past 2^63.
-inline std::uint64_t checked_size_sum(const char* where, const std::string& what, std::uint64_t a,
-                                      std::uint64_t b) {
-  constexpr std::uint64_t kMax =
-      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-  if (b > kMax - a) {
-    fail(where, what, "a size below 2^63",
-         std::to_string(a) + " + " + std::to_string(b) + " (overflows)");
-  }
-  return a + b;
-}
-
-}  // namespace detail
 
 /// The shape of a Llama-style decoder, as llama2.c's `Config` holds it.
 ///
@@ -103,29 +74,26 @@ struct LlamaConfig {
   /// \throws InvalidArgument (naming `where`) if a size overflows 64 bits.
   std::uint64_t num_parameters(const char* where = "kvlab::LlamaConfig::num_parameters",
                                const std::string& prefix = "") const {
-    using detail::checked_size_product;
-    using detail::checked_size_sum;
-    const std::string what = prefix + "parameter count";
+    // Each product names the field that makes it overflow; each sum, the running count.
+    constexpr std::uint64_t kMax = detail::kMaxSignedSize;  // sizes become stream offsets
     const auto u = [](int v) { return static_cast<std::uint64_t>(v < 0 ? 0 : v); };
-    const std::uint64_t d = u(dim), kv = u(n_kv_heads) * u(dim / (n_heads < 1 ? 1 : n_heads));
-    // [vocab_size, dim]
-    const std::uint64_t embedding = checked_size_product(where, what, u(vocab_size), d);
-    // rms_att, rms_ffn: [dim] each
-    std::uint64_t layer = 2 * d;
-    // wq [dim, dim]
-    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));
-    // wk, wv [kv_dim, dim]
-    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, 2 * kv, d));
-    // wo [dim, dim]
-    layer = checked_size_sum(where, what, layer, checked_size_product(where, what, d, d));
-    layer = checked_size_sum(where, what, layer,
-                             // w1, w3 [hidden, dim]; w2 [dim, hidden]
-                             checked_size_product(where, what, 3 * u(hidden_dim), d));
-    std::uint64_t total = checked_size_sum(where, what, embedding,
-                                           checked_size_product(where, what, u(n_layers), layer));
-    total = checked_size_sum(where, what, total, d);  // rms_final [dim]
-    // wcls [vocab_size, dim]
-    if (!shared_classifier) total = checked_size_sum(where, what, total, embedding);
+    const auto product = [&](const char* field, std::uint64_t a, std::uint64_t b) {
+      return detail::checked_size_product(where, prefix + field, a, b, "", kMax);
+    };
+    const auto sum = [&](std::uint64_t a, std::uint64_t b) {
+      return detail::checked_size_sum(where, prefix + "parameter count", a, b, "", kMax);
+    };
+    const std::uint64_t d = u(dim);
+    const std::uint64_t kv = u(n_kv_heads) * u(dim / (n_heads < 1 ? 1 : n_heads));  // kv_dim
+    const std::uint64_t embedding = product("vocab_size", d, u(vocab_size));  // [vocab_size, dim]
+    std::uint64_t layer = 2 * d;                           // rms_att, rms_ffn: [dim] each
+    layer = sum(layer, product("dim", d, d));              // wq [dim, dim]
+    layer = sum(layer, product("n_kv_heads", 2 * d, kv));  // wk, wv [kv_dim, dim]
+    layer = sum(layer, product("dim", d, d));              // wo [dim, dim]
+    layer = sum(layer, product("hidden_dim", 3 * d, u(hidden_dim)));  // w1, w3, w2
+    std::uint64_t total = sum(embedding, product("n_layers", layer, u(n_layers)));
+    total = sum(total, d);                                  // rms_final [dim]
+    if (!shared_classifier) total = sum(total, embedding);  // wcls [vocab_size, dim]
     return total;
   }
 
@@ -136,11 +104,12 @@ struct LlamaConfig {
   std::uint64_t num_weights(const char* where = "kvlab::LlamaConfig::num_weights",
                             const std::string& prefix = "") const {
     const std::uint64_t params = num_parameters(where, prefix);
+    // 2 tables of seq_len * head_dim / 2 values each
     const std::uint64_t rope = detail::checked_size_product(
-        where, prefix + "freq_cis size", static_cast<std::uint64_t>(seq_len < 0 ? 0 : seq_len),
-        static_cast<std::uint64_t>(dim / (n_heads < 1 ? 1 : n_heads)));
-    // 2 tables of rope / 2 each
-    return detail::checked_size_sum(where, prefix + "weight count", params, rope);
+        where, prefix + "seq_len", static_cast<std::uint64_t>(dim / (n_heads < 1 ? 1 : n_heads)),
+        static_cast<std::uint64_t>(seq_len < 0 ? 0 : seq_len), "", detail::kMaxSignedSize);
+    return detail::checked_size_sum(where, prefix + "weight count", params, rope, "",
+                                    detail::kMaxSignedSize);
   }
 
   /// Bytes of a llama2.c version-0 checkpoint of this shape: the 28-byte header (7 int32) and
@@ -151,7 +120,9 @@ struct LlamaConfig {
     const std::uint64_t floats = num_weights(where, prefix);
     return detail::checked_size_sum(
         where, prefix + "file size", 28,
-        detail::checked_size_product(where, prefix + "file size", floats, 4));
+        detail::checked_size_product(where, prefix + "weight count", 4, floats, "",
+                                     detail::kMaxSignedSize),
+        "", detail::kMaxSignedSize);
   }
 
   /// Bytes of weights that one decode step (one token through the model) reads: every layer's
@@ -173,15 +144,80 @@ struct LlamaConfig {
   /// separate classifier. Small enough that the naive backend runs 200+ steps in about a second.
   /// (With random weights a shared classifier makes every token predict itself — its embedding
   /// is closest to itself — so greedy decoding would repeat one token; a separate one does not.)
-  static LlamaConfig tiny() { return {48, 128, 3, 6, 2, 256, 512, false}; }
+  static LlamaConfig tiny() {
+    return LlamaConfig()
+        .with_dim(48)
+        .with_hidden_dim(128)
+        .with_layers(3)
+        .with_heads(6, 2)
+        .with_vocab_size(256)
+        .with_seq_len(512)
+        .with_shared_classifier(false);
+  }
 
   /// The shape of stories260K.bin (llama2.c's smallest TinyStories model): dim 64, hidden 172,
   /// 5 layers, 8 heads over 4 K/V heads, vocab 512, seq_len 512, shared classifier.
-  static LlamaConfig stories260k() { return {64, 172, 5, 8, 4, 512, 512, true}; }
+  static LlamaConfig stories260k() {
+    return LlamaConfig()
+        .with_dim(64)
+        .with_hidden_dim(172)
+        .with_layers(5)
+        .with_heads(8, 4)
+        .with_vocab_size(512)
+        .with_seq_len(512);
+  }
 
   /// The shape of stories15M.bin: dim 288, hidden 768, 6 layers, 6 heads (MHA), vocab 32000,
   /// seq_len 256, shared classifier (about 15 million parameters, 60 MB of float32).
-  static LlamaConfig stories15m() { return {288, 768, 6, 6, 6, 32000, 256, true}; }
+  static LlamaConfig stories15m() {
+    return LlamaConfig()
+        .with_dim(288)
+        .with_hidden_dim(768)
+        .with_layers(6)
+        .with_heads(6, 6)
+        .with_vocab_size(32000)
+        .with_seq_len(256);
+  }
+
+  /// Named construction, field by field (seven ints in a row are easy to swap):
+  /// `LlamaConfig().with_dim(288).with_hidden_dim(768).with_layers(6).with_heads(6, 6)
+  /// .with_vocab_size(32000).with_seq_len(256)`. Nothing is checked until `validate()` (a
+  /// model checks its config when it is built).
+  LlamaConfig& with_dim(int value) {
+    dim = value;
+    return *this;
+  }
+  /// Sets `hidden_dim`; see `with_dim`.
+  LlamaConfig& with_hidden_dim(int value) {
+    hidden_dim = value;
+    return *this;
+  }
+  /// Sets `n_layers`; see `with_dim`.
+  LlamaConfig& with_layers(int value) {
+    n_layers = value;
+    return *this;
+  }
+  /// Sets `n_heads` (query heads) and `n_kv_heads` (key/value heads); see `with_dim`.
+  LlamaConfig& with_heads(int query_heads, int kv_heads) {
+    n_heads = query_heads;
+    n_kv_heads = kv_heads;
+    return *this;
+  }
+  /// Sets `vocab_size`; see `with_dim`.
+  LlamaConfig& with_vocab_size(int value) {
+    vocab_size = value;
+    return *this;
+  }
+  /// Sets `seq_len`; see `with_dim`.
+  LlamaConfig& with_seq_len(int value) {
+    seq_len = value;
+    return *this;
+  }
+  /// Sets `shared_classifier`; see `with_dim`.
+  LlamaConfig& with_shared_classifier(bool value) {
+    shared_classifier = value;
+    return *this;
+  }
 
   /// True when every field is equal.
   bool operator==(const LlamaConfig& o) const {
@@ -192,6 +228,19 @@ struct LlamaConfig {
   /// True when any field differs.
   bool operator!=(const LlamaConfig& o) const { return !(*this == o); }
 };
+
+/// The attention dimensions of `config` in the size calculator's terms (`ModelConfig`), named
+/// `name`: `bytes_per_token(to_model_config(config), KVDtype::fp32)` is what one token of this
+/// model adds to its KV cache in float.
+inline ModelConfig to_model_config(const LlamaConfig& config, const std::string& name = "llama") {
+  ModelConfig out;
+  out.name = name;
+  out.num_layers = config.n_layers;
+  out.num_heads = config.n_heads;
+  out.num_kv_heads = config.n_kv_heads;
+  out.head_dim = config.n_heads > 0 ? config.dim / config.n_heads : 0;
+  return out;
+}
 
 /// One line describing `config`, e.g. "dim 64, hidden 172, 5 layers, 8 heads / 4 kv heads,
 /// vocab 512, seq_len 512, shared classifier".

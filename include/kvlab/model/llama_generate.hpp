@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 #include "kvlab/model/llama_model.hpp"
 #include "kvlab/model/sampler.hpp"
 

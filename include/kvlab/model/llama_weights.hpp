@@ -14,7 +14,7 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/random.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 #include "kvlab/model/llama_config.hpp"
 
 namespace kvlab {

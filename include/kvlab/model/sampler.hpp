@@ -15,7 +15,7 @@
 #include "kvlab/config.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/cpu/softmax.hpp"
-#include "kvlab/cpu/types.hpp"
+#include "kvlab/matrix.hpp"
 
 namespace kvlab {
 

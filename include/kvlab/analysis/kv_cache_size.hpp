@@ -155,18 +155,6 @@ inline void check_model_config(const char* where, const ModelConfig& config) {
   }
 }
 
-/// Returns `a * b`, or throws InvalidArgument naming `argument` (whose value is `b`) if the
-/// product does not fit in std::uint64_t. `a` must be > 0.
-inline std::uint64_t checked_size_product(const char* where, const char* argument, std::uint64_t a,
-                                          std::uint64_t b) {
-  const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() / a;
-  if (b > limit) {
-    fail(where, argument,
-         "at most " + std::to_string(limit) + " (so that the size fits in std::uint64_t)", b);
-  }
-  return a * b;
-}
-
 /// bytes_per_token, reporting errors as coming from `where`.
 inline std::uint64_t kv_bytes_per_token(const char* where, const ModelConfig& config,
                                         KVDtype dtype) {

@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,18 +56,12 @@ struct MemoryFootprint {
 
 namespace detail {
 
-// Returns tokens * bytes_per_token, or throws InvalidArgument naming bytes_per_token if the
-// product does not fit in std::uint64_t. `what` says which tokens ("reserved").
+// tokens * bytes_per_token, or InvalidArgument naming bytes_per_token if the product does not
+// fit in std::uint64_t. `what` says which tokens ("reserved").
 inline std::uint64_t accounting_bytes(const char* where, std::uint64_t tokens,
                                       std::uint64_t bytes_per_token, const char* what) {
-  if (tokens != 0 && bytes_per_token > std::numeric_limits<std::uint64_t>::max() / tokens) {
-    fail(where, "bytes_per_token",
-         "at most " + std::to_string(std::numeric_limits<std::uint64_t>::max() / tokens) + " for " +
-             std::to_string(tokens) + " " + what +
-             " tokens (so that the size fits in std::uint64_t)",
-         bytes_per_token);
-  }
-  return tokens * bytes_per_token;
+  return checked_size_product(where, "bytes_per_token", tokens, bytes_per_token,
+                              " for " + std::to_string(tokens) + " " + what + " tokens");
 }
 
 // Checks that lengths[i] >= 0 (and <= max_len when max_len >= 0).
@@ -124,14 +117,9 @@ inline MemoryFootprint contiguous_footprint(const std::vector<std::int64_t>& len
   detail::require_at_least(kWhere, "bytes_per_token", bytes_per_token, std::uint64_t{1});
   detail::check_lengths(kWhere, lengths, max_len);
   const auto per_sequence = static_cast<std::uint64_t>(max_len);
-  const std::uint64_t most = std::numeric_limits<std::uint64_t>::max() / per_sequence;
-  if (lengths.size() > most) {
-    detail::fail(kWhere, "lengths.size()",
-                 "at most " + std::to_string(most) + " sequences of max_len " +
-                     std::to_string(max_len) + " (so that the size fits in std::uint64_t)",
-                 lengths.size());
-  }
-  const std::uint64_t reserved = static_cast<std::uint64_t>(lengths.size()) * per_sequence;
+  const std::uint64_t reserved =
+      detail::checked_size_product(kWhere, "lengths.size()", per_sequence, lengths.size(),
+                                   " sequences of max_len " + std::to_string(max_len));
   std::uint64_t used = 0;  // <= reserved: no overflow
   for (std::int64_t len : lengths) used += static_cast<std::uint64_t>(len);
   MemoryFootprint out;
@@ -163,18 +151,12 @@ inline MemoryFootprint paged_footprint(const std::vector<std::int64_t>& lengths,
   detail::require_at_least(kWhere, "block_size", block_size, 1);
   detail::require_at_least(kWhere, "bytes_per_token", bytes_per_token, std::uint64_t{1});
   detail::check_lengths(kWhere, lengths);
-  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t reserved = 0;
   for (std::size_t i = 0; i < lengths.size(); ++i) {
-    const std::uint64_t tokens = detail::block_rounded_tokens(lengths[i], block_size);
-    if (tokens > kMax - reserved) {
-      detail::fail(kWhere, "lengths[" + std::to_string(i) + "]",
-                   "at most " + std::to_string(kMax - reserved) + " tokens in blocks after the " +
-                       std::to_string(reserved) + " reserved before it (so that the total fits " +
-                       "in std::uint64_t)",
-                   lengths[i]);
-    }
-    reserved += tokens;
+    reserved = detail::checked_size_sum(
+        kWhere, "lengths[" + std::to_string(i) + "]", reserved,
+        detail::block_rounded_tokens(lengths[i], block_size),
+        " tokens in blocks after the " + std::to_string(reserved) + " reserved before it");
   }
   std::uint64_t used = 0;  // each length <= its reservation: no overflow
   for (std::int64_t len : lengths) used += static_cast<std::uint64_t>(len);

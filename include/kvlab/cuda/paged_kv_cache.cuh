@@ -1,9 +1,8 @@
 /// \file
-/// \brief KV caches in device memory: `cuda::ContiguousKVCache` and `cuda::PagedKVCache`, the
-/// device counterparts of `ContiguousKVCache` and `PagedKVCache` (same layouts, same calls, same
-/// slot semantics), their write kernels (append rows; scatter rows to slots, vLLM's
-/// reshape_and_cache), and `DeviceBlockTables`, the CSR block tables copied to the device.
-/// Writes are copies, checked for exact equality against the CPU caches in tests/cuda.
+/// \brief `cuda::PagedKVCache`: the KV caches of many sequences in one pool of blocks in device
+/// memory, the device counterpart of `PagedKVCache` (same pool layouts, same calls, same slot
+/// semantics; the bookkeeping runs on the host), and `DeviceBlockTables`, CSR block tables
+/// copied to the device. Checked bit for bit against the CPU pool in tests/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvlab/cache/block_allocator.hpp"
@@ -19,218 +19,12 @@
 #include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
-#include "kvlab/core/views.hpp"
+#include "kvlab/cuda/cache_kernels.cuh"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/launch.cuh"
 
 namespace kvlab::cuda {
-namespace detail {
-
-/// Threads per block of the write kernels.
-constexpr int kWriteThreads = 256;
-
-/// Blocks for a grid-stride loop over `count` elements.
-inline unsigned write_blocks(std::int64_t count) {
-  const std::int64_t blocks = (count + kWriteThreads - 1) / kWriteThreads;
-  return static_cast<unsigned>(blocks < (1 << 20) ? (blocks > 0 ? blocks : 1) : (1 << 20));
-}
-
-/// Appends `n` token rows to one layer of a contiguous cache: row t of `k` and `v` ([n,
-/// num_kv_heads * head_dim], token-major) goes, head by head, to position `first + t` of the
-/// head-major cache (`layout.offset`). One thread per value (grid-stride loop).
-/// \param k_cache  [num_kv_heads, capacity, head_dim], this layer's keys
-/// \param v_cache  [num_kv_heads, capacity, head_dim], this layer's values
-template <typename T>
-__global__ void append_rows_kernel(const T* k, const T* v, int n, T* k_cache, T* v_cache,
-                                   ContiguousKVView<T> layout, int first) {
-  const int width = layout.num_kv_heads * layout.head_dim;
-  const std::int64_t count = static_cast<std::int64_t>(n) * width;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int t = static_cast<int>(i / width);
-    const int in_row = static_cast<int>(i % width);
-    const std::ptrdiff_t dst =
-        layout.offset(in_row / layout.head_dim, first + t) + in_row % layout.head_dim;
-    k_cache[dst] = k[i];
-    v_cache[dst] = v[i];
-  }
-}
-
-/// Scatters `n` token rows to pool slots (vLLM's reshape_and_cache): row t of `k` and `v` ([n,
-/// num_kv_heads * head_dim]) goes, head by head, to `slots[t]` (`layout.slot_offset`, either
-/// pool layout). A negative slot is skipped (vLLM's padding convention). One thread per value.
-/// \param slots   [n] in device memory
-/// \param k_pool  this layer's keys, [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or
-///                [num_blocks, num_kv_heads, block_size, head_dim] (HND)
-/// \param v_pool  this layer's values, the same layout
-template <typename T>
-__global__ void write_slots_kernel(const T* k, const T* v, const std::int64_t* slots, int n,
-                                   T* k_pool, T* v_pool, PagedKVView<T> layout) {
-  const int width = layout.num_kv_heads * layout.head_dim;
-  const std::int64_t count = static_cast<std::int64_t>(n) * width;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t slot = slots[i / width];
-    if (slot < 0) continue;
-    const int in_row = static_cast<int>(i % width);
-    const std::ptrdiff_t dst =
-        layout.slot_offset(slot, in_row / layout.head_dim) + in_row % layout.head_dim;
-    k_pool[dst] = k[i];
-    v_pool[dst] = v[i];
-  }
-}
-
-/// Checks that `k` and `v` are both [rows >= min_rows, width] device matrices.
-template <typename T>
-void check_rows(const char* where, DeviceMatrix<const T> k, DeviceMatrix<const T> v, int width,
-                int min_rows) {
-  kvlab::detail::require_at_least(where, "k.rows", k.rows, min_rows);
-  kvlab::detail::require_equal(where, "k.cols", k.cols, width, "num_kv_heads * head_dim");
-  kvlab::detail::require_equal(where, "v.rows", v.rows, k.rows, "k.rows");
-  kvlab::detail::require_equal(where, "v.cols", v.cols, width, "num_kv_heads * head_dim");
-  if (k.rows > 0 && (k.data == nullptr || v.data == nullptr)) {
-    kvlab::detail::fail(where, "k.data / v.data", "device pointers", "a null pointer");
-  }
-}
-
-}  // namespace detail
-
-/// The KV cache of one sequence in device memory, preallocated for `capacity` tokens in every
-/// layer: the device counterpart of `kvlab::ContiguousKVCache`, with the same layout (per layer
-/// `[num_kv_heads, capacity, head_dim]` for K and for V) and the same calls; `view(layer)` is a
-/// `ContiguousKVView` of device pointers, what `cuda::decode_attention` reads.
-template <typename T>
-class ContiguousKVCache {
- public:
-  /// An empty cache for `capacity` tokens (device memory, uninitialised).
-  /// \throws InvalidArgument if any argument is below 1 or the sizes overflow; CudaError if the
-  ///         allocation fails.
-  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
-      : num_layers_(num_layers),
-        num_kv_heads_(num_kv_heads),
-        head_dim_(head_dim),
-        capacity_(capacity),
-        k_(elements(num_layers, num_kv_heads, head_dim, capacity)),
-        v_(k_.size()),
-        length_(static_cast<std::size_t>(num_layers), 0) {}
-
-  /// Number of layers.
-  int num_layers() const { return num_layers_; }
-  /// K/V heads per layer.
-  int num_kv_heads() const { return num_kv_heads_; }
-  /// Values per head.
-  int head_dim() const { return head_dim_; }
-  /// Tokens reserved per layer.
-  int capacity() const { return capacity_; }
-  /// Tokens stored in `layer`.
-  /// \throws InvalidArgument if `layer` is out of range.
-  int length(int layer) const {
-    check_layer("kvlab::cuda::ContiguousKVCache::length", layer);
-    return length_[static_cast<std::size_t>(layer)];
-  }
-
-  /// Appends `n` tokens to `layer` (`append_rows_kernel`), as `ContiguousKVCache::append`.
-  /// \param layer   in [0, num_layers)
-  /// \param k       keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1, device memory
-  /// \param v       values of the new tokens, [n, num_kv_heads * head_dim], device memory
-  /// \param stream  the stream to run on
-  /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
-  ///         more than `capacity()` tokens (either way nothing is written); CudaError if the
-  ///         launch fails.
-  void append(int layer, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
-              cudaStream_t stream = nullptr) {
-    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
-    check_layer(kWhere, layer);
-    detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
-    const auto l = static_cast<std::size_t>(layer);
-    if (k.rows > capacity_ - length_[l]) {
-      kvlab::detail::fail<CapacityError>(kWhere, "k.rows",
-                                         "at most " + std::to_string(capacity_ - length_[l]) +
-                                             " (capacity " + std::to_string(capacity_) +
-                                             ", length " + std::to_string(length_[l]) + ")",
-                                         k.rows);
-    }
-    const ContiguousKVView<T> layout = view(layer);
-    detail::launch_kernel(
-        "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
-        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
-        dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
-        layer_data(v_, layer), layout, length_[l]);
-    length_[l] += k.rows;
-  }
-
-  /// Forgets every token at position `length` and after, in every layer.
-  /// \throws InvalidArgument if `length` is negative or above a layer's current length.
-  void truncate(int length) {
-    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::truncate";
-    kvlab::detail::require_at_least(kWhere, "length", length, 0);
-    for (int l = 0; l < num_layers_; ++l) {
-      if (length > length_[static_cast<std::size_t>(l)]) {
-        kvlab::detail::fail(kWhere, "length",
-                            "at most the length of layer " + std::to_string(l) + " (" +
-                                std::to_string(length_[static_cast<std::size_t>(l)]) + ")",
-                            length);
-      }
-    }
-    for (int& len : length_) len = length;
-  }
-  /// Empties every layer; the memory stays reserved.
-  void clear() { truncate(0); }
-
-  /// A view of `layer` holding device pointers, valid until the cache is destroyed.
-  /// \throws InvalidArgument if `layer` is out of range.
-  ContiguousKVView<T> view(int layer) const {
-    check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
-    return ContiguousKVView<T>{layer_data(k_, layer),
-                               layer_data(v_, layer),
-                               num_kv_heads_,
-                               head_dim_,
-                               capacity_,
-                               length_[static_cast<std::size_t>(layer)]};
-  }
-
-  /// Bytes reserved for K and V in all layers.
-  std::size_t bytes_reserved() const { return k_.bytes() + v_.bytes(); }
-
- private:
-  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity) {
-    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache";
-    kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
-    kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
-    kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
-    kvlab::detail::require_at_least(kWhere, "capacity", capacity, 1);
-    if (num_kv_heads > INT_MAX / head_dim) {
-      kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
-                          1LL * num_kv_heads * head_dim);
-    }
-    const std::size_t row =
-        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
-    const std::size_t limit =
-        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers);
-    if (row > limit / static_cast<std::size_t>(capacity)) {
-      kvlab::detail::fail(kWhere, "capacity", "at most " + std::to_string(limit / row), capacity);
-    }
-    return static_cast<std::size_t>(num_layers) * row * static_cast<std::size_t>(capacity);
-  }
-  void check_layer(const char* where, int layer) const {
-    if (layer < 0 || layer >= num_layers_) {
-      kvlab::detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
-    }
-  }
-  T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
-    const std::size_t per_layer = buffer.size() / static_cast<std::size_t>(num_layers_);
-    return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
-  }
-
-  int num_layers_;
-  int num_kv_heads_;
-  int head_dim_;
-  int capacity_;
-  DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, head_dim]
-  DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, head_dim]
-  std::vector<int> length_;  // [num_layers]
-};
 
 /// `BlockTables` copied to device memory, for the paged kernels. The host copy is kept too
 /// (`host()`), for sizes and counts.
@@ -279,7 +73,7 @@ class DeviceBlockTables {
 /// the same slot semantics. The bookkeeping (a `BlockAllocator`, one block list per sequence,
 /// fork with copy on write) runs on the host; only K and V live on the device.
 ///
-/// A step is `append(seq, n)` (room for n tokens; returns their slots, `block * block_size +
+/// A step is `reserve(seq, n)` (room for n tokens; returns their slots, `block * block_size +
 /// offset`), then per layer `write(layer, slots, k, v)` (`write_slots_kernel`); attention reads
 /// the pool through `view(layer, tables)` with tables from `tables(seqs)` copied to the device
 /// (`DeviceBlockTables`). A copy on write copies the whole shared block (all layers, K and V)
@@ -330,15 +124,22 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not live.
   const std::vector<std::int32_t>& blocks(int seq) const { return book_.blocks(seq); }
 
+  /// Blocks that `reserve(seq, n)` would take from the pool (as `PagedKVCache::blocks_needed`).
+  /// \throws InvalidArgument if `seq` is not live or `n < 1`.
+  int blocks_needed(int seq, int n) const { return book_.blocks_needed(seq, n); }
+
+  /// True when `seq` is a live sequence.
+  bool contains(int seq) const { return book_.contains(seq); }
+
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n], as
-  /// `PagedKVCache::append` (the same `PagedSequences` bookkeeping): a block is allocated when
+  /// `PagedKVCache::reserve` (the same `PagedSequences` bookkeeping): a block is allocated when
   /// the last one is full; a shared, partly filled last block is first copied (all layers, on
   /// the device).
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks the
   ///         blocks; CudaError if the copy fails (nothing changes in any of these cases).
-  std::vector<std::int64_t> append(int seq, int n) {
-    return book_.append(seq, n,
-                        [this](std::int32_t from, std::int32_t to, int) { copy_block(from, to); });
+  std::vector<std::int64_t> reserve(int seq, int n) {
+    return book_.reserve(seq, n,
+                         [this](std::int32_t from, std::int32_t to, int) { copy_block(from, to); });
   }
 
   /// Stores the keys and values of tokens at `slots` (device memory) in `layer`
@@ -364,7 +165,7 @@ class PagedKVCache {
         layer_data(k_, layer), layer_data(v_, layer), layout_view(layer));
   }
 
-  /// Stores the keys and values of tokens at `slots` (host memory, from `append`) in `layer`,
+  /// Stores the keys and values of tokens at `slots` (host memory, from `reserve`) in `layer`,
   /// as `PagedKVCache::write`: the slots are checked, then copied to the device on `stream`.
   /// \param layer   in [0, num_layers)
   /// \param slots   [n] slots, each in [0, num_blocks * block_size)
@@ -414,7 +215,7 @@ class PagedKVCache {
   BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
 
   /// The view of `layer` through `tables`, every pointer in device memory: what
-  /// `cuda::paged_decode_attention` reads. Valid while both live and until the next append, fork
+  /// `cuda::paged_decode_attention` reads. Valid while both live and until the next reserve, fork
   /// or free.
   /// \throws InvalidArgument if `layer` is out of range or `tables` is for another pool.
   PagedKVView<T> view(int layer, const DeviceBlockTables& tables) const {

@@ -1,6 +1,8 @@
 /// \file
-/// \brief Eigen types of kvlab's CPU side (row-major, token-major matrices) and a portable
-/// random fill for them.
+/// \brief The host side's matrix vocabulary: Eigen's row-major matrices in kvlab's token-major
+/// layout, and a portable random fill for them. Used by the caches, the CPU kernels, the models
+/// and the host side of the CUDA API alike, so it sits beside `config.hpp`, below every folder
+/// (`core/` stays free of Eigen: its headers compile for the device too).
 #pragma once
 
 #include <Eigen/Dense>

@@ -1,0 +1,114 @@
+/// \file
+/// \brief `cpu::reference_attention`: causal grouped-query attention written as plain loops, the
+/// way llama2.c's `run.c` writes it — the oracle that every other attention path in kvlab
+/// computes (naive, decode and paged, on the CPU and on the GPU) and is tested against.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/shape.hpp"
+#include "kvlab/matrix.hpp"
+
+namespace kvlab::cpu {
+
+/// Causal attention of `q_len` queries over `kv_len` keys and values, one query head and one
+/// query token at a time, with nothing cached, tiled or reordered: the definition that kvlab's
+/// kernels are checked against.
+///
+/// Query row `i` is the token at position `first_position + i`; it sees the keys at positions
+/// `0 .. first_position + i` (the causal mask) and nothing after them. For query head `h`, which
+/// reads K/V head `hk = shape.kv_head_of(h)`:
+///
+///     score[j]   = scale · q[i, h] · k[j, hk]                for j = 0 .. first_position + i
+///     p[j]       = exp(score[j] − max score) / Σ exp(score − max score)
+///     out[i, h]  = Σ_j p[j] · v[j, hk]
+///
+/// - prefill: `first_position = 0`, `q_len = kv_len` (each prompt token sees itself and those
+///   before it);
+/// - decode: `q_len = 1`, `first_position = kv_len − 1` (the new token sees every key);
+/// - chunked prefill: a chunk of `q_len` tokens after `first_position` cached ones.
+///
+/// The sums are in double, so that the oracle's own rounding stays far below that of the float
+/// kernels it checks. Cost: Θ(q_len · kv_len · num_heads · head_dim); for tests and lessons.
+///
+/// `q`, `k` and `v` may be any Eigen expressions of one scalar type (a `RowMatrix`, `m.row(t)`,
+/// `m.middleRows(a, n)`, a column-major `Eigen::MatrixXf`): they are read element by element.
+///
+/// \param shape           the head layout (heads, K/V heads, head_dim, scale)
+/// \param q               queries, [q_len, num_heads * head_dim], q_len >= 1
+/// \param k               keys,    [kv_len, num_kv_heads * head_dim]
+/// \param v               values,  [kv_len, num_kv_heads * head_dim]
+/// \param first_position  position of query row 0, in [0, kv_len - q_len]
+/// \return                [q_len, num_heads * head_dim]
+/// \throws InvalidArgument for a shape or position that does not fit the above.
+template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
+RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
+                                 const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
+                                 int first_position) {
+  static_assert(
+      std::is_same<typename K::Scalar, T>::value && std::is_same<typename V::Scalar, T>::value,
+      "reference_attention: q, k and v must have one scalar type");
+  constexpr const char* kWhere = "kvlab::cpu::reference_attention";
+  const long q_len = static_cast<long>(q.rows());
+  const long kv_len = static_cast<long>(k.rows());
+  kvlab::detail::require_at_least(kWhere, "q.rows()", q_len, 1L);
+  kvlab::detail::require_equal(kWhere, "q.cols()", static_cast<long>(q.cols()),
+                               static_cast<long>(shape.q_width()), "num_heads * head_dim");
+  kvlab::detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()),
+                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+  kvlab::detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()), kv_len, "k.rows()");
+  kvlab::detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()),
+                               static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
+  if (first_position < 0 || first_position > kv_len - q_len) {
+    kvlab::detail::fail(kWhere, "first_position",
+                        "in [0, k.rows() - q.rows()] = [0, " + std::to_string(kv_len - q_len) + "]",
+                        first_position);
+  }
+
+  // [loops]
+  const int hd = shape.head_dim();
+  RowMatrix<T> out(q.rows(), shape.q_width());  // [q_len, num_heads * head_dim]
+  std::vector<double> p;                        // [keys seen]: scores, then probabilities
+  for (int h = 0; h < shape.num_heads(); ++h) {
+    const int hk = shape.kv_head_of(h);  // the K/V head this query head reads
+    for (long i = 0; i < q_len; ++i) {
+      const long last = first_position + i;  // the causal mask: keys 0 .. last
+      p.assign(static_cast<std::size_t>(last + 1), 0.0);
+      // 1. One score per visible key: the scaled dot product of the query with the key.
+      double max_score = -INFINITY;
+      for (long j = 0; j <= last; ++j) {
+        double dot = 0;
+        for (int c = 0; c < hd; ++c) dot += double(q(i, h * hd + c)) * double(k(j, hk * hd + c));
+        p[static_cast<std::size_t>(j)] = shape.scale() * dot;
+        if (p[static_cast<std::size_t>(j)] > max_score) max_score = p[static_cast<std::size_t>(j)];
+      }
+      // 2. Softmax: exp(score - max) (the max subtracted, so no exponent overflows), normalised.
+      double sum = 0;
+      for (double& x : p) sum += (x = std::exp(x - max_score));
+      // 3. The probability-weighted sum of the visible value rows.
+      for (int c = 0; c < hd; ++c) {
+        double acc = 0;
+        for (long j = 0; j <= last; ++j)
+          acc += p[static_cast<std::size_t>(j)] * double(v(j, hk * hd + c));
+        out(i, h * hd + c) = static_cast<T>(acc / sum);
+      }
+    }
+  }
+  // [loops]
+  return out;
+}
+
+/// `reference_attention` with the queries aligned to the end of the keys: query row `i` at
+/// position `kv_len - q_len + i` (prefill when q_len = kv_len, decode when q_len = 1).
+/// \throws InvalidArgument as the five-argument form (also if `q_len > kv_len`).
+template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
+RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
+                                 const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v) {
+  return reference_attention(shape, q, k, v, static_cast<int>(k.rows() - q.rows()));
+}
+
+}  // namespace kvlab::cpu

@@ -1,0 +1,160 @@
+/// \file
+/// \brief `cuda::ContiguousKVCache`: the KV cache of one sequence in device memory, the device
+/// counterpart of `ContiguousKVCache` (same layout, same calls). Checked bit for bit against the
+/// CPU cache in tests/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/views.hpp"
+#include "kvlab/cuda/cache_kernels.cuh"
+#include "kvlab/cuda/device_memory.cuh"
+#include "kvlab/cuda/error.cuh"
+#include "kvlab/cuda/launch.cuh"
+
+namespace kvlab::cuda {
+
+/// The KV cache of one sequence in device memory, preallocated for `capacity` tokens in every
+/// layer: the device counterpart of `kvlab::ContiguousKVCache`, with the same layout (per layer
+/// `[num_kv_heads, capacity, head_dim]` for K and for V) and the same calls; `view(layer)` is a
+/// `ContiguousKVView` of device pointers, what `cuda::decode_attention` reads.
+template <typename T>
+class ContiguousKVCache {
+ public:
+  /// An empty cache for `capacity` tokens (device memory, uninitialised).
+  /// \throws InvalidArgument if any argument is below 1 or the sizes overflow; CudaError if the
+  ///         allocation fails.
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
+      : num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        capacity_(capacity),
+        k_(elements(num_layers, num_kv_heads, head_dim, capacity)),
+        v_(k_.size()),
+        length_(static_cast<std::size_t>(num_layers), 0) {}
+
+  /// Number of layers.
+  int num_layers() const { return num_layers_; }
+  /// K/V heads per layer.
+  int num_kv_heads() const { return num_kv_heads_; }
+  /// Values per head.
+  int head_dim() const { return head_dim_; }
+  /// Tokens reserved per layer.
+  int capacity() const { return capacity_; }
+  /// Tokens stored in `layer`.
+  /// \throws InvalidArgument if `layer` is out of range.
+  int length(int layer) const {
+    check_layer("kvlab::cuda::ContiguousKVCache::length", layer);
+    return length_[static_cast<std::size_t>(layer)];
+  }
+
+  /// Appends `n` tokens to `layer` (`append_rows_kernel`), as `ContiguousKVCache::append`.
+  /// \param layer   in [0, num_layers)
+  /// \param k       keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1, device memory
+  /// \param v       values of the new tokens, [n, num_kv_heads * head_dim], device memory
+  /// \param stream  the stream to run on
+  /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
+  ///         more than `capacity()` tokens (either way nothing is written); CudaError if the
+  ///         launch fails.
+  void append(int layer, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
+              cudaStream_t stream = nullptr) {
+    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
+    check_layer(kWhere, layer);
+    detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
+    const auto l = static_cast<std::size_t>(layer);
+    if (k.rows > capacity_ - length_[l]) {
+      kvlab::detail::fail<CapacityError>(kWhere, "k.rows",
+                                         "at most " + std::to_string(capacity_ - length_[l]) +
+                                             " (capacity " + std::to_string(capacity_) +
+                                             ", length " + std::to_string(length_[l]) + ")",
+                                         k.rows);
+    }
+    const ContiguousKVView<T> layout = view(layer);
+    detail::launch_kernel(
+        "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
+        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+        dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
+        layer_data(v_, layer), layout, length_[l]);
+    length_[l] += k.rows;
+  }
+
+  /// Forgets every token at position `length` and after, in every layer.
+  /// \throws InvalidArgument if `length` is negative or above a layer's current length.
+  void truncate(int length) {
+    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::truncate";
+    kvlab::detail::require_at_least(kWhere, "length", length, 0);
+    for (int l = 0; l < num_layers_; ++l) {
+      if (length > length_[static_cast<std::size_t>(l)]) {
+        kvlab::detail::fail(kWhere, "length",
+                            "at most the length of layer " + std::to_string(l) + " (" +
+                                std::to_string(length_[static_cast<std::size_t>(l)]) + ")",
+                            length);
+      }
+    }
+    for (int& len : length_) len = length;
+  }
+  /// Empties every layer; the memory stays reserved.
+  void clear() { truncate(0); }
+
+  /// A view of `layer` holding device pointers, valid until the cache is destroyed.
+  /// \throws InvalidArgument if `layer` is out of range.
+  ContiguousKVView<T> view(int layer) const {
+    check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
+    return ContiguousKVView<T>{layer_data(k_, layer),
+                               layer_data(v_, layer),
+                               num_kv_heads_,
+                               head_dim_,
+                               capacity_,
+                               length_[static_cast<std::size_t>(layer)]};
+  }
+
+  /// Bytes reserved for K and V in all layers.
+  std::size_t bytes_reserved() const { return k_.bytes() + v_.bytes(); }
+
+ private:
+  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity) {
+    constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache";
+    kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
+    kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
+    kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
+    kvlab::detail::require_at_least(kWhere, "capacity", capacity, 1);
+    if (num_kv_heads > INT_MAX / head_dim) {
+      kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
+                          1LL * num_kv_heads * head_dim);
+    }
+    const std::size_t row =
+        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
+    const std::size_t limit =
+        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers);
+    if (row > limit / static_cast<std::size_t>(capacity)) {
+      kvlab::detail::fail(kWhere, "capacity", "at most " + std::to_string(limit / row), capacity);
+    }
+    return static_cast<std::size_t>(num_layers) * row * static_cast<std::size_t>(capacity);
+  }
+  void check_layer(const char* where, int layer) const {
+    if (layer < 0 || layer >= num_layers_) {
+      kvlab::detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
+    }
+  }
+  T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
+    const std::size_t per_layer = buffer.size() / static_cast<std::size_t>(num_layers_);
+    return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
+  }
+
+  int num_layers_;
+  int num_kv_heads_;
+  int head_dim_;
+  int capacity_;
+  DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, head_dim]
+  DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, head_dim]
+  std::vector<int> length_;  // [num_layers]
+};
+
+}  // namespace kvlab::cuda

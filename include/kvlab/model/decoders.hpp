@@ -1,0 +1,197 @@
+/// \file
+/// \brief The decoders of the toy `AttentionStack`, one sequence each: `NaiveDecoder` (no
+/// cache), `CachedDecoder` (a contiguous cache) and `PagedDecoder` (blocks of a shared pool).
+/// They differ only in their `KVStore`; every step is `run_stack`. Checked against each other at
+/// every step in `tests/test_decoders.cpp`.
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/cache/paged_kv_cache.hpp"
+#include "kvlab/config.hpp"
+#include "kvlab/core/counters.hpp"
+#include "kvlab/core/paged_view.hpp"
+#include "kvlab/matrix.hpp"
+#include "kvlab/model/attention_layer.hpp"
+#include "kvlab/model/decoder.hpp"
+#include "kvlab/store/contiguous_store.hpp"
+#include "kvlab/store/kv_store.hpp"
+#include "kvlab/store/paged_store.hpp"
+#include "kvlab/store/recompute_store.hpp"
+
+namespace kvlab {
+
+/// A `Decoder` whose one sequence lives in a `KVStore` (possibly shared with other decoders):
+/// each `prefill` or `decode` is one `run_stack` step over that sequence alone. The sequence is
+/// freed when the decoder is destroyed.
+template <typename T, typename Store>
+class StoreDecoder : public Decoder<T> {
+ public:
+  ~StoreDecoder() override { store_->free_sequence(seq_); }
+
+  /// The store that holds this decoder's sequence (read-only).
+  const Store& store() const { return *store_; }
+  /// This decoder's sequence id in `store()`.
+  int sequence() const { return seq_; }
+
+ protected:
+  /// A decoder running `stack` on a new sequence of `store`.
+  /// \throws InvalidArgument if `stack` or `store` is null, or the store's layers, K/V heads
+  ///         or head_dim differ from the stack's.
+  StoreDecoder(std::shared_ptr<const AttentionStack<T>> stack, std::shared_ptr<Store> store)
+      : Decoder<T>(std::move(stack)),
+        store_(checked(std::move(store), this->stack())),
+        seq_(store_->add_sequence()) {}
+  /// A decoder that continues sequence `seq` of `parent`'s store (a fork made by the store).
+  StoreDecoder(const StoreDecoder& parent, int seq)
+      : Decoder<T>(parent.stack_pointer()), store_(parent.store_), seq_(seq) {
+    this->continue_from(parent);
+  }
+
+  /// The store, shared (for a fork).
+  const std::shared_ptr<Store>& store_pointer() const { return store_; }
+
+  /// One `run_stack` step of this decoder's sequence alone.
+  RowMatrix<T> forward(const RowMatrix<T>& x, CostCounters& counters) override {
+    const std::vector<std::int32_t> x_indptr{0, static_cast<std::int32_t>(x.rows())};  // [2]
+    return run_stack(this->stack(), *store_, {seq_}, x_indptr, x, &counters,
+                     "kvlab::Decoder::prefill");
+  }
+  /// Shortens the sequence in the store to `position` tokens.
+  void truncate(int position) override { store_->truncate(seq_, position); }
+
+ private:
+  static std::shared_ptr<Store> checked(std::shared_ptr<Store> store,
+                                        const AttentionStack<T>& stack) {
+    constexpr const char* kWhere = "kvlab::StoreDecoder";
+    if (!store) detail::fail(kWhere, "store", "a non-null store", "nullptr");
+    detail::require_equal(kWhere, "store->num_layers()", store->num_layers(), stack.num_layers(),
+                          "stack's num_layers");
+    detail::require_equal(kWhere, "store->num_kv_heads()", store->num_kv_heads(),
+                          stack.shape().num_kv_heads(), "stack's num_kv_heads");
+    detail::require_equal(kWhere, "store->head_dim()", store->head_dim(), stack.shape().head_dim(),
+                          "stack's head_dim");
+    return store;
+  }
+
+  std::shared_ptr<Store> store_;
+  int seq_;  // this decoder's sequence in store_
+};
+
+/// A decoder without a cache: its `RecomputeStore` keeps only the inputs, so step t projects K
+/// and V of all t tokens again in every layer (and, below the top layer, recomputes every
+/// position) and attends with `cpu::naive_attention`.
+///
+/// So a one-layer model costs t K/V projections and t scores per query head per step: over n
+/// steps n(n+1)/2 of each, Θ(n²). A deeper model also recomputes t positions in each lower
+/// layer: t² scores per head per lower layer per step, Θ(n³) in total. Memory: the inputs,
+/// [t, d_model].
+template <typename T>
+class NaiveDecoder : public StoreDecoder<T, RecomputeStore<T>> {
+ public:
+  /// A decoder running `stack`, with no token yet.
+  /// \throws InvalidArgument if `stack` is null.
+  explicit NaiveDecoder(std::shared_ptr<const AttentionStack<T>> stack)
+      : StoreDecoder<T, RecomputeStore<T>>(stack, store_for(stack.get())) {}
+
+ private:
+  static std::shared_ptr<RecomputeStore<T>> store_for(const AttentionStack<T>* s) {
+    if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
+    return std::make_shared<RecomputeStore<T>>(s->num_layers(), s->shape().num_kv_heads(),
+                                               s->shape().head_dim(), s->d_model());
+  }
+};
+
+/// A decoder that keeps K and V of every past token in a `ContiguousKVCache` reserved for
+/// `capacity` tokens (its `ContiguousStore`): each step projects q, k and v of the new tokens
+/// only, appends k and v, and attends with `cpu::decode_attention` (causal within the new
+/// tokens, so a prompt can be prefilled at once).
+///
+/// So each step costs p K/V projections per K/V head per layer, Θ(1) for a decode step, and the
+/// scores still cost t per query head (every new query meets every cached key). Memory: the
+/// cache, reserved for `capacity` tokens.
+template <typename T>
+class CachedDecoder : public StoreDecoder<T, ContiguousStore<T>> {
+ public:
+  /// A decoder running `stack` with room for `capacity` tokens.
+  /// \throws InvalidArgument if `stack` is null or `capacity < 1`.
+  CachedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int capacity)
+      : StoreDecoder<T, ContiguousStore<T>>(stack, store_for(stack.get(), capacity)) {}
+
+  /// The cache (read-only), e.g. to print its contents or its size.
+  const ContiguousKVCache<T>& cache() const { return this->store().cache(this->sequence()); }
+
+ private:
+  static std::shared_ptr<ContiguousStore<T>> store_for(const AttentionStack<T>* s, int capacity) {
+    if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
+    return std::make_shared<ContiguousStore<T>>(s->num_layers(), s->shape().num_kv_heads(),
+                                                s->shape().head_dim(), capacity);
+  }
+};
+
+/// A decoder that keeps K and V of its tokens in the blocks of a `PagedKVCache` (its
+/// `PagedStore`): one sequence of a pool that other decoders may share. Each step makes room in
+/// the sequence's blocks (a new block only when the last one is full — the only allocation of
+/// the step), writes the new tokens' k and v there layer by layer and attends with
+/// `cpu::paged_prefill_attention` through the sequence's block table.
+///
+/// The work is exactly that of `CachedDecoder` (the same counts in every counter); what differs
+/// is the memory: blocks as the sequence grows instead of `capacity` tokens up front. `fork()`
+/// gives a second decoder that continues from the same tokens without copying them.
+template <typename T>
+class PagedDecoder : public StoreDecoder<T, PagedStore<T>> {
+ public:
+  /// A decoder with a pool of its own: `num_blocks` blocks of `block_size` tokens, their values
+  /// in `layout`.
+  /// \throws InvalidArgument if `stack` is null or `block_size` or `num_blocks` is below 1.
+  PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int block_size, int num_blocks,
+               KVLayout layout = KVLayout::NHD)
+      : StoreDecoder<T, PagedStore<T>>(stack,
+                                       store_for(stack.get(), block_size, num_blocks, layout)) {}
+
+  /// A decoder that adds its sequence to `pool`, shared with other decoders of the same stack.
+  /// \throws InvalidArgument if `pool` is null or its layers, K/V heads or head_dim differ from
+  ///         the stack's.
+  PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack,
+               std::shared_ptr<PagedKVCache<T>> pool)
+      : StoreDecoder<T, PagedStore<T>>(stack, store_over(std::move(pool), stack.get())) {}
+
+  /// A new decoder at the same position, continuing from the same tokens: it shares every
+  /// block (no K/V is copied) until one of the two appends into the shared last block, which is
+  /// then copied for it (copy on write). Counters start at zero.
+  std::unique_ptr<PagedDecoder> fork() const {
+    return std::unique_ptr<PagedDecoder>(
+        new PagedDecoder(*this, this->store_pointer()->fork(this->sequence())));
+  }
+
+  /// The pool (read-only): blocks, reference counts, the block tables of every sequence.
+  const PagedKVCache<T>& cache() const { return this->store().cache(); }
+
+ private:
+  PagedDecoder(const PagedDecoder& parent, int seq) : StoreDecoder<T, PagedStore<T>>(parent, seq) {}
+
+  static std::shared_ptr<PagedStore<T>> store_over(std::shared_ptr<PagedKVCache<T>> pool,
+                                                   const AttentionStack<T>* s) {
+    constexpr const char* kWhere = "kvlab::PagedDecoder";
+    if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
+    if (!pool) detail::fail(kWhere, "pool", "a non-null pool", "nullptr");
+    detail::require_equal(kWhere, "pool->num_layers()", pool->num_layers(), s->num_layers(),
+                          "stack's num_layers");
+    detail::require_equal(kWhere, "pool->num_kv_heads()", pool->num_kv_heads(),
+                          s->shape().num_kv_heads(), "stack's num_kv_heads");
+    detail::require_equal(kWhere, "pool->head_dim()", pool->head_dim(), s->shape().head_dim(),
+                          "stack's head_dim");
+    return std::make_shared<PagedStore<T>>(std::move(pool));
+  }
+  static std::shared_ptr<PagedStore<T>> store_for(const AttentionStack<T>* s, int block_size,
+                                                  int num_blocks, KVLayout layout) {
+    if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
+    return std::make_shared<PagedStore<T>>(s->num_layers(), s->shape().num_kv_heads(),
+                                           s->shape().head_dim(), block_size, num_blocks, layout);
+  }
+};
+
+}  // namespace kvlab

@@ -1,0 +1,87 @@
+/// \file
+/// \brief `LlamaBackend`: the three ways a `LlamaModel` can keep its past — naive (recompute),
+/// cached (contiguous) and paged — by name, and the `KVStore` each one is.
+#pragma once
+
+#include <climits>
+#include <memory>
+#include <string>
+
+#include "kvlab/config.hpp"
+#include "kvlab/model/llama_config.hpp"
+#include "kvlab/store/contiguous_store.hpp"
+#include "kvlab/store/kv_store.hpp"
+#include "kvlab/store/paged_store.hpp"
+#include "kvlab/store/recompute_store.hpp"
+
+namespace kvlab {
+
+/// How a `LlamaModel` attends to its past: which `KVStore` it runs on.
+enum class LlamaBackend : int {
+  /// No cache (`RecomputeStore`): every step runs the whole sequence through every layer again
+  /// and re-projects K and V of every token in every layer (`cpu::naive_attention`).
+  Naive = 0,
+  /// A contiguous cache per sequence (`ContiguousStore`) holding `max_tokens` positions per
+  /// layer; each step projects the new tokens only (`cpu::decode_attention`).
+  Cached = 1,
+  /// Blocks of a pool (`PagedStore`), taken as the sequence grows; each step projects the new
+  /// tokens only and attends through the block tables (`cpu::paged_prefill_attention`).
+  Paged = 2,
+};
+
+/// Name of a backend: "naive", "cached" or "paged".
+inline const char* to_string(LlamaBackend backend) {
+  switch (backend) {
+    case LlamaBackend::Naive:
+      return "naive";
+    case LlamaBackend::Cached:
+      return "cached";
+    case LlamaBackend::Paged:
+      return "paged";
+  }
+  return "unknown";
+}
+
+/// The backend named `name` ("naive", "cached" or "paged").
+/// \throws InvalidArgument for any other name.
+inline LlamaBackend parse_llama_backend(const std::string& name) {
+  if (name == "naive") return LlamaBackend::Naive;
+  if (name == "cached") return LlamaBackend::Cached;
+  if (name == "paged") return LlamaBackend::Paged;
+  detail::fail("kvlab::parse_llama_backend", "name", "naive, cached or paged", "'" + name + "'");
+}
+
+/// The store of `backend` for a model of shape `config`, with room for `sequences` sequences of
+/// `max_tokens` tokens each: a `RecomputeStore` (inputs of `config.dim` values per token), a
+/// `ContiguousStore` reserving `max_tokens` per sequence, or a `PagedStore` of
+/// `sequences · ceil(max_tokens / block_size)` blocks of `block_size` tokens.
+/// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1.
+inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
+                                                        const LlamaConfig& config, int max_tokens,
+                                                        int block_size = 16, int sequences = 1) {
+  constexpr const char* kWhere = "kvlab::make_llama_store";
+  detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
+  detail::require_at_least(kWhere, "block_size", block_size, 1);
+  detail::require_at_least(kWhere, "sequences", sequences, 1);
+  const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
+  switch (backend) {
+    case LlamaBackend::Naive:
+      return std::make_shared<RecomputeStore<float>>(layers, kv_heads, head_dim, config.dim);
+    case LlamaBackend::Cached:
+      return std::make_shared<ContiguousStore<float>>(layers, kv_heads, head_dim, max_tokens);
+    case LlamaBackend::Paged: {
+      const long long blocks = 1LL * sequences * ((max_tokens - 1) / block_size + 1);
+      if (blocks > INT_MAX) {
+        detail::fail(kWhere, "sequences",
+                     "at most " + std::to_string(INT_MAX / ((max_tokens - 1) / block_size + 1)) +
+                         " (blocks fit in an int)",
+                     sequences);
+      }
+      return std::make_shared<PagedStore<float>>(layers, kv_heads, head_dim, block_size,
+                                                 static_cast<int>(blocks));
+    }
+  }
+  detail::fail(kWhere, "backend", "naive, cached or paged", static_cast<int>(backend));
+}
+
+}  // namespace kvlab

@@ -1,0 +1,31 @@
+# CTest `layers`: every header of include/kvlab/<folder> includes only kvlab headers of the
+# folders below it (kvlab.hpp's list): a folder reads downward only. Run as
+#   cmake -DINCLUDE_DIR=<repo>/include -P check_layers.cmake
+cmake_minimum_required(VERSION 3.20)
+# folder -> the kvlab folders (and top-level headers) it may include, besides itself
+set(allowed_core    "config.hpp")
+set(allowed_cache   "config.hpp;matrix.hpp;core")
+set(allowed_cpu     "config.hpp;matrix.hpp;core")
+set(allowed_analysis "config.hpp;matrix.hpp;core;cache")
+set(allowed_store   "config.hpp;matrix.hpp;core;cache;cpu;analysis")
+set(allowed_model   "config.hpp;matrix.hpp;core;cache;cpu;analysis;store")
+set(allowed_cuda    "config.hpp;matrix.hpp;core;cache;cpu;analysis;store;model")
+set(failures "")
+foreach(folder core cache cpu analysis store model cuda)
+  file(GLOB headers "${INCLUDE_DIR}/kvlab/${folder}/*.hpp" "${INCLUDE_DIR}/kvlab/${folder}/*.cuh")
+  foreach(header IN LISTS headers)
+    file(STRINGS "${header}" lines REGEX "^#include \"kvlab/")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE "^#include \"kvlab/([^\"]*)\".*" "\\1" target "${line}")
+      string(REGEX REPLACE "/.*" "" top "${target}")  # folder, or the header itself at the top
+      if(NOT top STREQUAL folder AND NOT top IN_LIST allowed_${folder})
+        list(APPEND failures "${header}: includes kvlab/${target}, above ${folder}/")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(failures)
+  string(REPLACE ";" "\n" failures "${failures}")
+  message(FATAL_ERROR "headers that read upward:\n${failures}")
+endif()
+message(STATUS "every folder of include/kvlab includes only the folders below it")

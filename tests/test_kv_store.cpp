@@ -1,0 +1,328 @@
+// One suite over every way of keeping K/V (every KVStore: recompute, contiguous, paged with
+// block sizes 1, 7 and 16 in both pool layouts): a ragged batch — sequences of different
+// lengths, prompt chunks and decode tokens in one step, sequences joining and leaving between
+// steps — gives each sequence exactly what it gets alone; forks continue as their parents
+// would; a step is all or nothing (a sequence without room fails the whole step, and nothing
+// changes); an aborted step leaves every sequence as it was; bad arguments are named.
+//
+// Tolerance (test_support.hpp): a sequence in a batch shares its matrix products with the
+// other sequences' rows, so its sums may be computed in another order than alone — double
+// 1e-12, float 1e-5, relative to max(1, row max). Measured with g++ 12 (x86-64, Release, 1
+// thread): float at most 1.8e-7, double at most 3.0e-16 — the matrix products of a different
+// number of rows round differently; the attention of each sequence is the same arithmetic.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvlab/kvlab.hpp"
+#include "test_support.hpp"
+
+using kvlab::AttentionShape;
+using kvlab::AttentionStack;
+using kvlab::KVStore;
+using kvlab::RowMatrix;
+using kvlab_test::max_row_relative_error;
+using kvlab_test::names;
+using kvlab_test::tolerance;
+
+namespace {
+
+// A store of one kind for `stack`, with room for `sequences` sequences of `max_len` tokens.
+struct StoreKind {
+  const char* name;
+  int block_size;  // paged only
+  kvlab::KVLayout layout;
+};
+
+const StoreKind kKinds[] = {
+    {"recompute", 0, kvlab::KVLayout::NHD}, {"contiguous", 0, kvlab::KVLayout::NHD},
+    {"paged", 1, kvlab::KVLayout::NHD},     {"paged", 7, kvlab::KVLayout::NHD},
+    {"paged", 16, kvlab::KVLayout::NHD},    {"paged", 7, kvlab::KVLayout::HND}};
+
+template <typename T>
+std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionStack<T>& stack,
+                                       int max_len, int sequences) {
+  const int layers = stack.num_layers(), kv_heads = stack.shape().num_kv_heads(),
+            head_dim = stack.shape().head_dim();
+  const std::string name = kind.name;
+  if (name == "recompute")
+    return std::make_shared<kvlab::RecomputeStore<T>>(layers, kv_heads, head_dim, stack.d_model());
+  if (name == "contiguous")
+    return std::make_shared<kvlab::ContiguousStore<T>>(layers, kv_heads, head_dim, max_len);
+  const int blocks = sequences * ((max_len - 1) / kind.block_size + 1);
+  return std::make_shared<kvlab::PagedStore<T>>(layers, kv_heads, head_dim, kind.block_size, blocks,
+                                                kind.layout);
+}
+
+// One chunk of a step: `tokens` new rows of sequence `who` (an index into the script's
+// sequences), taken from its input rows in order.
+struct Chunk {
+  int who, tokens;
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets alone", "", float,
+                   double) {
+  using T = TestType;
+  const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout));
+  const AttentionShape shape(8, 2, 16);  // GQA
+  const auto stack = AttentionStack<T>::random(3, shape, 32, 11);
+  constexpr int kSequences = 5, kMaxLen = 40;
+  kvlab::Rng rng(3);
+  std::vector<RowMatrix<T>> inputs;  // [sequence][kMaxLen, d_model]
+  for (int s = 0; s < kSequences; ++s) inputs.push_back(kvlab::random_matrix<T>(kMaxLen, 32, rng));
+
+  // The steps: prompts in one or more chunks of different sizes, decode tokens, sequences that
+  // sit a step out, sequence 4 joining at step 2, sequence 1 leaving after step 3.
+  const std::vector<std::vector<Chunk>> script = {
+      {{0, 5}, {1, 1}, {2, 12}, {3, 3}}, {{0, 1}, {1, 1}, {3, 4}},
+      {{0, 1}, {2, 7}, {3, 1}, {4, 9}},  {{1, 1}, {0, 2}, {4, 1}, {2, 1}, {3, 1}},
+      {{4, 1}, {0, 1}, {2, 1}},          {{3, 16}, {2, 1}, {0, 1}, {4, 1}},
+  };
+  const auto batched = make_store<T>(kind, *stack, kMaxLen, kSequences);
+  std::vector<std::shared_ptr<KVStore<T>>> alone;  // one store per sequence, that sequence only
+  std::vector<int> in_batch(kSequences, -1), in_alone(kSequences, -1), fed(kSequences, 0);
+  for (int s = 0; s < kSequences; ++s) alone.push_back(make_store<T>(kind, *stack, kMaxLen, 1));
+  double worst = 0;
+  for (std::size_t step = 0; step < script.size(); ++step) {
+    CAPTURE(step);
+    if (step == 4) {  // sequence 1 leaves: its blocks or cache go back
+      batched->free_sequence(in_batch[1]);
+      in_batch[1] = -1;
+    }
+    std::vector<int> seqs;
+    std::vector<std::int32_t> indptr{0};
+    std::vector<RowMatrix<T>> rows;
+    for (const Chunk& c : script[step]) {
+      if (in_batch[static_cast<std::size_t>(c.who)] < 0) {  // a sequence joins
+        in_batch[static_cast<std::size_t>(c.who)] = batched->add_sequence();
+        in_alone[static_cast<std::size_t>(c.who)] =
+            alone[static_cast<std::size_t>(c.who)]->add_sequence();
+      }
+      seqs.push_back(in_batch[static_cast<std::size_t>(c.who)]);
+      indptr.push_back(indptr.back() + c.tokens);
+      rows.push_back(inputs[static_cast<std::size_t>(c.who)].middleRows(
+          fed[static_cast<std::size_t>(c.who)], c.tokens));
+    }
+    RowMatrix<T> x(indptr.back(), 32);  // [new tokens, d_model], sequence after sequence
+    for (std::size_t i = 0; i < rows.size(); ++i) x.middleRows(indptr[i], rows[i].rows()) = rows[i];
+    kvlab::CostCounters batch_work;
+    const RowMatrix<T> y = kvlab::run_stack(*stack, *batched, seqs, indptr, x, &batch_work);
+    REQUIRE(y.rows() == x.rows());
+    kvlab::CostCounters alone_work;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const int who = script[step][i].who;
+      const RowMatrix<T> want = kvlab::run_stack(
+          *stack, *alone[static_cast<std::size_t>(who)], {in_alone[static_cast<std::size_t>(who)]},
+          {0, static_cast<std::int32_t>(rows[i].rows())}, rows[i], &alone_work);
+      const double error =
+          max_row_relative_error(RowMatrix<T>(y.middleRows(indptr[i], rows[i].rows())), want);
+      worst = std::max(worst, error);
+      CHECK(error <= tolerance<T>());
+      fed[static_cast<std::size_t>(who)] += script[step][i].tokens;
+      CHECK(batched->length(in_batch[static_cast<std::size_t>(who)]) ==
+            fed[static_cast<std::size_t>(who)]);
+    }
+    CHECK(batch_work == alone_work);  // the same work, done in one step
+  }
+  INFO("largest difference batched vs alone: " << worst);
+  CHECK(worst <= tolerance<T>());
+  CHECK(batched->sequences().size() == static_cast<std::size_t>(kSequences - 1));
+}
+
+TEST_CASE("every store: a fork continues as its parent would, and the parent is unchanged") {
+  const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout));
+  const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 8), 16, 2);
+  kvlab::Rng rng(9);
+  const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);
+  const RowMatrix<double> a_tail = kvlab::random_matrix<double>(4, 16, rng);
+  const RowMatrix<double> b_tail = kvlab::random_matrix<double>(3, 16, rng);
+  const auto store = make_store<double>(kind, *stack, 20, 3);
+  const int a = store->add_sequence();
+  kvlab::run_stack(*stack, *store, {a}, {0, 10}, prompt);
+  const int b = store->fork(a);
+  CHECK(store->length(b) == 10);
+  // Both continue in one step with different tokens; each equals a fresh sequence fed its whole
+  // history.
+  RowMatrix<double> x(7, 16);
+  x << a_tail, b_tail;
+  const RowMatrix<double> y = kvlab::run_stack(*stack, *store, {a, b}, {0, 4, 7}, x);
+  for (const auto& [tail, rows_at] :
+       std::vector<std::pair<RowMatrix<double>, int>>{{a_tail, 0}, {b_tail, 4}}) {
+    const auto fresh = make_store<double>(kind, *stack, 20, 1);
+    const int f = fresh->add_sequence();
+    RowMatrix<double> history(10 + tail.rows(), 16);
+    history << prompt, tail;
+    const RowMatrix<double> want = kvlab::run_stack(
+        *stack, *fresh, {f}, {0, static_cast<std::int32_t>(history.rows())}, history);
+    CHECK(max_row_relative_error(RowMatrix<double>(y.middleRows(rows_at, tail.rows())),
+                                 RowMatrix<double>(want.bottomRows(tail.rows()))) <=
+          tolerance<double>());
+  }
+  CHECK(store->length(a) == 14);
+  CHECK(store->length(b) == 13);
+  // Truncating the fork back and freeing it leaves the parent as it was.
+  store->truncate(b, 5);
+  CHECK(store->length(b) == 5);
+  store->free_sequence(b);
+  CHECK(store->sequences() == std::vector<int>{a});
+  CHECK(store->length(a) == 14);
+}
+
+TEST_CASE("every store: bytes reserved and used follow the sequences") {
+  const auto stack = AttentionStack<float>::random(2, AttentionShape(4, 2, 8), 16, 2);
+  const std::size_t token_kv = 2 * 2 * 2 * 8 * sizeof(float);  // K and V, 2 layers, 2 heads, 8
+  kvlab::Rng rng(4);
+  const RowMatrix<float> x = kvlab::random_matrix<float>(9, 16, rng);
+  SECTION("recompute keeps the inputs: 16 floats per token") {
+    kvlab::RecomputeStore<float> store(2, 2, 8, 16);
+    const int s = store.add_sequence();
+    kvlab::run_stack(*stack, store, {s}, {0, 9}, x);
+    CHECK(store.bytes_used() == 9 * 16 * sizeof(float));
+    CHECK(store.bytes_reserved() == store.bytes_used());
+  }
+  SECTION("contiguous reserves its capacity per sequence") {
+    kvlab::ContiguousStore<float> store(2, 2, 8, 12);
+    const int s = store.add_sequence();
+    store.add_sequence();  // empty, but reserved
+    kvlab::run_stack(*stack, store, {s}, {0, 9}, x);
+    CHECK(store.bytes_reserved() == 2 * 12 * token_kv);
+    CHECK(store.bytes_used() == 9 * token_kv);
+  }
+  SECTION("paged reserves whole blocks as sequences grow, shared blocks once") {
+    kvlab::PagedStore<float> store(2, 2, 8, 4, 10);
+    const int s = store.add_sequence();
+    store.add_sequence();  // empty: no block
+    kvlab::run_stack(*stack, store, {s}, {0, 9}, x);
+    CHECK(store.bytes_reserved() == 3 * 4 * token_kv);  // 9 tokens in 3 blocks of 4
+    CHECK(store.bytes_used() == 9 * token_kv);
+    store.fork(s);  // shares all three blocks
+    CHECK(store.bytes_reserved() == 3 * 4 * token_kv);
+    CHECK(store.bytes_used() == 9 * token_kv);
+  }
+}
+
+TEST_CASE("a step is all or nothing: no room for one sequence fails the step, nothing changes") {
+  const auto stack = AttentionStack<float>::random(2, AttentionShape(4, 2, 8), 16, 3);
+  kvlab::Rng rng(6);
+  const RowMatrix<float> x = kvlab::random_matrix<float>(13, 16, rng);
+  SECTION("paged: the blocks of the whole step are counted before any is taken") {
+    kvlab::PagedStore<float> store(2, 2, 8, 4, 4);  // 16 tokens in all
+    const int a = store.add_sequence(), b = store.add_sequence();
+    kvlab::run_stack(*stack, store, {a}, {0, 3}, RowMatrix<float>(x.topRows(3)));
+    // a needs 1 more block for 3 tokens (4 + 2), b needs 3 for 10: 4 > 3 free.
+    CHECK_THROWS_MATCHES(kvlab::run_stack(*stack, store, {a, b}, {0, 3, 13}, x), kvlab::OutOfBlocks,
+                         names("free blocks", "at least 4 for 13 new tokens of 2 sequences", "3"));
+    CHECK(store.length(a) == 3);
+    CHECK(store.length(b) == 0);
+    CHECK(store.cache().allocator().num_free() == 3);
+    CHECK_NOTHROW(
+        kvlab::run_stack(*stack, store, {a, b}, {0, 3, 9}, RowMatrix<float>(x.topRows(9))));
+    CHECK(store.cache().allocator().num_free() == 0);
+  }
+  SECTION("contiguous: a sequence past its capacity fails the step") {
+    kvlab::ContiguousStore<float> store(2, 2, 8, 8);
+    const int a = store.add_sequence(), b = store.add_sequence();
+    CHECK_THROWS_MATCHES(
+        kvlab::run_stack(*stack, store, {a, b}, {0, 2, 11}, RowMatrix<float>(x.topRows(11))),
+        kvlab::CapacityError,
+        names("new tokens of sequence 1", "at most 8 (capacity 8, length 0)", "9"));
+    CHECK(store.length(a) == 0);
+    CHECK_NOTHROW(
+        kvlab::run_stack(*stack, store, {a, b}, {0, 2, 10}, RowMatrix<float>(x.topRows(10))));
+  }
+}
+
+TEST_CASE("every store: an aborted step leaves every sequence as it was") {
+  const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
+  CAPTURE(kind.name, kind.block_size);
+  const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 8), 16, 4);
+  kvlab::Rng rng(8);
+  const RowMatrix<double> x = kvlab::random_matrix<double>(8, 16, rng);
+  const auto store = make_store<double>(kind, *stack, 16, 2);
+  const auto twin = make_store<double>(kind, *stack, 16, 2);
+  const int a = store->add_sequence(), b = store->add_sequence();
+  const int ta = twin->add_sequence(), tb = twin->add_sequence();
+  kvlab::run_stack(*stack, *store, {a, b}, {0, 3, 5}, RowMatrix<double>(x.topRows(5)));
+  kvlab::run_stack(*stack, *twin, {ta, tb}, {0, 3, 5}, RowMatrix<double>(x.topRows(5)));
+  // A step that fails after layer 0 kept its K and V (a wrong query shape in attend).
+  RowMatrix<double> inputs;
+  const kvlab::StepBatch& step =
+      store->begin_step({b, a}, {0, 1, 3}, RowMatrix<double>(x.bottomRows(3)), inputs);
+  CHECK(step.size() == 2);
+  RowMatrix<double> k = RowMatrix<double>::Zero(step.rows(), 16), v = k, out;
+  store->append(0, k, v);
+  CHECK_THROWS_MATCHES(store->attend(0, stack->shape(), RowMatrix<double>::Zero(step.rows(), 31),
+                                     step.row_indptr, out, nullptr),
+                       kvlab::InvalidArgument,
+                       names("q.cols()", "32 (num_heads * head_dim)", "31"));
+  CHECK_THROWS_MATCHES(store->free_sequence(a), kvlab::InvalidArgument,
+                       names("step", "no step open (end_step or abort_step first)", "a step open"));
+  store->abort_step();
+  CHECK(store->length(a) == 3);
+  CHECK(store->length(b) == 2);
+  // It goes on exactly as the twin that never saw the failed step.
+  const RowMatrix<double> y =
+      kvlab::run_stack(*stack, *store, {b, a}, {0, 1, 3}, RowMatrix<double>(x.bottomRows(3)));
+  const RowMatrix<double> want =
+      kvlab::run_stack(*stack, *twin, {tb, ta}, {0, 1, 3}, RowMatrix<double>(x.bottomRows(3)));
+  CHECK(y == want);
+}
+
+TEST_CASE("KVStore checks every argument and names it") {
+  kvlab::PagedStore<float> store(1, 2, 8, 4, 8);
+  const int a = store.add_sequence();
+  RowMatrix<float> inputs;
+  const RowMatrix<float> two = RowMatrix<float>::Zero(2, 16);
+  CHECK_THROWS_MATCHES(store.begin_step({}, {0}, two, inputs), kvlab::InvalidArgument,
+                       names("seqs.size()", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(store.begin_step({a}, {0, 1, 2}, two, inputs), kvlab::InvalidArgument,
+                       names("new_indptr.size()", "2 (seqs.size() + 1)", "3"));
+  CHECK_THROWS_MATCHES(store.begin_step({7}, {0, 2}, two, inputs), kvlab::InvalidArgument,
+                       names("seqs[0]", "a live sequence id", "7"));
+  CHECK_THROWS_MATCHES(store.begin_step({a, a}, {0, 1, 2}, two, inputs), kvlab::InvalidArgument,
+                       names("seqs[1]", "a sequence not already in the batch", "0"));
+  CHECK_THROWS_MATCHES(
+      store.begin_step({a}, {0, 0}, RowMatrix<float>(0, 16), inputs), kvlab::InvalidArgument,
+      names("new_indptr[1]", "> new_indptr[0] (0): every sequence adds at least one token", "0"));
+  CHECK_THROWS_MATCHES(store.begin_step({a}, {0, 3}, two, inputs), kvlab::InvalidArgument,
+                       names("new_inputs.rows()", "3 (new_indptr[batch])", "2"));
+  CHECK_THROWS_MATCHES(store.append(0, two, two), kvlab::InvalidArgument,
+                       names("step", "a step open (begin_step first)", "none"));
+  CHECK(store.length(a) == 0);
+  CHECK(store.cache().allocator().num_free() == 8);
+  store.begin_step({a}, {0, 2}, two, inputs);
+  CHECK_THROWS_MATCHES(store.begin_step({a}, {0, 2}, two, inputs), kvlab::InvalidArgument,
+                       names("step", "no step open (end_step or abort_step first)", "a step open"));
+  CHECK_THROWS_MATCHES(store.append(1, two, two), kvlab::InvalidArgument,
+                       names("layer", "in [0, 1)", "1"));
+  CHECK_THROWS_MATCHES(store.append(0, RowMatrix<float>::Zero(3, 16), two), kvlab::InvalidArgument,
+                       names("k.rows()", "2 (the step's rows)", "3"));
+  store.append(0, two, two);
+  RowMatrix<float> out;
+  CHECK_THROWS_MATCHES(
+      store.attend(0, AttentionShape(4, 2, 8), RowMatrix<float>::Zero(3, 32), {0, 3}, out, nullptr),
+      kvlab::InvalidArgument,
+      names("q_indptr[1]", "q_indptr[0] + [1, 2] (the rows of sequence 0)", "3"));
+  CHECK_THROWS_MATCHES(
+      store.attend(0, AttentionShape(4, 4, 8), RowMatrix<float>::Zero(2, 32), {0, 2}, out, nullptr),
+      kvlab::InvalidArgument, names("shape.num_kv_heads()", "2 (the store's num_kv_heads)", "4"));
+  store.end_step();
+  CHECK(store.length(a) == 2);
+  CHECK_THROWS_MATCHES(store.truncate(a, 3), kvlab::InvalidArgument,
+                       names("length", "in [0, 2]", "3"));
+  CHECK_THROWS_MATCHES(store.fork(5), kvlab::InvalidArgument,
+                       names("seq", "a live sequence id", "5"));
+  CHECK_THROWS_MATCHES(kvlab::PagedStore<float>(nullptr), kvlab::InvalidArgument,
+                       names("pool", "a non-null pool", "nullptr"));
+  CHECK_THROWS_MATCHES(kvlab::ContiguousStore<float>(1, 2, 8, 0), kvlab::InvalidArgument,
+                       names("capacity", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(kvlab::RecomputeStore<float>(1, 2, 8, 0), kvlab::InvalidArgument,
+                       names("input_width", ">= 1", "0"));
+}
