@@ -54,9 +54,9 @@
 // bench/results/README.md puts the results beside vLLM's published figures, with their sources.
 //
 // Build and run (Release):
-//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target
-//   bench_memory_waste build/bench/bench_memory_waste [--requests N] [--seed S] [--budget-gib G]
-//   [--max-len M]
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+//   cmake --build build --target bench_memory_waste
+//   build/bench/bench_memory_waste [--requests N] [--seed S] [--budget-gib G] [--max-len M]
 //                                  [--median T] [--sigma S] [--json FILE]
 // --help lists the options.
 #include <algorithm>
@@ -71,7 +71,7 @@
 #include <string>
 #include <vector>
 
-#include <kvlab/cache/memory_accounting.hpp>
+#include <kvlab/analysis/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
 
 #include "cli.hpp"
@@ -190,7 +190,7 @@ std::string replay_first_round(const std::vector<Request>& requests, int block_s
     std::size_t admitted = 0;
     for (const Request& r : requests) {
       try {
-        probe.append(probe.add_sequence(), static_cast<int>(r.total));
+        probe.reserve(probe.add_sequence(), static_cast<int>(r.total));
       } catch (const kvlab::OutOfBlocks&) {
         break;
       }
@@ -205,7 +205,7 @@ std::string replay_first_round(const std::vector<Request>& requests, int block_s
   Tokens formula;  // lifetime sums from the formulas, for the k requests
   for (std::size_t i = 0; i < k; ++i) {
     seqs[i] = cache.add_sequence();
-    cache.append(seqs[i], static_cast<int>(requests[i].prompt));
+    cache.reserve(seqs[i], static_cast<int>(requests[i].prompt));
     prompts.push_back(requests[i].prompt);
     for (std::int64_t t = requests[i].prompt; t <= requests[i].total; ++t) {
       formula.reserved +=
@@ -233,7 +233,7 @@ std::string replay_first_round(const std::vector<Request>& requests, int block_s
         seqs[i] = -1;
         --remaining;
       } else {
-        cache.append(seqs[i], 1);  // cannot run out: the pool holds every request at length L
+        cache.reserve(seqs[i], 1);  // cannot run out: the pool holds every request at length L
       }
     }
   }

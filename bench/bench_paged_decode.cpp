@@ -91,12 +91,8 @@ struct Pool {
   Pool(const kvlab::ContiguousKVView<float>& cache, int block_size, kvlab::KVLayout layout) {
     const int n = cache.length;
     const int num_blocks = (n - 1) / block_size + 1;
-    std::vector<std::int32_t> order(static_cast<std::size_t>(num_blocks));  // [num_blocks]
-    std::iota(order.begin(), order.end(), 0);
     kvlab::Rng rng(kSeed + static_cast<std::uint64_t>(block_size));
-    for (std::size_t i = order.size() - 1; i > 0; --i)
-      std::swap(order[i], order[static_cast<std::size_t>(rng.next_u64() % (i + 1))]);
-    tables = kvlab::BlockTables::from_lists({order}, {n}, num_blocks, block_size);
+    tables = kvlab::BlockTables::shuffled({n}, block_size, 0, rng);
     const std::size_t size =
         static_cast<std::size_t>(num_blocks) * block_size * cache.num_kv_heads * cache.head_dim;
     k.assign(size, 0.0f);

@@ -9,6 +9,7 @@ scripts/install-deps.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 # A build of its own, with only what the demo needs (no Catch2, no Doxygen).
 cmake -S . -B build-demo -DCMAKE_BUILD_TYPE=Release -DKVLAB_BUILD_TESTS=OFF \
-  -DKVLAB_BUILD_TUTORIALS=OFF -DKVLAB_BUILD_DOCS=OFF -DKVLAB_ENABLE_CUDA=OFF >/dev/null
+  -DKVLAB_BUILD_TUTORIALS=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BUILD_DOCS=OFF -DKVLAB_ENABLE_CUDA=OFF \
+  >/dev/null
 cmake --build build-demo --target kvlab-gap -j "$jobs"
-exec build-demo/bench/kvlab-gap "$@"
+exec build-demo/apps/kvlab-gap "$@"

@@ -41,10 +41,11 @@
 
 #include <kvlab/cache/block_tables.hpp>
 #include <kvlab/cpu/decode_attention.hpp>
+#include <kvlab/cuda/contiguous_kv_cache.cuh>
 #include <kvlab/cuda/host_api.cuh>
-#include <kvlab/cuda/kv_cache.cuh>
+#include <kvlab/cuda/paged_kv_cache.cuh>
 
-#include "../cli.hpp"
+#include "cli.hpp"  // apps/cli.hpp
 #include "gpu_bench.cuh"
 
 namespace {
@@ -240,16 +241,9 @@ int run(const Options& o) {
   };
   // the same rows in blocks of a shuffled pool
   const auto make_pool = [&](kvlab::KVLayout layout) {
-    std::vector<std::int32_t> order(static_cast<std::size_t>(B) * pages);
-    std::iota(order.begin(), order.end(), 0);
-    for (std::size_t i = order.size() - 1; i > 0; --i)
-      std::swap(order[i], order[rng.next_u64() % (i + 1)]);
-    std::vector<std::vector<std::int32_t>> lists;
-    for (int s = 0; s < B; ++s)
-      lists.emplace_back(order.begin() + s * pages, order.begin() + (s + 1) * pages);
-    const kvlab::BlockTables tables = kvlab::BlockTables::from_lists(
-        lists, std::vector<int>(B, L), static_cast<int>(order.size()), block_size);
-    const std::size_t size = order.size() * block_size * o.kv_heads * d;
+    const kvlab::BlockTables tables =
+        kvlab::BlockTables::shuffled(std::vector<int>(B, L), block_size, 0, rng);
+    const std::size_t size = static_cast<std::size_t>(B) * pages * block_size * o.kv_heads * d;
     std::vector<float> pk(size, NAN), pv(size, NAN);
     const kvlab::PagedKVView<float> host = tables.view(pk.data(), pv.data(), o.kv_heads, d, layout);
     for (int s = 0; s < B; ++s)

@@ -32,10 +32,11 @@
 #include <kvlab/cache/block_tables.hpp>
 #include <kvlab/cpu/decode_attention.hpp>
 #include <kvlab/cpu/paged_attention.hpp>
+#include <kvlab/cuda/contiguous_kv_cache.cuh>
 #include <kvlab/cuda/decode_attention.cuh>
-#include <kvlab/cuda/kv_cache.cuh>
+#include <kvlab/cuda/paged_kv_cache.cuh>
 
-#include "../cli.hpp"
+#include "cli.hpp"  // apps/cli.hpp
 #include "gpu_bench.cuh"
 
 namespace {
@@ -184,22 +185,9 @@ int run(const Options& o) {
           r.lengths.back() = context;
         }
         // The pool: every sequence's blocks in a random permutation of the pool.
-        std::vector<std::vector<std::int32_t>> lists;
-        int blocks = 0;
-        for (int len : r.lengths) blocks += (len - 1) / o.block_size + 1;
-        std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
-        std::iota(order.begin(), order.end(), 0);
-        for (std::size_t i = order.size() - 1; i > 0; --i)
-          std::swap(order[i], order[rng.next_u64() % (i + 1)]);
-        std::size_t next = 0;
-        for (int len : r.lengths) {
-          const auto pages = static_cast<std::size_t>((len - 1) / o.block_size + 1);
-          lists.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
-                             order.begin() + static_cast<std::ptrdiff_t>(next + pages));
-          next += pages;
-        }
         const kvlab::BlockTables host_tables =
-            kvlab::BlockTables::from_lists(lists, r.lengths, blocks, o.block_size);
+            kvlab::BlockTables::shuffled(r.lengths, o.block_size, 0, rng);
+        const int blocks = host_tables.num_blocks();
         const kc::DeviceBlockTables tables(host_tables);
         const std::size_t pool = static_cast<std::size_t>(blocks) * o.block_size * shape.kv_width();
         kc::DeviceBuffer<__half> k(pool), v(pool), q(static_cast<std::size_t>(batch) * q_width);

@@ -8,7 +8,7 @@
 // the output back, as a sampler on the host would need, for all three decoders alike.
 // The last step's outputs of the three are compared (|a - b| <= 1e-4 + 1e-4 |b|).
 //
-// Model: as bench/bench_naive_vs_cached.cpp: 1 layer, d_model 256, 4 query heads, 4 K/V heads,
+// Model: 1 layer, d_model 256, 4 query heads, 4 K/V heads,
 // head_dim 64, float (--layers for more).
 //
 // Run (a GPU machine; see bench/cuda/README.md):
@@ -28,7 +28,7 @@
 #include <kvlab/model/attention_layer.hpp>
 #include <kvlab/model/decoder.hpp>
 
-#include "../cli.hpp"
+#include "cli.hpp"  // apps/cli.hpp
 #include "gpu_bench.cuh"
 
 namespace {

@@ -19,7 +19,7 @@
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/numeric.cuh"
 
-#include "../cli.hpp"
+#include "cli.hpp"  // apps/cli.hpp
 
 namespace kvlab_bench {
 

@@ -1,14 +1,20 @@
-// kvlab-gap: the O(n²)-vs-O(n) gap of decoding without and with a KV cache, as a table.
+// kvlab-gap: the O(n²)-vs-O(n) gap of decoding without and with a KV cache, as two tables —
+// kvlab's naive-vs-cached experiment.
 //
-// For n = 64, 128, ..., 2048 generated tokens, runs NaiveDecoder and CachedDecoder on the same
-// random model and the same random inputs (one prompt token through prefill, then n - 1
-// decode steps) and prints, per n: the exact K/V projections and q·k dot products of each
-// decoder (from CostCounters), and the median wall time of each. It checks that both decoders
-// give the same output at every step and exits non-zero if they do not.
+//  1. Generating n tokens: for n = 64, 128, ..., 2048, runs NaiveDecoder and CachedDecoder on
+//     the same random model and the same random inputs (one prompt token through prefill, then
+//     n - 1 decode steps) and prints, per n: the exact K/V projections and q·k dot products of
+//     each decoder over the whole generation (from CostCounters), and the median wall time.
+//  2. One decode step at context n: for n = 256, 1024, 4096, each decoder holds n - 1 tokens
+//     and decodes the n-th (then rewinds, so that every repetition is the same step); per n the
+//     step's exact counts — Θ(t) K/V projections per step without a cache, Θ(1) with one — the
+//     median time of the step and the ratio of multiply-adds beside the ratio of times.
+// It checks that both decoders give the same output at every step and that every count equals
+// its closed form, and exits non-zero if not.
 //
 // Build and run (Release):
 //   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-gap
-//   build/bench/kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T] [--svg FILE]
+//   build/apps/kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T] [--svg FILE]
 // (scripts/run.sh does both). --help lists the options.
 #include <algorithm>
 #include <cerrno>
@@ -47,6 +53,7 @@ constexpr int kHeadDim = 16;
 constexpr std::uint64_t kModelSeed = 2024;  // weights
 constexpr std::uint64_t kInputSeed = 7;     // token inputs (drawn per n)
 constexpr int kFirstN = 64;
+constexpr int kFirstStepN = 256;  // the per-step table: 256, 1024, 4096, ...
 // Per step, max |naive - cached| / max(1, max |naive|): the rule and the float tolerance of
 // tests/test_decoders.cpp (same values, summed in different orders: rounding only).
 constexpr double kTolerance = 1e-5;
@@ -54,6 +61,7 @@ constexpr double kTolerance = 1e-5;
 struct Options {
   int layers = 1;
   int max_n = 2048;
+  int step_max_n = 4096;
   int reps = 5;
   int threads = 1;
   std::string svg;  // empty: no plot
@@ -145,6 +153,81 @@ Row run_one(int n, int reps, const std::shared_ptr<const kvlab::AttentionStack<f
   return row;
 }
 
+// One line of the per-step table: the n-th token's decode step, n - 1 tokens held.
+struct StepRow {
+  int n = 0;
+  kvlab::CostCounters naive;   // the step's work
+  kvlab::CostCounters cached;  // the step's work
+  double naive_us = 0;         // median wall time of the step
+  double cached_us = 0;
+  double rel_diff = 0;  // |naive - cached| / max(1, max |naive|) of the step's output
+};
+
+// Rows per prefill call while a decoder is filled to n - 1 tokens: the naive decoder computes a
+// [chunk, t] score matrix per call, so the whole prefix at once would need n² floats.
+constexpr int kPrefillChunk = 1024;
+
+// Median wall time, in microseconds, of `decoder` decoding `x` as its n-th token (it holds n - 1
+// and is rewound after each step). Each repetition times enough steps to last 1 ms at least.
+double time_step(kvlab::Decoder<float>& decoder, const kvlab::RowVector<float>& x, int reps,
+                 kvlab::RowVector<float>& y) {
+  using Clock = std::chrono::steady_clock;
+  const int held = decoder.position();
+  std::vector<double> per_step;
+  int calls = 1;
+  for (int r = 0; r < reps; ++r) {
+    for (;;) {
+      const auto start = Clock::now();
+      for (int c = 0; c < calls; ++c) {
+        y = decoder.decode(x);
+        decoder.rewind(held);
+      }
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      if (us >= 1000 || calls >= (1 << 16)) {
+        per_step.push_back(us / calls);
+        break;
+      }
+      calls *= 2;  // too short to time well: time more steps at once
+    }
+  }
+  return median(per_step);
+}
+
+StepRow run_step(int n, int reps,
+                 const std::shared_ptr<const kvlab::AttentionStack<float>>& stack) {
+  kvlab::Rng rng(kInputSeed + 1000 + static_cast<std::uint64_t>(n));
+  // [n, d_model]: n - 1 held tokens, then the timed one
+  const kvlab::RowMatrix<float> inputs = kvlab::random_matrix<float>(n, kDModel, rng);
+  kvlab::NaiveDecoder<float> naive(stack);
+  kvlab::CachedDecoder<float> cached(stack, /*capacity=*/n);
+  for (kvlab::Decoder<float>* d : {static_cast<kvlab::Decoder<float>*>(&naive),
+                                   static_cast<kvlab::Decoder<float>*>(&cached)}) {
+    for (int t0 = 0; t0 < n - 1; t0 += kPrefillChunk)
+      d->prefill(inputs.middleRows(t0, std::min(kPrefillChunk, n - 1 - t0)));
+  }
+  StepRow row;
+  row.n = n;
+  kvlab::RowVector<float> y_naive, y_cached;  // [d_model]
+  const kvlab::RowVector<float> x = inputs.row(n - 1);
+  row.cached_us = time_step(cached, x, reps, y_cached);
+  row.naive_us = time_step(naive, x, reps, y_naive);
+  row.naive = naive.last_step();
+  row.cached = cached.last_step();
+  const double scale = std::max(y_naive.cwiseAbs().maxCoeff(), 1.0f);
+  const double rel = (y_naive - y_cached).cwiseAbs().maxCoeff() / scale;
+  row.rel_diff = std::isnan(rel) ? HUGE_VAL : rel;
+  return row;
+}
+
+// Closed forms of one step's counts at context n: without a cache every layer re-projects n
+// rows and the lower layers score n queries against n keys; with one, one row and n keys.
+ClosedForms step_closed_forms(int n, int layers) {
+  const std::uint64_t nn = static_cast<std::uint64_t>(n);
+  const std::uint64_t l = static_cast<std::uint64_t>(layers);
+  return {l * kNumKvHeads * nn, l * kNumKvHeads, kNumHeads * ((l - 1) * nn * nn + nn),
+          l * kNumHeads * nn};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Output: the table and the SVG plot
 // ---------------------------------------------------------------------------------------------
@@ -192,6 +275,29 @@ void print_row(const Row& r) {
               static_cast<unsigned long long>(r.naive.qk_dots),
               static_cast<unsigned long long>(r.cached.qk_dots), r.naive_ms, r.cached_ms,
               r.naive_ms / r.cached_ms, r.max_rel_diff);
+  std::fflush(stdout);
+}
+
+void print_step_header() {
+  std::printf(
+      "\nOne decode step at context n (the n-th token, n - 1 held): per step the cache turns "
+      "Θ(t) K/V projections into one per layer and K/V head; the scores stay Θ(t).\n");
+  std::printf("%6s | %25s | %25s | %28s | %10s\n", "", "K/V projections (step)",
+              "q·k dot products (step)", "time (µs)", "MACs");
+  std::printf("%6s | %12s %12s | %12s %12s | %9s %9s %8s | %10s\n", "n", "naive", "cached", "naive",
+              "cached", "naive", "cached", "ratio", "ratio");
+}
+
+void print_step_row(const StepRow& r) {
+  std::printf("%6d | %12llu %12llu | %12llu %12llu | %9.1f %9.1f %8.1f | %10.1f | %8.2f %8.2f\n",
+              r.n, static_cast<unsigned long long>(r.naive.kv_projections),
+              static_cast<unsigned long long>(r.cached.kv_projections),
+              static_cast<unsigned long long>(r.naive.qk_dots),
+              static_cast<unsigned long long>(r.cached.qk_dots), r.naive_us, r.cached_us,
+              r.naive_us / r.cached_us,
+              static_cast<double>(r.naive.macs) / static_cast<double>(r.cached.macs),
+              static_cast<double>(r.naive.macs) / r.naive_us * 1e-3,
+              static_cast<double>(r.cached.macs) / r.cached_us * 1e-3);
   std::fflush(stdout);
 }
 
@@ -296,10 +402,14 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
 // ---------------------------------------------------------------------------------------------
 
 const char* const kUsage =
-    "usage: kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T] [--svg FILE] [--help]\n"
+    "usage: kvlab-gap [--layers L] [--max-n N] [--step-max-n N] [--reps R] [--threads T]\n"
+    "                 [--svg FILE] [--help]\n"
     "  --layers L   attention layers in the model (default 1; the naive decoder is Θ(n³) in\n"
     "               q·k dots for L > 1, so keep --max-n small then)\n"
-    "  --max-n N    largest n; n runs over 64, 128, ... up to N (default 2048, N >= 64)\n"
+    "  --max-n N    largest n of the generation table; n runs over 64, 128, ... up to N\n"
+    "               (default 2048, N >= 64)\n"
+    "  --step-max-n N  largest n of the per-step table; n runs over 256, 1024, ... up to N\n"
+    "               (default 4096, N >= 256)\n"
     "  --reps R     runs per decoder and n; the median time is printed (default 5)\n"
     "  --threads T  OpenMP threads: K/V heads, Eigen products (default 1, so that the\n"
     "               times do not depend on another core being free)\n"
@@ -325,6 +435,9 @@ bool parse_options(int argc, char** argv, Options& options) {
     } else if (arg == "--max-n") {
       options.max_n = parse_int(arg, value, kFirstN);
       ++i;
+    } else if (arg == "--step-max-n") {
+      options.step_max_n = parse_int(arg, value, kFirstStepN);
+      ++i;
     } else if (arg == "--reps") {
       options.reps = parse_int(arg, value, 1);
       ++i;
@@ -339,7 +452,7 @@ bool parse_options(int argc, char** argv, Options& options) {
       ++i;
     } else {
       throw UsageError("unknown option '" + arg +
-                       "': expected one of --layers, --max-n, --reps, "
+                       "': expected one of --layers, --max-n, --step-max-n, --reps, "
                        "--threads, --svg, --help");
     }
   }
@@ -429,6 +542,37 @@ int main(int argc, char** argv) {
   } else {
     std::printf("Total multiply-adds differ %.1fx (naive %.3g, cached %.3g).\n", macs_ratio,
                 static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
+  }
+  print_step_header();
+  for (int n = kFirstStepN; n <= options.step_max_n; n *= 4) {
+    std::fprintf(stderr, "kvlab-gap: step at n = %d ...\n", n);
+    const StepRow row = run_step(n, options.reps, stack);
+    print_step_row(row);
+    max_rel_diff = std::max(max_rel_diff, row.rel_diff);
+    const ClosedForms f = step_closed_forms(n, options.layers);
+    if (row.naive.kv_projections != f.naive_kv || row.cached.kv_projections != f.cached_kv ||
+        row.naive.qk_dots != f.naive_dots || row.cached.qk_dots != f.cached_dots) {
+      std::fprintf(stderr,
+                   "kvlab-gap: step at n = %d: counts differ from the closed forms: K/V "
+                   "projections expected %llu / %llu, got %llu / %llu; q·k dots expected %llu / "
+                   "%llu, got %llu / %llu (naive / cached)\n",
+                   n, static_cast<unsigned long long>(f.naive_kv),
+                   static_cast<unsigned long long>(f.cached_kv),
+                   static_cast<unsigned long long>(row.naive.kv_projections),
+                   static_cast<unsigned long long>(row.cached.kv_projections),
+                   static_cast<unsigned long long>(f.naive_dots),
+                   static_cast<unsigned long long>(f.cached_dots),
+                   static_cast<unsigned long long>(row.naive.qk_dots),
+                   static_cast<unsigned long long>(row.cached.qk_dots));
+      counts_ok = false;
+    }
+  }
+  if (options.step_max_n >= kFirstStepN) {
+    std::printf(
+        "Per step the K/V ratio is n (the cache projects one token, the naive decoder all n). "
+        "The time ratio stays below even the ratio of multiply-adds: the naive step's work is "
+        "large matrix products, which run at more multiply-adds per second (GMAC/s) than the "
+        "cached step's matrix-vector products and its pass over the cache.\n\n");
   }
   std::printf(
       "Counts %s the closed forms. Outputs %s at every step: max |naive - cached| / "

@@ -10,10 +10,9 @@
 //
 // Build and run (Release, from the repository root):
 //   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-generate
-//   build/bench/kvlab-generate                                   # built-in model, token ids
-//   build/bench/kvlab-generate --model stories15M.bin --tokenizer tokenizer.bin --prompt "Once upon
-//   a time" build/bench/kvlab-generate --model ../shared/models/stories260K.bin --backend naive
-//   --temperature 0
+//   build/apps/kvlab-generate                       # built-in model, token ids
+//   build/apps/kvlab-generate --model stories15M.bin --tokenizer tokenizer.bin --prompt "Hello"
+//   build/apps/kvlab-generate --model stories260K.bin --backend naive --temperature 0
 // --help lists the options.
 #include <cctype>
 #include <chrono>
@@ -330,7 +329,7 @@ int run(const Options& o) {
   } else if (const kvlab::PagedKVCache<float>* pool = model.paged_cache()) {
     std::fprintf(stderr,
                  "  KV cache: paged, %d positions in %zu blocks of %d (%d blocks in the pool)\n",
-                 pool->length(model.paged_sequence()), pool->blocks(model.paged_sequence()).size(),
+                 pool->length(model.sequence()), pool->blocks(model.sequence()).size(),
                  pool->block_size(), pool->allocator().num_blocks());
   } else {
     std::fprintf(stderr,
