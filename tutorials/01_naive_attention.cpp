@@ -1,8 +1,9 @@
 // Tutorial 01: naive attention, and decoding without a cache.
 //
 // What you will learn:
-//  1. What causal attention computes, written as the loops the formula describes (this step's
-//     reference), and that kvlab::cpu::naive_attention computes the same with matrix products.
+//  1. What causal attention computes, written as the loops the formula describes
+//     (kvlab::cpu::reference_attention, the library's oracle), and that
+//     kvlab::cpu::naive_attention computes the same with matrix products.
 //  2. How a decoder without a cache produces a sequence one token per step: kvlab::NaiveDecoder
 //     keeps only its inputs, so step t projects K and V again for all t tokens so far. Over n
 //     steps that is 1 + 2 + ... + n = n(n+1)/2 K/V projections per layer and K/V head: Θ(n²).
@@ -17,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <vector>
 
 using kvlab::RowMatrix;
@@ -28,38 +28,6 @@ namespace {
 // different orders, so they differ by rounding only, a few units of 1e-16. 1e-12 leaves ample
 // room for that; a real error (a wrong mask, head or scale) shows up at 1e-2 or more.
 constexpr double kTolerance = 1e-12;
-
-// [reference]
-// Causal self-attention as the formula reads, one query head and one query token at a time:
-//   out[i, head h] = sum over j <= i of softmax_j(scale * q[i, h] . k[j, hk]) * v[j, hk]
-// where hk = shape.kv_head_of(h) is the K/V head that query head h reads.
-RowMatrix<double> reference_attention(const kvlab::AttentionShape& shape,
-                                      const RowMatrix<double>& q,    // [n, num_heads * head_dim]
-                                      const RowMatrix<double>& k,    // [n, num_kv_heads * head_dim]
-                                      const RowMatrix<double>& v) {  // [n, num_kv_heads * head_dim]
-  const int n = static_cast<int>(q.rows());
-  const int hd = shape.head_dim();
-  RowMatrix<double> out = RowMatrix<double>::Zero(n, shape.q_width());  // [n, q_width]
-  std::vector<double> p(static_cast<std::size_t>(n));  // [n]: a query's scores, then probabilities
-  for (int h = 0; h < shape.num_heads(); ++h) {
-    const int hk = shape.kv_head_of(h);
-    for (int i = 0; i < n; ++i) {  // query token i sees key tokens 0..i: the causal mask
-      double max_score = -std::numeric_limits<double>::infinity();
-      for (int j = 0; j <= i; ++j) {  // score of key j: a dot product of head_dim values
-        double dot = 0;
-        for (int d = 0; d < hd; ++d) dot += q(i, h * hd + d) * k(j, hk * hd + d);
-        p[j] = shape.scale() * dot;
-        max_score = std::max(max_score, p[j]);
-      }
-      double sum = 0;  // softmax of the visible scores (the max subtracted, so exp cannot overflow)
-      for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - max_score));
-      for (int j = 0; j <= i; ++j)  // probability-weighted sum of the value rows
-        for (int d = 0; d < hd; ++d) out(i, h * hd + d) += p[j] / sum * v(j, hk * hd + d);
-    }
-  }
-  return out;
-}
-// [reference]
 
 // [scores]
 // The scores that a step computes for its newest query, query head `head`: the keys of every
@@ -97,7 +65,7 @@ int main() {
   const auto v = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, 1 * 4]
   kvlab::CostCounters work;
   const RowMatrix<double> out = kvlab::cpu::naive_attention(shape, q, k, v, &work);  // [5, 2 * 4]
-  const RowMatrix<double> ref = reference_attention(shape, q, k, v);                 // [5, 2 * 4]
+  const RowMatrix<double> ref = kvlab::cpu::reference_attention(shape, q, k, v);     // [5, 2 * 4]
   // [naive_attention]
   const double diff = (out - ref).cwiseAbs().maxCoeff();
   const int heads = shape.num_heads();
@@ -153,7 +121,7 @@ int main() {
   layer.project_kv(x, k_all, v_all);
   const RowMatrix<double> q_all = layer.project_q(x);  // [6, num_heads * head_dim]
   const RowMatrix<double> y_ref =                      // [6, d_model]: input + attention output
-      x + layer.project_out(reference_attention(shape, q_all, k_all, v_all));
+      x + layer.project_out(kvlab::cpu::reference_attention(shape, q_all, k_all, v_all));
   const double decode_diff = (y - y_ref).cwiseAbs().maxCoeff();
   // [check]
   std::printf("\n  max |NaiveDecoder - one causal pass with the loops| = %.1e (tolerance %.0e)\n",

@@ -11,6 +11,7 @@
 //     cache (nothing to mask).
 //  4. What the cache saves: K/V projections per step drop from t (naive, tutorial 01) to 1 per
 //     K/V head and layer; the q.k dot products stay t per query head.
+//  5. What the attention call inside a step computes, written as a loop over the cached rows.
 // Each step is checked against the previous method, kvlab::NaiveDecoder on the same model.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
@@ -135,6 +136,30 @@ int main() {
       (t * (t + 1) / 2 - prompt_len * (prompt_len - 1) / 2) * per_token);
   const auto cached_expected = static_cast<unsigned long long>(t * per_token);
   ok = ok && n.kv_projections == naive_expected && c.kv_projections == cached_expected;
+  // [equivalent]
+  // Inside each step the cached decoder calls kvlab::cpu::decode_attention(shape, q,
+  // cache.view(layer)). For one new query that call is equivalent to this loop over the cache:
+  // every cached key row of the query head's K/V head, scored, softmaxed, the value rows summed.
+  const kvlab::ContiguousKVCache<double>& cache = cached.cache();
+  const RowMatrix<double> q = kvlab::random_matrix<double>(1, shape.q_width(), rng);  // [1, 2 * 4]
+  const RowMatrix<double> by_kernel = kvlab::cpu::decode_attention(shape, q, cache.view(0));
+  RowMatrix<double> by_loop = RowMatrix<double>::Zero(1, shape.q_width());  // [1, 2 * 4]
+  const int hd = shape.head_dim();
+  for (int h = 0; h < shape.num_heads(); ++h) {
+    const auto keys = cache.keys(/*layer=*/0, shape.kv_head_of(h));      // [t, head_dim]
+    const auto values = cache.values(/*layer=*/0, shape.kv_head_of(h));  // [t, head_dim]
+    Eigen::VectorXd p(keys.rows());  // [t]: scores, then probabilities
+    for (Eigen::Index j = 0; j < keys.rows(); ++j)
+      p(j) = shape.scale() * q.row(0).segment(h * hd, hd).dot(keys.row(j));
+    p = (p.array() - p.maxCoeff()).exp();
+    p /= p.sum();
+    for (Eigen::Index j = 0; j < keys.rows(); ++j)
+      by_loop.row(0).segment(h * hd, hd) += p(j) * values.row(j);
+  }
+  // [equivalent]
+  std::printf("\ndecode_attention over the cache vs the loop over its rows: max |diff| = %.1e\n",
+              compare(by_kernel, by_loop, ok));
+
   // [totals]
   std::printf("\nK/V projections in total, %d tokens: naive %llu (= %d", t,
               static_cast<unsigned long long>(n.kv_projections), prompt_len);

@@ -7,16 +7,15 @@
 //  2. That a block is allocated only when the sequence's last block is full.
 //  3. That kvlab::PagedKVCache::fork shares blocks (reference count 2, nothing copied), and that
 //     appending into a shared, partly filled block copies it first (copy on write).
-//  4. The CSR block tables the kernels read (indptr, indices, last_page_len); that a failed
-//     append changes nothing; that ending a sequence frees the blocks no one else holds.
+//  4. That a failed append changes nothing, and that ending a sequence frees the blocks no one
+//     else holds.
 // After every step, every key and value read through kvlab::PagedKVView is compared with a
-// kvlab::ContiguousKVCache (tutorial 02) fed the same rows; then paged attention is compared
-// with kvlab::cpu::decode_attention on those contiguous caches.
+// kvlab::ContiguousKVCache (tutorial 02) fed the same rows.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_03_paged_cache && build/tutorials/03_paged_cache
 //
-// Next: 04_memory.cpp — what paging saves.
+// Next: 04_paged_attention.cpp — attention through the block tables.
 
 #include <kvlab/kvlab.hpp>
 
@@ -62,15 +61,16 @@ std::string list(const std::vector<std::int32_t>& array) {
 }
 
 // [append]
-// A decoder step for `seq`: make room for n tokens (append), then store their K and V in the
-// slots it returns (write), in every layer (here one). The contiguous reference gets the same.
+// A decoder step for `seq`: append the K and V of n tokens. The cache makes room (a new block
+// only when the last one is full) and stores them in one call; it returns their slots,
+// block * block_size + offset. (A cache of several layers makes room once, `reserve`, and then
+// stores each layer's rows in those slots, `write`.) The contiguous reference gets the same.
 void append(Cache& cache, References& refs, int seq, int n) {
   int pos = cache.length(seq);
-  std::vector<std::int32_t> table = cache.blocks(seq);           // the block table, copied
-  const std::vector<std::int64_t> slots = cache.append(seq, n);  // [n]: block * block_size + offset
-  const RowMatrix<float> k = token_rows(seq, pos, n, +1);        // [n, 4]
-  const RowMatrix<float> v = token_rows(seq, pos, n, -1);        // [n, 4]
-  cache.write(/*layer=*/0, slots, k, v);
+  std::vector<std::int32_t> table = cache.blocks(seq);              // the block table, copied
+  const RowMatrix<float> k = token_rows(seq, pos, n, +1);           // [n, 4]
+  const RowMatrix<float> v = token_rows(seq, pos, n, -1);           // [n, 4]
+  const std::vector<std::int64_t> slots = cache.append(seq, k, v);  // [n]
   refs.at(seq).append(/*layer=*/0, k, v);
   for (std::int64_t slot : slots) {
     const auto block = static_cast<std::int32_t>(slot / kBlockSize);
@@ -176,58 +176,9 @@ int main() {
   // [cow]
   ok = show(cache, refs) && cache.blocks(b) == std::vector<std::int32_t>{0, 2, 3} && ok;
 
-  // [csr]
-  const kvlab::BlockTables tables = cache.tables({a, b});                  // batch [A, B]
-  const kvlab::PagedKVView<float> view = cache.view(/*layer=*/0, tables);  // what a kernel reads
-  // [csr]
-  std::printf("\n== the block tables of the batch [A, B] in CSR form\n  indptr        [%s]\n",
-              list(tables.indptr()).c_str());
-  std::printf("  indices       [%s]\n  last_page_len [%s]\n", list(tables.indices()).c_str(),
-              list(tables.last_page_len()).c_str());
-  std::printf("  seq pos head -> block slot offset | key\n");
-  // [translate]
-  const int probes[][3] = {{0, 5, 1}, {1, 5, 1}, {1, 2, 0}, {1, 8, 0}};  // (batch row, pos, head)
-  for (const auto& p : probes) {
-    const std::int32_t block = view.block_of(p[0], p[1]);  // indices[indptr[s] + pos / 4]
-    // ((block * 4 + pos % 4) * 2 + head) * 2
-    const std::ptrdiff_t offset = view.offset(p[0], p[1], p[2]);
-    // view.k + offset: head_dim values
-    const float* key = view.key(p[0], p[1], p[2]);
-    std::printf("  %c   %3d %4d -> %5d %4d %6td | %.2f %.2f\n", 'A' + p[0], p[1], p[2], block,
-                p[1] % kBlockSize, offset, static_cast<double>(key[0]),
-                static_cast<double>(key[1]));
-  }
-  // [translate]
-
-  // [attention]
-  // One query per sequence of the batch [A, B], its last token's: it sees the whole sequence.
-  // Both paths add the same terms in the same order, so they should agree to float rounding at
-  // most (1e-5 relative); reading a wrong row would change the outputs by 1e-2 or more.
-  // 2 query heads per K/V head
-  const kvlab::AttentionShape shape(/*num_heads=*/4, kKVHeads, kHeadDim);
-  kvlab::Rng rng(/*seed=*/3);
-  // [2, 8]
-  const RowMatrix<float> q = kvlab::random_matrix<float>(2, shape.q_width(), rng, -0.1, 0.1);
-  // [2, 8]
-  const RowMatrix<float> paged = kvlab::cpu::paged_decode_attention(shape, q, view);
-  float max_diff = 0;
-  for (int s = 0; s < 2; ++s) {
-    const RowMatrix<float> q_s = q.row(s);  // [1, 8]
-    const kvlab::ContiguousKVView<float> contiguous_cache =
-        refs.at(s == 0 ? a : b).view(/*layer=*/0);
-    // [1, 8]
-    const RowMatrix<float> contiguous = kvlab::cpu::decode_attention(shape, q_s, contiguous_cache);
-    const auto diff = (paged.row(s) - contiguous).cwiseAbs().array();
-    ok = ok && (diff <= 1e-5f * contiguous.cwiseAbs().array().max(1.0f)).all();
-    max_diff = std::max(max_diff, diff.maxCoeff());
-  }
-  // [attention]
-  std::printf("paged_decode_attention vs decode_attention, A and B: max |diff| = %.1e\n",
-              static_cast<double>(max_diff));
-
   // [out_of_blocks]
   try {  // 20 more tokens for B: 5 new blocks, but 4 are free
-    cache.append(b, 20);
+    cache.append(b, token_rows(b, 9, 20, +1), token_rows(b, 9, 20, -1));
     ok = false;  // unreachable
   } catch (const kvlab::OutOfBlocks& e) {
     std::printf("\n== B asks for 20 more tokens\n  OutOfBlocks: %s\n", e.what());

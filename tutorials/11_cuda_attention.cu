@@ -27,8 +27,9 @@
 #include <kvlab/cache/paged_kv_cache.hpp>
 #include <kvlab/cpu/decode_attention.hpp>
 #include <kvlab/cpu/paged_attention.hpp>
-#include <kvlab/cuda/host_api.cuh>  // kvlab::cuda:: attention on host data
-#include <kvlab/cuda/kv_cache.cuh>  // kvlab::cuda::ContiguousKVCache: a cache in device memory
+#include <kvlab/cuda/contiguous_kv_cache.cuh>
+#include <kvlab/cuda/host_api.cuh>        // kvlab::cuda:: attention on host data
+#include <kvlab/cuda/paged_kv_cache.cuh>  // kvlab::cuda::ContiguousKVCache: a cache in device memory
 
 #include <algorithm>
 #include <cmath>
@@ -126,7 +127,7 @@ int main() {
     std::vector<int> seqs;
     for (int len : {700, 1, 2500}) {
       seqs.push_back(pool.add_sequence());
-      pool.write(0, pool.append(seqs.back(), len),
+      pool.write(0, pool.reserve(seqs.back(), len),
                  kvlab::random_matrix<float>(len, shape.kv_width(), rng),
                  kvlab::random_matrix<float>(len, shape.kv_width(), rng));
     }

@@ -1,4 +1,4 @@
-// Tutorial 04: where KV-cache memory goes — contiguous preallocation vs paging.
+// Tutorial 05: where KV-cache memory goes — contiguous preallocation vs paging.
 //
 // What you will learn:
 //  1. A contiguous cache (one kvlab::ContiguousKVCache per sequence) must reserve room for the
@@ -9,19 +9,20 @@
 //     one is full, so only the tail of each sequence's last block is unused: at most
 //     block_size - 1 tokens per sequence.
 //  3. The size calculator (kvlab::bytes_per_token) turns tokens into bytes for a real model, and
-//     kvlab/cache/memory_accounting.hpp counts reserved, used and wasted bytes and how many
+//     kvlab/analysis/memory_accounting.hpp counts reserved, used and wasted bytes and how many
 //     sequences fit in a memory budget.
 // The program checks its formulas against real caches: the bytes a ContiguousKVCache reserves,
 // the blocks a PagedKVCache's allocator hands out, and how many sequences a PagedKVCache of the
 // budget's size admits.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
-//   cmake --build build --target tutorial_04_memory && build/tutorials/04_memory
+//   cmake --build build --target tutorial_05_memory && build/tutorials/05_memory
 //
-// Next: bench/bench_memory_waste makes the same comparison on 100,000 requests and block sizes
-// 1 to 256; its results are in bench/results/README.md.
+// Next: 06_generation.cpp — a whole model generating with the three ways of keeping K/V.
+// (bench/bench_memory_waste makes this tutorial's comparison on 100,000 requests and block sizes
+// 1 to 256; its results are in bench/results/README.md.)
 
-#include <kvlab/cache/memory_accounting.hpp>
+#include <kvlab/analysis/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
 
 #include <algorithm>
@@ -96,7 +97,7 @@ int main() {
   ok = ok && contiguous_reserved == kvlab::contiguous_footprint(lengths, max_len, 8).reserved_bytes;
 
   kvlab::PagedKVCache<float> cache(1, 1, 1, block_size, /*num_blocks=*/1024);
-  for (std::int64_t len : lengths) cache.append(cache.add_sequence(), static_cast<int>(len));
+  for (std::int64_t len : lengths) cache.reserve(cache.add_sequence(), static_cast<int>(len));
   const kvlab::MemoryFootprint live = kvlab::paged_cache_footprint(cache, per_token);
   ok = ok && live.reserved_bytes == paged.reserved_bytes && live.used_bytes == paged.used_bytes;
   ok = ok &&
@@ -123,7 +124,7 @@ int main() {
   std::size_t admitted = 0;
   try {
     for (std::int64_t len : stream) {
-      full.append(full.add_sequence(), static_cast<int>(len));
+      full.reserve(full.add_sequence(), static_cast<int>(len));
       ++admitted;
     }
   } catch (const kvlab::OutOfBlocks&) {  // the next request does not fit: stop admitting

@@ -1,4 +1,4 @@
-// Tutorial 05: generation end to end.
+// Tutorial 06: generation end to end.
 //
 // What you will learn:
 //  1. A whole Llama-style decoder, kvlab::LlamaModel, as llama2.c's run.c computes it: token
@@ -14,12 +14,12 @@
 // non-zero if a backend picks another token, logits differ beyond rounding or a count is off.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
-//   cmake --build build --target tutorial_05_generation && build/tutorials/05_generation
-//   [stories260K.bin]
+//   cmake --build build --target tutorial_06_generation
+//   build/tutorials/06_generation [stories260K.bin]
 // Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in ../shared/models
 // beside the source tree.
 //
-// Next: kvlab-generate (bench/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
+// Next: kvlab-generate (apps/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
 // bench_generate measures tokens/s of the three backends.
 
 #include <kvlab/kvlab.hpp>
@@ -54,7 +54,7 @@ std::string find_stories260k(int argc, char** argv) {
   if (argc > 1) candidates.push_back(argv[1]);
   if (const char* dir = std::getenv("KVLAB_MODELS_DIR"))
     candidates.push_back(std::string(dir) + "/stories260K.bin");
-  const std::string here = __FILE__;  // .../tutorials/05_generation.cpp
+  const std::string here = __FILE__;  // .../tutorials/06_generation.cpp
   candidates.push_back(here.substr(0, here.rfind("tutorials")) +
                        "../shared/models/stories260K.bin");
   for (const std::string& path : candidates)
