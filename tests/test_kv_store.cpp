@@ -226,6 +226,19 @@ TEST_CASE("a step is all or nothing: no room for one sequence fails the step, no
         kvlab::run_stack(*stack, store, {a, b}, {0, 3, 9}, RowMatrix<float>(x.topRows(9))));
     CHECK(store.cache().allocator().num_free() == 0);
   }
+  SECTION("paged: a forked pair decoding together copies their shared last block once") {
+    kvlab::PagedStore<float> store(2, 2, 8, 4, 3);  // 12 tokens in all
+    const int a = store.add_sequence();
+    kvlab::run_stack(*stack, store, {a}, {0, 6}, RowMatrix<float>(x.topRows(6)));  // 2 blocks
+    const int b = store.fork(a);  // shares both; the last is 2/4 full
+    CHECK(store.cache().allocator().num_free() == 1);
+    // One new token each: a copy for the first of them; the second then holds the block alone.
+    CHECK_NOTHROW(
+        kvlab::run_stack(*stack, store, {a, b}, {0, 1, 2}, RowMatrix<float>(x.topRows(2))));
+    CHECK(store.cache().allocator().num_free() == 0);
+    CHECK(store.length(a) == 7);
+    CHECK(store.length(b) == 7);
+  }
   SECTION("contiguous: a sequence past its capacity fails the step") {
     kvlab::ContiguousStore<float> store(2, 2, 8, 8);
     const int a = store.add_sequence(), b = store.add_sequence();

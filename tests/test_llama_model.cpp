@@ -222,6 +222,16 @@ TEST_CASE(
       CHECK(batched.store().length(batch[b].seq) == alone[i]->position());
     }
   }
+  // Two models over one store with different limits: the one with the shorter limit refuses a
+  // sequence that the other grew past it, with the capacity error, before anything is reserved.
+  const auto shared_store =
+      kvlab::make_llama_store(c.backend, weights->config, kMax, c.block_size, 1);
+  LlamaModel long_limit(weights, shared_store, kMax);
+  LlamaModel short_limit(weights, shared_store, 8);
+  const int grown = shared_store->add_sequence();
+  long_limit.forward_batch({{grown, std::vector<int>(10, 3)}});
+  CHECK_THROWS_AS(short_limit.forward_batch({{grown, {1}}}), kvlab::CapacityError);
+  CHECK(shared_store->length(grown) == 10);
   INFO("largest logit difference batched vs alone: " << worst);
   CHECK(worst <= kLogitRtol);
   // The step's work is that of the sequences alone, in one step.

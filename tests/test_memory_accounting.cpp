@@ -37,6 +37,14 @@ std::uint64_t distinct_slots(const PagedKVCache<float>& cache) {
   return slots.size();
 }
 
+// Appends `n` tokens to `seq` of a one-layer cache: reserved and written (a fork shares only
+// written tokens). Their values do not matter to the accounting.
+void append_tokens(PagedKVCache<float>& cache, int seq, int n) {
+  const int width = cache.num_kv_heads() * cache.head_dim();
+  const kvlab::RowMatrix<float> kv = kvlab::RowMatrix<float>::Zero(n, width);  // [n, width]
+  cache.append(seq, kv, kv);
+}
+
 std::vector<std::int64_t> live_lengths(const PagedKVCache<float>& cache) {
   std::vector<std::int64_t> lengths;
   for (int seq : cache.sequences()) lengths.push_back(cache.length(seq));
@@ -174,7 +182,7 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
   PagedKVCache<float> cache(1, 1, 2, 4, 10);
   CHECK(kvlab::cache_bytes_per_token(cache) == 16);
   const int a = cache.add_sequence();
-  cache.reserve(a, 5);          // blocks: [4 tokens][1 token]
+  append_tokens(cache, a, 5);   // blocks: [4 tokens][1 token]
   const int b = cache.fork(a);  // shares both blocks
   MemoryFootprint f = kvlab::paged_cache_footprint(cache, 1);
   CHECK(f.reserved_bytes == 8);  // 2 distinct blocks · 4
@@ -182,7 +190,8 @@ TEST_CASE("a live cache's footprint counts shared blocks once, copies separately
   // The lengths formula counts each sequence's blocks on their own: 2 · 8 reserved, 2 · 5 used.
   CHECK(kvlab::paged_footprint({5, 5}, 4, 1).reserved_bytes == 16);
 
-  cache.reserve(a, 1);  // copy on write: a gets its own copy of the last block (1 + 1 tokens)
+  append_tokens(cache, a,
+                1);  // copy on write: a gets its own copy of the last block (1 + 1 tokens)
   f = kvlab::paged_cache_footprint(cache, 1);
   CHECK(f.reserved_bytes == 12);     // shared [4], b's [1], a's copy [2]: 3 blocks
   CHECK(f.used_bytes == 4 + 1 + 2);  // the copied token is stored twice
@@ -236,7 +245,7 @@ TEST_CASE(
         } else if (r < 0.75) {
           const int n = 1 + static_cast<int>(rng.uniform() * (2 * block_size + 1));
           try {
-            cache.reserve(pick, n);
+            append_tokens(cache, pick, n);
           } catch (const kvlab::OutOfBlocks&) {
             cache.free_sequence(pick);  // the pool is full: end this request
           }

@@ -182,6 +182,29 @@ TEST_CASE("one call appends to a one-layer cache, and an unwritten slot cannot b
   CHECK_NOTHROW(two.view(1, t3));
 }
 
+TEST_CASE("a sequence with unwritten tokens is not forked, and a fork keeps the marks it shares") {
+  kvlab::Rng rng(5);
+  const RowMatrix<double> k = kvlab::random_matrix<double>(3, 4, rng), v = -k;
+  PagedKVCache<double> cache(1, 2, 2, 4, 4);
+  const int a = cache.add_sequence();
+  cache.append(a, k.topRows(2), v.topRows(2));
+  const std::vector<std::int64_t> slot = cache.reserve(a, 1);  // reserved, not written
+  CHECK_THROWS_MATCHES(cache.fork(a), kvlab::InvalidArgument,
+                       names("seq", "a sequence whose tokens are written in every layer",
+                             "sequence 0, token 2 unwritten in layer 0"));
+  CHECK(cache.sequences() == std::vector<int>{a});
+  cache.write(0, slot, k.row(2), v.row(2));
+  const int b = cache.fork(a);  // written now: the fork shares blocks as usual
+  // Reserve in b (a copy of the shared last block), truncate a's copy-free tail: b's tables stay
+  // readable only once b writes its slot.
+  const std::vector<std::int64_t> b_slot = cache.reserve(b, 1);
+  const kvlab::BlockTables tb = cache.tables({b});
+  CHECK_THROWS_AS(cache.view(0, tb), kvlab::InvalidArgument);
+  cache.truncate(a, 1);  // a's block is b's no longer (b copied it): a's marks are its own
+  cache.write(0, b_slot, k.row(0), v.row(0));
+  CHECK_NOTHROW(cache.view(0, tb));
+}
+
 TEST_CASE("failed operations change nothing") {
   PagedKVCache<double> cache(1, 2, 1, 4, 3);
   const int a = cache.add_sequence();

@@ -6,6 +6,7 @@
 /// `"<function>: <argument>: expected <expected>, got <actual>"`, before it changes any state.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -50,9 +51,10 @@ class OutOfBlocks : public std::runtime_error {
 
 namespace detail {
 
-/// Builds the standard message and throws `Error`.
-template <typename Error = InvalidArgument, typename Expected, typename Actual>
-[[noreturn]] void fail(const char* where, const std::string& argument, const Expected& expected,
+/// Builds the standard message and throws `Error`. `argument` is a string literal or a
+/// `std::string`: checks that pass build no string (they run in every step of a decoder).
+template <typename Error = InvalidArgument, typename Name, typename Expected, typename Actual>
+[[noreturn]] void fail(const char* where, const Name& argument, const Expected& expected,
                        const Actual& actual) {
   std::ostringstream message;
   message << where << ": " << argument << ": expected " << expected << ", got " << actual;
@@ -60,19 +62,32 @@ template <typename Error = InvalidArgument, typename Expected, typename Actual>
 }
 
 /// Checks `value >= minimum` for a size or count argument.
-template <typename Error = InvalidArgument, typename Int>
-void require_at_least(const char* where, const std::string& argument, Int value, Int minimum) {
+template <typename Error = InvalidArgument, typename Name, typename Int>
+void require_at_least(const char* where, const Name& argument, Int value, Int minimum) {
   if (value < minimum) fail<Error>(where, argument, ">= " + std::to_string(minimum), value);
 }
 
-/// Checks that an argument equals the value that the other arguments imply.
-template <typename Error = InvalidArgument, typename Int>
-void require_equal(const char* where, const std::string& argument, Int value, Int expected,
-                   const std::string& why = "") {
+/// Checks that an argument equals the value that the other arguments imply (`why`, a string
+/// literal or a `std::string`, says which).
+template <typename Error = InvalidArgument, typename Name, typename Int, typename Why = const char*>
+void require_equal(const char* where, const Name& argument, Int value, Int expected,
+                   const Why& why = "") {
   if (value != expected) {
-    fail<Error>(where, argument, std::to_string(expected) + (why.empty() ? "" : " (" + why + ")"),
-                value);
+    const std::string reason(why);
+    fail<Error>(where, argument,
+                std::to_string(expected) + (reason.empty() ? "" : " (" + reason + ")"), value);
   }
+}
+
+/// The number of elements of a tensor of the given sizes (each >= 0, as kvlab's `int` sizes are
+/// after their checks): their product as `std::size_t`, the one place an `int` size becomes an
+/// element count. Not checked for overflow: the constructors that allocate check their sizes
+/// against the address space first.
+template <typename... Sizes>
+KVLAB_HOST_DEVICE constexpr std::size_t elements(Sizes... sizes) {
+  std::size_t product = 1;
+  ((product *= static_cast<std::size_t>(sizes)), ...);
+  return product;
 }
 
 /// The largest size that `checked_size_product` and `checked_size_sum` accept by default.

@@ -61,7 +61,7 @@ class BlockAllocator {
     for (std::int32_t& b : blocks) {
       b = free_list_.back();
       free_list_.pop_back();
-      ref_count_[static_cast<std::size_t>(b)] = 1;
+      count(b) = 1;
     }
     return blocks;
   }
@@ -70,24 +70,27 @@ class BlockAllocator {
   /// \throws InvalidArgument if `block` is out of range or free.
   void share(std::int32_t block) {
     check_in_use("kvlab::BlockAllocator::share", block);
-    ++ref_count_[static_cast<std::size_t>(block)];
+    ++count(block);
   }
 
   /// Removes a holder from a block in use; at count 0 the block goes back on the free list.
   /// \throws InvalidArgument if `block` is out of range or already free (a double free).
   void release(std::int32_t block) {
     check_in_use("kvlab::BlockAllocator::release", block);
-    if (--ref_count_[static_cast<std::size_t>(block)] == 0) free_list_.push_back(block);
+    if (--count(block) == 0) free_list_.push_back(block);
   }
 
   /// Holders of `block`: 0 when it is free.
   /// \throws InvalidArgument if `block` is out of range.
   int ref_count(std::int32_t block) const {
     check_range("kvlab::BlockAllocator::ref_count", block);
-    return ref_count_[static_cast<std::size_t>(block)];
+    return count(block);
   }
 
  private:
+  // The reference count of `block` (an id in range): the one place ids become vector indices.
+  int& count(std::int32_t block) { return ref_count_[static_cast<std::size_t>(block)]; }
+  int count(std::int32_t block) const { return ref_count_[static_cast<std::size_t>(block)]; }
   void check_range(const char* where, std::int32_t block) const {
     if (block < 0 || block >= num_blocks()) {
       detail::fail(where, "block", "in [0, " + std::to_string(num_blocks()) + ")", block);
@@ -95,7 +98,7 @@ class BlockAllocator {
   }
   void check_in_use(const char* where, std::int32_t block) const {
     check_range(where, block);
-    if (ref_count_[static_cast<std::size_t>(block)] == 0) {
+    if (count(block) == 0) {
       detail::fail(where, "block", "a block in use", std::to_string(block) + " (free)");
     }
   }

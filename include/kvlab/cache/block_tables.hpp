@@ -167,7 +167,7 @@ class BlockTables {
   ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
   template <typename T>
   PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,
-                      KVLayout layout = KVLayout::NHD) const {
+                      KVLayout layout = KVLayout::NHD) const& {
     PagedKVView<T> out;
     out.k = k;
     out.v = v;
@@ -182,6 +182,11 @@ class BlockTables {
     out.last_page_len = last_page_len_.data();
     return out;
   }
+  /// The view of temporary tables would point into arrays freed at the end of the statement:
+  /// keep the tables in a variable.
+  template <typename T>
+  PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,
+                      KVLayout layout = KVLayout::NHD) const&& = delete;
 
  private:
   std::vector<std::int32_t> indptr_;         // [batch + 1]

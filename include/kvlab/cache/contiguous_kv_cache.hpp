@@ -48,21 +48,20 @@ class ContiguousKVCache {
       detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                    1LL * num_kv_heads * head_dim);
     }
-    // Elements per layer and tensor, checked against overflow before they are multiplied.
-    const std::size_t row =
-        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
-    const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
-                                     static_cast<std::size_t>(num_layers);
-    if (row > max_elements / static_cast<std::size_t>(capacity)) {
+    // Elements per layer and tensor, checked against overflow before they are multiplied (the
+    // sizes, checked >= 1 above, as std::size_t once).
+    const std::size_t layers = at(num_layers), tokens = at(capacity);
+    const std::size_t row = at(num_kv_heads) * at(head_dim);
+    const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 / layers;
+    if (row > max_elements / tokens) {
       detail::fail(kWhere, "capacity",
                    "at most " + std::to_string(max_elements / row) +
                        " (the cache must fit in the address space)",
                    capacity);
     }
-    const std::size_t per_layer = row * static_cast<std::size_t>(capacity);
-    k_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(per_layer));
-    v_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(per_layer));
-    length_.assign(static_cast<std::size_t>(num_layers), 0);
+    k_.assign(layers, std::vector<T>(row * tokens));
+    v_.assign(layers, std::vector<T>(row * tokens));
+    length_.assign(layers, 0);
   }
 
   /// Number of layers.
@@ -78,7 +77,7 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if `layer` is out of range.
   int length(int layer) const {
     check_layer("kvlab::ContiguousKVCache::length", layer);
-    return length_[static_cast<std::size_t>(layer)];
+    return length_[at(layer)];
   }
 
   /// Appends `n` tokens to `layer`.
@@ -100,7 +99,7 @@ class ContiguousKVCache {
                           static_cast<long>(k.rows()), "k.rows()");
     detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), static_cast<long>(width),
                           "num_kv_heads * head_dim");
-    const auto l = static_cast<std::size_t>(layer);
+    const std::size_t l = at(layer);
     const long new_length = length_[l] + static_cast<long>(k.rows());
     if (new_length > capacity_) {
       detail::fail<CapacityError>(kWhere, "k.rows()",
@@ -131,10 +130,10 @@ class ContiguousKVCache {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::truncate";
     detail::require_at_least(kWhere, "length", length, 0);
     for (int l = 0; l < num_layers_; ++l) {
-      if (length > length_[static_cast<std::size_t>(l)]) {
+      if (length > length_[at(l)]) {
         detail::fail(kWhere, "length",
                      "at most the length of layer " + std::to_string(l) + " (" +
-                         std::to_string(length_[static_cast<std::size_t>(l)]) + ")",
+                         std::to_string(length_[at(l)]) + ")",
                      length);
       }
     }
@@ -148,7 +147,7 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if `layer` is out of range.
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::ContiguousKVCache::view", layer);
-    const auto l = static_cast<std::size_t>(layer);
+    const std::size_t l = at(layer);
     ContiguousKVView<T> view;
     view.k = k_[l].data();
     view.v = v_[l].data();
@@ -179,22 +178,21 @@ class ContiguousKVCache {
 
   /// Bytes reserved for K and V in all layers.
   std::size_t bytes_reserved() const {
-    return 2 * sizeof(T) * static_cast<std::size_t>(num_layers_) * row_width() *
-           static_cast<std::size_t>(capacity_);
+    return 2 * sizeof(T) * at(num_layers_) * row_width() * at(capacity_);
   }
 
   /// Bytes holding tokens (the filled rows of K and V in all layers).
   std::size_t bytes_used() const {
     std::size_t rows = 0;
-    for (int len : length_) rows += static_cast<std::size_t>(len);
+    for (int len : length_) rows += at(len);
     return 2 * sizeof(T) * rows * row_width();
   }
 
  private:
+  // A layer (or a size, >= 0) as the index (or the size) of k_, v_ and length_.
+  static std::size_t at(int i) { return static_cast<std::size_t>(i); }
   // Values of one token in one layer, K or V: num_kv_heads * head_dim.
-  std::size_t row_width() const {
-    return static_cast<std::size_t>(num_kv_heads_) * static_cast<std::size_t>(head_dim_);
-  }
+  std::size_t row_width() const { return at(num_kv_heads_) * at(head_dim_); }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);

@@ -31,10 +31,11 @@ namespace kvlab {
 /// block only when the last one is full — and returns their slots; then, layer by layer,
 /// `write(layer, slots, k, v)` stores the tokens' keys and values. A slot reserved but not yet
 /// written in a layer cannot be read by mistake: `view` of that layer refuses tables that reach
-/// it. `fork(seq)` starts a sequence that shares every block of `seq` (a common prompt, beam
-/// search); when either later appends into a shared, partly filled last block, that block is
-/// first copied (copy on write), so the other sequence never sees the change. `free_sequence`
-/// returns blocks whose last holder is gone.
+/// it (and `fork` refuses a sequence with such slots, which its fork would share). `fork(seq)`
+/// starts a sequence that shares every block of `seq` (a common prompt, beam search); when either
+/// later appends into a shared, partly filled last block, that block is first copied (copy on
+/// write), so the other sequence never sees the change. `free_sequence` returns blocks whose last
+/// holder is gone.
 ///
 /// Every operation checks everything first: on error (`OutOfBlocks`, `InvalidArgument`) no
 /// sequence, block or count has changed.
@@ -60,22 +61,19 @@ class PagedKVCache {
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
-    const std::size_t token =
-        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
-    const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 /
-                              static_cast<std::size_t>(num_layers) / token;
-    if (static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks) > limit) {
+    // The sizes, checked >= 1, as std::size_t once.
+    const std::size_t layers = at(num_layers), slots = at(num_blocks) * at(block_size);
+    const std::size_t token = at(num_kv_heads) * at(head_dim);
+    const std::size_t limit =
+        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 / layers / token;
+    if (slots > limit) {
       detail::fail(kWhere, "num_blocks * block_size",
-                   "at most " + std::to_string(limit) + " tokens",
-                   static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks));
+                   "at most " + std::to_string(limit) + " tokens", slots);
     }
-    const std::size_t pool =
-        static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(block_size) * token;
-    k_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(pool));
-    v_.assign(static_cast<std::size_t>(num_layers), std::vector<T>(pool));
-    written_.assign(static_cast<std::size_t>(num_layers),
-                    std::vector<std::uint8_t>(static_cast<std::size_t>(num_blocks) *
-                                              static_cast<std::size_t>(block_size)));
+    k_.assign(layers, std::vector<T>(slots * token));
+    v_.assign(layers, std::vector<T>(slots * token));
+    written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
+    unwritten_.assign(layers, 0);
   }
 
   /// Layers.
@@ -113,6 +111,13 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not live or `n < 1`.
   int blocks_needed(int seq, int n) const { return book_.blocks_needed(seq, n); }
 
+  /// Blocks that reserving `tokens[i]` for each `seqs[i]` in turn takes: see
+  /// `PagedSequences::blocks_needed` (a block shared only within the batch is copied once fewer).
+  /// \throws InvalidArgument if a sequence is not live, a count is below 1 or the sizes differ.
+  int blocks_needed(const std::vector<int>& seqs, const std::vector<int>& tokens) const {
+    return book_.blocks_needed(seqs, tokens);
+  }
+
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n]: slot
   /// `block * block_size + offset` in every layer's pool. A block is allocated when the last
   /// one is full; a shared, partly filled last block is copied first (all layers). The slots
@@ -123,8 +128,8 @@ class PagedKVCache {
     std::vector<std::int64_t> slots = book_.reserve(
         seq, n,
         [this](std::int32_t from, std::int32_t to, int tokens) { copy_block(from, to, tokens); });
-    for (std::vector<std::uint8_t>& written : written_)
-      for (std::int64_t slot : slots) written[static_cast<std::size_t>(slot)] = 0;
+    for (int l = 0; l < num_layers_; ++l)
+      for (std::int64_t slot : slots) mark(l, slot, false);
     return slots;
   }
 
@@ -148,7 +153,9 @@ class PagedKVCache {
     return slots;
   }
 
-  /// Stores keys and values of tokens at `slots` (from `reserve`) in `layer`.
+  /// Stores keys and values of tokens at `slots` (from `reserve`) in `layer`. Any slot of the
+  /// pool is accepted, as in vLLM's slot mapping: writing into a slot that `reserve` did not just
+  /// return (a block shared with a fork, say) overwrites what is there.
   /// \param layer  in [0, num_layers)
   /// \param slots  [n] slots, each in [0, num_blocks * block_size)
   /// \param k      [n, num_kv_heads * head_dim] (any Eigen expression of scalar T; row-major
@@ -168,7 +175,7 @@ class PagedKVCache {
                      "in [0, " + std::to_string(num_slots) + ")", slots[i]);
       }
     }
-    const auto l = static_cast<std::size_t>(layer);
+    const std::size_t l = at(layer);
     const PagedKVView<T> pool = layout_view(layer);  // slot_offset() of the pool's layout
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const auto row = static_cast<Eigen::Index>(i);
@@ -179,25 +186,51 @@ class PagedKVCache {
         std::copy(v.row(row).data() + h * head_dim_, v.row(row).data() + (h + 1) * head_dim_,
                   v_[l].begin() + dst);
       }
-      written_[l][static_cast<std::size_t>(slots[i])] = 1;
+      mark(layer, slots[i], true);
     }
   }
 
   /// Starts a sequence that shares every block of `seq` (reference counts + 1) and returns its
-  /// id. No K/V is copied until one of them appends into the shared last block.
-  /// \throws InvalidArgument if `seq` is not live.
-  int fork(int seq) { return book_.fork(seq); }
+  /// id. No K/V is copied until one of them appends into the shared last block. A sequence with
+  /// reserved tokens not yet written in every layer cannot be forked (the fork would share slots
+  /// that only the parent's writes fill): write them first.
+  /// \throws InvalidArgument if `seq` is not live or has unwritten tokens.
+  int fork(int seq) {
+    if (book_.contains(seq)) {
+      for (int l = 0; l < num_layers_; ++l) {
+        if (unwritten_[at(l)] == 0) continue;  // the usual case: nothing to look for
+        const std::vector<std::int32_t>& blocks = book_.blocks(seq);
+        for (int pos = 0; pos < book_.length(seq); ++pos) {
+          if (written_[at(l)][at(slot_of(blocks, pos))] == 0) {
+            detail::fail("kvlab::PagedKVCache::fork", "seq",
+                         "a sequence whose tokens are written in every layer",
+                         "sequence " + std::to_string(seq) + ", token " + std::to_string(pos) +
+                             " unwritten in layer " + std::to_string(l));
+          }
+        }
+      }
+    }
+    return book_.fork(seq);
+  }
 
   /// Shortens `seq` to its first `length` tokens: the blocks past them lose this holder (and
   /// return to the pool when no other sequence holds them). The kept tokens are untouched; a
   /// later append overwrites the dropped slots of a private last block, and copies a shared one
   /// first, as usual.
   /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
-  void truncate(int seq, int length) { book_.truncate(seq, length); }
+  void truncate(int seq, int length) {
+    if (book_.contains(seq) && length >= 0 && length <= book_.length(seq)) {
+      release_slots(seq, length);
+    }
+    book_.truncate(seq, length);
+  }
 
   /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
   /// \throws InvalidArgument if `seq` is not live.
-  void free_sequence(int seq) { book_.free_sequence(seq); }
+  void free_sequence(int seq) {
+    if (book_.contains(seq)) release_slots(seq, 0);
+    book_.free_sequence(seq);
+  }
 
   /// The block tables of a batch of live, non-empty sequences, in the order given.
   /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
@@ -216,14 +249,15 @@ class PagedKVCache {
                           allocator().num_blocks(), "num_blocks");
     detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size(),
                           "block_size");
-    const auto l = static_cast<std::size_t>(layer);
+    const std::size_t l = at(layer);
     const PagedKVView<T> view =
         tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
-    for (int s = 0; s < view.batch; ++s) {
+    // Every reserved slot of this layer written (the usual case, counted): nothing to look for.
+    for (int s = 0; unwritten_[l] > 0 && s < view.batch; ++s) {
       for (int pos = 0; pos < view.seq_len(s); ++pos) {
         const std::int64_t slot =
             static_cast<std::int64_t>(view.block_of(s, pos)) * block_size() + pos % block_size();
-        if (written_[l][static_cast<std::size_t>(slot)] == 0) {
+        if (written_[l][at(slot)] == 0) {
           detail::fail(kWhere, "tables", "tokens written in layer " + std::to_string(layer),
                        "token " + std::to_string(pos) + " of sequence " + std::to_string(s) +
                            " of the tables reserved but never written (write it first)");
@@ -238,6 +272,31 @@ class PagedKVCache {
   PagedKVView<T> view(int layer, const BlockTables&& tables) const = delete;
 
  private:
+  // A layer, or a slot, as the index of the per-layer and per-slot vectors.
+  static std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+  // Marks `slot` of `layer` written (or reserved and not written), keeping the count.
+  void mark(int layer, std::int64_t slot, bool written) {
+    std::uint8_t& flag = written_[at(layer)][at(slot)];
+    if (flag == (written ? 1 : 0)) return;
+    unwritten_[at(layer)] += written ? -1 : 1;
+    flag = written ? 1 : 0;
+  }
+  // The slots of `seq` at positions `length` and after are no longer reserved: if never
+  // written, they stop counting as unwritten.
+  // (A slot of a block that another sequence still holds keeps its mark: it is that sequence's
+  // too.)
+  void release_slots(int seq, int length) {
+    const std::vector<std::int32_t>& blocks = book_.blocks(seq);
+    for (int pos = length; pos < book_.length(seq); ++pos) {
+      if (allocator().ref_count(blocks[at(pos / block_size())]) > 1) continue;
+      for (int l = 0; l < num_layers_; ++l) mark(l, slot_of(blocks, pos), true);
+    }
+  }
+  // The slot of token `pos` of a sequence whose block table is `blocks`.
+  std::int64_t slot_of(const std::vector<std::int32_t>& blocks, int pos) const {
+    return static_cast<std::int64_t>(blocks[at(pos / block_size())]) * block_size() +
+           pos % block_size();
+  }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
@@ -258,8 +317,8 @@ class PagedKVCache {
   // A view of `layer` without block tables: for its slot_offset() only.
   PagedKVView<T> layout_view(int layer) const {
     PagedKVView<T> pool;
-    pool.k = k_[static_cast<std::size_t>(layer)].data();
-    pool.v = v_[static_cast<std::size_t>(layer)].data();
+    pool.k = k_[at(layer)].data();
+    pool.v = v_[at(layer)].data();
     pool.num_blocks = allocator().num_blocks();
     pool.block_size = block_size();
     pool.num_kv_heads = num_kv_heads_;
@@ -272,15 +331,14 @@ class PagedKVCache {
   void copy_block(std::int32_t from, std::int32_t to, int tokens) {
     const bool hnd = layout_ == KVLayout::HND;
     const int runs = hnd ? num_kv_heads_ : 1;
-    const std::size_t run = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(head_dim_) *
-                            static_cast<std::size_t>(hnd ? 1 : num_kv_heads_);
+    const std::size_t run = at(tokens) * at(head_dim_) * at(hnd ? 1 : num_kv_heads_);
     for (int l = 0; l < num_layers_; ++l) {
-      std::vector<std::uint8_t>& written = written_[static_cast<std::size_t>(l)];
-      std::copy_n(written.begin() + static_cast<std::ptrdiff_t>(from) * block_size(), tokens,
-                  written.begin() + static_cast<std::ptrdiff_t>(to) * block_size());
+      for (int i = 0; i < tokens; ++i) {  // the copy is as written as the original
+        const std::int64_t slot = static_cast<std::int64_t>(from) * block_size() + i;
+        mark(l, static_cast<std::int64_t>(to) * block_size() + i, written_[at(l)][at(slot)] != 0);
+      }
       const PagedKVView<T> pool = layout_view(l);
-      for (std::vector<T>* values :
-           {&k_[static_cast<std::size_t>(l)], &v_[static_cast<std::size_t>(l)]}) {
+      for (std::vector<T>* values : {&k_[at(l)], &v_[at(l)]}) {
         for (int h = 0; h < runs; ++h) {
           const auto src =
               values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size(), h);
@@ -301,8 +359,10 @@ class PagedKVCache {
   std::vector<std::vector<T>> k_;
   // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
   std::vector<std::vector<T>> v_;
-  // [num_layers][num_blocks * block_size]: 1 where write() filled the slot since reserve()
+  // [num_layers][num_blocks * block_size]: 0 where reserve() made room and write() has not
+  // filled it yet, 1 elsewhere
   std::vector<std::vector<std::uint8_t>> written_;
+  std::vector<std::int64_t> unwritten_;  // [num_layers]: the 0s of written_, counted
 };
 
 }  // namespace kvlab

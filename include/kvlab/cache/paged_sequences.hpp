@@ -6,6 +6,7 @@
 /// random operations.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -72,6 +73,26 @@ class PagedSequences {
   /// for the private copy of a shared, partly filled last block.
   /// \throws InvalidArgument if `seq` is not live or `n < 1`.
   int blocks_needed(int seq, int n) const { return plan_reserve("blocks_needed", seq, n).needed(); }
+
+  /// Blocks that `reserve(seqs[i], tokens[i])` for every i, in turn, takes from the pool: the
+  /// new blocks, and the copies of shared, partly filled last blocks — of which, when every
+  /// holder of such a block is in the batch, the last to reserve copies nothing (the block is
+  /// its alone by then). So a forked pair decoding together needs one copy, not two.
+  /// \throws InvalidArgument if a sequence is not live, `tokens[i] < 1`, or the sizes differ.
+  int blocks_needed(const std::vector<int>& seqs, const std::vector<int>& tokens) const {
+    detail::require_equal(where("blocks_needed").c_str(), "tokens.size()", tokens.size(),
+                          seqs.size(), "seqs.size()");
+    int needed = 0;
+    std::map<std::int32_t, int> copies;  // shared partly filled last block -> batch holders
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      const ReservePlan plan = plan_reserve("blocks_needed", seqs[i], tokens[i]);
+      needed += plan.new_blocks;
+      if (plan.copy_last) ++copies[find("blocks_needed", seqs[i]).blocks.back()];
+    }
+    for (const auto& entry : copies)
+      needed += std::min(entry.second, allocator_.ref_count(entry.first) - 1);
+    return needed;
+  }
 
   /// Makes room for `n` more tokens of `seq` and returns their slots, [n]: slot
   /// `block * block_size + offset`. A block is allocated when the last one is full; a shared,

@@ -245,9 +245,7 @@ inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int b
 /// accumulator of head_dim floats and a `SoftmaxState<float>`; 0 for a single pass.
 inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const AttentionPlan& plan) {
   if (plan.partitions <= 1) return 0;
-  const std::size_t slots = static_cast<std::size_t>(rows) *
-                            static_cast<std::size_t>(shape.num_heads()) *
-                            static_cast<std::size_t>(plan.partitions);
+  const std::size_t slots = kvlab::detail::elements(rows, shape.num_heads(), plan.partitions);
   return slots *
          (static_cast<std::size_t>(shape.head_dim()) * sizeof(float) + sizeof(SoftmaxState<float>));
 }

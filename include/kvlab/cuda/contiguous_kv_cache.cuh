@@ -38,7 +38,7 @@ class ContiguousKVCache {
         capacity_(capacity),
         k_(elements(num_layers, num_kv_heads, head_dim, capacity)),
         v_(k_.size()),
-        length_(static_cast<std::size_t>(num_layers), 0) {}
+        length_(at(num_layers), 0) {}
 
   /// Number of layers.
   int num_layers() const { return num_layers_; }
@@ -52,7 +52,7 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if `layer` is out of range.
   int length(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::length", layer);
-    return length_[static_cast<std::size_t>(layer)];
+    return length_[at(layer)];
   }
 
   /// Appends `n` tokens to `layer` (`append_rows_kernel`), as `ContiguousKVCache::append`.
@@ -68,7 +68,7 @@ class ContiguousKVCache {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
-    const auto l = static_cast<std::size_t>(layer);
+    const std::size_t l = at(layer);
     if (k.rows > capacity_ - length_[l]) {
       kvlab::detail::fail<CapacityError>(kWhere, "k.rows",
                                          "at most " + std::to_string(capacity_ - length_[l]) +
@@ -91,10 +91,10 @@ class ContiguousKVCache {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::truncate";
     kvlab::detail::require_at_least(kWhere, "length", length, 0);
     for (int l = 0; l < num_layers_; ++l) {
-      if (length > length_[static_cast<std::size_t>(l)]) {
+      if (length > length_[at(l)]) {
         kvlab::detail::fail(kWhere, "length",
                             "at most the length of layer " + std::to_string(l) + " (" +
-                                std::to_string(length_[static_cast<std::size_t>(l)]) + ")",
+                                std::to_string(length_[at(l)]) + ")",
                             length);
       }
     }
@@ -107,18 +107,17 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if `layer` is out of range.
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
-    return ContiguousKVView<T>{layer_data(k_, layer),
-                               layer_data(v_, layer),
-                               num_kv_heads_,
-                               head_dim_,
-                               capacity_,
-                               length_[static_cast<std::size_t>(layer)]};
+    return ContiguousKVView<T>{
+        layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, capacity_,
+        length_[at(layer)]};
   }
 
   /// Bytes reserved for K and V in all layers.
   std::size_t bytes_reserved() const { return k_.bytes() + v_.bytes(); }
 
  private:
+  // A layer (or a size, >= 0) as an index (or a size) of the per-layer arrays.
+  static std::size_t at(int i) { return static_cast<std::size_t>(i); }
   static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache";
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
@@ -129,14 +128,12 @@ class ContiguousKVCache {
       kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                           1LL * num_kv_heads * head_dim);
     }
-    const std::size_t row =
-        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
-    const std::size_t limit =
-        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / static_cast<std::size_t>(num_layers);
-    if (row > limit / static_cast<std::size_t>(capacity)) {
+    const std::size_t row = kvlab::detail::elements(num_kv_heads, head_dim);
+    const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / at(num_layers);
+    if (row > limit / at(capacity)) {
       kvlab::detail::fail(kWhere, "capacity", "at most " + std::to_string(limit / row), capacity);
     }
-    return static_cast<std::size_t>(num_layers) * row * static_cast<std::size_t>(capacity);
+    return at(num_layers) * row * at(capacity);
   }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
@@ -144,8 +141,8 @@ class ContiguousKVCache {
     }
   }
   T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
-    const std::size_t per_layer = buffer.size() / static_cast<std::size_t>(num_layers_);
-    return const_cast<T*>(buffer.data()) + static_cast<std::size_t>(layer) * per_layer;
+    const std::size_t per_layer = buffer.size() / at(num_layers_);
+    return const_cast<T*>(buffer.data()) + at(layer) * per_layer;
   }
 
   int num_layers_;

@@ -143,16 +143,16 @@ inline RowMatrix<float> device_step(const DeviceAttentionStack& w, DeviceBuffer<
                                     int new_rows, DeviceKeeper& keeper, CostCounters& counters) {
   const AttentionShape& shape = w.shape();
   const int d_model = w.d_model();
-  DeviceBuffer<float> k(static_cast<std::size_t>(rows) * shape.kv_width());  // [rows, kv_width]
+  DeviceBuffer<float> k(kvlab::detail::elements(rows, shape.kv_width()));  // [rows, kv_width]
   DeviceBuffer<float> v(k.size());
-  DeviceBuffer<float> q(static_cast<std::size_t>(rows) * shape.q_width());  // [q rows, q_width]
+  DeviceBuffer<float> q(kvlab::detail::elements(rows, shape.q_width()));  // [q rows, q_width]
   DeviceBuffer<float> attn(q.size());
   for (int l = 0; l < w.num_layers(); ++l) {
     const bool top = l + 1 == w.num_layers();
     const int q_rows = top ? new_rows : rows;  // rows whose outputs carry on: the last q_rows
     const DeviceMatrix<const float> h_all(h.data(), rows, d_model);  // [rows, d_model]
     const DeviceMatrix<const float> h_out(
-        h.data() + static_cast<std::size_t>(rows - q_rows) * d_model, q_rows,
+        h.data() + kvlab::detail::elements(rows - q_rows, d_model), q_rows,
         d_model);  // [q_rows, d_model]
     // 1. K and V of every row, kept.
     linear(h_all, w.wk(l), k.matrix(rows, shape.kv_width()));
@@ -167,7 +167,7 @@ inline RowMatrix<float> device_step(const DeviceAttentionStack& w, DeviceBuffer<
                   counters);
     // 4. The residual, on the rows that carry on.
     if (q_rows != rows) {
-      DeviceBuffer<float> next(static_cast<std::size_t>(q_rows) * d_model);  // [q_rows, d_model]
+      DeviceBuffer<float> next(kvlab::detail::elements(q_rows, d_model));  // [q_rows, d_model]
       KVLAB_CUDA_CHECK(cudaMemcpy(next.data(), h_out.data, next.bytes(), cudaMemcpyDeviceToDevice));
       h = std::move(next);
       rows = q_rows;
@@ -201,10 +201,10 @@ class NaiveDecoder : public Decoder<T> {
     const int p = static_cast<int>(x.rows());
     const int t = this->position() + p;  // tokens after this step
     reserve(t);
-    KVLAB_CUDA_CHECK(
-        cudaMemcpy(inputs_.data() + static_cast<std::size_t>(this->position()) * d_model, x.data(),
-                   static_cast<std::size_t>(x.size()) * sizeof(float), cudaMemcpyHostToDevice));
-    DeviceBuffer<float> h(static_cast<std::size_t>(t) * d_model);  // [t, d_model]: every input
+    KVLAB_CUDA_CHECK(cudaMemcpy(inputs_.data() + kvlab::detail::elements(this->position(), d_model),
+                                x.data(), static_cast<std::size_t>(x.size()) * sizeof(float),
+                                cudaMemcpyHostToDevice));
+    DeviceBuffer<float> h(kvlab::detail::elements(t, d_model));  // [t, d_model]: every input
     KVLAB_CUDA_CHECK(cudaMemcpy(h.data(), inputs_.data(), h.bytes(), cudaMemcpyDeviceToDevice));
     Recompute keeper(weights_->shape(), workspace_);
     return detail::device_step(*weights_, std::move(h), t, p, keeper, counters);
@@ -238,15 +238,14 @@ class NaiveDecoder : public Decoder<T> {
 
   // Room for `rows` input rows, keeping the rows already fed.
   void reserve(int rows) {
-    const std::size_t needed =
-        static_cast<std::size_t>(rows) * static_cast<std::size_t>(weights_->d_model());
+    const std::size_t needed = kvlab::detail::elements(rows, weights_->d_model());
     if (needed <= inputs_.size()) return;
     DeviceBuffer<float> bigger(needed > 2 * inputs_.size() ? needed : 2 * inputs_.size());
     if (this->position() > 0) {
-      KVLAB_CUDA_CHECK(cudaMemcpy(
-          bigger.data(), inputs_.data(),
-          static_cast<std::size_t>(this->position()) * weights_->d_model() * sizeof(float),
-          cudaMemcpyDeviceToDevice));
+      KVLAB_CUDA_CHECK(
+          cudaMemcpy(bigger.data(), inputs_.data(),
+                     kvlab::detail::elements(this->position(), weights_->d_model()) * sizeof(float),
+                     cudaMemcpyDeviceToDevice));
     }
     inputs_ = std::move(bigger);
   }

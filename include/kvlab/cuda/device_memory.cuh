@@ -65,9 +65,7 @@ struct DeviceMatrix {
   /// Row `r`: `cols` values.
   KVLAB_HOST_DEVICE T* row(int r) const { return data + static_cast<std::ptrdiff_t>(r) * cols; }
   /// rows * cols.
-  KVLAB_HOST_DEVICE std::size_t size() const {
-    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
-  }
+  KVLAB_HOST_DEVICE std::size_t size() const { return kvlab::detail::elements(rows, cols); }
 };
 
 namespace detail {
@@ -178,8 +176,7 @@ class DeviceBuffer {
     }
   }
   void check_matrix(int rows, int cols) const {
-    if (rows < 0 || cols < 0 ||
-        static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) > size_) {
+    if (rows < 0 || cols < 0 || kvlab::detail::elements(rows, cols) > size_) {
       kvlab::detail::fail("kvlab::cuda::DeviceBuffer::matrix", "rows * cols",
                           "in [0, size() (" + std::to_string(size_) + ")]",
                           std::to_string(rows) + " * " + std::to_string(cols));

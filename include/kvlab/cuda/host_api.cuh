@@ -73,9 +73,8 @@ struct DevicePagedCopy {
 
   /// Copies `cache` (host pointers, checked by the caller).
   explicit DevicePagedCopy(const PagedKVView<float>& cache) {
-    const std::size_t pool =
-        static_cast<std::size_t>(cache.num_blocks) * static_cast<std::size_t>(cache.block_size) *
-        static_cast<std::size_t>(cache.num_kv_heads) * static_cast<std::size_t>(cache.head_dim);
+    const std::size_t pool = kvlab::detail::elements(cache.num_blocks, cache.block_size,
+                                                     cache.num_kv_heads, cache.head_dim);
     const auto batch = static_cast<std::size_t>(cache.batch);
     k = upload_as<Storage>(cache.k, pool);
     v = upload_as<Storage>(cache.v, pool);
@@ -112,13 +111,12 @@ DeviceBuffer<Storage> to_device(const RowMatrix<float>& m) {
 /// \throws InvalidArgument if the buffer holds fewer values; CudaError if the copy fails.
 template <typename Storage>
 RowMatrix<float> to_host(const DeviceBuffer<Storage>& buffer, int rows, int cols) {
-  if (rows < 0 || cols < 0 ||
-      static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) > buffer.size()) {
+  if (rows < 0 || cols < 0 || kvlab::detail::elements(rows, cols) > buffer.size()) {
     kvlab::detail::fail("kvlab::cuda::to_host", "rows * cols",
                         "at most buffer.size() (" + std::to_string(buffer.size()) + ")",
                         std::to_string(rows) + " * " + std::to_string(cols));
   }
-  std::vector<Storage> host(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+  std::vector<Storage> host(kvlab::detail::elements(rows, cols));
   buffer.download(host.data(), host.size());
   RowMatrix<float> out(rows, cols);
   for (Eigen::Index i = 0; i < out.size(); ++i)
@@ -145,8 +143,7 @@ RowMatrix<float> naive_attention(const AttentionShape& shape, const RowMatrix<fl
   const auto d_k = detail::upload_matrix<Storage>(kWhere, "k", k);
   const auto d_v = detail::upload_matrix<Storage>(kWhere, "v", v);
   const int rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(rows) *
-                              static_cast<std::size_t>(shape.q_width()));
+  DeviceBuffer<Storage> d_out(kvlab::detail::elements(rows, shape.q_width()));
   naive_attention<Storage>(
       shape, DeviceMatrix<const Storage>(d_q.data(), rows, static_cast<int>(q.cols())),
       DeviceMatrix<const Storage>(d_k.data(), static_cast<int>(k.rows()),
@@ -180,8 +177,7 @@ RowMatrix<float> decode_attention(const AttentionShape& shape, const RowMatrix<f
                         "in [0, capacity (" + std::to_string(cache.capacity) + ")]", cache.length);
   }
   // The filled rows only: a device cache with capacity = length.
-  const std::size_t rows =
-      static_cast<std::size_t>(cache.num_kv_heads) * static_cast<std::size_t>(cache.length);
+  const std::size_t rows = kvlab::detail::elements(cache.num_kv_heads, cache.length);
   std::vector<float> k(rows * static_cast<std::size_t>(cache.head_dim)), v(k.size());
   for (int h = 0; h < cache.num_kv_heads; ++h)
     for (int pos = 0; pos < cache.length; ++pos)
@@ -197,8 +193,7 @@ RowMatrix<float> decode_attention(const AttentionShape& shape, const RowMatrix<f
                                          cache.head_dim, cache.length, cache.length};
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) *
-                              static_cast<std::size_t>(shape.q_width()));
+  DeviceBuffer<Storage> d_out(kvlab::detail::elements(q_rows, shape.q_width()));
   decode_attention<Storage>(
       shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())), device,
       DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters, options);
@@ -225,8 +220,7 @@ RowMatrix<float> paged_decode_attention(const AttentionShape& shape, const RowMa
   const detail::DevicePagedCopy<Storage> device(cache);
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) *
-                              static_cast<std::size_t>(shape.q_width()));
+  DeviceBuffer<Storage> d_out(kvlab::detail::elements(q_rows, shape.q_width()));
   paged_decode_attention<Storage>(
       shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())),
       device.view, DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()), counters, options);
@@ -260,8 +254,7 @@ RowMatrix<float> paged_prefill_attention(const AttentionShape& shape, const RowM
   const DeviceBuffer<std::int32_t> d_qo_indptr(qo_indptr);
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
-  DeviceBuffer<Storage> d_out(static_cast<std::size_t>(q_rows) *
-                              static_cast<std::size_t>(shape.q_width()));
+  DeviceBuffer<Storage> d_out(kvlab::detail::elements(q_rows, shape.q_width()));
   paged_prefill_attention<Storage>(
       shape, DeviceMatrix<const Storage>(d_q.data(), q_rows, static_cast<int>(q.cols())),
       d_qo_indptr.data(), device.view, DeviceMatrix<Storage>(d_out.data(), q_rows, shape.q_width()),

@@ -123,8 +123,7 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
   const int kv_len = k.rows;
   const int hd = shape.head_dim();
   const int heads = shape.num_heads();
-  const std::size_t scores_per_head =
-      static_cast<std::size_t>(q_len) * static_cast<std::size_t>(kv_len);
+  const std::size_t scores_per_head = kvlab::detail::elements(q_len, kv_len);
   detail::Scratch scratch(static_cast<std::size_t>(heads) * scores_per_head * sizeof(float),
                           options.workspace, options.stream);
   float* scores = scratch.as<float>();  // [num_heads, q_len, kv_len]

@@ -71,7 +71,9 @@ class DeviceBlockTables {
 /// The KV caches of many sequences in one pool of fixed-size blocks in device memory: the
 /// device counterpart of `kvlab::PagedKVCache`, with the same pool layouts, the same calls and
 /// the same slot semantics. The bookkeeping (a `BlockAllocator`, one block list per sequence,
-/// fork with copy on write) runs on the host; only K and V live on the device.
+/// fork with copy on write) runs on the host; only K and V live on the device. Unlike the host
+/// cache it does not track which reserved slots have been written (that would take a device
+/// copy per step): `view` does not refuse unwritten tokens, and there is no one-call `append`.
 ///
 /// A step is `reserve(seq, n)` (room for n tokens; returns their slots, `block * block_size +
 /// offset`), then per layer `write(layer, slots, k, v)` (`write_slots_kernel`); attention reads
@@ -229,6 +231,10 @@ class PagedKVCache {
                           layout_);
   }
 
+  /// A view of temporary device tables would point into device memory freed at the end of the
+  /// statement, before a kernel reads it: keep the tables in a variable.
+  PagedKVView<T> view(int layer, const DeviceBlockTables&& tables) const = delete;
+
  private:
   static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size,
                               int num_blocks) {
@@ -241,12 +247,10 @@ class PagedKVCache {
       kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                           1LL * num_kv_heads * head_dim);
     }
-    const std::size_t token =
-        static_cast<std::size_t>(num_kv_heads) * static_cast<std::size_t>(head_dim);
+    const std::size_t token = kvlab::detail::elements(num_kv_heads, head_dim);
     const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) /
                               static_cast<std::size_t>(num_layers) / token;
-    const std::size_t tokens =
-        static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_blocks);
+    const std::size_t tokens = kvlab::detail::elements(block_size, num_blocks);
     if (tokens > limit) {
       kvlab::detail::fail(kWhere, "num_blocks * block_size",
                           "at most " + std::to_string(limit) + " tokens", tokens);
@@ -259,8 +263,7 @@ class PagedKVCache {
     }
   }
   std::size_t block_elements() const {
-    return static_cast<std::size_t>(block_size()) * static_cast<std::size_t>(num_kv_heads_) *
-           static_cast<std::size_t>(head_dim_);
+    return kvlab::detail::elements(block_size(), num_kv_heads_, head_dim_);
   }
   T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
     const std::size_t per_layer =

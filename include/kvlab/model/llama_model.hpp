@@ -251,11 +251,14 @@ class LlamaModel {
     return max_tokens == 0 ? c.seq_len : max_tokens;
   }
 
+  // The own sequence's tokens; a truncate through store() shortens them here too.
   const std::vector<int>& own_tokens(const char* where) const {
     if (seq_ < 0) {
       detail::fail(where, "model", "a model of one sequence (built with a LlamaBackend)",
                    "a model built over a store: use forward_batch(batch)");
     }
+    const auto length = static_cast<std::size_t>(store_->length(seq_));
+    if (tokens_.size() > length) tokens_.resize(length);
     return tokens_;
   }
   SequenceChunk own_chunk(const char* where, const std::vector<int>& tokens) const {
@@ -288,7 +291,7 @@ class LlamaModel {
                      batch[i].seq);
       }
       const int length = store_->length(batch[i].seq);
-      if (tokens.size() > static_cast<std::size_t>(max_tokens_ - length)) {
+      if (length > max_tokens_ || tokens.size() > static_cast<std::size_t>(max_tokens_ - length)) {
         detail::fail<CapacityError>(where, name + ".size()",
                                     "at most " + std::to_string(max_tokens_ - length) +
                                         " (max_tokens " + std::to_string(max_tokens_) +
@@ -379,7 +382,7 @@ class LlamaModel {
   int seq_ = -1;                           // the model's own sequence in store_, or -1
   LlamaBackend backend_;                   // the kind of store_
   int block_size_ = 16;                    // tokens per block of a paged store_
-  std::vector<int> tokens_;                // [position]: the tokens of the own sequence
+  mutable std::vector<int> tokens_;        // [position]: the own sequence's (trimmed lazily)
   LlamaCounters last_step_;
   LlamaCounters total_;
 };

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -168,37 +167,36 @@ class KVStore {
                               const std::vector<std::int32_t>& new_indptr,
                               const RowMatrix<T>& new_inputs, RowMatrix<T>& inputs,
                               const char* caller = nullptr) {
-    const std::string at = caller != nullptr ? std::string(caller) : where("begin_step");
+    const char* at = caller != nullptr ? caller : where_begin_step_.c_str();
     if (open_)
-      detail::fail(at.c_str(), "step", "no step open (end_step or abort_step first)",
-                   "a step open");
-    detail::require_at_least(at.c_str(), "seqs.size()", seqs.size(), std::size_t{1});
-    detail::require_equal(at.c_str(), "new_indptr.size()", new_indptr.size(), seqs.size() + 1,
+      detail::fail(at, "step", "no step open (end_step or abort_step first)", "a step open");
+    detail::require_at_least(at, "seqs.size()", seqs.size(), std::size_t{1});
+    detail::require_equal(at, "new_indptr.size()", new_indptr.size(), seqs.size() + 1,
                           "seqs.size() + 1");
-    detail::require_equal(at.c_str(), "new_indptr[0]", new_indptr[0], 0);
-    std::set<int> seen;
+    detail::require_equal(at, "new_indptr[0]", new_indptr[0], 0);
     for (std::size_t i = 0; i < seqs.size(); ++i) {
-      const std::string name = "seqs[" + std::to_string(i) + "]";
-      if (!do_contains(seqs[i])) detail::fail(at.c_str(), name, "a live sequence id", seqs[i]);
-      if (!seen.insert(seqs[i]).second) {
-        detail::fail(at.c_str(), name, "a sequence not already in the batch", seqs[i]);
+      const auto name = [i] { return "seqs[" + std::to_string(i) + "]"; };
+      if (!do_contains(seqs[i])) detail::fail(at, name(), "a live sequence id", seqs[i]);
+      for (std::size_t j = 0; j < i; ++j) {  // no allocation: batches are short
+        if (seqs[j] == seqs[i])
+          detail::fail(at, name(), "a sequence not already in the batch", seqs[i]);
       }
       if (new_indptr[i + 1] <= new_indptr[i]) {
-        detail::fail(at.c_str(), "new_indptr[" + std::to_string(i + 1) + "]",
+        detail::fail(at, "new_indptr[" + std::to_string(i + 1) + "]",
                      "> new_indptr[" + std::to_string(i) + "] (" + std::to_string(new_indptr[i]) +
                          "): every sequence adds at least one token",
                      new_indptr[i + 1]);
       }
     }
-    detail::require_equal(at.c_str(), "new_inputs.rows()", static_cast<long>(new_inputs.rows()),
+    detail::require_equal(at, "new_inputs.rows()", static_cast<long>(new_inputs.rows()),
                           static_cast<long>(new_indptr.back()), "new_indptr[batch]");
     if (&inputs == &new_inputs) {
-      detail::fail(at.c_str(), "inputs", "a matrix other than new_inputs", "new_inputs");
+      detail::fail(at, "inputs", "a matrix other than new_inputs", "new_inputs");
     }
     StepBatch batch;
     batch.seqs = seqs;
     batch.new_indptr = new_indptr;
-    do_begin_step(batch, new_inputs, inputs, at.c_str());  // fills row_indptr, first_position
+    do_begin_step(batch, new_inputs, inputs, at);  // fills row_indptr, first_position
     step_ = std::move(batch);
     open_ = true;
     return step_;
@@ -221,14 +219,14 @@ class KVStore {
     check_open("append");
     check_layer("append", layer);
     const long width = static_cast<long>(num_kv_heads_) * head_dim_;
-    const std::string at = where("append");
-    detail::require_equal(at.c_str(), "k.rows()", static_cast<long>(k.rows()),
+    const char* at = where_append_.c_str();
+    detail::require_equal(at, "k.rows()", static_cast<long>(k.rows()),
                           static_cast<long>(step_.rows()), "the step's rows");
-    detail::require_equal(at.c_str(), "k.cols()", static_cast<long>(k.cols()), width,
+    detail::require_equal(at, "k.cols()", static_cast<long>(k.cols()), width,
                           "num_kv_heads * head_dim");
-    detail::require_equal(at.c_str(), "v.rows()", static_cast<long>(v.rows()),
-                          static_cast<long>(k.rows()), "k.rows()");
-    detail::require_equal(at.c_str(), "v.cols()", static_cast<long>(v.cols()), width,
+    detail::require_equal(at, "v.rows()", static_cast<long>(v.rows()), static_cast<long>(k.rows()),
+                          "k.rows()");
+    detail::require_equal(at, "v.cols()", static_cast<long>(v.cols()), width,
                           "num_kv_heads * head_dim");
     do_append(layer, k, v);
   }
@@ -248,30 +246,30 @@ class KVStore {
               CostCounters* counters) {
     check_open("attend");
     check_layer("attend", layer);
-    const std::string at = where("attend");
-    detail::require_equal(at.c_str(), "shape.num_kv_heads()", shape.num_kv_heads(), num_kv_heads_,
+    const char* at = where_attend_.c_str();
+    detail::require_equal(at, "shape.num_kv_heads()", shape.num_kv_heads(), num_kv_heads_,
                           "the store's num_kv_heads");
-    detail::require_equal(at.c_str(), "shape.head_dim()", shape.head_dim(), head_dim_,
+    detail::require_equal(at, "shape.head_dim()", shape.head_dim(), head_dim_,
                           "the store's head_dim");
-    detail::require_equal(at.c_str(), "q_indptr.size()", q_indptr.size(), step_.seqs.size() + 1,
+    detail::require_equal(at, "q_indptr.size()", q_indptr.size(), step_.seqs.size() + 1,
                           "the step's batch + 1");
-    detail::require_equal(at.c_str(), "q_indptr[0]", q_indptr[0], 0);
+    detail::require_equal(at, "q_indptr[0]", q_indptr[0], 0);
     for (int i = 0; i < step_.size(); ++i) {
       const auto s = static_cast<std::size_t>(i);
       const int n = q_indptr[s + 1] - q_indptr[s];
       if (n < 1 || n > step_.computed(i)) {
-        detail::fail(at.c_str(), "q_indptr[" + std::to_string(i + 1) + "]",
+        detail::fail(at, "q_indptr[" + std::to_string(i + 1) + "]",
                      "q_indptr[" + std::to_string(i) + "] + [1, " +
                          std::to_string(step_.computed(i)) + "] (the rows of sequence " +
                          std::to_string(step_.seq(i)) + ")",
                      q_indptr[s + 1]);
       }
     }
-    detail::require_equal(at.c_str(), "q.rows()", static_cast<long>(q.rows()),
+    detail::require_equal(at, "q.rows()", static_cast<long>(q.rows()),
                           static_cast<long>(q_indptr.back()), "q_indptr[batch]");
-    detail::require_equal(at.c_str(), "q.cols()", static_cast<long>(q.cols()),
+    detail::require_equal(at, "q.cols()", static_cast<long>(q.cols()),
                           static_cast<long>(shape.q_width()), "num_heads * head_dim");
-    if (&out == &q) detail::fail(at.c_str(), "out", "a matrix other than q", "q");
+    if (&out == &q) detail::fail(at, "out", "a matrix other than q", "q");
     do_attend(layer, shape, q, q_indptr, out, counters);
   }
 
@@ -295,7 +293,13 @@ class KVStore {
   /// A store for `num_layers` layers of `num_kv_heads` heads of `head_dim` values.
   /// \throws InvalidArgument (naming `owner`) if any is below 1.
   KVStore(const char* owner, int num_layers, int num_kv_heads, int head_dim)
-      : owner_(owner), num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
+      : owner_(owner),
+        where_begin_step_(where("begin_step")),
+        where_append_(where("append")),
+        where_attend_(where("attend")),
+        num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim) {
     detail::require_at_least(owner, "num_layers", num_layers, 1);
     detail::require_at_least(owner, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(owner, "head_dim", head_dim, 1);
@@ -352,6 +356,7 @@ class KVStore {
   }
 
   std::string owner_;
+  std::string where_begin_step_, where_append_, where_attend_;  // the messages' starts, made once
   int num_layers_;
   int num_kv_heads_;
   int head_dim_;

@@ -86,9 +86,9 @@ class PagedStore : public KVStore<T> {
   void do_begin_step(StepBatch& batch, const RowMatrix<T>& new_inputs, RowMatrix<T>& inputs,
                      const char* caller) override {
     // Every block the step needs, counted before any is taken: all or nothing.
-    int needed = 0;
-    for (int i = 0; i < batch.size(); ++i)
-      needed += pool_->blocks_needed(batch.seq(i), batch.new_tokens(i));
+    std::vector<int> tokens;  // [batch]
+    for (int i = 0; i < batch.size(); ++i) tokens.push_back(batch.new_tokens(i));
+    const int needed = pool_->blocks_needed(batch.seqs, tokens);
     if (needed > pool_->allocator().num_free()) {
       const std::string what =
           batch.size() == 1 ? " tokens of sequence " + std::to_string(batch.seqs[0])
@@ -101,14 +101,21 @@ class PagedStore : public KVStore<T> {
     batch.row_indptr = batch.new_indptr;  // the new tokens only
     batch.first_position.clear();
     slots_.clear();
-    for (int i = 0; i < batch.size(); ++i) {
-      const int seq = batch.seq(i);
-      batch.first_position.push_back(pool_->length(seq));
-      const std::vector<std::int64_t> slots = pool_->reserve(seq, batch.new_tokens(i));
-      slots_.insert(slots_.end(), slots.begin(), slots.end());
+    int reserved = 0;  // sequences given their slots so far
+    try {
+      for (; reserved < batch.size(); ++reserved) {
+        const int seq = batch.seq(reserved);
+        batch.first_position.push_back(pool_->length(seq));
+        const std::vector<std::int64_t> slots = pool_->reserve(seq, batch.new_tokens(reserved));
+        slots_.insert(slots_.end(), slots.begin(), slots.end());
+      }
+      tables_ = std::make_unique<BlockTables>(pool_->tables(batch.seqs));  // every layer's
+      inputs = new_inputs;
+    } catch (...) {  // out of memory on the host: give back what was reserved
+      for (int i = 0; i < reserved; ++i) pool_->truncate(batch.seq(i), batch.first(i));
+      release_step();
+      throw;
     }
-    tables_ = std::make_unique<BlockTables>(pool_->tables(batch.seqs));  // every layer's
-    inputs = new_inputs;
   }
 
   void do_append(int layer, const RowMatrix<T>& k, const RowMatrix<T>& v) override {
@@ -122,6 +129,9 @@ class PagedStore : public KVStore<T> {
   }
 
   void do_end_step() override { release_step(); }
+  // Every sequence back to its length; a private copy made of a shared last block (copy on
+  // write) stays the sequence's, holding the same tokens: lengths and contents are restored,
+  // block ids and reference counts may differ.
   void do_abort_step() noexcept override {
     const StepBatch& batch = this->step();
     for (int i = 0; i < batch.size(); ++i) {  // give back the step's slots
