@@ -30,10 +30,6 @@
 #include <string>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include <kvlab/kvlab.hpp>
 
 #include "cli.hpp"
@@ -228,6 +224,28 @@ ClosedForms step_closed_forms(int n, int layers) {
           l * kNumHeads * nn};
 }
 
+// True when the counted K/V projections and q·k dots equal the closed forms `f`; otherwise
+// prints both on standard error, for `what` ("n = 64" or "step at n = 256").
+bool counts_match(const std::string& what, const kvlab::CostCounters& naive,
+                  const kvlab::CostCounters& cached, const ClosedForms& f) {
+  if (naive.kv_projections == f.naive_kv && cached.kv_projections == f.cached_kv &&
+      naive.qk_dots == f.naive_dots && cached.qk_dots == f.cached_dots)
+    return true;
+  std::fprintf(stderr,
+               "kvlab-gap: %s: counts differ from the closed forms: K/V projections expected "
+               "%llu / %llu, got %llu / %llu; q·k dots expected %llu / %llu, got %llu / %llu "
+               "(naive / cached)\n",
+               what.c_str(), static_cast<unsigned long long>(f.naive_kv),
+               static_cast<unsigned long long>(f.cached_kv),
+               static_cast<unsigned long long>(naive.kv_projections),
+               static_cast<unsigned long long>(cached.kv_projections),
+               static_cast<unsigned long long>(f.naive_dots),
+               static_cast<unsigned long long>(f.cached_dots),
+               static_cast<unsigned long long>(naive.qk_dots),
+               static_cast<unsigned long long>(cached.qk_dots));
+  return false;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Output: the table and the SVG plot
 // ---------------------------------------------------------------------------------------------
@@ -418,7 +436,7 @@ const char* const kUsage =
 
 // At most 2^29, so that doubling n up to the limit never overflows an int.
 int parse_int(const std::string& option, const char* text, int minimum) {
-  return static_cast<int>(kvlab_bench::parse_long(option, text, minimum, 1L << 29));
+  return kvlab_bench::parse_int(option, text, minimum, 1 << 29);
 }
 
 // Returns false when --help was given (and printed).
@@ -445,10 +463,7 @@ bool parse_options(int argc, char** argv, Options& options) {
       options.threads = parse_int(arg, value, 1);
       ++i;
     } else if (arg == "--svg") {
-      if (value == nullptr || value[0] == '\0') {
-        throw UsageError("--svg: expected a file name, got nothing");
-      }
-      options.svg = value;
+      options.svg = kvlab_bench::parse_file_name(arg, value);
       ++i;
     } else {
       throw UsageError("unknown option '" + arg +
@@ -463,24 +478,12 @@ bool parse_options(int argc, char** argv, Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  try {
-    if (!parse_options(argc, argv, options)) return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "kvlab-gap: %s (try --help)\n", e.what());
-    return 2;
-  }
-  if (!options.svg.empty() && !std::ofstream(options.svg)) {  // fail now, not after the run
-    std::fprintf(stderr, "kvlab-gap: --svg: expected a writable file, got '%s'\n",
-                 options.svg.c_str());
-    return 2;
-  }
-#if defined(_OPENMP)
-  omp_set_num_threads(options.threads);
-#else
-  if (options.threads != 1)
-    std::fprintf(stderr, "kvlab-gap: built without OpenMP; using 1 thread\n");
-  options.threads = 1;
-#endif
+  if (const auto stop =
+          kvlab_bench::read_command_line("kvlab-gap", argc, argv, options, parse_options))
+    return *stop;
+  if (!kvlab_bench::can_write("kvlab-gap", "--svg", options.svg)) return 2;
+  options.threads = kvlab_bench::usable_threads("kvlab-gap", {options.threads}).front();
+  kvlab_bench::set_threads(options.threads);
 
   const auto start = std::chrono::steady_clock::now();
   const kvlab::AttentionShape shape(kNumHeads, kNumKvHeads, kHeadDim);
@@ -497,23 +500,9 @@ int main(int argc, char** argv) {
     print_row(row);
     rows.push_back(row);
     max_rel_diff = std::max(max_rel_diff, row.max_rel_diff);
-    const ClosedForms f = closed_forms(n, options.layers);
-    if (row.naive.kv_projections != f.naive_kv || row.cached.kv_projections != f.cached_kv ||
-        row.naive.qk_dots != f.naive_dots || row.cached.qk_dots != f.cached_dots) {
-      std::fprintf(stderr,
-                   "kvlab-gap: n = %d: counts differ from the closed forms: K/V projections "
-                   "expected %llu / %llu, got %llu / %llu; q·k dots expected %llu / %llu, got "
-                   "%llu / %llu (naive / cached)\n",
-                   n, static_cast<unsigned long long>(f.naive_kv),
-                   static_cast<unsigned long long>(f.cached_kv),
-                   static_cast<unsigned long long>(row.naive.kv_projections),
-                   static_cast<unsigned long long>(row.cached.kv_projections),
-                   static_cast<unsigned long long>(f.naive_dots),
-                   static_cast<unsigned long long>(f.cached_dots),
-                   static_cast<unsigned long long>(row.naive.qk_dots),
-                   static_cast<unsigned long long>(row.cached.qk_dots));
+    if (!counts_match("n = " + std::to_string(n), row.naive, row.cached,
+                      closed_forms(n, options.layers)))
       counts_ok = false;
-    }
   }
   for (const Row& r : rows) {
     if (r.naive_reps < options.reps || r.cached_reps < options.reps) {
@@ -549,23 +538,9 @@ int main(int argc, char** argv) {
     const StepRow row = run_step(n, options.reps, stack);
     print_step_row(row);
     max_rel_diff = std::max(max_rel_diff, row.rel_diff);
-    const ClosedForms f = step_closed_forms(n, options.layers);
-    if (row.naive.kv_projections != f.naive_kv || row.cached.kv_projections != f.cached_kv ||
-        row.naive.qk_dots != f.naive_dots || row.cached.qk_dots != f.cached_dots) {
-      std::fprintf(stderr,
-                   "kvlab-gap: step at n = %d: counts differ from the closed forms: K/V "
-                   "projections expected %llu / %llu, got %llu / %llu; q·k dots expected %llu / "
-                   "%llu, got %llu / %llu (naive / cached)\n",
-                   n, static_cast<unsigned long long>(f.naive_kv),
-                   static_cast<unsigned long long>(f.cached_kv),
-                   static_cast<unsigned long long>(row.naive.kv_projections),
-                   static_cast<unsigned long long>(row.cached.kv_projections),
-                   static_cast<unsigned long long>(f.naive_dots),
-                   static_cast<unsigned long long>(f.cached_dots),
-                   static_cast<unsigned long long>(row.naive.qk_dots),
-                   static_cast<unsigned long long>(row.cached.qk_dots));
+    if (!counts_match("step at n = " + std::to_string(n), row.naive, row.cached,
+                      step_closed_forms(n, options.layers)))
       counts_ok = false;
-    }
   }
   if (options.step_max_n >= kFirstStepN) {
     std::printf(

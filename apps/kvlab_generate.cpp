@@ -89,14 +89,8 @@ const char* const kUsage =
     "  --help              print this and exit\n"
     "Generation stops early when the model draws BOS (id 1), as llama2.c's run does.\n";
 
-int parse_int(const std::string& option, const char* text, long minimum, long maximum) {
-  return static_cast<int>(kvlab_bench::parse_long(option, text, minimum, maximum));
-}
-
-const char* need_value(const std::string& option, const char* value) {
-  if (value == nullptr) throw UsageError(option + ": expected a value, got nothing");
-  return value;
-}
+using kvlab_bench::need_value;
+using kvlab_bench::parse_int;
 
 // Returns false when --help was given (and printed).
 bool parse_options(int argc, char** argv, Options& o) {
@@ -190,7 +184,7 @@ bool stdout_is_terminal() {
 }
 
 int run(const Options& o) {
-  kvlab_bench::set_threads(o.threads);
+  kvlab_bench::set_threads(kvlab_bench::usable_threads("kvlab-generate", {o.threads}).front());
 
   // The model.
   std::shared_ptr<const kvlab::LlamaWeights> weights;
@@ -343,12 +337,9 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options options;
-  try {
-    if (!parse_options(argc, argv, options)) return 0;
-  } catch (const std::exception& e) {  // UsageError, or a number out of range
-    std::fprintf(stderr, "kvlab-generate: %s (try --help)\n", e.what());
-    return 2;
-  }
+  if (const auto stop =
+          kvlab_bench::read_command_line("kvlab-generate", argc, argv, options, parse_options))
+    return *stop;
   try {
     return run(options);
   } catch (const std::exception& e) {

@@ -275,16 +275,6 @@ const char* const kUsage =
     "  --json FILE        also write the results as JSON\n"
     "  --help             print this and exit\n";
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> parts;
-  for (std::size_t at = 0; at <= list.size();) {
-    const std::size_t comma = std::min(list.find(',', at), list.size());
-    parts.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return parts;
-}
-
 bool parse_options(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -293,17 +283,15 @@ bool parse_options(int argc, char** argv, Options& o) {
       std::printf("%s", kUsage);
       return false;
     }
-    if (value == nullptr) throw UsageError(arg + ": expected a value, got nothing");
+    kvlab_bench::need_value(arg, value);
     if (arg == "--steps") {
-      o.steps = static_cast<int>(kvlab_bench::parse_long(arg, value, 2, 1 << 20));
+      o.steps = kvlab_bench::parse_int(arg, value, 2, 1 << 20);
     } else if (arg == "--reps") {
-      o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1000));
+      o.reps = kvlab_bench::parse_int(arg, value, 1, 1000);
     } else if (arg == "--threads") {
-      o.threads.clear();
-      for (const std::string& t : split(value))
-        o.threads.push_back(static_cast<int>(kvlab_bench::parse_long(arg, t.c_str(), 1, 256)));
+      o.threads = kvlab_bench::parse_int_list(arg, value, 1, 256);
     } else if (arg == "--models") {
-      o.models = split(value);
+      o.models = kvlab_bench::parse_list(arg, value);
       for (const std::string& m : o.models) {
         if (m != "stories260K" && m != "stories15M-shape" && m != "tiny") {
           throw UsageError("--models: expected stories260K, stories15M-shape or tiny, got '" + m +
@@ -315,11 +303,11 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--model") {
       o.model_file = value;
     } else if (arg == "--block-size") {
-      o.block_size = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1 << 20));
+      o.block_size = kvlab_bench::parse_int(arg, value, 1, 1 << 20);
     } else if (arg == "--read-mib") {
-      o.read_mib = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1 << 16));
+      o.read_mib = kvlab_bench::parse_int(arg, value, 1, 1 << 16);
     } else if (arg == "--json") {
-      o.json = value;
+      o.json = kvlab_bench::parse_file_name(arg, value);
     } else {
       throw UsageError("unknown option '" + arg +
                        "': expected one of --steps, --reps, --threads, --models, "
@@ -334,17 +322,11 @@ bool parse_options(int argc, char** argv, Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  try {
-    if (!parse_options(argc, argv, o)) return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench_generate: %s (try --help)\n", e.what());
-    return 2;
-  }
-#if !defined(_OPENMP)
-  if (o.threads != std::vector<int>{1})
-    std::fprintf(stderr, "bench_generate: built without OpenMP; 1 thread\n");
-  o.threads = {1};
-#endif
+  if (const auto stop =
+          kvlab_bench::read_command_line("bench_generate", argc, argv, o, parse_options))
+    return *stop;
+  if (!kvlab_bench::can_write("bench_generate", "--json", o.json)) return 2;
+  o.threads = kvlab_bench::usable_threads("bench_generate", o.threads);
   try {
     std::vector<Model> models;
     const std::string dir = o.models_dir.empty() ? default_models_dir() : o.models_dir;

@@ -335,9 +335,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--sigma") {
       o.sigma = parse_double(arg, value, 0.0, 4.0);
     } else if (arg == "--json") {
-      if (value == nullptr || value[0] == '\0')
-        throw UsageError("--json: expected a file name, got nothing");
-      o.json = value;
+      o.json = kvlab_bench::parse_file_name(arg, value);
     } else {
       throw UsageError("unknown option '" + arg +
                        "': expected one of --requests, --seed, "
@@ -352,17 +350,10 @@ bool parse_options(int argc, char** argv, Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  try {
-    if (!parse_options(argc, argv, o)) return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench_memory_waste: %s (try --help)\n", e.what());
-    return 2;
-  }
-  if (!o.json.empty() && !std::ofstream(o.json)) {  // fail now, not after the run
-    std::fprintf(stderr, "bench_memory_waste: --json: expected a writable file, got '%s'\n",
-                 o.json.c_str());
-    return 2;
-  }
+  if (const auto stop =
+          kvlab_bench::read_command_line("bench_memory_waste", argc, argv, o, parse_options))
+    return *stop;
+  if (!kvlab_bench::can_write("bench_memory_waste", "--json", o.json)) return 2;
 
   const kvlab::ModelConfig model = kvlab::llama2_7b_config();
   const std::uint64_t bytes_per_token = kvlab::bytes_per_token(model, kvlab::KVDtype::fp16);

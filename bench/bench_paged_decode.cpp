@@ -38,10 +38,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include <kvlab/kvlab.hpp>
 
 #include "cli.hpp"
@@ -290,9 +286,7 @@ const char* const kUsage =
     "  --json FILE     also write the results as JSON\n"
     "  --help          print this and exit\n";
 
-int parse_int(const std::string& option, const char* text, int minimum, int maximum) {
-  return static_cast<int>(kvlab_bench::parse_long(option, text, minimum, maximum));
-}
+using kvlab_bench::parse_int;
 
 // Returns false when --help was given (and printed).
 bool parse_options(int argc, char** argv, Options& options) {
@@ -309,19 +303,11 @@ bool parse_options(int argc, char** argv, Options& options) {
     } else if (arg == "--min-time") {
       options.min_time = kvlab_bench::parse_double(arg, value, 0.0, 60.0);
     } else if (arg == "--threads") {
-      options.threads.clear();
-      std::string list = value == nullptr ? "" : value;
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        options.threads.push_back(parse_int(arg, list.substr(at, comma - at).c_str(), 1, 256));
-        at = comma + 1;
-      }
+      options.threads = kvlab_bench::parse_int_list(arg, value, 1, 256);
     } else if (arg == "--read-mib") {
       options.read_mib = parse_int(arg, value, 1, 1 << 16);
     } else if (arg == "--json") {
-      if (value == nullptr || value[0] == '\0')
-        throw UsageError("--json: expected a file name, got nothing");
-      options.json = value;
+      options.json = kvlab_bench::parse_file_name(arg, value);
     } else {
       throw UsageError("unknown option '" + arg +
                        "': expected one of --max-n, --reps, --min-time, --threads, "
@@ -336,17 +322,11 @@ bool parse_options(int argc, char** argv, Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  try {
-    if (!parse_options(argc, argv, options)) return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench_paged_decode: %s (try --help)\n", e.what());
-    return 2;
-  }
-#if !defined(_OPENMP)
-  if (options.threads != std::vector<int>{1})
-    std::fprintf(stderr, "bench_paged_decode: built without OpenMP; 1 thread\n");
-  options.threads = {1};
-#endif
+  if (const auto stop =
+          kvlab_bench::read_command_line("bench_paged_decode", argc, argv, options, parse_options))
+    return *stop;
+  if (!kvlab_bench::can_write("bench_paged_decode", "--json", options.json)) return 2;
+  options.threads = kvlab_bench::usable_threads("bench_paged_decode", options.threads);
   try {
     std::vector<double> read_gbps;  // [threads]
     {

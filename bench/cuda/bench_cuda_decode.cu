@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,16 +55,6 @@ struct Options {
   std::string json;
 };
 
-std::vector<int> parse_list(const std::string& option, const char* text, long maximum) {
-  if (text == nullptr) throw UsageError(option + ": expected a comma-separated list, got nothing");
-  std::vector<int> values;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ','))
-    values.push_back(static_cast<int>(kvlab_bench::parse_long(option, item.c_str(), 1, maximum)));
-  return values;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -78,9 +67,9 @@ Options parse(int argc, char** argv) {
           "       [--reps R] [--peak-tbps X] [--json FILE]\n");
       std::exit(0);
     } else if (arg == "--contexts") {
-      o.contexts = parse_list(arg, value, 1 << 24), ++i;
+      o.contexts = kvlab_bench::parse_int_list(arg, value, 1, 1 << 24), ++i;
     } else if (arg == "--batches") {
-      o.batches = parse_list(arg, value, 4096), ++i;
+      o.batches = kvlab_bench::parse_int_list(arg, value, 1, 4096), ++i;
     } else if (arg == "--max-tokens") {
       o.max_tokens = kvlab_bench::parse_long(arg, value, 1, 1L << 30), ++i;
     } else if (arg == "--heads") {
