@@ -300,10 +300,10 @@ void print_step_header() {
   std::printf(
       "\nOne decode step at context n (the n-th token, n - 1 held): per step the cache turns "
       "Θ(t) K/V projections into one per layer and K/V head; the scores stay Θ(t).\n");
-  std::printf("%6s | %25s | %25s | %28s | %10s\n", "", "K/V projections (step)",
-              "q·k dot products (step)", "time (µs)", "MACs");
-  std::printf("%6s | %12s %12s | %12s %12s | %9s %9s %8s | %10s\n", "n", "naive", "cached", "naive",
-              "cached", "naive", "cached", "ratio", "ratio");
+  std::printf("%6s | %25s | %25s | %28s | %10s | %17s\n", "", "K/V projections (step)",
+              "q·k dot products (step)", "time (µs)", "MACs", "GMAC/s");
+  std::printf("%6s | %12s %12s | %12s %12s | %9s %9s %8s | %10s | %8s %8s\n", "n", "naive",
+              "cached", "naive", "cached", "naive", "cached", "ratio", "ratio", "naive", "cached");
 }
 
 void print_step_row(const StepRow& r) {
