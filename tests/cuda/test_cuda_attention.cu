@@ -5,7 +5,10 @@
 //  - decode_attention vs cpu::decode_attention, unused cache rows NaN;
 //  - paged_decode_attention over vLLM's grid (head sizes 64-256, block sizes 16/32/1/3, MHA
 //    (40,40), GQA (64,8) and (32,8), 7 sequences up to 4096 with the last at the maximum, random
-//    non-monotonic block tables, NaN in every unused slot), both pool layouts;
+//    non-monotonic block tables, NaN in every unused slot), both pool layouts, the number of
+//    cases of each layout asserted;
+//  - logits of ±1e4 through every kernel (naive, decode, paged decode and prefill, both
+//    layouts, single pass and split-K), in fp32, fp16 and bf16;
 //  - split-K equals the single pass; paged_prefill_attention vs the CPU; counters; argument
 //    checks; CUDA errors as CudaError.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
@@ -14,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -170,15 +174,20 @@ TEMPLATE_TEST_CASE(
   // MHA and two GQA layouts, as vLLM's test
   const Heads grid_heads[] = {{40, 40}, {64, 8}, {32, 8}};
   std::uint64_t seed = 1000;
-  int case_index = 0;
+  // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them from point
+  // to point (on the CPU emulator fp16 alternates them too): every type sees both layouts.
+  const bool every_layout = kEveryLayoutInFp16 && std::is_same<TestType, __half>::value;
+  int point = 0;                      // index of the (head_dim, block_size, heads) point
+  int ran[2] = {0, 0};                // cases run per layout: [NHD, HND]
+  constexpr int kPoints = 6 * 4 * 3;  // the grid's points
   for (int head_dim : {64, 80, 96, 112, 128, 256})
     for (int block_size : {16, 32, 1, 3})
-      for (const Heads& heads : grid_heads)
+      for (const Heads& heads : grid_heads) {
+        ++point;
         for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
-          // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them (on
-          // the CPU emulator fp16 alternates them too: every type still sees both layouts).
-          const bool every_layout = kEveryLayoutInFp16 && std::is_same<TestType, __half>::value;
-          if (!every_layout && (case_index++ % 2 == 1)) continue;
+          const int layout_index = layout == KVLayout::NHD ? 0 : 1;
+          if (!every_layout && point % 2 != layout_index) continue;
+          ++ran[layout_index];
           const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
           kvlab::Rng rng(seed++);
           const std::vector<int> lengths = kvlab_test::vllm_lengths(7, kContext.grid_max, rng);
@@ -191,6 +200,97 @@ TEMPLATE_TEST_CASE(
           const RowMatrix<float> got = kc::paged_decode_attention<TestType>(shape, q, batch.view);
           check_close<TestType>(got, want);
         }
+      }
+  // Every point ran once per layout, or (alternating) half of the points ran each layout.
+  const int per_layout = every_layout ? kPoints : kPoints / 2;
+  CHECK(point == kPoints);
+  CHECK(ran[0] == per_layout);
+  CHECK(ran[1] == per_layout);
+}
+
+namespace {
+
+// uniform(-1, 1) to round(64 x): an integer in [-64, 64], exact in fp32, fp16 and bf16.
+struct SmallInteger {
+  float operator()(float x) const { return std::round(64.0f * x); }
+};
+
+// Queries whose every head has one nonzero element, 1280, at a dimension that varies with the
+// row and the head. With head_dim 64 (scale 1/8 exactly) and integer keys in [-64, 64], every
+// logit is 160 · k: a multiple of 160 in [-10240, 10240], computed exactly in any summation
+// order. Keys that tie for the maximum share the weight; every other key's weight is below
+// exp(-160), which is 0 in fp32, so the CPU and the GPU average the same value rows.
+RowMatrix<float> peaked_queries(const AttentionShape& shape, int rows) {
+  RowMatrix<float> q = RowMatrix<float>::Zero(rows, shape.q_width());  // [rows, q_width]
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < shape.num_heads(); ++h)
+      q(r, h * shape.head_dim() + (5 * r + 7 * h) % shape.head_dim()) = 1280.0f;
+  return q;
+}
+
+}  // namespace
+
+// Logits of ±1e4: a kernel that exponentiates a score without first subtracting the row's
+// maximum overflows to inf and returns NaN; one that merges split-K partitions without
+// rescaling by exp(partition max - row max) does the same. Every CUDA kernel, both pool
+// layouts, single pass and split-K, against the CPU kernel on the same values (tolerances of
+// cuda_compare.hpp: the outputs are averages of tied value rows, summed in other orders).
+TEMPLATE_TEST_CASE("logits of +-1e4 stay finite in every CUDA kernel and equal the CPU's", "",
+                   float, __half, __nv_bfloat16) {
+  const AttentionShape shape(8, 2, 64);  // GQA 4:1; scale 1/8
+  REQUIRE(shape.scale() == 0.125);
+  kvlab::Rng rng(4000);
+  const SmallInteger integer;
+  const auto check = [](const RowMatrix<float>& got, const RowMatrix<float>& want) {
+    REQUIRE(want.allFinite());
+    CHECK(got.allFinite());
+    check_close<TestType>(got, want);
+  };
+  const int n = 300;  // more than one key tile (kKeyTile = 256)
+  RowMatrix<float> keys(n, shape.kv_width()), values(n, shape.kv_width());  // [n, kv_width]
+  for (Eigen::Index i = 0; i < keys.size(); ++i) {
+    keys.data()[i] = integer(static_cast<float>(rng.uniform(-1.0, 1.0)));
+    values.data()[i] = integer(static_cast<float>(rng.uniform(-1.0, 1.0)));
+  }
+  REQUIRE(keys.maxCoeff() * 160 >= 1e4);  // the largest and smallest logits reach ±1e4
+  REQUIRE(keys.minCoeff() * 160 <= -1e4);
+
+  SECTION("naive_attention, causal") {
+    const RowMatrix<float> q = peaked_queries(shape, n);
+    check(kc::naive_attention<TestType>(shape, q, keys, values),
+          kvlab::cpu::naive_attention(shape, q, keys, values));
+  }
+  SECTION("decode_attention, single pass and split-K") {
+    kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), n);
+    cache.append(0, keys, values);
+    for (int q_len : {1, 5})
+      for (int partitions : {1, 3}) {
+        CAPTURE(q_len, partitions);
+        const RowMatrix<float> q = peaked_queries(shape, q_len);
+        kc::LaunchOptions options;
+        options.partitions = partitions;
+        check(kc::decode_attention<TestType>(shape, q, cache.view(0), nullptr, options),
+              kvlab::cpu::decode_attention(shape, q, cache.view(0)));
+      }
+  }
+  SECTION("paged decode and prefill, both layouts, single pass and split-K") {
+    for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+      CAPTURE(kvlab::to_string(layout));
+      const kvlab_test::RaggedBatch<float> batch(shape, 16, {n, 1, 77}, layout, rng, integer);
+      const RowMatrix<float> q = peaked_queries(shape, 3);
+      for (int partitions : {1, 4}) {
+        CAPTURE(partitions);
+        kc::LaunchOptions options;
+        options.partitions = partitions;
+        check(kc::paged_decode_attention<TestType>(shape, q, batch.view, nullptr, options),
+              kvlab::cpu::paged_decode_attention(shape, q, batch.view));
+      }
+      const std::vector<std::int32_t> qo_indptr{0, 20, 21, 31};
+      const RowMatrix<float> prefill_q = peaked_queries(shape, qo_indptr.back());
+      check(kc::paged_prefill_attention<TestType>(shape, prefill_q, qo_indptr, batch.view),
+            kvlab::cpu::paged_prefill_attention(shape, prefill_q, qo_indptr, batch.view));
+    }
+  }
 }
 
 TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {

@@ -1,0 +1,231 @@
+// Every CPU path that divides its work by the thread count, at thread counts that do not divide
+// the work: 3 threads over 8 K/V heads, 3 over 2 sequences, more threads than heads or rows.
+// The thread count is set inside each test (ScopedThreads), not taken from the environment, and
+// each test asserts, through the same plan or threshold the kernel reads, that the divided path
+// is the one that ran.
+//
+// Tolerances: a split that only changes which thread computes which query (decode over heads,
+// paged items over sequences and head ranges) leaves every query's arithmetic as it is, so the
+// result must equal the one-thread result bit for bit (head_dim 64: every scratch row starts on
+// the same vector alignment whatever the split). Against the reference loops, and for `linear`
+// (Eigen's product over a column block may group the sums differently), the suite's rule:
+// float 1e-5 relative to max(1, row max) (test_support.hpp).
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "kvlab/cpu/layer_ops.hpp"
+#include "kvlab/kvlab.hpp"
+#include "ragged_batch.hpp"
+#include "test_support.hpp"
+
+using kvlab::AttentionShape;
+using kvlab::KVLayout;
+using kvlab::RowMatrix;
+using kvlab_test::max_row_relative_error;
+using kvlab_test::RaggedBatch;
+using kvlab_test::tolerance;
+
+namespace {
+
+#if defined(_OPENMP)
+// Sets the OpenMP thread count for its lifetime, then restores the one before.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads) : before_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ScopedThreads() { omp_set_num_threads(before_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int before_;
+};
+#endif
+
+// True when every element of a equals the same element of b (NaN never equals).
+bool same_bits(const RowMatrix<float>& a, const RowMatrix<float>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && (a.array() == b.array()).all();
+}
+
+// Each sequence's queries against the reference loops, at the suite's float tolerance.
+void check_against_reference(const AttentionShape& shape, const RaggedBatch<float>& batch,
+                             const RowMatrix<float>& q, const std::vector<std::int32_t>& qo_indptr,
+                             const RowMatrix<float>& out) {
+  for (int s = 0; s < batch.view.batch; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    const int row0 = qo_indptr[i], rows = qo_indptr[i + 1] - qo_indptr[i];
+    if (rows == 0) continue;
+    const RowMatrix<float> want =
+        kvlab::cpu::reference_attention(shape, q.middleRows(row0, rows), batch.keys(s),
+                                        batch.values(s), batch.view.seq_len(s) - rows);
+    CHECK(max_row_relative_error(RowMatrix<float>(out.middleRows(row0, rows)), want) <=
+          tolerance<float>());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("paged prefill over fewer sequences than threads splits the K/V heads unevenly") {
+#if defined(_OPENMP)
+  struct Case {
+    int threads, kv_heads;
+    std::vector<int> lengths;  // one prompt chunk of 9 queries (or fewer) per sequence
+    int head_chunks;           // what plan_paged_attention must choose
+  };
+  // 3 threads over 8 K/V heads (chunks of 2, 3, 3); 3 threads over 2 sequences of 5 heads
+  // (2 chunks each: 2 and 3 heads); 8 threads over 2 heads (more threads than heads).
+  const Case cases[] = {{3, 8, {1100}, 3}, {3, 5, {700, 650}, 2}, {8, 2, {2100}, 2}};
+  std::uint64_t seed = 1;
+  for (const Case& c : cases) {
+    const AttentionShape shape(2 * c.kv_heads, c.kv_heads, 64);
+    CAPTURE(c.threads, c.kv_heads, c.lengths);
+    kvlab::Rng rng(seed++);
+    const RaggedBatch<float> batch(shape, 16, c.lengths, KVLayout::NHD, rng);
+    std::vector<std::int32_t> qo_indptr{0};
+    for (std::size_t s = 0; s < c.lengths.size(); ++s) qo_indptr.push_back(qo_indptr.back() + 9);
+    const RowMatrix<float> q = kvlab::random_matrix<float>(qo_indptr.back(), shape.q_width(), rng);
+
+    const kvlab::cpu::PagedAttentionPlan plan =
+        kvlab::cpu::plan_paged_attention(shape, batch.view, qo_indptr.data(), c.threads);
+    REQUIRE(plan.parallel);
+    REQUIRE_FALSE(plan.split_k);  // prefill: the heads are split, not the context
+    REQUIRE(plan.head_chunks == c.head_chunks);
+    // uneven, or more threads than heads
+    REQUIRE((c.kv_heads % plan.head_chunks != 0 || c.threads > c.kv_heads));
+    RowMatrix<float> one, split;
+    {
+      ScopedThreads threads(1);
+      one = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view);
+    }
+    {
+      ScopedThreads threads(c.threads);
+      split = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view);
+    }
+    CHECK(same_bits(split, one));
+    check_against_reference(shape, batch, q, qo_indptr, split);
+  }
+#else
+  WARN("built without OpenMP: one thread, nothing is split");
+  SUCCEED();
+#endif
+}
+
+TEST_CASE("paged decode splits uneven work: HND heads, NHD sequences, and split-K partitions") {
+#if defined(_OPENMP)
+  const AttentionShape shape(16, 8, 64);
+  kvlab::Rng rng(21);
+  // 2 sequences: with 3 threads NHD decode takes split-K (2 partitions each, of uneven sizes),
+  // HND makes 2 · 8 (sequence, head) items for 3 threads.
+  const std::vector<int> lengths{1000, 333};
+  const std::vector<std::int32_t> one_each{0, 1, 2};
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+    CAPTURE(kvlab::to_string(layout));
+    const RaggedBatch<float> batch(shape, 16, lengths, layout, rng);
+    const RowMatrix<float> q = kvlab::random_matrix<float>(2, shape.q_width(), rng);
+    const kvlab::cpu::PagedAttentionPlan plan =
+        kvlab::cpu::plan_paged_attention(shape, batch.view, one_each.data(), 3);
+    REQUIRE(plan.parallel);
+    RowMatrix<float> one, split;
+    {
+      ScopedThreads threads(1);
+      one = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+    }
+    {
+      ScopedThreads threads(3);
+      split = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
+    }
+    if (layout == KVLayout::NHD) {
+      REQUIRE(plan.split_k);
+      REQUIRE(plan.parts == 2);
+      // split-K merges partial sums: rounding differs, so the tolerance, not the bits
+      CHECK(max_row_relative_error(split, one) <= tolerance<float>());
+    } else {
+      REQUIRE(plan.head_chunks == 8);  // every (sequence, head) an item
+      CHECK(same_bits(split, one));
+    }
+    check_against_reference(shape, batch, q, one_each, split);
+  }
+#else
+  WARN("built without OpenMP: one thread, nothing is split");
+  SUCCEED();
+#endif
+}
+
+TEST_CASE("decode_attention splits its K/V heads over 3 threads and over more threads than heads") {
+#if defined(_OPENMP)
+  std::uint64_t seed = 31;
+  for (int kv_heads : {8, 2}) {
+    for (int threads : {3, 8}) {
+      const AttentionShape shape(4 * kv_heads, kv_heads, 64);
+      CAPTURE(kv_heads, threads);
+      kvlab::Rng rng(seed++);
+      const int n = 1200;
+      // the kernel starts threads only for at least kDecodeParallelMinElements K/V elements
+      REQUIRE(1LL * n * kv_heads * shape.head_dim() >= kvlab::cpu::kDecodeParallelMinElements);
+      kvlab::ContiguousKVCache<float> cache(1, kv_heads, shape.head_dim(), n);
+      cache.append(0, kvlab::random_matrix<float>(n, shape.kv_width(), rng),
+                   kvlab::random_matrix<float>(n, shape.kv_width(), rng));
+      const RowMatrix<float> q = kvlab::random_matrix<float>(3, shape.q_width(), rng);
+      RowMatrix<float> one, split;
+      {
+        ScopedThreads scoped(1);
+        one = kvlab::cpu::decode_attention(shape, q, cache.view(0));
+      }
+      {
+        ScopedThreads scoped(threads);
+        split = kvlab::cpu::decode_attention(shape, q, cache.view(0));
+      }
+      CHECK(same_bits(split, one));
+    }
+  }
+#else
+  WARN("built without OpenMP: one thread, nothing is split");
+  SUCCEED();
+#endif
+}
+
+TEST_CASE("cpu::linear splits the weight rows over 3 and 8 threads, unevenly") {
+#if defined(_OPENMP)
+  kvlab::Rng rng(41);
+  // 172 and 11 output rows: 3 threads take 57/57/58 and 3/4/4 rows, 8 threads 21 or 22 and (11
+  // rows) 1 or 2 each.
+  for (int out_rows : {172, 11}) {
+    for (int threads : {3, 8}) {
+      CAPTURE(out_rows, threads);
+      const int in = 64;
+      const int rows =
+          static_cast<int>(2 * kvlab::cpu::kLinearParallelMinMacs / (out_rows * in)) + 1;
+      const RowMatrix<float> x = kvlab::random_matrix<float>(rows, in, rng);
+      const RowMatrix<float> w = kvlab::random_matrix<float>(out_rows, in, rng);
+      // the conditions under which linear splits W's rows between the threads
+      REQUIRE(1LL * x.rows() * w.size() >= kvlab::cpu::kLinearParallelMinMacs);
+      REQUIRE(w.rows() >= threads);
+      REQUIRE(w.rows() % threads != 0);
+      RowMatrix<float> got;
+      {
+        ScopedThreads scoped(threads);
+        kvlab::cpu::linear(x, w, got);
+      }
+      RowMatrix<float> want(x.rows(), w.rows());  // [rows, out]: plain dot products in double
+      for (Eigen::Index r = 0; r < x.rows(); ++r)
+        for (Eigen::Index o = 0; o < w.rows(); ++o) {
+          double sum = 0;
+          for (Eigen::Index i = 0; i < in; ++i) sum += double(x(r, i)) * double(w(o, i));
+          want(r, o) = static_cast<float>(sum);
+        }
+      CHECK(max_row_relative_error(got, want) <= tolerance<float>());
+    }
+  }
+#else
+  WARN("built without OpenMP: one thread, nothing is split");
+  SUCCEED();
+#endif
+}
