@@ -148,6 +148,49 @@ void switch_context(Context& from, Context& to, bool finished = false) {
 
 enum class State { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone, kFailed };
 
+// How the threads of a block take turns between synchronisation points. A correct kernel gives
+// the same result under every schedule; one that reads shared memory before the barrier that
+// orders it sees other values (and other poison) under each.
+enum class Schedule {
+  kInOrder,    // the next ready thread after the running one, in thread order; then a new pass
+  kReversed,   // the same in reverse thread order
+  kWarpAhead,  // the lowest ready thread: a warp released by its shuffle runs on before the
+               // warps after it have started
+  kRandom,     // a new random (seeded) order of the threads at every pass
+};
+constexpr int kSchedules = 4;
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kInOrder:
+      return "in order";
+    case Schedule::kReversed:
+      return "reversed";
+    case Schedule::kWarpAhead:
+      return "warp ahead";
+    case Schedule::kRandom:
+      return "random";
+  }
+  return "?";
+}
+
+// What fills dynamic shared memory when a block starts: NaN, or a large finite value of either
+// sign, so that neither fmaxf/fminf (which ignore NaN) nor a sum hides a read of memory that the
+// block has not written yet.
+constexpr int kPoisons = 3;
+constexpr float kPoisonValues[kPoisons] = {0.f, 1e30f, -1e30f};  // [0]: all bits set (NaN)
+
+void poison(unsigned char* p, std::size_t bytes, int which) {
+  if (which == 0) {
+    std::memset(p, 0xFF, bytes);
+    return;
+  }
+  std::size_t i = 0;
+  for (; i + sizeof(float) <= bytes; i += sizeof(float))
+    std::memcpy(p + i, &kPoisonValues[which], sizeof(float));
+  std::memset(p + i, 0xFF, bytes - i);
+}
+
 struct Fiber {
   Context context;
   unsigned char* mapping = nullptr;  // the stack with a guard page below it
@@ -181,13 +224,22 @@ struct Launch {
   std::vector<Warp> warps;
   Context scheduler;
   Fiber* current = nullptr;
-  bool reverse = false;   // this block resumes its threads in reverse order
-  int block_arrived = 0;  // threads waiting at the current __syncthreads
-  int exited = 0;         // threads that have exited
+  Schedule schedule = Schedule::kInOrder;  // how this block's threads take turns
+  int first_ready = 0;                     // kWarpAhead: no thread below it is ready
+  std::vector<int> order, rank;            // kRandom: this pass's order, and each thread's place
+  std::uint64_t random = 0;                // kRandom's state (a splitmix64 sequence)
+  int block_arrived = 0;                   // threads waiting at the current __syncthreads
+  int exited = 0;                          // threads that have exited
   const char* block_file = nullptr;
   int block_line = 0;
   unsigned char* smem = nullptr;
+  std::size_t smem_bytes = 0;
   std::string error;  // a kernel bug found in the running block
+  // racecheck: the barrier that opened the current interval (null: the start of the kernel),
+  // and the first race found in it, reported when the interval closes
+  const char* interval_file = nullptr;
+  int interval_line = 0;
+  std::string race;
 };
 
 std::mutex launch_mutex;  // one launch at a time: the built-in variables are global
@@ -206,6 +258,14 @@ std::string thread_name(const Fiber& f) {
          std::to_string(f.tid.z) + ")";
 }
 
+std::string last_bug;  // the last kernel bug reported
+
+// Prints a kernel bug on stderr and keeps it for last_kernel_bug().
+void report(const std::string& message) {
+  last_bug = "kvlab CUDA emulation: " + message;
+  std::fprintf(stderr, "%s\n", last_bug.c_str());
+}
+
 // Thrown through the frames of a thread that found a kernel bug, up to fiber_entry, so that
 // they are unwound (their temporaries freed) before the block is abandoned.
 struct KernelBug {};
@@ -220,14 +280,208 @@ struct KernelBug {};
 // Sets the built-in variables for `f`.
 void enter(const Fiber& f) { threadIdx = f.tid; }
 
-// The next thread after the running one, in this block's order, that is ready to run; null if
-// none is. Switching to it directly halves the switches of a barrier.
-Fiber* next_ready(Launch& l) {
+// --- racecheck
+// ------------------------------------------------------------------------------------
+//
+// Built with KVLAB_EMULATION_RACECHECK (tests/cuda_emulation/CMakeLists.txt), the kernels' code
+// calls `access` before every load and store it makes through memory: GCC's kernel-address
+// sanitizer in its out-of-line form emits those calls (__asan_load4_noabort, ...) and leaves the
+// runtime to the program; this file is that runtime. Each byte of shared memory (the block's
+// dynamic shared memory, and the executable's zero-initialised statics, where `__shared__`
+// variables live) has a shadow cell saying which thread wrote it last, and which warps read it,
+// in which barrier interval (the code between two __syncthreads of the block). Two accesses to
+// one byte in the same interval by threads of different warps, at least one a write, are a race
+// whatever the emulator's order of the threads; so is a read of dynamic shared memory that no
+// thread of the block has written.
+
+struct Cell {
+  std::uint64_t written = 0;       // interval of the last write
+  std::uint64_t read = 0;          // interval of the reads in reader_warps
+  std::uint64_t block = 0;         // block of the last write
+  std::int32_t writer = 0;         // thread index of the last write
+  std::int32_t reader = 0;         // the first thread that read it in `read`
+  std::uint32_t reader_warps = 0;  // warps that read it in `read` (bit w: warp w)
+};
+
+std::uint64_t interval_serial = 0;   // the running barrier interval, unique over all launches
+std::uint64_t block_serial = 0;      // the running block, unique over all launches
+std::vector<Cell> dynamic_cells;     // one per byte of the running launch's dynamic shared memory
+std::vector<Cell> static_cells;      // one per byte of [__bss_start, _end), made when first used
+std::uint64_t checked_accesses = 0;  // shared memory accesses checked, over all launches
+
+}  // namespace
+}  // namespace kvlab_emulation
+
+extern "C" char __bss_start[];  // the executable's zero-initialised statics (GNU ld)
+extern "C" char _end[];
+
+namespace kvlab_emulation {
+namespace {
+
+// Records the first race of the running interval (reported when the interval closes).
+void found_race(Launch& l, const std::string& what) {
+  if (!l.race.empty()) return;
+  l.race = what + ", in the barrier interval between " +
+           (l.interval_file == nullptr
+                ? std::string("the start of the kernel")
+                : "__syncthreads (" + where(l.interval_file, l.interval_line) + ")");
+}
+
+std::string thread_at(const Launch& l, int index) {
+  return thread_name(l.fibers[static_cast<std::size_t>(index)]) + " (warp " +
+         std::to_string(index / 32) + ")";
+}
+
+// Where racecheck looks, set while a block runs (sizes 0 otherwise, and when it is off): the
+// block's dynamic shared memory and the executable's zero-initialised statics.
+std::uintptr_t watched_smem = 0;
+std::size_t watched_smem_bytes = 0;
+std::uintptr_t watched_statics = 0;
+std::size_t watched_statics_bytes = 0;
+// On unless KVLAB_EMULATION_RACECHECK=0 (then the instrumented code only costs its calls).
+bool racecheck_on = [] {
+  const char* env = std::getenv("KVLAB_EMULATION_RACECHECK");
+  return env == nullptr || std::string(env) != "0";
+}();
+
+// Checks and records an access of `bytes` bytes at `offset` of `region` by the running thread.
+void check_access(std::vector<Cell>& cells, const char* region, std::size_t offset,
+                  std::size_t limit, std::size_t bytes, bool write) {
+  Launch* l = running;
+  ++checked_accesses;
+  const int t = static_cast<int>(l->current - l->fibers.data());
+  const int w = t / 32;
+  const std::uint32_t bit = 1u << w;
+  const bool dynamic = &cells == &dynamic_cells;
+  for (std::size_t i = offset; i < offset + bytes && i < limit; ++i) {
+    Cell& c = cells[i];
+    const bool written_here = c.written == interval_serial;
+    const bool read_here = c.read == interval_serial;
+    const auto race = [&](const char* kind, const std::string& other) {
+      char at[64];
+      if (dynamic) {
+        std::snprintf(at, sizeof at, "byte %zu", i);
+      } else {  // a static: its address, for a debugger (`info symbol`)
+        std::snprintf(at, sizeof at, "address %p", static_cast<void*>(__bss_start + i));
+      }
+      found_race(*l, std::string(kind) + " race on " + region + " (" + at +
+                         "): " + thread_at(*l, t) + (write ? " writes" : " reads") +
+                         " a byte that " + other);
+    };
+    if (write) {
+      if (written_here && c.writer / 32 != w) {
+        race("write-after-write", thread_at(*l, c.writer) + " wrote");
+      } else if (read_here && (c.reader_warps & ~bit) != 0) {
+        const int other = c.reader / 32 != w ? c.reader : -1;
+        race("write-after-read",
+             (other >= 0
+                  ? thread_at(*l, other)
+                  : "a thread of warp " + std::to_string(__builtin_ctz(c.reader_warps & ~bit))) +
+                 " read");
+      }
+      c.written = interval_serial;
+      c.writer = t;
+      c.block = block_serial;
+    } else {
+      if (written_here && c.writer / 32 != w) {
+        race("read-after-write", thread_at(*l, c.writer) + " wrote");
+      } else if (dynamic && c.block != block_serial) {
+        found_race(*l, thread_at(*l, t) + " reads byte " + std::to_string(i) +
+                           " of dynamic shared memory, which no thread of the block has written");
+      }
+      if (!read_here) {
+        c.read = interval_serial;
+        c.reader_warps = 0;
+        c.reader = t;
+      }
+      c.reader_warps |= bit;
+    }
+  }
+}
+
+// An access of `bytes` bytes at `address` by instrumented code: checked if it is shared memory
+// of the running block (two comparisons otherwise: it runs for every load and store).
+inline void access(std::uintptr_t address, std::size_t bytes, bool write) {
+  if (address - watched_smem < watched_smem_bytes) {
+    check_access(dynamic_cells, "dynamic shared memory", address - watched_smem, watched_smem_bytes,
+                 bytes, write);
+  } else if (address - watched_statics < watched_statics_bytes) {
+    check_access(static_cells, "static shared memory", address - watched_statics,
+                 watched_statics_bytes, bytes, write);
+  }
+}
+
+// Racecheck watches the running block (`smem`: its dynamic shared memory), or nothing.
+void watch(const Launch* l) {
+  const bool on = l != nullptr && racecheck_on;
+  watched_smem = on ? reinterpret_cast<std::uintptr_t>(l->smem) : 0;
+  watched_smem_bytes = on && l->smem != nullptr ? l->smem_bytes : 0;
+  watched_statics = reinterpret_cast<std::uintptr_t>(__bss_start);
+  watched_statics_bytes = on ? static_cast<std::size_t>(_end - __bss_start) : 0;
+  if (on && static_cells.size() < watched_statics_bytes) static_cells.resize(watched_statics_bytes);
+}
+
+// A new barrier interval (a block starts, or its threads pass a __syncthreads at file:line).
+void open_interval(Launch& l, const char* file, int line) {
+  ++interval_serial;
+  l.interval_file = file;
+  l.interval_line = line;
+}
+
+// The next value of a splitmix64 sequence.
+std::uint64_t next_random(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The thread to run next under the block's schedule (`Schedule`); null if none is ready, or
+// (in order, reversed) none is ready after the running one: the pass ends and the scheduler
+// starts the next. Switching from thread to thread directly halves the switches of a barrier.
+Fiber* next_ready(Launch& l, bool new_pass = false) {
   const int n = l.threads;
-  const int step = l.reverse ? -1 : 1;
-  for (int i = static_cast<int>(l.current - l.fibers.data()) + step; i >= 0 && i < n; i += step) {
+  const auto ready = [&](int i) -> Fiber* {
     Fiber& f = l.fibers[static_cast<std::size_t>(i)];
-    if (f.state == State::kReady) return &f;
+    return f.state == State::kReady ? &f : nullptr;
+  };
+  const int at = new_pass ? -1 : static_cast<int>(l.current - l.fibers.data());
+  switch (l.schedule) {
+    case Schedule::kInOrder:
+      for (int i = at + 1; i < n; ++i)
+        if (Fiber* f = ready(i)) return f;
+      return nullptr;
+    case Schedule::kReversed:
+      for (int i = new_pass ? n - 1 : at - 1; i >= 0; --i)
+        if (Fiber* f = ready(i)) return f;
+      return nullptr;
+    case Schedule::kWarpAhead:
+      // no thread below first_ready is ready (it is lowered whenever threads are released)
+      for (int i = l.first_ready; i < n; ++i) {
+        if (Fiber* f = ready(i)) {
+          l.first_ready = i;
+          return f;
+        }
+      }
+      l.first_ready = n;
+      return nullptr;
+    case Schedule::kRandom: {
+      // a new random order for every pass (Fisher-Yates), followed like kInOrder's
+      if (new_pass) {
+        l.order.resize(static_cast<std::size_t>(n));
+        l.rank.resize(static_cast<std::size_t>(n));
+        for (int i = 0; i < n; ++i) l.order[static_cast<std::size_t>(i)] = i;
+        for (int i = n - 1; i > 0; --i) {
+          const auto j = next_random(l.random) % static_cast<std::uint64_t>(i + 1);
+          std::swap(l.order[static_cast<std::size_t>(i)], l.order[j]);
+        }
+        for (int i = 0; i < n; ++i)
+          l.rank[static_cast<std::size_t>(l.order[static_cast<std::size_t>(i)])] = i;
+      }
+      for (int k = new_pass ? 0 : l.rank[static_cast<std::size_t>(at)] + 1; k < n; ++k)
+        if (Fiber* f = ready(l.order[static_cast<std::size_t>(k)])) return f;
+      return nullptr;
+    }
   }
   return nullptr;
 }
@@ -379,15 +633,15 @@ bool run_block(Launch& l) {
   }
   l.block_arrived = 0;
   l.exited = 0;
+  l.first_ready = 0;
+  l.race.clear();
+  ++block_serial;
+  open_interval(l, nullptr, 0);
   const int n = l.threads;
   // Each pass starts the first ready thread in the block's order; the threads then hand over
   // to each other (`yield`) and the last one of the pass comes back here.
   while (l.exited < n && l.error.empty()) {
-    Fiber* first = nullptr;
-    for (int k = 0; k < n && first == nullptr; ++k) {
-      Fiber& f = l.fibers[static_cast<std::size_t>(l.reverse ? n - 1 - k : k)];
-      if (f.state == State::kReady) first = &f;
-    }
+    Fiber* first = next_ready(l, true);
     if (first == nullptr) {
       l.error = describe_deadlock(l);
       break;
@@ -396,11 +650,131 @@ bool run_block(Launch& l) {
     enter(*first);
     switch_context(l.scheduler, first->context);
   }
+  if (l.error.empty() && !l.race.empty()) l.error = l.race + " and the end of the kernel";
   if (!l.error.empty()) {
     for (Fiber& f : l.fibers) f.dirty = f.dirty || (f.state != State::kDone);
     return false;
   }
   return true;
+}
+
+// Runs the blocks of the launch in order (only block `only` when it is not -1), block i under
+// schedule (i + offset) % kSchedules and the poison that goes with it; a kernel bug stops it.
+cudaError_t run_grid(Launch& l, const char* name, dim3 grid, std::uint64_t offset,
+                     std::int64_t only = -1) {
+  std::uint64_t index = 0;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x, ++index) {
+        if (only >= 0 && index != static_cast<std::uint64_t>(only)) continue;
+        blockIdx = make_uint3(x, y, z);
+        // Neighbouring blocks take turns and are poisoned differently (every pair within
+        // kSchedules * kPoisons blocks): a kernel whose result depends on either has a race.
+        const std::uint64_t turn = index + offset;
+        l.schedule = static_cast<Schedule>(turn % kSchedules);
+        l.random = turn * 0x2545F4914F6CDD1Dull + 1;
+        if (l.smem_bytes > 0) {
+          l.smem = static_cast<unsigned char*>(::operator new(l.smem_bytes, std::align_val_t(16)));
+          poison(l.smem, l.smem_bytes, static_cast<int>(turn / kSchedules % kPoisons));
+        }
+        watch(&l);
+        const bool ok = run_block(l);
+        watch(nullptr);
+        if (l.smem != nullptr) ::operator delete(l.smem, std::align_val_t(16));
+        l.smem = nullptr;
+        if (!ok) {
+          report(std::string("kernel bug in ") + name + ", block (" + std::to_string(x) + "," +
+                 std::to_string(y) + "," + std::to_string(z) + ") of grid (" +
+                 std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+                 std::to_string(grid.z) + "), " + std::to_string(l.threads) +
+                 " threads, schedule \"" + schedule_name(l.schedule) + "\": " + l.error);
+          return cudaErrorLaunchFailure;
+        }
+      }
+  return cudaSuccess;
+}
+
+// KVLAB_EMULATION_SCHEDULES: how many times each launch runs, each time under other schedules
+// (1 when unset: once).
+int schedule_runs() {
+  const char* env = std::getenv("KVLAB_EMULATION_SCHEDULES");
+  return env != nullptr && std::atoi(env) > 1 ? std::atoi(env) : 1;
+}
+
+// The contents of every device allocation (start, bytes).
+using Snapshot = std::vector<std::pair<std::uintptr_t, std::vector<unsigned char>>>;
+
+Snapshot take_snapshot() {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  Snapshot s;
+  s.reserve(allocations.size());
+  for (const auto& [start, bytes] : allocations) {
+    const auto* p = reinterpret_cast<const unsigned char*>(start);
+    s.emplace_back(start, std::vector<unsigned char>(p, p + bytes));
+  }
+  return s;
+}
+
+void restore(const Snapshot& s) {
+  for (const auto& [start, bytes] : s)
+    std::memcpy(reinterpret_cast<void*>(start), bytes.data(), bytes.size());
+}
+
+// Where `a` and `b` first differ ("" if nowhere).
+std::string first_difference(const Snapshot& a, const Snapshot& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::vector<unsigned char>& x = a[i].second;
+    const std::vector<unsigned char>& y = b[i].second;
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      if (x[k] != y[k]) {
+        char text[160];
+        std::snprintf(text, sizeof text,
+                      "byte %zu of the %zu-byte allocation at %p: 0x%02x vs 0x%02x", k, x.size(),
+                      reinterpret_cast<void*>(a[i].first), x[k], y[k]);
+        return text;
+      }
+    }
+  }
+  return "";
+}
+
+// The launch ran once (under offset 0) from `before`: runs it `runs` - 1 more times from
+// `before`, each under other schedules and poison (offsets 1, 2, ...), and requires each to leave
+// device memory bit for bit as the first did. On a difference, runs the blocks one at a time to
+// find the first whose result depends on the schedule. Leaves device memory as the first run did.
+cudaError_t compare_schedules(Launch& l, const char* name, dim3 grid, int runs,
+                              const Snapshot& before) {
+  const Snapshot first = take_snapshot();
+  for (int run = 1; run < runs; ++run) {
+    restore(before);
+    const auto offset = static_cast<std::uint64_t>(run);
+    if (run_grid(l, name, grid, offset) != cudaSuccess) return cudaErrorLaunchFailure;
+    const std::string diff = first_difference(first, take_snapshot());
+    if (diff.empty()) continue;
+    // Which block: each alone, from `before`, under both offsets.
+    std::string block = "no single block (blocks that depend on each other)";
+    const std::uint64_t blocks = 1ull * grid.x * grid.y * grid.z;
+    for (std::uint64_t i = 0; i < blocks; ++i) {
+      restore(before);
+      if (run_grid(l, name, grid, 0, static_cast<std::int64_t>(i)) != cudaSuccess) break;
+      const Snapshot a = take_snapshot();
+      const Schedule sa = l.schedule;
+      restore(before);
+      if (run_grid(l, name, grid, offset, static_cast<std::int64_t>(i)) != cudaSuccess) break;
+      if (first_difference(a, take_snapshot()).empty()) continue;
+      block = "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+              std::to_string(blockIdx.z) + "), whose result differs between schedules \"" +
+              schedule_name(sa) + "\" and \"" + schedule_name(l.schedule) + "\"";
+      break;
+    }
+    restore(first);
+    report(std::string("race in ") + name +
+           ": its result depends on the order of the threads (run 0 and run " +
+           std::to_string(run) + " of KVLAB_EMULATION_SCHEDULES differ at " + diff + "); " + block);
+    return cudaErrorLaunchFailure;
+  }
+  restore(first);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -441,32 +815,15 @@ cudaError_t run_launch(const char* name, dim3 grid, dim3 block, std::size_t smem
     l.warps[w].lanes = std::min(32, l.threads - static_cast<int>(w) * 32);
   }
 
+  l.smem_bytes = smem_bytes;
+  if (dynamic_cells.size() < smem_bytes) dynamic_cells.resize(smem_bytes);
   running = &l;
   blockDim = block;
   gridDim = grid;
-  cudaError_t status = cudaSuccess;
-  std::uint64_t index = 0;
-  for (unsigned z = 0; z < grid.z && status == cudaSuccess; ++z)
-    for (unsigned y = 0; y < grid.y && status == cudaSuccess; ++y)
-      for (unsigned x = 0; x < grid.x && status == cudaSuccess; ++x, ++index) {
-        blockIdx = make_uint3(x, y, z);
-        if (smem_bytes > 0) {
-          l.smem = static_cast<unsigned char*>(::operator new(smem_bytes, std::align_val_t(16)));
-          std::memset(l.smem, 0xFF, smem_bytes);
-        }
-        l.reverse = index % 2 == 1;
-        const bool ok = run_block(l);
-        if (l.smem != nullptr) ::operator delete(l.smem, std::align_val_t(16));
-        l.smem = nullptr;
-        if (!ok) {
-          std::fprintf(stderr,
-                       "kvlab CUDA emulation: kernel bug in %s, block (%u,%u,%u) of grid "
-                       "(%u,%u,%u), %u threads: %s\n",
-                       name, x, y, z, grid.x, grid.y, grid.z, static_cast<unsigned>(threads),
-                       l.error.c_str());
-          status = cudaErrorLaunchFailure;
-        }
-      }
+  const int runs = schedule_runs();
+  const Snapshot before = runs > 1 ? take_snapshot() : Snapshot{};
+  cudaError_t status = run_grid(l, name, grid, 0);
+  if (status == cudaSuccess && runs > 1) status = compare_schedules(l, name, grid, runs, before);
   // Keep the stacks (and whether they need cleaning) for the next launch.
   std::copy(l.fibers.begin(), l.fibers.end(), fiber_pool.begin());
   running = nullptr;
@@ -495,11 +852,14 @@ void sync_block(const char* file, int line) {
     suspend();
     return;
   }
-  // The last thread: release the others.
+  // The last thread: close the interval (reporting its race) and release the others.
+  if (!l.race.empty()) kernel_bug(l.race + " and __syncthreads (" + where(file, line) + ")");
+  open_interval(l, file, line);
   l.block_arrived = 0;
   for (Fiber& other : l.fibers) {
     if (other.state == State::kAtBlockBarrier) other.state = State::kReady;
   }
+  l.first_ready = 0;
 }
 
 std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint64_t value,
@@ -562,6 +922,7 @@ std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint6
       Fiber& other = l.fibers[static_cast<std::size_t>(f.warp * 32 + lane)];
       if (other.state == State::kAtWarpBarrier) other.state = State::kReady;
     }
+    l.first_ready = std::min(l.first_ready, f.warp * 32);
   }
   return w.values[p][src];
 }
@@ -570,7 +931,51 @@ std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint6
 
 unsigned char* dynamic_shared_memory() { return running != nullptr ? running->smem : nullptr; }
 
+std::uint64_t checked_shared_accesses() { return checked_accesses; }
+
+const char* last_kernel_bug() { return last_bug.c_str(); }
+
+bool set_racecheck(bool on) {
+  std::lock_guard<std::mutex> lock(launch_mutex);
+  const bool was = racecheck_on;
+  racecheck_on = on;
+  return was;
+}
+
 }  // namespace kvlab_emulation
+
+// --- racecheck's entry points
+// --------------------------------------------------------------------- Called by code built with
+// -fsanitize=kernel-address and out-of-line checks (see `access`). Not defined under
+// AddressSanitizer, whose runtime has functions of these names (the two cannot be combined; that
+// build checks memory, this one races).
+#if !defined(KVLAB_EMULATION_ASAN)
+extern "C" {
+#define KVLAB_EMULATION_ACCESS(n)                          \
+  void __asan_load##n##_noabort(std::uintptr_t address) {  \
+    kvlab_emulation::access(address, n, false);            \
+  }                                                        \
+  void __asan_store##n##_noabort(std::uintptr_t address) { \
+    kvlab_emulation::access(address, n, true);             \
+  }
+KVLAB_EMULATION_ACCESS(1)
+KVLAB_EMULATION_ACCESS(2)
+KVLAB_EMULATION_ACCESS(4)
+KVLAB_EMULATION_ACCESS(8)
+KVLAB_EMULATION_ACCESS(16)
+#undef KVLAB_EMULATION_ACCESS
+void __asan_loadN_noabort(std::uintptr_t address, std::size_t bytes) {
+  kvlab_emulation::access(address, bytes, false);
+}
+void __asan_storeN_noabort(std::uintptr_t address, std::size_t bytes) {
+  kvlab_emulation::access(address, bytes, true);
+}
+// Called around dynamic initialisation and before noreturn calls: nothing to do.
+void __asan_handle_no_return() {}
+void __asan_before_dynamic_init(const char* /*module*/) {}
+void __asan_after_dynamic_init() {}
+}
+#endif
 
 // --- the runtime API ----------------------------------------------------------------------------
 

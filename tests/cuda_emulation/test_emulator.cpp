@@ -6,7 +6,11 @@
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kvlab/cuda/device_memory.cuh"
@@ -88,21 +92,114 @@ __global__ void partial_warp_shuffle_kernel(float* data) {
 
 __global__ void empty_kernel() {}
 
+// Bug: reverse_kernel without its barrier — threads read tile entries that threads of other
+// warps write in the same barrier interval.
+__global__ void unsynchronised_reverse_kernel(float* data) {
+  __shared__ float tile[128];
+  const int t = static_cast<int>(threadIdx.x);
+  float* slice = data + blockIdx.x * blockDim.x;
+  tile[t] = slice[t];
+  slice[t] = tile[blockDim.x - 1 - t];
+}
+
+// Bug: after a correct barrier, each thread overwrites its entry while the thread 32 places on
+// (another warp) may still have to read it.
+__global__ void write_after_read_kernel(int* out) {
+  int* shared = reinterpret_cast<int*>(kc::detail::dynamic_shared_memory());
+  const int t = static_cast<int>(threadIdx.x);
+  const int n = static_cast<int>(blockDim.x);
+  shared[t] = t;
+  __syncthreads();
+  out[t] = shared[(t + 32) % n];
+  shared[t] = -t;
+}
+
+// Bug: reads dynamic shared memory that no thread of the block writes.
+__global__ void unwritten_read_kernel(float* out) {
+  const float* shared = reinterpret_cast<const float*>(kc::detail::dynamic_shared_memory());
+  out[threadIdx.x] = shared[threadIdx.x];
+}
+
+// out[block] = the maximum over the block of shared[t] = t, taken by warp 0. With `barrier`
+// false, the barrier between the writes and warp 0's reads is missing: warp 0 sees whatever
+// the schedule let other warps write by then, and the poison elsewhere.
+__global__ void block_max_kernel(float* out, bool barrier) {
+  float* shared = reinterpret_cast<float*>(kc::detail::dynamic_shared_memory());
+  const int t = static_cast<int>(threadIdx.x);
+  shared[t] = static_cast<float>(t);
+  if (barrier) __syncthreads();
+  if (t >= 32) return;
+  float m = -INFINITY;
+  for (int j = t; j < static_cast<int>(blockDim.x); j += 32) m = fmaxf(m, shared[j]);
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if (t == 0) out[blockIdx.x] = m;
+}
+
 template <typename T>
 std::vector<T> download(const kc::DeviceBuffer<T>& buffer) {
   return buffer.to_host();
 }
 
-// Launches a buggy kernel and expects the emulator to report it as a failed launch.
+// Launches a buggy kernel and expects the emulator to report it as a failed launch; returns
+// the emulator's report.
 template <typename... Args>
-void require_kernel_bug(const char* name, void (*kernel)(Args...), dim3 grid, dim3 block,
-                        Args... args) {
+std::string require_kernel_bug(const char* name, void (*kernel)(Args...), dim3 grid, dim3 block,
+                               std::size_t smem_bytes, Args... args) {
   try {
-    kc::detail::launch_kernel(name, kernel, grid, block, 0, nullptr, args...);
+    kc::detail::launch_kernel(name, kernel, grid, block, smem_bytes, nullptr, args...);
     FAIL("the emulator ran " << name << " without reporting its bug");
   } catch (const kvlab::CudaError& e) {
     CHECK(e.code() == cudaErrorLaunchFailure);
   }
+  return kvlab_emulation::last_kernel_bug();
+}
+
+template <typename... Args>
+std::string require_kernel_bug(const char* name, void (*kernel)(Args...), dim3 grid, dim3 block,
+                               Args... args) {
+  return require_kernel_bug(name, kernel, grid, block, 0, args...);
+}
+
+// Sets an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Racecheck off for the scope (to see what the schedules catch alone).
+class WithoutRacecheck {
+ public:
+  WithoutRacecheck() : was_(kvlab_emulation::set_racecheck(false)) {}
+  ~WithoutRacecheck() { kvlab_emulation::set_racecheck(was_); }
+  WithoutRacecheck(const WithoutRacecheck&) = delete;
+  WithoutRacecheck& operator=(const WithoutRacecheck&) = delete;
+
+ private:
+  bool was_;
+};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 }  // namespace
@@ -184,5 +281,88 @@ TEST_CASE("the emulator refuses launches and copies that CUDA refuses") {
   CHECK(cudaMemcpy(device.data(), host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice) ==
         cudaSuccess);
   CHECK(cudaFree(host.data()) == cudaErrorInvalidDevicePointer);
+  (void)cudaGetLastError();
+}
+
+TEST_CASE(
+    "racecheck reports shared-memory races with the kernel, the block and the barrier interval") {
+#if !defined(KVLAB_EMULATION_RACECHECK)
+  std::printf("SKIPPED: racecheck is not built in (an AddressSanitizer build, or not GCC)\n");
+  std::exit(77);
+#endif
+  const std::uint64_t checked = kvlab_emulation::checked_shared_accesses();
+  kc::DeviceBuffer<float> data(std::vector<float>(2 * 128, 1.f));
+  const std::string unsynchronised =
+      require_kernel_bug("unsynchronised_reverse_kernel", unsynchronised_reverse_kernel, dim3(2),
+                         dim3(128), data.data());
+  INFO(unsynchronised);
+  CHECK(contains(unsynchronised, "unsynchronised_reverse_kernel, block (0,0,0)"));
+  CHECK(contains(unsynchronised, "race on static shared memory"));
+  CHECK(contains(
+      unsynchronised,
+      "in the barrier interval between the start of the kernel and the end of the kernel"));
+
+  kc::DeviceBuffer<int> out(128);
+  const std::string overwrite =
+      require_kernel_bug("write_after_read_kernel", write_after_read_kernel, dim3(1), dim3(128),
+                         128 * sizeof(int), out.data());
+  INFO(overwrite);
+  CHECK(contains(overwrite, "write_after_read_kernel, block (0,0,0)"));
+  CHECK(contains(overwrite, "race on dynamic shared memory"));
+  CHECK(contains(overwrite, "in the barrier interval between __syncthreads (test_emulator.cpp:"));
+
+  kc::DeviceBuffer<float> copied(64);
+  const std::string unwritten =
+      require_kernel_bug("unwritten_read_kernel", unwritten_read_kernel, dim3(1), dim3(64),
+                         64 * sizeof(float), copied.data());
+  INFO(unwritten);
+  CHECK(contains(unwritten, "of dynamic shared memory, which no thread of the block has written"));
+
+  // The same kernels with their barriers are clean, and racecheck saw their accesses.
+  CHECK_NOTHROW(kc::detail::launch_kernel("reverse_kernel", reverse_kernel, dim3(2), dim3(128), 0,
+                                          nullptr, data.data()));
+  kc::DeviceBuffer<float> max(4);
+  CHECK_NOTHROW(kc::detail::launch_kernel("block_max_kernel", block_max_kernel, dim3(4), dim3(128),
+                                          128 * sizeof(float), nullptr, max.data(), true));
+  CHECK(kvlab_emulation::checked_shared_accesses() > checked + 2 * 128 * 2);
+  (void)cudaGetLastError();
+}
+
+TEST_CASE(
+    "blocks take turns in other orders and see other poison, and reruns under other "
+    "schedules must agree bit for bit") {
+  WithoutRacecheck schedules_alone;
+  // 12 blocks: each of the four schedules with each of the three poisons (NaN, +1e30, -1e30).
+  constexpr int kBlocks = 12;
+  kc::DeviceBuffer<float> max(kBlocks);
+  const auto run = [&](bool barrier) {
+    kc::detail::launch_kernel("block_max_kernel", block_max_kernel, dim3(kBlocks), dim3(128),
+                              128 * sizeof(float), nullptr, max.data(), barrier);
+    return download(max);
+  };
+  SECTION("a correct kernel gives the same result in every block and under every schedule") {
+    ScopedEnv reruns("KVLAB_EMULATION_SCHEDULES", "4");
+    for (const float m : run(true)) CHECK(m == 127.f);
+  }
+  SECTION("without its barrier, blocks see stale values and poison that fmaxf cannot hide") {
+    const std::vector<float> got = run(false);
+    const auto seen = [&](float value) {
+      for (const float m : got)
+        if (m == value) return true;
+      return false;
+    };
+    CHECK(seen(127.f));  // warp 0 came last: every write was done
+    CHECK(seen(31.f));   // warp 0 came first under NaN poison: fmaxf dropped the poison
+    CHECK(seen(1e30f));  // warp 0 came first under +1e30 poison: the stale read shows
+  }
+  SECTION("without its barrier, reruns under other schedules differ and the launch fails") {
+    ScopedEnv reruns("KVLAB_EMULATION_SCHEDULES", "3");
+    const std::string report =
+        require_kernel_bug("block_max_kernel", block_max_kernel, dim3(kBlocks), dim3(128),
+                           128 * sizeof(float), max.data(), false);
+    INFO(report);
+    CHECK(contains(report, "race in block_max_kernel: its result depends on the order"));
+    CHECK(contains(report, "whose result differs between schedules"));
+  }
   (void)cudaGetLastError();
 }

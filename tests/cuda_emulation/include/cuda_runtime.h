@@ -8,36 +8,62 @@
 //  - A launch runs to completion before it returns (every stream is synchronous); its blocks run
 //    one after another, in order.
 //  - The threads of a block are cooperative fibers on the calling thread, each with its own
-//    stack: a thread runs until it reaches __syncthreads or a warp shuffle, then the next one
+//    stack: a thread runs until it reaches __syncthreads or a warp shuffle, then another one
 //    runs. __syncthreads releases the block once every thread waits at the same call;
 //    __shfl_xor_sync exchanges values through a per-warp buffer once every lane of the mask
-//    has arrived at the same call. Threads are resumed in thread order for even blocks and in
-//    reverse order for odd ones, so a read of shared memory that needs a barrier but has none
-//    sees a different interleaving in neighbouring blocks.
+//    has arrived at the same call.
+//  - Schedules: which thread runs next differs from block to block, cycling through four
+//    schedules: in thread order; in reverse order; "warp ahead" (the lowest ready thread, so a
+//    warp released by its shuffle runs on before later warps have started); a new seeded random
+//    order at every pass. A shuffle synchronises only its warp: between two barriers, warps
+//    interleave differently under each schedule.
 //  - __shared__ variables are static (one block runs at a time); dynamic shared memory is a
-//    fresh heap allocation of exactly the launch's size per block, filled with 0xFF bytes (NaN
-//    as floats), so unwritten shared memory poisons results.
+//    fresh heap allocation of exactly the launch's size per block, poisoned when the block
+//    starts with NaN (all bits set), 1e30 or -1e30 (as floats), cycling with the schedules so
+//    that within 12 blocks every schedule meets every poison: fmaxf/fminf ignore NaN, but not a
+//    huge finite value.
+//  - KVLAB_EMULATION_SCHEDULES=N (N > 1) runs every launch N times from the same device memory,
+//    each run giving every block another schedule and poison, and fails the launch unless all
+//    runs leave device memory bit for bit the same; the report names the first differing byte
+//    and the first block whose result alone differs between two schedules. N-fold slower; off by
+//    default (the emulator's own test sets it; set it for any run of the tests).
+//  - Racecheck (on in builds with GCC, off under AddressSanitizer, see CMakeLists.txt): the
+//    test's code is compiled with -fsanitize=kernel-address and out-of-line checks, so every
+//    load and store calls the emulator (the __asan_*_noabort functions of emulation.cpp). Each
+//    byte of shared memory (dynamic, and the executable's statics, where __shared__ variables
+//    are) has a shadow cell: last writer, warps that read it, barrier interval. It reports, as
+//    a launch failure naming the kernel, the block, the two threads and their warps, the byte
+//    and the two __syncthreads around the interval: two accesses to one byte by threads of
+//    different warps in one barrier interval, at least one a write (read-after-write,
+//    write-after-read, write-after-write), and a read of dynamic shared memory that no thread
+//    of the block has written. Whatever the order the emulator ran them in, such accesses race
+//    on a GPU. Cost: about 2.5x the run time of the emulated tests (a call per load and store of
+//    the test program, host code included); KVLAB_EMULATION_RACECHECK=0 turns the checks off.
 //  - Device memory is host memory (256-byte aligned, exactly the requested size, so that
 //    AddressSanitizer sees a read past an allocation); cudaMemcpy/cudaMemset check their
 //    device-side ranges against the live allocations and that host-side pointers are not
 //    device memory.
 //
 // What it checks: index math, tiling, split-K partitions and their merge, GQA head mapping,
-// causal masks, that NaN-filled unused cache slots are never read, launch configuration limits
-// (threads per block, grid sizes, 48 KiB of dynamic shared memory), and kernel bugs that it
+// causal masks, that NaN-filled unused cache slots are never read; launch configuration limits
+// (threads per block, grid sizes, 48 KiB of dynamic shared memory); and kernel bugs that it
 // reports as a launch failure with a message: a __syncthreads that some threads of the block
 // never reach (they exited or wait elsewhere), threads waiting at different __syncthreads, a
-// shuffle whose mask names exited, absent or non-arriving lanes, any deadlock. With
-// AddressSanitizer: out-of-bounds reads and writes of device and dynamic shared memory (a
-// CPU-side stand-in for compute-sanitizer memcheck).
+// shuffle whose mask names exited, absent or non-arriving lanes, any deadlock; shared-memory
+// races between warps and reads of unwritten dynamic shared memory (racecheck); results that
+// depend on the order of the threads (schedules and poison; bit for bit with
+// KVLAB_EMULATION_SCHEDULES). With AddressSanitizer: out-of-bounds reads and writes of device
+// and dynamic shared memory (a CPU-side stand-in for compute-sanitizer memcheck).
 //
-// What it cannot check: timing and performance; the GPU memory model (blocks run in order,
-// threads of a block interleave only at barriers and shuffles, so most races stay hidden and
-// __syncwarp-free warp-synchronous code looks correct); independent thread scheduling and
-// divergence beyond what the barriers catch; occupancy, register and static shared memory
-// limits, __launch_bounds__; fp32 results bit for bit (the host compiler may contract or order
-// floating-point operations differently from nvcc, and expf/fp16 conversions are the host's);
-// device pointers that are really host pointers, inside a kernel.
+// What only a GPU can check: timing and performance; races between blocks (they run one after
+// another here) and through global memory within a block (racecheck watches shared memory
+// only; the schedules catch those whose result depends on the order); races between lanes of
+// one warp (racecheck treats a warp as one, as code written for lockstep execution assumes:
+// on Volta and later that needs __syncwarp, which the emulator does not provide); memory
+// ordering and fences beyond barriers, atomics; occupancy, register and static shared memory
+// limits, __launch_bounds__; fp32 results bit for bit (the host compiler may contract or
+// order floating-point operations differently from nvcc, and expf/fp16 conversions are the
+// host's); device pointers that are really host pointers, inside a kernel.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -129,6 +155,17 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
 
 /// The running block's dynamic shared memory (the launch's smem_bytes; null when 0).
 unsigned char* dynamic_shared_memory();
+
+/// How many shared-memory accesses racecheck has checked since the program started (0 unless
+/// the kernels' code was built with KVLAB_EMULATION_RACECHECK's instrumentation).
+std::uint64_t checked_shared_accesses();
+
+/// Turns racecheck on or off for the launches that follow (on by default); returns the previous
+/// setting. For the emulator's own tests of what the schedules alone catch.
+bool set_racecheck(bool on);
+
+/// The message of the last kernel bug the emulator reported (also printed on stderr).
+const char* last_kernel_bug();
 
 /// __shfl_xor_sync: `var` of lane `lane ^ lane_mask` within segments of `width` lanes.
 template <typename T>
