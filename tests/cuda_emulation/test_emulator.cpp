@@ -186,13 +186,14 @@ class ScopedEnv {
   std::string old_;
 };
 
-// Racecheck off for the scope (to see what the schedules catch alone).
-class WithoutRacecheck {
+// Racecheck on or off for the scope, whatever KVLAB_EMULATION_RACECHECK says (off: to see what
+// the schedules catch alone).
+class ScopedRacecheck {
  public:
-  WithoutRacecheck() : was_(kvlab_emulation::set_racecheck(false)) {}
-  ~WithoutRacecheck() { kvlab_emulation::set_racecheck(was_); }
-  WithoutRacecheck(const WithoutRacecheck&) = delete;
-  WithoutRacecheck& operator=(const WithoutRacecheck&) = delete;
+  explicit ScopedRacecheck(bool on) : was_(kvlab_emulation::set_racecheck(on)) {}
+  ~ScopedRacecheck() { kvlab_emulation::set_racecheck(was_); }
+  ScopedRacecheck(const ScopedRacecheck&) = delete;
+  ScopedRacecheck& operator=(const ScopedRacecheck&) = delete;
 
  private:
   bool was_;
@@ -290,6 +291,7 @@ TEST_CASE(
   std::printf("SKIPPED: racecheck is not built in (an AddressSanitizer build, or not GCC)\n");
   std::exit(77);
 #endif
+  ScopedRacecheck racecheck(true);
   const std::uint64_t checked = kvlab_emulation::checked_shared_accesses();
   kc::DeviceBuffer<float> data(std::vector<float>(2 * 128, 1.f));
   const std::string unsynchronised =
@@ -331,7 +333,7 @@ TEST_CASE(
 TEST_CASE(
     "blocks take turns in other orders and see other poison, and reruns under other "
     "schedules must agree bit for bit") {
-  WithoutRacecheck schedules_alone;
+  ScopedRacecheck schedules_alone(false);
   // 12 blocks: each of the four schedules with each of the three poisons (NaN, +1e30, -1e30).
   constexpr int kBlocks = 12;
   kc::DeviceBuffer<float> max(kBlocks);
