@@ -48,6 +48,13 @@ class ScopedThreads {
  private:
   int before_;
 };
+
+// What `f()` returns when run with `threads` OpenMP threads.
+template <typename F>
+auto with_threads(int threads, F&& f) {
+  ScopedThreads scoped(threads);
+  return f();
+}
 #endif
 
 // True when every element of a equals the same element of b (NaN never equals).
@@ -100,15 +107,11 @@ TEST_CASE("paged prefill over fewer sequences than threads splits the K/V heads 
     REQUIRE(plan.head_chunks == c.head_chunks);
     // uneven, or more threads than heads
     REQUIRE((c.kv_heads % plan.head_chunks != 0 || c.threads > c.kv_heads));
-    RowMatrix<float> one, split;
-    {
-      ScopedThreads threads(1);
-      one = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view);
-    }
-    {
-      ScopedThreads threads(c.threads);
-      split = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view);
-    }
+    const RowMatrix<float> one = with_threads(
+        1, [&] { return kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view); });
+    const RowMatrix<float> split = with_threads(c.threads, [&] {
+      return kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view);
+    });
     CHECK(same_bits(split, one));
     check_against_reference(shape, batch, q, qo_indptr, split);
   }
@@ -133,15 +136,10 @@ TEST_CASE("paged decode splits uneven work: HND heads, NHD sequences, and split-
     const kvlab::cpu::PagedAttentionPlan plan =
         kvlab::cpu::plan_paged_attention(shape, batch.view, one_each.data(), 3);
     REQUIRE(plan.parallel);
-    RowMatrix<float> one, split;
-    {
-      ScopedThreads threads(1);
-      one = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
-    }
-    {
-      ScopedThreads threads(3);
-      split = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
-    }
+    const RowMatrix<float> one =
+        with_threads(1, [&] { return kvlab::cpu::paged_decode_attention(shape, q, batch.view); });
+    const RowMatrix<float> split =
+        with_threads(3, [&] { return kvlab::cpu::paged_decode_attention(shape, q, batch.view); });
     if (layout == KVLayout::NHD) {
       REQUIRE(plan.split_k);
       REQUIRE(plan.parts == 2);
