@@ -49,6 +49,13 @@ class OutOfBlocks : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A check function (`Scheduler::check_invariants`, `PrefixCache::check`) found one of its
+/// rules broken: a bug in kvlab, not in the caller's input. The message names the rule.
+class InvariantViolation : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
 namespace detail {
 
 /// Builds the standard message and throws `Error`. `argument` is a string literal or a

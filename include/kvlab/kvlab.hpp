@@ -56,6 +56,13 @@
 #include "kvlab/store/contiguous_store.hpp"
 #include "kvlab/store/kv_store.hpp"
 #include "kvlab/store/paged_store.hpp"
+#include "kvlab/serving/engine.hpp"
+#include "kvlab/serving/prefix_cache.hpp"
+#include "kvlab/serving/request.hpp"
+#include "kvlab/serving/scheduler.hpp"
+#include "kvlab/serving/step_plan.hpp"
+#include "kvlab/serving/summary.hpp"
+#include "kvlab/serving/workload.hpp"
 #include "kvlab/store/recompute_store.hpp"
 
 /// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention

@@ -92,6 +92,37 @@ class PagedKVCache {
   /// Starts an empty sequence (no block yet) and returns its id; ids are never reused.
   int add_sequence() { return book_.add_sequence(); }
 
+  /// Starts a sequence that begins with the full blocks `blocks`, which other holders keep (the
+  /// blocks of a prefix-cache hit): `PagedSequences::add_sequence(blocks)`. Its length is
+  /// `blocks.size() * block_size`; it shares the blocks, and appends go to new blocks.
+  /// \throws InvalidArgument if a block is out of range, not in use, or holds a slot not yet
+  ///         written in some layer (nothing changes).
+  int add_sequence(const std::vector<std::int32_t>& blocks) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const std::int32_t b = blocks[i];
+      if (b < 0 || b >= allocator().num_blocks()) continue;  // refused by book_ below
+      for (int l = 0; l < num_layers_; ++l) {
+        for (int t = 0; unwritten_[at(l)] > 0 && t < block_size(); ++t) {
+          if (written_[at(l)][at(static_cast<std::int64_t>(b) * block_size() + t)] == 0) {
+            detail::fail("kvlab::PagedKVCache::add_sequence", "blocks[" + std::to_string(i) + "]",
+                         "a block written in every layer",
+                         "block " + std::to_string(b) + ", slot " + std::to_string(t) +
+                             " unwritten in layer " + std::to_string(l));
+          }
+        }
+      }
+    }
+    return book_.add_sequence(blocks);
+  }
+
+  /// Adds a holder that is not a sequence to `block` (a prefix cache keeping a block whose
+  /// sequence has ended): the block stays out of the free list until `release_block`.
+  /// \throws InvalidArgument if `block` is out of range or free.
+  void retain_block(std::int32_t block) { book_.retain(block); }
+  /// Removes a holder added by `retain_block`; the block returns to the pool when none is left.
+  /// \throws InvalidArgument if `block` is out of range or free.
+  void release_block(std::int32_t block) { book_.release(block); }
+
   /// True when `seq` is a live sequence.
   bool contains(int seq) const { return book_.contains(seq); }
 

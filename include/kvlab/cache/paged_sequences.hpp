@@ -51,6 +51,31 @@ class PagedSequences {
     return next_id_++;
   }
 
+  /// Starts a sequence whose first tokens are those of `blocks`, full blocks that other
+  /// holders keep (a prefix cache's hit): each gets one more holder, and the sequence has
+  /// `blocks.size() * block_size` tokens. Returns its id.
+  /// \throws InvalidArgument if a block is out of range or not in use (nothing changes).
+  int add_sequence(const std::vector<std::int32_t>& blocks) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] < 0 || blocks[i] >= allocator_.num_blocks() ||
+          allocator_.ref_count(blocks[i]) == 0) {
+        detail::fail(where("add_sequence").c_str(), "blocks[" + std::to_string(i) + "]",
+                     "a block in use in [0, " + std::to_string(allocator_.num_blocks()) + ")",
+                     blocks[i]);
+      }
+    }
+    for (std::int32_t b : blocks) allocator_.share(b);
+    sequences_[next_id_] = Sequence{blocks, static_cast<int>(blocks.size()) * block_size_};
+    return next_id_++;
+  }
+
+  /// Adds a holder that is not a sequence to block `block` (a prefix cache keeping it).
+  /// \throws InvalidArgument if `block` is out of range or free.
+  void retain(std::int32_t block) { allocator_.share(block); }
+  /// Removes a holder added by `retain`; at reference count 0 the block returns to the pool.
+  /// \throws InvalidArgument if `block` is out of range or free.
+  void release(std::int32_t block) { allocator_.release(block); }
+
   /// True when `seq` is a live sequence.
   bool contains(int seq) const { return sequences_.count(seq) != 0; }
 

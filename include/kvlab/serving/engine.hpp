@@ -1,0 +1,221 @@
+/// \file
+/// \brief `Engine`: a serving loop — the `Scheduler` decides each step, `LlamaModel` runs it as
+/// one batched forward pass over a shared paged pool, each request's own `Sampler` draws its
+/// next token — with a step log of who ran, with how many tokens, and how the memory stood.
+/// Checked in `tests/test_serving.cpp`: every request gets the tokens (and, within a stated
+/// tolerance, the logits) it gets alone through `generate`, under every policy.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kvlab/cache/paged_kv_cache.hpp"
+#include "kvlab/config.hpp"
+#include "kvlab/matrix.hpp"
+#include "kvlab/model/llama_model.hpp"
+#include "kvlab/model/llama_weights.hpp"
+#include "kvlab/model/sampler.hpp"
+#include "kvlab/serving/request.hpp"
+#include "kvlab/serving/scheduler.hpp"
+#include "kvlab/serving/step_plan.hpp"
+#include "kvlab/store/paged_store.hpp"
+
+namespace kvlab {
+
+/// What the engine's time is.
+enum class EngineClock {
+  /// Seconds of a steady clock since the first `step` (arrivals are waited for, sleeping).
+  Wall,
+  /// Steps: step k runs at time k and its tokens are drawn at k + 1; when nothing can run,
+  /// time jumps to the next arrival. Deterministic, for tests and tutorials.
+  Steps,
+};
+
+/// The engine's settings.
+struct EngineConfig {
+  SchedulerConfig scheduler;  ///< the policy, token budget, max running, watermark, prefixes
+  int block_size = 16;        ///< tokens per block of the pool, >= 1
+  int num_blocks = 256;       ///< blocks in the pool, >= 1
+  int max_tokens = 0;         ///< the longest sequence; 0 means the model's seq_len
+  EngineClock clock = EngineClock::Wall;  ///< what time is
+  bool keep_logits = false;   ///< keep the logits of every drawn token (`logits(id)`)
+  bool check_invariants = false;  ///< run `Scheduler::check_invariants` after every step
+  PrefixCache::HashFunction hash = PrefixCache::chain_hash;  ///< the prefix cache's block names
+};
+
+/// Serves requests with a `LlamaModel` over one paged pool, step by step.
+///
+/// A step: `Scheduler::schedule(now)` picks the chunks; `LlamaModel::forward_batch` feeds them
+/// all in one pass (every weight matrix read once for the whole batch, one attention call per
+/// layer over the ragged batch); each chunk that ends its request's known tokens draws the next
+/// token from its last logits with the request's sampler; `Scheduler::complete_step` appends,
+/// finishes and frees. The step is logged (`step_log`).
+///
+/// Requests are submitted at any time with an arrival time (`Request::arrival`, in the engine's
+/// time); `run` steps until every submitted request has finished, waiting for arrivals when
+/// nothing can run.
+class Engine {
+ public:
+  /// An engine for `weights` with a pool of `config.num_blocks` blocks.
+  /// \throws InvalidArgument for null or malformed weights or a bad setting.
+  Engine(std::shared_ptr<const LlamaWeights> weights, const EngineConfig& config)
+      : config_(config),
+        pool_(make_pool(weights, config)),
+        store_(std::make_shared<PagedStore<float>>(pool_)),
+        model_(std::move(weights), store_, config.max_tokens),
+        scheduler_(pool_, config.scheduler, model_.max_tokens(), model_.config().vocab_size,
+                   config.hash) {}
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Adds a request, seen from its arrival time on; returns its id (0, 1, ... in submission
+  /// order).
+  /// \throws InvalidArgument as `Scheduler::submit` (an empty prompt, an id outside the
+  ///         vocabulary, a prompt longer than the context, `max_new_tokens < 1`, a request that
+  ///         cannot fit the pool alone, ...). Nothing changes: the engine goes on serving the
+  ///         others.
+  int submit(const Request& r) {
+    const int id = scheduler_.submit(r);
+    samplers_.emplace_back(model_.config().vocab_size, r.sampling.temperature, r.sampling.top_p,
+                           r.sampling.seed);
+    logits_.emplace_back();
+    return id;
+  }
+
+  /// True when every submitted request has finished.
+  bool done() const { return scheduler_.unfinished() == 0; }
+  /// The engine's time now (0 before the first step).
+  double now() const {
+    if (config_.clock == EngineClock::Steps) return virtual_time_;
+    if (!started_) return 0.0;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+  /// Runs one step, or, when nothing can run, waits for the next arrival (sleeps, or jumps with
+  /// `EngineClock::Steps`). Returns true if a step ran (its record is `step_log().back()`).
+  /// \throws InvalidArgument when every request has finished (nothing to wait for).
+  bool step() {
+    if (done()) detail::fail("kvlab::Engine::step", "requests", "one not finished", "none");
+    if (!started_) {
+      started_ = true;
+      start_ = std::chrono::steady_clock::now();
+    }
+    const double begin = now();
+    const StepPlan& plan = scheduler_.schedule(begin);
+    if (plan.chunks.empty()) {  // nothing runnable: wait for the next arrival
+      const double next = scheduler_.next_arrival();
+      if (!std::isfinite(next)) {  // unfinished requests, none can run and none will arrive
+        throw InvariantViolation("kvlab::Engine::step: " +
+                                 std::to_string(scheduler_.unfinished()) +
+                                 " requests unfinished, none can run and none is pending");
+      }
+      if (config_.clock == EngineClock::Steps) {
+        virtual_time_ = std::max(virtual_time_, std::ceil(next));
+      } else if (next > begin) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(next - begin));
+      }
+      return false;
+    }
+    // One forward pass over every chunk, then a token for each chunk that ends its request.
+    std::vector<SequenceChunk> batch;  // [chunks]
+    for (const ScheduledChunk& c : plan.chunks) batch.push_back(SequenceChunk{c.seq, c.tokens});
+    const RowMatrix<float> logits = model_.forward_batch(batch);  // [chunks, vocab_size]
+    std::vector<int> drawn(plan.chunks.size(), -1);               // [chunks]
+    for (std::size_t i = 0; i < plan.chunks.size(); ++i) {
+      const ScheduledChunk& c = plan.chunks[i];
+      if (!c.samples || c.kind == ChunkKind::Padding) continue;
+      const RowVector<float> row = logits.row(static_cast<Eigen::Index>(i));
+      drawn[i] = samplers_[static_cast<std::size_t>(c.request)].sample(row);
+      if (config_.keep_logits) logits_[static_cast<std::size_t>(c.request)].push_back(row);
+    }
+    if (config_.clock == EngineClock::Steps) virtual_time_ += 1.0;
+    const double end = now();
+    StepRecord record = log_entry(plan, begin);
+    record.finished = scheduler_.complete_step(drawn, end);
+    record.end = end;
+    fill_memory(record);
+    log_.push_back(std::move(record));
+    if (config_.check_invariants) scheduler_.check_invariants();
+    return true;
+  }
+
+  /// Steps until every submitted request has finished; `on_step` (if set) sees each step's
+  /// record as it is logged.
+  void run(const std::function<void(const StepRecord&)>& on_step = nullptr) {
+    while (!done()) {
+      if (step() && on_step) on_step(log_.back());
+    }
+  }
+
+  /// What request `id` got so far.
+  /// \throws InvalidArgument if no request has that id.
+  const RequestOutput& output(int id) const { return scheduler_.request(id).output; }
+  /// The logits of every token drawn for request `id` ([draws][vocab_size]: the stop id's
+  /// too), with `EngineConfig::keep_logits`; empty otherwise.
+  /// \throws InvalidArgument if no request has that id.
+  const std::vector<RowVector<float>>& logits(int id) const {
+    scheduler_.request(id);  // checks the id
+    return logits_[static_cast<std::size_t>(id)];
+  }
+  /// One record per step that ran, in order.
+  const std::vector<StepRecord>& step_log() const { return log_; }
+  /// The scheduler (read-only): requests, queues, pool, prefix cache, invariants.
+  const Scheduler& scheduler() const { return scheduler_; }
+  /// The model (read-only): its shape and counters.
+  const LlamaModel& model() const { return model_; }
+  /// The settings.
+  const EngineConfig& config() const { return config_; }
+
+ private:
+  static std::shared_ptr<PagedKVCache<float>> make_pool(
+      const std::shared_ptr<const LlamaWeights>& weights, const EngineConfig& config) {
+    if (!weights) detail::fail("kvlab::Engine", "weights", "non-null weights", "nullptr");
+    const LlamaConfig& c = weights->config;
+    return std::make_shared<PagedKVCache<float>>(c.n_layers, c.n_kv_heads, c.head_dim(),
+                                                 config.block_size, config.num_blocks);
+  }
+
+  StepRecord log_entry(const StepPlan& plan, double begin) const {
+    StepRecord r;
+    r.step = static_cast<int>(log_.size());
+    r.start = begin;
+    for (const ScheduledChunk& c : plan.chunks)
+      r.batch.push_back(StepEntry{c.request, static_cast<int>(c.tokens.size()), c.kind});
+    r.admitted = plan.admitted;
+    r.preempted = plan.preempted;
+    r.prefix_hit_tokens = plan.prefix_hit_tokens;
+    r.evicted_blocks = plan.evicted_blocks;
+    return r;
+  }
+  void fill_memory(StepRecord& r) const {
+    const BlockAllocator& alloc = pool_->allocator();
+    r.waiting = static_cast<int>(scheduler_.waiting().size());
+    r.running = static_cast<int>(scheduler_.running().size());
+    r.blocks_cached = scheduler_.prefix_cache().evictable_blocks();
+    r.blocks_free = alloc.num_free();
+    r.blocks_used = alloc.num_used() - r.blocks_cached;
+    r.blocks_reserved = scheduler_.promised_blocks();
+  }
+
+  EngineConfig config_;
+  std::shared_ptr<PagedKVCache<float>> pool_;  // the blocks every request's K/V live in
+  std::shared_ptr<PagedStore<float>> store_;   // the model's store over pool_
+  LlamaModel model_;
+  Scheduler scheduler_;
+  std::vector<Sampler> samplers_;                      // [requests] each request's own
+  std::vector<std::vector<RowVector<float>>> logits_;  // [requests][draws] with keep_logits
+  std::vector<StepRecord> log_;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+  double virtual_time_ = 0.0;  // EngineClock::Steps
+};
+
+}  // namespace kvlab

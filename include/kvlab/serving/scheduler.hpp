@@ -1,0 +1,628 @@
+/// \file
+/// \brief `Scheduler`: continuous batching over a paged pool, the vLLM v1 rule — a token budget
+/// per step, running requests first, then waiting ones first come first served; chunked
+/// prefill; admission only when the blocks fit with a watermark to spare; preemption by
+/// recompute, newest first; automatic prefix caching — and the two baselines it is measured
+/// against (static batching, contiguous preallocation). Checked in `tests/test_serving.cpp`:
+/// the invariants after every step of random workloads, the same tokens as each request alone.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvlab/cache/paged_kv_cache.hpp"
+#include "kvlab/config.hpp"
+#include "kvlab/serving/prefix_cache.hpp"
+#include "kvlab/serving/request.hpp"
+#include "kvlab/serving/step_plan.hpp"
+
+namespace kvlab {
+
+/// Where a request is.
+enum class RequestStatus {
+  Pending,   ///< submitted, its arrival time not reached
+  Waiting,   ///< arrived (or preempted), in the queue
+  Running,   ///< holds a sequence in the pool
+  Finished,  ///< done; its output is final
+};
+
+/// A request as the scheduler tracks it.
+struct RequestState {
+  int id = -1;                 ///< its id (the order of submission)
+  Request request;             ///< what was asked
+  RequestOutput output;        ///< what it got so far
+  RequestStatus status = RequestStatus::Pending;  ///< where it is
+  std::vector<int> tokens;     ///< [P + generated] prompt, then generated ids
+  int computed = 0;            ///< tokens whose K/V are in its sequence (its length in the pool)
+  int seq = -1;                ///< its sequence in the pool, or -1
+  int promised = 0;            ///< blocks reserved for it and not yet taken
+  bool recomputing = false;    ///< preempted, and not yet back where it was
+  std::vector<std::int64_t> chain;  ///< [full blocks cached] its prefix-cache entries, in order
+  long queue_order = -1;       ///< when it first entered the waiting queue (FCFS order)
+
+  /// Tokens known and not yet in the sequence.
+  int remaining() const { return static_cast<int>(tokens.size()) - computed; }
+};
+
+/// Decides, step by step, which requests run and with how many tokens, and keeps the pool's
+/// blocks for them.
+///
+/// **The rule of a step** (continuous policy), `schedule(now)`:
+///  1. Requests whose arrival time has come join the back of the waiting queue, in arrival
+///     order.
+///  2. Running requests, in the order they were admitted: each gets its next tokens — one
+///     decode token, or its next prefill chunk — up to the token budget left. If the blocks for
+///     them are not there, the newest running request is preempted (its blocks freed, it goes
+///     back to the front of the queue) until they are, or the request preempts itself when it
+///     is the newest.
+///  3. If nobody was preempted: waiting requests, first come first served — the queue's front
+///     first, and a front that does not fit blocks those behind it (no overtaking). A request
+///     is admitted when the running count is below `max_running`, budget is left, and the
+///     blocks for all the tokens it has (prompt, plus what it generated before a preemption;
+///     less its prefix-cache hit) fit with `watermark_blocks` to spare. Those blocks are
+///     reserved for it (`promised`), so a prompt split over steps never runs out half way.
+///     Its first chunk is as much of it as the budget leaves (**chunked prefill**): a long
+///     prompt never stalls the decodes, which were scheduled before it.
+///
+/// **Preemption by recompute.** A preempted request forgets its K/V and, when admitted again,
+/// computes its prompt and its generated tokens again (as one prefill) before it draws its next
+/// token. While it recomputes it is not chosen as a victim: otherwise a request whose recompute
+/// is longer than the budget can be readmitted and preempted again at every step without ever
+/// progressing (vLLM issue 25538). So every readmission ends in a new token: a request that fits
+/// the pool alone always finishes, and the oldest running request is never preempted by a newer
+/// one.
+///
+/// **Memory accounting.** Blocks are free, held by sequences, held only by the prefix cache
+/// (evictable), or promised: `free + evictable - promised` is what admission and growth may
+/// use. Blocks are taken when the engine runs the step; the cache's blocks are evicted just
+/// before, as needed.
+///
+/// **Baselines.** `BatchingPolicy::Static` and `BatchingPolicy::Contiguous` (see there) run
+/// through the same `schedule` / `complete_step` calls.
+class Scheduler {
+ public:
+  /// A scheduler over `pool` for a model of `max_tokens` positions and `vocab_size` tokens.
+  /// The pool must hold no sequence yet; the scheduler owns its sequences from now on.
+  /// \throws InvalidArgument for a null or non-empty pool, or a bad setting.
+  Scheduler(std::shared_ptr<PagedKVCache<float>> pool, SchedulerConfig config, int max_tokens,
+            int vocab_size, PrefixCache::HashFunction hash = PrefixCache::chain_hash)
+      : pool_(checked(std::move(pool))),
+        config_(checked(config, max_tokens, vocab_size)),
+        max_tokens_(max_tokens),
+        vocab_size_(vocab_size),
+        cache_(pool_->block_size(), hash) {
+    if (config_.max_len == 0) config_.max_len = max_tokens_;
+  }
+
+  /// The settings (with `max_len` resolved).
+  const SchedulerConfig& config() const { return config_; }
+  /// The pool.
+  const PagedKVCache<float>& pool() const { return *pool_; }
+  /// The prefix cache (empty unless the continuous policy caches prefixes).
+  const PrefixCache& prefix_cache() const { return cache_; }
+  /// Request `id`.
+  /// \throws InvalidArgument if no request has that id.
+  const RequestState& request(int id) const {
+    if (id < 0 || id >= static_cast<int>(requests_.size()))
+      detail::fail("kvlab::Scheduler::request", "id",
+                   "in [0, " + std::to_string(requests_.size()) + ")", id);
+    return requests_[static_cast<std::size_t>(id)];
+  }
+  /// Requests submitted.
+  int num_requests() const { return static_cast<int>(requests_.size()); }
+  /// Running requests, in admission order.
+  const std::vector<int>& running() const { return running_; }
+  /// Arrived requests waiting, front first.
+  const std::deque<int>& waiting() const { return waiting_; }
+  /// Requests not finished (pending, waiting or running).
+  int unfinished() const { return unfinished_; }
+  /// The earliest arrival among pending requests, or +infinity when none is pending.
+  double next_arrival() const {
+    return pending_.empty() ? INFINITY : request(pending_.front()).request.arrival;
+  }
+  /// Blocks promised to requests and not yet taken.
+  int promised_blocks() const { return promised_total_; }
+  /// Preemptions so far.
+  int preemptions() const { return preemptions_; }
+  /// Times a recomputing request was passed over when choosing whom to preempt.
+  int spared_recomputes() const { return spared_; }
+
+  /// Blocks needed for a sequence of `tokens` tokens.
+  int blocks_for(long tokens) const {
+    return static_cast<int>((tokens + pool_->block_size() - 1) / pool_->block_size());
+  }
+
+  /// Adds a request; it is seen from its arrival time on. Returns its id.
+  /// \throws InvalidArgument (nothing changes) for an empty prompt, a token or stop id outside
+  ///         [0, vocab_size), a prompt longer than the model's context, `max_new_tokens < 1`,
+  ///         a bad sampling setting or arrival, or a request that cannot fit the pool even
+  ///         alone (with the watermark).
+  int submit(const Request& r) {
+    constexpr const char* kWhere = "kvlab::Scheduler::submit";
+    detail::require_at_least(kWhere, "request.prompt.size()", r.prompt.size(), std::size_t{1});
+    if (r.prompt.size() > static_cast<std::size_t>(max_tokens_)) {
+      detail::fail(kWhere, "request.prompt.size()",
+                   "at most " + std::to_string(max_tokens_) + " (the model's context)",
+                   r.prompt.size());
+    }
+    check_ids(kWhere, "request.prompt", r.prompt);
+    check_ids(kWhere, "request.stop_ids", r.stop_ids);
+    detail::require_at_least(kWhere, "request.max_new_tokens", r.max_new_tokens, 1);
+    if (!(r.sampling.temperature >= 0.0f) || !std::isfinite(r.sampling.temperature))
+      detail::fail(kWhere, "request.sampling.temperature", "a finite number >= 0",
+                   r.sampling.temperature);
+    if (!(r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f))
+      detail::fail(kWhere, "request.sampling.top_p", "in (0, 1]", r.sampling.top_p);
+    if (!(r.arrival >= 0.0) || !std::isfinite(r.arrival))
+      detail::fail(kWhere, "request.arrival", "a finite time >= 0", r.arrival);
+    // The longest its sequence gets: the last token drawn is never fed.
+    const long longest =
+        std::min(static_cast<long>(r.prompt.size()) + r.max_new_tokens - 1, long{max_tokens_});
+    if (config_.policy == BatchingPolicy::Contiguous && longest > config_.max_len) {
+      detail::fail(kWhere, "request.prompt.size() + request.max_new_tokens - 1",
+                   "at most max_len (" + std::to_string(config_.max_len) + ")", longest);
+    }
+    const int alone = std::max(admission_blocks(r, longest), blocks_for(longest));
+    if (alone + config_.watermark_blocks > pool_->allocator().num_blocks()) {
+      detail::fail(kWhere, "request",
+                   "a request that fits the pool alone: " +
+                       std::to_string(pool_->allocator().num_blocks()) + " blocks of " +
+                       std::to_string(pool_->block_size()) + " tokens, " +
+                       std::to_string(config_.watermark_blocks) + " kept free",
+                   "one that needs " + std::to_string(alone) + " blocks (" +
+                       std::to_string(longest) + " tokens, " + to_string(config_.policy) +
+                       " policy)");
+    }
+    RequestState s;
+    s.id = static_cast<int>(requests_.size());
+    s.request = r;
+    s.tokens = r.prompt;
+    s.output.arrival = r.arrival;
+    requests_.push_back(std::move(s));
+    // Pending requests stay sorted by arrival (ties: submission order).
+    auto at = pending_.end();
+    while (at != pending_.begin() && request(*(at - 1)).request.arrival > r.arrival) --at;
+    pending_.insert(at, requests_.back().id);
+    ++unfinished_;
+    return requests_.back().id;
+  }
+
+  /// Decides the step at time `now`: preempts, admits and returns what runs. The engine then
+  /// feeds each chunk's tokens to its sequence (one batched forward pass) and calls
+  /// `complete_step` with the tokens it drew. The plan is empty when nothing can run.
+  const StepPlan& schedule(double now) {
+    if (open_) {
+      detail::fail("kvlab::Scheduler::schedule", "step", "none open (complete_step first)",
+                   "a step open");
+    }
+    plan_ = StepPlan{};
+    taken_ = 0;
+    while (!pending_.empty() && request(pending_.front()).request.arrival <= now) {
+      RequestState& r = state(pending_.front());
+      pending_.pop_front();
+      r.status = RequestStatus::Waiting;
+      r.queue_order = next_queue_order_++;
+      waiting_.push_back(r.id);
+    }
+    if (config_.policy == BatchingPolicy::Static) {
+      schedule_static(now);
+    } else {
+      schedule_continuous(now);
+    }
+    open_ = !plan_.chunks.empty();
+    return plan_;
+  }
+
+  /// Ends the step planned by `schedule`: every chunk's tokens are now in its sequence, and
+  /// `drawn[i]` is the token drawn from chunk i's last logits where `chunks[i].samples` (else
+  /// ignored). Appends the tokens, finishes requests (stop id, max_new_tokens, context), frees
+  /// what finished requests and pad rows held, and caches newly full blocks. Returns the
+  /// requests that finished.
+  /// \throws InvalidArgument if no step is open or `drawn` has the wrong size.
+  std::vector<int> complete_step(const std::vector<int>& drawn, double now) {
+    constexpr const char* kWhere = "kvlab::Scheduler::complete_step";
+    if (!open_) detail::fail(kWhere, "step", "a step open (schedule first)", "none");
+    detail::require_equal(kWhere, "drawn.size()", drawn.size(), plan_.chunks.size(),
+                          "the plan's chunks");
+    open_ = false;
+    std::vector<int> finished;
+    for (std::size_t i = 0; i < plan_.chunks.size(); ++i) {
+      const ScheduledChunk& c = plan_.chunks[i];
+      if (c.kind == ChunkKind::Padding && c.seq != request(c.request).seq) {
+        // A member's prompt padding, on a scratch sequence: its blocks go back to the member.
+        RequestState& member = state(c.request);
+        const int blocks = blocks_for(static_cast<long>(c.tokens.size()));
+        pool_->free_sequence(c.seq);
+        member.promised += blocks;
+        promised_total_ += blocks;
+        continue;
+      }
+      RequestState& r = state(c.request);
+      if (c.kind == ChunkKind::Padding) continue;  // a finished member of a static batch
+      r.computed += static_cast<int>(c.tokens.size());
+      r.output.computed_tokens += static_cast<int>(c.tokens.size());
+      cache_blocks(r);
+      if (c.samples && append(r, drawn[i], now)) finished.push_back(r.id);
+    }
+    if (config_.policy == BatchingPolicy::Static) {
+      bool all_done = !running_.empty();
+      for (int id : running_) all_done = all_done && request(id).status == RequestStatus::Finished;
+      if (all_done) {  // the batch ends: only now its memory is given back
+        for (int id : running_) release(state(id));
+        running_.clear();
+      }
+    } else {
+      for (int id : finished) {
+        release(state(id));
+        running_.erase(std::find(running_.begin(), running_.end(), id));
+      }
+    }
+    return finished;
+  }
+
+  /// Checks every rule the scheduler keeps, between steps:
+  ///  - the pool: every block's reference count equals its holders (sequences that list it,
+  ///    plus the prefix cache), and every block is free, cached or held (none leaked);
+  ///  - every sequence in the pool belongs to a running request (or a finished member of a
+  ///    static batch); each running request's sequence holds exactly its computed tokens;
+  ///  - waiting and pending requests hold nothing; promised blocks add up and are covered by
+  ///    free and evictable blocks;
+  ///  - the last step fed at most `max_batched_tokens` (static batches excepted: they have no
+  ///    budget) and at most `max_running` requests ran;
+  ///  - requests were first admitted in the order they arrived (FCFS);
+  ///  - the prefix cache's own rules (`PrefixCache::check`).
+  /// \throws InvariantViolation naming the first broken rule.
+  void check_invariants() const {
+    const auto broken = [](const std::string& what) {
+      throw InvariantViolation("kvlab::Scheduler::check_invariants: " + what);
+    };
+    const BlockAllocator& alloc = pool_->allocator();
+    std::vector<int> holders(static_cast<std::size_t>(alloc.num_blocks()), 0);  // [num_blocks]
+    int held = 0;
+    for (int seq : pool_->sequences()) {
+      bool owned = false;
+      for (const RequestState& r : requests_) owned = owned || r.seq == seq;
+      if (!owned) broken("sequence " + std::to_string(seq) + " belongs to no request (leaked)");
+      for (std::int32_t b : pool_->blocks(seq)) ++holders[static_cast<std::size_t>(b)];
+    }
+    for (int b = 0; b < alloc.num_blocks(); ++b) {
+      const int expected = holders[static_cast<std::size_t>(b)] + (cache_.holds(b) ? 1 : 0);
+      if (alloc.ref_count(b) != expected) {
+        broken("block " + std::to_string(b) + " has reference count " +
+               std::to_string(alloc.ref_count(b)) + " but " + std::to_string(expected) +
+               " holders");
+      }
+      if (expected > 0) ++held;
+    }
+    if (held + alloc.num_free() != alloc.num_blocks())
+      broken(std::to_string(held) + " blocks held + " + std::to_string(alloc.num_free()) +
+             " free != " + std::to_string(alloc.num_blocks()) + " (a block leaked)");
+    int promised = 0, running = 0;
+    for (const RequestState& r : requests_) {
+      promised += r.promised;
+      const std::string who = "request " + std::to_string(r.id);
+      if (r.status == RequestStatus::Running) {
+        ++running;
+        if (!pool_->contains(r.seq) || pool_->length(r.seq) != r.computed)
+          broken(who + " runs without a sequence of its computed length");
+      } else if (r.seq >= 0 && !(config_.policy == BatchingPolicy::Static &&
+                                 r.status == RequestStatus::Finished && in_batch(r.id))) {
+        broken(who + " holds a sequence while not running");
+      }
+      if (r.status != RequestStatus::Running && r.promised != 0 && !in_batch(r.id))
+        broken(who + " holds promised blocks while not running");
+    }
+    if (open_) broken("a step is open");
+    if (promised != promised_total_) broken("promised blocks do not add up");
+    if (alloc.num_free() + cache_.evictable_blocks() < promised_total_)
+      broken("more blocks promised than free or evictable");
+    if (config_.policy != BatchingPolicy::Static && plan_.tokens() > config_.max_batched_tokens)
+      broken("the last step fed " + std::to_string(plan_.tokens()) + " tokens, budget " +
+             std::to_string(config_.max_batched_tokens));
+    if (static_cast<int>(running_.size()) > config_.max_running || running > config_.max_running)
+      broken(std::to_string(running_.size()) + " requests running, max_running " +
+             std::to_string(config_.max_running));
+    for (std::size_t i = 1; i < first_admissions_.size(); ++i) {
+      if (first_admissions_[i] < first_admissions_[i - 1])
+        broken("requests were first admitted out of arrival order (not FCFS)");
+    }
+    cache_.check(*pool_);
+  }
+
+ private:
+  static std::shared_ptr<PagedKVCache<float>> checked(std::shared_ptr<PagedKVCache<float>> pool) {
+    if (!pool) detail::fail("kvlab::Scheduler", "pool", "a non-null pool", "nullptr");
+    detail::require_equal("kvlab::Scheduler", "pool->sequences().size()",
+                          pool->sequences().size(), std::size_t{0}, "an empty pool");
+    return pool;
+  }
+  static SchedulerConfig checked(SchedulerConfig c, int max_tokens, int vocab_size) {
+    constexpr const char* kWhere = "kvlab::Scheduler";
+    detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
+    detail::require_at_least(kWhere, "vocab_size", vocab_size, 1);
+    detail::require_at_least(kWhere, "config.max_batched_tokens", c.max_batched_tokens, 1);
+    detail::require_at_least(kWhere, "config.max_running", c.max_running, 1);
+    detail::require_at_least(kWhere, "config.watermark_blocks", c.watermark_blocks, 0);
+    if (c.max_len < 0 || c.max_len > max_tokens)
+      detail::fail(kWhere, "config.max_len", "in [0, " + std::to_string(max_tokens) + "]",
+                   c.max_len);
+    if (c.policy != BatchingPolicy::Continuous) c.prefix_caching = false;
+    return c;
+  }
+  void check_ids(const char* where, const char* name, const std::vector<int>& ids) const {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab_size_) {
+        detail::fail(where, std::string(name) + "[" + std::to_string(i) + "]",
+                     "an id in [0, " + std::to_string(vocab_size_) + ")", ids[i]);
+      }
+    }
+  }
+
+  RequestState& state(int id) { return requests_[static_cast<std::size_t>(id)]; }
+  bool in_batch(int id) const {
+    return std::find(running_.begin(), running_.end(), id) != running_.end();
+  }
+  // Blocks a request reserves when admitted alone under the policy (its prompt, or the
+  // contiguous reservation, or a static batch of one).
+  int admission_blocks(const Request& r, long longest) const {
+    switch (config_.policy) {
+      case BatchingPolicy::Contiguous: return blocks_for(config_.max_len);
+      case BatchingPolicy::Static: return blocks_for(longest) + 1;
+      case BatchingPolicy::Continuous: break;
+    }
+    return blocks_for(static_cast<long>(r.prompt.size()));
+  }
+  // Blocks that admission and growth may still use: free (less what this step takes) plus
+  // evictable, less every promise.
+  int unpromised() const {
+    return pool_->allocator().num_free() - taken_ + cache_.evictable_blocks() - promised_total_;
+  }
+  // Takes `need` blocks for request r in this step: from its promise first; evicts cached
+  // blocks when the free list alone cannot cover the step.
+  void take(RequestState& r, int need) {
+    const int short_by = taken_ + need - pool_->allocator().num_free();
+    if (short_by > 0) plan_.evicted_blocks += cache_.evict(*pool_, short_by);
+    taken_ += need;
+    const int from_promise = std::min(need, r.promised);
+    r.promised -= from_promise;
+    promised_total_ -= from_promise;
+  }
+  // Gives back everything request r holds: its sequence (its cached blocks stay in the cache)
+  // and its promise.
+  void release(RequestState& r) {
+    if (r.seq >= 0) {
+      const std::vector<std::int32_t> blocks = pool_->blocks(r.seq);  // [ceil(computed / bs)]
+      pool_->free_sequence(r.seq);
+      cache_.released(*pool_, blocks);
+      r.seq = -1;
+    }
+    promised_total_ -= r.promised;
+    r.promised = 0;
+  }
+  // The chunk of request r for its next n tokens.
+  ScheduledChunk chunk(const RequestState& r, int n) const {
+    ScheduledChunk c;
+    c.request = r.id;
+    c.seq = r.seq;
+    c.first_position = r.computed;
+    c.tokens.assign(r.tokens.begin() + r.computed, r.tokens.begin() + r.computed + n);
+    c.samples = r.computed + n == static_cast<int>(r.tokens.size());
+    const bool feeds_last_output = n == 1 && r.tokens.size() > r.request.prompt.size() && c.samples;
+    c.kind = feeds_last_output && !r.recomputing ? ChunkKind::Decode : ChunkKind::Prefill;
+    return c;
+  }
+
+  void schedule_continuous(double now) {
+    int budget = config_.max_batched_tokens;
+    // 2. Running requests, oldest first.
+    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+      RequestState& r = state(running_[i]);
+      const int n = std::min(r.remaining(), budget);
+      const int need = pool_->blocks_needed(r.seq, n);
+      bool self_preempted = false;
+      while (need > r.promised + unpromised()) {
+        const std::size_t victim = pick_victim(i);
+        if (victim == i) {
+          self_preempted = true;
+          preempt(i);
+          break;
+        }
+        preempt(victim);
+      }
+      if (self_preempted) continue;  // running_[i] is now the next request
+      take(r, need);
+      plan_.chunks.push_back(chunk(r, n));
+      budget -= n;
+      ++i;
+    }
+    // 3. Waiting requests, first come first served, when nobody was preempted.
+    while (plan_.preempted.empty() && !waiting_.empty() && budget > 0 &&
+           static_cast<int>(running_.size()) < config_.max_running) {
+      RequestState& r = state(waiting_.front());
+      const PrefixCache::Match hit =
+          config_.prefix_caching ? cache_.match(r.tokens) : PrefixCache::Match{};
+      const int hit_tokens = hit.tokens(pool_->block_size());
+      int evictable_hits = 0;  // hit blocks that only the cache holds: no longer evictable
+      for (std::int32_t b : hit.blocks)
+        evictable_hits += pool_->allocator().ref_count(b) == 1 ? 1 : 0;
+      const int reserve = config_.policy == BatchingPolicy::Contiguous
+                              ? blocks_for(config_.max_len)
+                              : blocks_for(static_cast<long>(r.tokens.size())) -
+                                    static_cast<int>(hit.blocks.size());
+      if (reserve + config_.watermark_blocks > unpromised() - evictable_hits) break;  // FCFS
+      waiting_.pop_front();
+      cache_.take(hit.blocks);
+      r.seq = pool_->add_sequence(hit.blocks);
+      r.chain = hit.entries;
+      r.computed = hit_tokens;
+      r.promised = reserve;
+      promised_total_ += reserve;
+      r.status = RequestStatus::Running;
+      if (r.output.first_scheduled < 0) {
+        r.output.first_scheduled = now;
+        first_admissions_.push_back(r.queue_order);
+      }
+      r.output.prefix_hit_tokens += hit_tokens;
+      if (config_.prefix_caching) r.output.prefix_lookup_tokens += static_cast<int>(r.tokens.size());
+      plan_.prefix_hit_tokens += hit_tokens;
+      plan_.admitted.push_back(r.id);
+      running_.push_back(r.id);
+      const int n = std::min(r.remaining(), budget);
+      take(r, pool_->blocks_needed(r.seq, n));
+      plan_.chunks.push_back(chunk(r, n));
+      budget -= n;
+    }
+  }
+
+  // The running request to preempt so that running_[i] can run: the newest one after it that
+  // is not recomputing after an earlier preemption, or i itself.
+  std::size_t pick_victim(std::size_t i) {
+    for (std::size_t j = running_.size() - 1; j > i; --j) {
+      if (!request(running_[j]).recomputing) return j;
+      ++spared_;  // a recomputing request passed over
+    }
+    return i;
+  }
+  // Preempts running_[i]: its blocks go back, it returns to the front of the queue and will
+  // compute its prompt and output again.
+  void preempt(std::size_t i) {
+    RequestState& r = state(running_[i]);
+    release(r);
+    r.computed = 0;
+    r.chain.clear();
+    r.recomputing = true;
+    r.status = RequestStatus::Waiting;
+    ++r.output.preemptions;
+    ++preemptions_;
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    waiting_.push_front(r.id);
+    plan_.preempted.push_back(r.id);
+  }
+
+  void schedule_static(double now) {
+    if (running_.empty()) {  // form a batch: FCFS, as many as fit the padded rectangle
+      long longest_prompt = 0, longest_output = 0;
+      std::size_t members = 0;
+      int reserve = 0;  // blocks per member
+      while (members < waiting_.size() && static_cast<int>(members) < config_.max_running) {
+        const Request& next = request(waiting_[members]).request;
+        const long p = std::max(longest_prompt, static_cast<long>(next.prompt.size()));
+        const long o = std::max(longest_output, static_cast<long>(next.max_new_tokens));
+        // Each member's padded sequence, and one block for its pad rows' scratch sequence.
+        const int per = blocks_for(std::min(p + o - 1, long{max_tokens_})) + 1;
+        if (static_cast<int>(members + 1) * per + config_.watermark_blocks > unpromised()) break;
+        longest_prompt = p;
+        longest_output = o;
+        reserve = per;
+        ++members;
+      }
+      for (std::size_t m = 0; m < members; ++m) {
+        RequestState& r = state(waiting_.front());
+        waiting_.pop_front();
+        r.seq = pool_->add_sequence({});
+        r.status = RequestStatus::Running;
+        r.promised = reserve;
+        promised_total_ += reserve;
+        r.output.first_scheduled = now;
+        first_admissions_.push_back(r.queue_order);
+        plan_.admitted.push_back(r.id);
+        running_.push_back(r.id);
+      }
+    }
+    int longest_prompt = 0;
+    for (int id : running_)
+      longest_prompt = std::max(longest_prompt, static_cast<int>(request(id).request.prompt.size()));
+    for (int id : running_) {
+      RequestState& r = state(id);
+      if (r.status == RequestStatus::Finished) {  // a pad row, while the others finish
+        if (pool_->length(r.seq) >= max_tokens_) continue;
+        take(r, pool_->blocks_needed(r.seq, 1));
+        ScheduledChunk pad;
+        pad.request = id;
+        pad.seq = r.seq;
+        pad.first_position = pool_->length(r.seq);
+        pad.tokens = {0};
+        pad.kind = ChunkKind::Padding;
+        plan_.chunks.push_back(pad);
+        continue;
+      }
+      const int n = r.remaining();  // the whole prompt, or one decode token
+      take(r, pool_->blocks_needed(r.seq, n));
+      plan_.chunks.push_back(chunk(r, n));
+      const int pad_rows = longest_prompt - n;
+      if (r.computed == 0 && pad_rows > 0) {  // the prompt padded to the batch's longest
+        ScheduledChunk pad;  // on a scratch sequence, freed after the step
+        pad.request = id;
+        pad.seq = pool_->add_sequence({});
+        take(r, blocks_for(pad_rows));
+        pad.tokens.assign(static_cast<std::size_t>(pad_rows), 0);
+        pad.kind = ChunkKind::Padding;
+        plan_.chunks.push_back(pad);
+      }
+    }
+  }
+
+  // Appends token `t` drawn for request r at time `now`; returns true when r finished.
+  bool append(RequestState& r, int t, double now) {
+    r.recomputing = false;
+    const Request& q = r.request;
+    FinishReason why = FinishReason::None;
+    if (std::find(q.stop_ids.begin(), q.stop_ids.end(), t) != q.stop_ids.end()) {
+      why = FinishReason::Stop;
+    } else {
+      r.tokens.push_back(t);
+      r.output.tokens.push_back(t);
+      r.output.token_times.push_back(now);
+      if (static_cast<int>(r.output.tokens.size()) == q.max_new_tokens) {
+        why = FinishReason::Length;
+      } else if (static_cast<int>(r.tokens.size()) - 1 == max_tokens_) {
+        why = FinishReason::Context;  // the token just drawn has no position left to be fed at
+      }
+    }
+    if (why == FinishReason::None) return false;
+    r.output.finish = why;
+    r.output.finished = now;
+    r.status = RequestStatus::Finished;
+    --unfinished_;
+    return true;
+  }
+
+  // Caches the full blocks of request r that are computed and not cached yet.
+  void cache_blocks(RequestState& r) {
+    if (!config_.prefix_caching) return;
+    const int bs = pool_->block_size();
+    const std::vector<std::int32_t>& blocks = pool_->blocks(r.seq);
+    for (int k = static_cast<int>(r.chain.size()); (k + 1) * bs <= r.computed; ++k) {
+      const std::int64_t parent = k == 0 ? PrefixCache::kRoot : r.chain.back();
+      r.chain.push_back(cache_.insert(*pool_, parent, r.tokens.data() + static_cast<std::ptrdiff_t>(k) * bs,
+                                      blocks[static_cast<std::size_t>(k)]));
+    }
+  }
+
+  std::shared_ptr<PagedKVCache<float>> pool_;
+  SchedulerConfig config_;
+  int max_tokens_;
+  int vocab_size_;
+  PrefixCache cache_;
+  std::vector<RequestState> requests_;  // [submitted] by id
+  std::deque<int> pending_;             // not arrived yet, by arrival time
+  std::deque<int> waiting_;             // arrived or preempted, front first
+  std::vector<int> running_;            // admission order (a static batch: its members)
+  std::vector<long> first_admissions_;  // queue_order of each first admission, in order
+  StepPlan plan_;                       // the last step's plan
+  bool open_ = false;                   // a planned step not completed yet
+  int taken_ = 0;                       // blocks the open step takes from the free list
+  int promised_total_ = 0;              // sum of every request's promised blocks
+  int unfinished_ = 0;                  // requests not finished
+  int preemptions_ = 0;                 // preemptions so far
+  int spared_ = 0;                      // recomputing requests passed over as victims
+  long next_queue_order_ = 0;           // FCFS counter
+};
+
+}  // namespace kvlab
