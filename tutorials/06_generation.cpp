@@ -19,7 +19,8 @@
 // Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in ../shared/models
 // beside the source tree.
 //
-// Next: kvlab-generate (apps/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
+// Next: tutorial 07 serves many requests at once (continuous batching). kvlab-generate
+// (apps/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
 // bench_generate measures tokens/s of the three backends.
 
 #include <kvlab/kvlab.hpp>

@@ -58,6 +58,7 @@
 #include "kvlab/store/paged_store.hpp"
 #include "kvlab/serving/engine.hpp"
 #include "kvlab/serving/prefix_cache.hpp"
+#include "kvlab/serving/report.hpp"
 #include "kvlab/serving/request.hpp"
 #include "kvlab/serving/scheduler.hpp"
 #include "kvlab/serving/step_plan.hpp"

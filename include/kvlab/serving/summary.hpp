@@ -45,6 +45,9 @@ struct ServingSummary {
   Percentiles tpot_s;               ///< time per output token after the first, over requests
   int peak_running = 0;             ///< most requests in one step's batch
   double mean_running = 0.0;        ///< requests per step's batch, on average
+  /// Requests per step's batch, on average over the steps after which requests were still
+  /// waiting: how many run at once when demand exceeds what fits (0 if none waited).
+  double mean_running_loaded = 0.0;
   /// Blocks holding tokens / blocks held or reserved, averaged over steps: the share of the
   /// memory a policy set aside that holds K/V.
   double kv_utilisation = 0.0;
@@ -77,7 +80,7 @@ inline ServingSummary summarize(const Engine& engine) {
   const std::vector<StepRecord>& log = engine.step_log();
   s.steps = static_cast<int>(log.size());
   double utilisation = 0.0;
-  std::int64_t running = 0;
+  std::int64_t running = 0, loaded_running = 0, loaded_steps = 0;
   for (const StepRecord& step : log) {
     int requests = 0;  // distinct requests in the batch (a padded prompt has two chunks)
     for (std::size_t i = 0; i < step.batch.size(); ++i) {
@@ -87,6 +90,10 @@ inline ServingSummary summarize(const Engine& engine) {
     }
     s.peak_running = std::max(s.peak_running, requests);
     running += requests;
+    if (step.waiting > 0) {
+      loaded_running += requests;
+      ++loaded_steps;
+    }
     const int set_aside = step.blocks_used + step.blocks_reserved;
     s.peak_blocks = std::max(s.peak_blocks, set_aside);
     if (set_aside > 0) utilisation += static_cast<double>(step.blocks_used) / set_aside;
@@ -95,6 +102,8 @@ inline ServingSummary summarize(const Engine& engine) {
     s.wall_s = log.back().end;
     s.mean_running = static_cast<double>(running) / static_cast<double>(log.size());
     s.kv_utilisation = utilisation / static_cast<double>(log.size());
+    if (loaded_steps > 0)
+      s.mean_running_loaded = static_cast<double>(loaded_running) / static_cast<double>(loaded_steps);
   }
   s.throughput_tok_s = s.wall_s > 0 ? static_cast<double>(s.generated_tokens) / s.wall_s : 0.0;
   s.ttft_s = Percentiles{quantile(ttft, 0.5), quantile(ttft, 0.99)};

@@ -1,0 +1,318 @@
+// kvlab-serve: serves a workload of requests with a Llama-style model under one batching
+// policy — continuous batching (vLLM's scheduler: a token budget per step, chunked prefill,
+// preemption by recompute, prefix caching), static batching, or continuous scheduling with
+// contiguous preallocation — and reports what a serving system is judged by: throughput, time to
+// first token and per output token (p50, p99), concurrency, KV-memory use, preemptions and
+// prefix-cache hits.
+//
+// The workload comes from a JSON-lines file (--workload; format in apps/serve_workload.hpp) or
+// is generated (--requests, --seed, --prompt-len, --output-len, --rate, --shared-prefix). It
+// shows progress on standard error while it runs, then the summary on standard output;
+// --json and --step-log write the run and its step log for scripts. Runs of different policies
+// on the same workload can be compared request by request: the outputs are in the JSON.
+//
+// Build and run (Release, from the repository root):
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-serve
+//   build/apps/kvlab-serve                                   # built-in model, 32 requests
+//   build/apps/kvlab-serve --policy static --json static.json
+//   build/apps/kvlab-serve --model stories260K.bin --requests 64 --rate 50 --shared-prefix 32
+// --help lists the options.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvlab/kvlab.hpp>
+
+#include "cli.hpp"
+#include "serve_workload.hpp"
+
+namespace {
+
+using kvlab_bench::need_value;
+using kvlab_bench::parse_double;
+using kvlab_bench::parse_file_name;
+using kvlab_bench::parse_int;
+using kvlab_bench::UsageError;
+
+struct Options {
+  std::string model;  // empty: the built-in model
+  std::string builtin = "tiny";
+  kvlab::BatchingPolicy policy = kvlab::BatchingPolicy::Continuous;
+  int block_size = 16;
+  int pool_tokens = 4096;
+  int max_batched_tokens = 256;
+  int max_running = 16;
+  int max_len = 0;
+  int watermark = 1;
+  bool prefix_caching = true;
+  std::string workload;  // empty: generated
+  kvlab::WorkloadSpec spec;
+  bool clock_steps = false;
+  int threads = 1;
+  std::string json, step_log;
+  bool quiet = false;
+};
+
+const char* const kUsage =
+    "usage: kvlab-serve [--model FILE | --builtin tiny|stories15M] "
+    "[--policy continuous|static|contiguous]\n"
+    "                   [--block-size N] [--pool-tokens N] [--max-batched-tokens N] "
+    "[--max-running N]\n"
+    "                   [--max-len N] [--watermark N] [--prefix-caching on|off]\n"
+    "                   [--workload FILE | --requests N --seed S --prompt-len MIN:MAX "
+    "--output-len MIN:MAX\n"
+    "                    --rate R --shared-prefix N] [--clock wall|steps] [--threads T]\n"
+    "                   [--json FILE] [--step-log FILE] [--quiet] [--help]\n"
+    "  --model FILE            llama2.c checkpoint (legacy version-0 .bin); without it a built-in\n"
+    "                          model with random weights (--builtin)\n"
+    "  --builtin NAME          tiny (dim 48, 3 layers, vocab 256; default) or stories15M (its\n"
+    "                          shape: dim 288, 6 layers, vocab 32000, separate classifier)\n"
+    "  --policy P              continuous (default): every step, running requests first, then\n"
+    "                          waiting ones FCFS, up to the token budget; static: a batch admitted\n"
+    "                          together, padded to the longest, nobody joins until it ends;\n"
+    "                          contiguous: continuous, but each request reserves --max-len tokens\n"
+    "  --block-size N          tokens per block of the pool (default 16)\n"
+    "  --pool-tokens N         KV memory, in tokens: a multiple of the block size (default 4096);\n"
+    "                          the same for every policy\n"
+    "  --max-batched-tokens N  token budget per step (default 256; static batches have none)\n"
+    "  --max-running N         requests running at once (static: the batch size; default 16)\n"
+    "  --max-len N             tokens each request reserves under contiguous (default: the\n"
+    "                          model's context)\n"
+    "  --watermark N           free blocks admission leaves for running requests (default 1)\n"
+    "  --prefix-caching on|off share cached prompt blocks (continuous only; default on)\n"
+    "  --workload FILE         requests as JSON lines: {\"prompt\": [ids], \"max_new_tokens\": N,\n"
+    "                          \"arrival\": seconds, \"stop_ids\": [...], \"temperature\": T,\n"
+    "                          \"top_p\": P, \"seed\": S, \"id\": ...}\n"
+    "  --requests N            generated workload: N requests (default 32)\n"
+    "  --seed S                its seed (default 1)\n"
+    "  --prompt-len MIN:MAX    each prompt's own tokens, uniform (default 8:64), random ids\n"
+    "  --output-len MIN:MAX    max new tokens, uniform (default 8:128); greedy, no stop ids\n"
+    "  --rate R                Poisson arrivals, R requests per second (per step with --clock\n"
+    "                          steps); 0 (default): all at once\n"
+    "  --shared-prefix N       a system prompt of N tokens that every prompt starts with\n"
+    "  --clock wall|steps      time in seconds (default) or in steps (deterministic logs)\n"
+    "  --threads T             OpenMP threads (default 1)\n"
+    "  --json FILE             the run as JSON: settings, figures, every request's output ids\n"
+    "  --step-log FILE         one JSON line per step: who ran, tokens, prefill or decode, blocks\n"
+    "  --quiet                 no progress lines\n";
+
+// MIN:MAX of `option`, each in [minimum, maximum], MIN <= MAX.
+void parse_range(const std::string& option, const char* text, int minimum, int maximum, int& lo,
+                 int& hi) {
+  const std::string value = need_value(option, text);
+  const std::size_t colon = value.find(':');
+  if (colon == std::string::npos)
+    throw UsageError(option + ": expected MIN:MAX, got '" + value + "'");
+  lo = parse_int(option, value.substr(0, colon).c_str(), minimum, maximum);
+  hi = parse_int(option, value.substr(colon + 1).c_str(), lo, maximum);
+}
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    bool takes_value = true;
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return false;
+    } else if (arg == "--model") {
+      o.model = parse_file_name(arg, value);
+    } else if (arg == "--builtin") {
+      o.builtin = need_value(arg, value);
+      if (o.builtin != "tiny" && o.builtin != "stories15M")
+        throw UsageError(arg + ": expected tiny or stories15M, got '" + o.builtin + "'");
+    } else if (arg == "--policy") {
+      const std::string p = need_value(arg, value);
+      if (p == "continuous") {
+        o.policy = kvlab::BatchingPolicy::Continuous;
+      } else if (p == "static") {
+        o.policy = kvlab::BatchingPolicy::Static;
+      } else if (p == "contiguous") {
+        o.policy = kvlab::BatchingPolicy::Contiguous;
+      } else {
+        throw UsageError(arg + ": expected continuous, static or contiguous, got '" + p + "'");
+      }
+    } else if (arg == "--block-size") {
+      o.block_size = parse_int(arg, value, 1, 1 << 16);
+    } else if (arg == "--pool-tokens") {
+      o.pool_tokens = parse_int(arg, value, 1, 1 << 26);
+    } else if (arg == "--max-batched-tokens") {
+      o.max_batched_tokens = parse_int(arg, value, 1, 1 << 20);
+    } else if (arg == "--max-running") {
+      o.max_running = parse_int(arg, value, 1, 1 << 16);
+    } else if (arg == "--max-len") {
+      o.max_len = parse_int(arg, value, 1, 1 << 20);
+    } else if (arg == "--watermark") {
+      o.watermark = parse_int(arg, value, 0, 1 << 20);
+    } else if (arg == "--prefix-caching") {
+      const std::string p = need_value(arg, value);
+      if (p != "on" && p != "off") throw UsageError(arg + ": expected on or off, got '" + p + "'");
+      o.prefix_caching = p == "on";
+    } else if (arg == "--workload") {
+      o.workload = parse_file_name(arg, value);
+    } else if (arg == "--requests") {
+      o.spec.requests = parse_int(arg, value, 1, 1 << 20);
+    } else if (arg == "--seed") {
+      o.spec.seed = static_cast<std::uint64_t>(kvlab_bench::parse_long(arg, value, 0, 1L << 62));
+    } else if (arg == "--prompt-len") {
+      parse_range(arg, value, 0, 1 << 20, o.spec.prompt_min, o.spec.prompt_max);
+    } else if (arg == "--output-len") {
+      parse_range(arg, value, 1, 1 << 20, o.spec.output_min, o.spec.output_max);
+    } else if (arg == "--rate") {
+      o.spec.rate = parse_double(arg, value, 0.0, 1e9);
+    } else if (arg == "--shared-prefix") {
+      o.spec.shared_prefix = parse_int(arg, value, 0, 1 << 20);
+    } else if (arg == "--clock") {
+      const std::string c = need_value(arg, value);
+      if (c != "wall" && c != "steps") throw UsageError(arg + ": expected wall or steps, got '" + c + "'");
+      o.clock_steps = c == "steps";
+    } else if (arg == "--threads") {
+      o.threads = parse_int(arg, value, 1, 256);
+    } else if (arg == "--json") {
+      o.json = parse_file_name(arg, value);
+    } else if (arg == "--step-log") {
+      o.step_log = parse_file_name(arg, value);
+    } else if (arg == "--quiet") {
+      o.quiet = true;
+      takes_value = false;
+    } else {
+      throw UsageError("unknown option '" + arg + "'");
+    }
+    if (takes_value) ++i;
+  }
+  if (o.pool_tokens % o.block_size != 0 || o.pool_tokens < o.block_size) {
+    throw UsageError("--pool-tokens: expected a multiple of --block-size (" +
+                     std::to_string(o.block_size) + "), got " + std::to_string(o.pool_tokens));
+  }
+  if (!o.workload.empty() && o.spec.requests != kvlab::WorkloadSpec{}.requests) {
+    throw UsageError("--requests: expected no generated workload with --workload, got both");
+  }
+  return true;
+}
+
+int serve(const Options& o) {
+  constexpr const char* kProgram = "kvlab-serve";
+  if (!kvlab_bench::can_write(kProgram, "--json", o.json) ||
+      !kvlab_bench::can_write(kProgram, "--step-log", o.step_log)) {
+    return 2;
+  }
+  kvlab_bench::set_threads(kvlab_bench::usable_threads(kProgram, {o.threads}).front());
+  std::shared_ptr<const kvlab::LlamaWeights> weights;
+  std::string description;
+  if (!o.model.empty()) {
+    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(o.model));
+    description = o.model;
+  } else {
+    const kvlab::LlamaConfig shape =
+        o.builtin == "tiny" ? kvlab::LlamaConfig::tiny()
+                            : kvlab::LlamaConfig::stories15m().with_shared_classifier(false);
+    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
+    description = "built-in " + o.builtin + " model (random weights)";
+  }
+
+  kvlab::EngineConfig config;
+  config.block_size = o.block_size;
+  config.num_blocks = o.pool_tokens / o.block_size;
+  config.clock = o.clock_steps ? kvlab::EngineClock::Steps : kvlab::EngineClock::Wall;
+  config.scheduler.policy = o.policy;
+  config.scheduler.max_batched_tokens = o.max_batched_tokens;
+  config.scheduler.max_running = o.max_running;
+  config.scheduler.watermark_blocks = o.watermark;
+  config.scheduler.prefix_caching = o.prefix_caching;
+  config.scheduler.max_len = o.max_len;
+  kvlab::Engine engine(weights, config);
+
+  // The workload: every request submitted up front, each seen from its arrival time on.
+  std::vector<kvlab_serve::WorkloadEntry> entries;
+  if (o.workload.empty()) {
+    for (const kvlab::Request& r : kvlab::make_workload(o.spec, weights->config.vocab_size))
+      entries.push_back(kvlab_serve::WorkloadEntry{r, ""});
+  } else {
+    entries = kvlab_serve::read_workload(o.workload);
+  }
+  std::vector<std::string> ids;  // [accepted] their ids in the output
+  int refused = 0;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    try {
+      engine.submit(entries[i].request);
+      ids.push_back(entries[i].id.empty() ? std::to_string(i) : entries[i].id);
+    } catch (const kvlab::InvalidArgument& e) {  // the others are still served
+      std::fprintf(stderr, "%s: request %zu refused: %s\n", kProgram, i, e.what());
+      ++refused;
+    }
+  }
+  if (ids.empty()) {
+    std::fprintf(stderr, "%s: every request was refused\n", kProgram);
+    return 1;
+  }
+  std::fprintf(stderr, "%s: %s, %s policy, %zu requests, pool %d tokens (%d blocks of %d)\n",
+               kProgram, description.c_str(), kvlab::to_string(o.policy), ids.size(),
+               o.pool_tokens, config.num_blocks, o.block_size);
+
+  // Progress: a line at most every second of wall time.
+  auto last = std::chrono::steady_clock::now();
+  engine.run([&](const kvlab::StepRecord& s) {
+    const auto now = std::chrono::steady_clock::now();
+    if (o.quiet || now - last < std::chrono::seconds(1)) return;
+    last = now;
+    const int total = engine.scheduler().num_requests();
+    std::fprintf(stderr, "  step %d: %d of %d requests done, %d running, %d waiting, %d blocks free\n",
+                 s.step, total - engine.scheduler().unfinished(), total, s.running, s.waiting,
+                 s.blocks_free);
+  });
+
+  const kvlab::ServingSummary s = kvlab::summarize(engine);
+  const char* unit = o.clock_steps ? "steps" : "s";
+  std::printf("kvlab-serve: %s policy, %s\n", kvlab::to_string(o.policy), description.c_str());
+  std::printf("  requests             %d served, %d refused\n", s.requests, refused);
+  std::printf("  throughput           %.1f generated tokens/%s (%lld tokens in %.3f %s, %d steps)\n",
+              s.throughput_tok_s, o.clock_steps ? "step" : "s",
+              static_cast<long long>(s.generated_tokens), s.wall_s, unit, s.steps);
+  std::printf("  time to first token  p50 %.4f %s, p99 %.4f %s\n", s.ttft_s.p50, unit,
+              s.ttft_s.p99, unit);
+  std::printf("  time per output tok  p50 %.4f %s, p99 %.4f %s\n", s.tpot_s.p50, unit,
+              s.tpot_s.p99, unit);
+  std::printf("  concurrency          peak %d requests per step, mean %.1f (%.1f while others "
+              "waited)\n",
+              s.peak_running, s.mean_running, s.mean_running_loaded);
+  std::printf("  KV memory            peak %d of %d blocks held or reserved; %.1f%% of those "
+              "held tokens (mean over steps)\n",
+              s.peak_blocks, config.num_blocks, 100.0 * s.kv_utilisation);
+  std::printf("  computed tokens      %lld (prompts %lld, recompute and padding included)\n",
+              static_cast<long long>(s.computed_tokens), static_cast<long long>(s.prompt_tokens));
+  std::printf("  preemptions          %d\n", s.preemptions);
+  std::printf("  prefix cache         %lld tokens hit, %.1f%% of those looked up\n",
+              static_cast<long long>(s.prefix_hit_tokens), 100.0 * s.prefix_hit_rate);
+  if (!o.json.empty()) {
+    std::ofstream out(o.json);
+    kvlab::write_run_json(out, engine, ids);
+  }
+  if (!o.step_log.empty()) {
+    std::ofstream out(o.step_log);
+    kvlab::write_step_log(out, engine);
+  }
+  if (refused > 0) {
+    std::fprintf(stderr, "%s: %d request%s refused (see above)\n", kProgram, refused,
+                 refused == 1 ? " was" : "s were");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (const auto code = kvlab_bench::read_command_line("kvlab-serve", argc, argv, options, parse))
+    return *code;
+  try {
+    return serve(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvlab-serve: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,198 @@
+// kvlab-serve's workload file: JSON lines, one request per line (blank lines skipped), e.g.
+//   {"id": "a", "prompt": [1, 403, 9], "max_new_tokens": 32, "arrival": 0.5}
+//   {"prompt": [1, 22], "max_new_tokens": 8, "stop_ids": [2], "temperature": 0.8, "seed": 7}
+// Keys: "prompt" (required: token ids), "id" (a number or a string, echoed in the output;
+// default: the request's index), "max_new_tokens" (default 16), "stop_ids" (default none),
+// "temperature" (default 0: greedy), "top_p" (default 1), "seed" (default 0), "arrival" (seconds
+// after the start; default 0). Any other key, a repeated key, a wrong type or trailing text is
+// an error naming the file, the line, the key, what was expected and what was found. The ids'
+// ranges are checked by the engine when each request is submitted.
+#pragma once
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <kvlab/serving/request.hpp>
+
+namespace kvlab_serve {
+
+/// A bad workload file: the message names the file and line.
+struct WorkloadError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A request of the file and the JSON text of its id.
+struct WorkloadEntry {
+  kvlab::Request request;
+  std::string id;  ///< JSON text: a number, a quoted string, or empty for "the index"
+};
+
+/// Reads one JSON object of the workload format (`line`), naming `where` ("file:line") in
+/// errors.
+class RequestParser {
+ public:
+  RequestParser(const std::string& line, std::string where) : text_(line), where_(std::move(where)) {}
+
+  WorkloadEntry parse() {
+    WorkloadEntry entry;
+    std::vector<std::string> seen;
+    bool has_prompt = false;
+    skip_space();
+    expect('{', "a JSON object");
+    skip_space();
+    if (peek() == '}') fail("prompt", "a \"prompt\" key", "an empty object");
+    while (true) {
+      skip_space();
+      const std::string key = parse_string("a key in double quotes");
+      for (const std::string& k : seen)
+        if (k == key) fail(key, "each key once", "it twice");
+      seen.push_back(key);
+      skip_space();
+      expect(':', "':' after the key");
+      skip_space();
+      kvlab::Request& r = entry.request;
+      if (key == "prompt") {
+        r.prompt = parse_ids(key);
+        has_prompt = true;
+      } else if (key == "stop_ids") {
+        r.stop_ids = parse_ids(key);
+      } else if (key == "max_new_tokens") {
+        r.max_new_tokens = static_cast<int>(parse_integer(key, 1, 1 << 30));
+      } else if (key == "seed") {
+        r.sampling.seed = static_cast<std::uint64_t>(parse_integer(key, 0, INT64_MAX));
+      } else if (key == "temperature") {
+        r.sampling.temperature = static_cast<float>(parse_number(key));
+      } else if (key == "top_p") {
+        r.sampling.top_p = static_cast<float>(parse_number(key));
+      } else if (key == "arrival") {
+        r.arrival = parse_number(key);
+      } else if (key == "id") {
+        const std::size_t begin = at_;
+        if (peek() == '"') {
+          parse_string("a string");
+        } else {
+          parse_number(key);
+        }
+        entry.id = text_.substr(begin, at_ - begin);
+      } else {
+        fail(key, "one of prompt, max_new_tokens, stop_ids, temperature, top_p, seed, arrival, id",
+             "an unknown key");
+      }
+      skip_space();
+      if (peek() == ',') {
+        ++at_;
+        continue;
+      }
+      expect('}', "',' or '}'");
+      break;
+    }
+    skip_space();
+    if (at_ != text_.size()) fail("line", "nothing after the object", "'" + text_.substr(at_) + "'");
+    if (!has_prompt) fail("prompt", "a \"prompt\" key", "none");
+    return entry;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& key, const std::string& expected,
+                         const std::string& got) const {
+    throw WorkloadError(where_ + ": " + key + ": expected " + expected + ", got " + got);
+  }
+  char peek() const { return at_ < text_.size() ? text_[at_] : '\0'; }
+  std::string found() const {
+    return at_ < text_.size() ? "'" + text_.substr(at_, 12) + "'" : "the end of the line";
+  }
+  void skip_space() {
+    while (at_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[at_]))) ++at_;
+  }
+  void expect(char c, const char* what) {
+    if (peek() != c) fail("line", what, found());
+    ++at_;
+  }
+  // A string without escapes other than \" and \\ (keys and ids need no more).
+  std::string parse_string(const char* what) {
+    if (peek() != '"') fail("line", what, found());
+    std::string s;
+    for (++at_; at_ < text_.size() && text_[at_] != '"'; ++at_) {
+      if (text_[at_] == '\\') {
+        ++at_;
+        if (peek() != '"' && peek() != '\\') fail("line", "\\\" or \\\\ in a string", found());
+      }
+      s += text_[at_];
+    }
+    expect('"', "a closing '\"'");
+    return s;
+  }
+  double parse_number(const std::string& key) {
+    const char* begin = text_.c_str() + at_;
+    char* end = nullptr;
+    errno = 0;
+    const double value = std::strtod(begin, &end);
+    if (end == begin || errno == ERANGE || !std::isfinite(value)) fail(key, "a number", found());
+    at_ += static_cast<std::size_t>(end - begin);
+    return value;
+  }
+  long long parse_integer(const std::string& key, long long minimum, long long maximum) {
+    const char* begin = text_.c_str() + at_;
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(begin, &end, 10);
+    const std::string range =
+        "an integer in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
+    if (end == begin || errno == ERANGE || value < minimum || value > maximum ||
+        *end == '.' || *end == 'e' || *end == 'E') {
+      fail(key, range, found());
+    }
+    at_ += static_cast<std::size_t>(end - begin);
+    return value;
+  }
+  std::vector<int> parse_ids(const std::string& key) {
+    expect('[', ("a list of token ids for " + key).c_str());
+    std::vector<int> ids;
+    skip_space();
+    if (peek() == ']') {
+      ++at_;
+      return ids;
+    }
+    while (true) {
+      skip_space();
+      ids.push_back(static_cast<int>(parse_integer(key, INT32_MIN, INT32_MAX)));
+      skip_space();
+      if (peek() == ',') {
+        ++at_;
+        continue;
+      }
+      expect(']', "',' or ']'");
+      return ids;
+    }
+  }
+
+  const std::string& text_;
+  std::string where_;
+  std::size_t at_ = 0;
+};
+
+/// Every request of the JSON-lines file `path`.
+/// \throws WorkloadError for a file that cannot be read, a bad line, or no request at all.
+inline std::vector<WorkloadEntry> read_workload(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw WorkloadError(path + ": expected a readable file, got none");
+  std::vector<WorkloadEntry> entries;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    bool blank = true;
+    for (char c : line) blank = blank && std::isspace(static_cast<unsigned char>(c));
+    if (blank) continue;
+    entries.push_back(RequestParser(line, path + ":" + std::to_string(number)).parse());
+  }
+  if (entries.empty()) throw WorkloadError(path + ": expected at least one request, got none");
+  return entries;
+}
+
+}  // namespace kvlab_serve
