@@ -125,7 +125,10 @@ class PrefixCache {
   /// already (two sequences computed the same prefix), that entry is returned and `block` is not
   /// kept; if `parent` is `kBroken` or no longer cached, nothing is cached and `kBroken` is
   /// returned.
-  /// \param pool  the pool of `block` (`retain_block` is called on it)
+  /// \param pool    the pool of `block` (`retain_block` is called on it)
+  /// \param parent  the entry of the block before it, `kRoot` or `kBroken`
+  /// \param tokens  [block_size] the block's token ids
+  /// \param block   the pool block that holds their keys and values
   template <typename Pool>
   std::int64_t insert(Pool& pool, std::int64_t parent, const int* tokens, std::int32_t block) {
     if (parent == kBroken || (parent != kRoot && entries_.count(parent) == 0)) return kBroken;

@@ -110,7 +110,8 @@ struct StepEntry {
 /// use, what changed. Tests, tutorials and plots read it.
 struct StepRecord {
   int step = 0;                   ///< index, from 0
-  double start = 0.0, end = 0.0;  ///< engine time at its start and end
+  double start = 0.0;             ///< engine time at its start
+  double end = 0.0;               ///< engine time at its end (when its tokens were drawn)
   std::vector<StepEntry> batch;   ///< [sequences] who ran
   std::vector<int> admitted;      ///< requests that started running
   std::vector<int> preempted;     ///< requests preempted

@@ -20,10 +20,10 @@ namespace kvlab {
 struct WorkloadSpec {
   int requests = 32;            ///< how many, >= 1
   std::uint64_t seed = 1;       ///< the generator's seed: the same spec gives the same requests
-  int prompt_min = 8;           ///< each request's own prompt tokens: uniform in [min, max]
-  int prompt_max = 64;          ///< (after the shared prefix)
-  int output_min = 8;           ///< max_new_tokens: uniform in [min, max]
-  int output_max = 128;         ///<
+  int prompt_min = 8;    ///< fewest own prompt tokens (after the shared prefix), >= 0
+  int prompt_max = 64;   ///< most own prompt tokens: uniform in [prompt_min, prompt_max]
+  int output_min = 8;    ///< fewest max_new_tokens, >= 1
+  int output_max = 128;  ///< most max_new_tokens: uniform in [output_min, output_max]
   /// Arrivals per unit of engine time (a Poisson process: exponential gaps of mean 1 / rate);
   /// 0 means every request arrives at time 0.
   double rate = 0.0;
