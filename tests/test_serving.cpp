@@ -354,6 +354,38 @@ TEST_CASE("a resumed request is not preempted again before it draws a token (vLL
   }
 }
 
+TEST_CASE("admission leaves watermark_blocks free for the running requests to grow into") {
+  // A pool of 10 blocks of 4. A's prompt takes 5 blocks; B's prompt needs 4 more. With a
+  // watermark of 1 they fit together (4 + 1 <= 10 - 5); with 2 B waits until A is done.
+  Request a, b;
+  a.prompt.assign(20, 3);
+  a.max_new_tokens = 1;  // A ends after its prefill step: it never grows
+  b.prompt.assign(16, 5);
+  b.max_new_tokens = 1;
+  b.arrival = 0;
+  const auto admitted_together = [&](int watermark) {
+    EngineConfig c = test_config(4, 10);
+    c.scheduler.watermark_blocks = watermark;
+    Engine engine(tiny_weights(), c);
+    engine.submit(a);
+    engine.submit(b);
+    engine.run();
+    return engine.step_log().front().admitted.size() == 2;
+  };
+  CHECK(admitted_together(1));
+  CHECK_FALSE(admitted_together(2));
+  // A request that cannot fit beside the watermark even alone is refused at submission.
+  EngineConfig c = test_config(4, 10);
+  c.scheduler.watermark_blocks = 2;
+  Engine engine(tiny_weights(), c);
+  Request big;
+  big.prompt.assign(33, 1);  // 9 blocks: 9 + 2 > 10
+  big.max_new_tokens = 1;
+  CHECK_THROWS_MATCHES(engine.submit(big), InvalidArgument,
+                       names("request", "a request that fits the pool alone: 10 blocks of 4 tokens, 2 kept free",
+                             "one that needs 9 blocks (33 tokens, continuous policy)"));
+}
+
 TEST_CASE("bad requests are refused at submission and the engine serves the others") {
   EngineConfig c = test_config(4, 16);  // 64 tokens of pool
   c.max_tokens = 48;

@@ -142,7 +142,9 @@ class Scheduler {
   /// \throws InvalidArgument (nothing changes) for an empty prompt, a token or stop id outside
   ///         [0, vocab_size), a prompt longer than the model's context, `max_new_tokens < 1`,
   ///         a bad sampling setting or arrival, or a request that cannot fit the pool even
-  ///         alone (with the watermark).
+  ///         alone: its longest sequence (prompt + max_new_tokens - 1, at most the context; under
+  ///         the contiguous policy `max_len`) and the watermark must fit the pool, since a
+  ///         request preempted near its end is readmitted with all its tokens.
   int submit(const Request& r) {
     constexpr const char* kWhere = "kvlab::Scheduler::submit";
     detail::require_at_least(kWhere, "request.prompt.size()", r.prompt.size(), std::size_t{1});
