@@ -101,7 +101,11 @@ class Engine {
 
   /// Runs one step, or, when nothing can run, waits for the next arrival (sleeps, or jumps with
   /// `EngineClock::Steps`). Returns true if a step ran (its record is `step_log().back()`).
-  /// \throws InvalidArgument when every request has finished (nothing to wait for).
+  /// \throws InvalidArgument when every request has finished (nothing to wait for);
+  ///         InvariantViolation if requests are unfinished and none can ever run (a bug).
+  ///         Whatever the forward pass throws (host memory exhausted) propagates: the pool's
+  ///         sequences are back at their lengths (`KVStore::abort_step`), but the scheduler's
+  ///         decisions for the step stand, so the engine cannot step again.
   bool step() {
     if (done()) detail::fail("kvlab::Engine::step", "requests", "one not finished", "none");
     if (!started_) {
