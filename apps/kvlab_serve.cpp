@@ -55,6 +55,8 @@ struct Options {
   int threads = 1;
   std::string json, step_log;
   bool quiet = false;
+  std::string generated_option;  // a generated-workload option given (refused with --workload)
+  bool max_len_given = false, prefix_caching_given = false;
 };
 
 const char* const kUsage =
@@ -145,26 +147,34 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (arg == "--max-running") {
       o.max_running = parse_int(arg, value, 1, 1 << 16);
     } else if (arg == "--max-len") {
+      o.max_len_given = true;
       o.max_len = parse_int(arg, value, 1, 1 << 20);
     } else if (arg == "--watermark") {
       o.watermark = parse_int(arg, value, 0, 1 << 20);
     } else if (arg == "--prefix-caching") {
+      o.prefix_caching_given = true;
       const std::string p = need_value(arg, value);
       if (p != "on" && p != "off") throw UsageError(arg + ": expected on or off, got '" + p + "'");
       o.prefix_caching = p == "on";
     } else if (arg == "--workload") {
       o.workload = parse_file_name(arg, value);
     } else if (arg == "--requests") {
+      o.generated_option = arg;
       o.spec.requests = parse_int(arg, value, 1, 1 << 20);
     } else if (arg == "--seed") {
+      o.generated_option = arg;
       o.spec.seed = static_cast<std::uint64_t>(kvlab_bench::parse_long(arg, value, 0, 1L << 62));
     } else if (arg == "--prompt-len") {
+      o.generated_option = arg;
       parse_range(arg, value, 0, 1 << 20, o.spec.prompt_min, o.spec.prompt_max);
     } else if (arg == "--output-len") {
+      o.generated_option = arg;
       parse_range(arg, value, 1, 1 << 20, o.spec.output_min, o.spec.output_max);
     } else if (arg == "--rate") {
+      o.generated_option = arg;
       o.spec.rate = parse_double(arg, value, 0.0, 1e9);
     } else if (arg == "--shared-prefix") {
+      o.generated_option = arg;
       o.spec.shared_prefix = parse_int(arg, value, 0, 1 << 20);
     } else if (arg == "--clock") {
       const std::string c = need_value(arg, value);
@@ -188,8 +198,17 @@ bool parse(int argc, char** argv, Options& o) {
     throw UsageError("--pool-tokens: expected a multiple of --block-size (" +
                      std::to_string(o.block_size) + "), got " + std::to_string(o.pool_tokens));
   }
-  if (!o.workload.empty() && o.spec.requests != kvlab::WorkloadSpec{}.requests) {
-    throw UsageError("--requests: expected no generated workload with --workload, got both");
+  if (!o.workload.empty() && !o.generated_option.empty()) {
+    throw UsageError(o.generated_option + ": expected no generated-workload option with --workload, "
+                     "got both");
+  }
+  if (o.max_len_given && o.policy != kvlab::BatchingPolicy::Contiguous) {
+    throw UsageError(std::string("--max-len: expected --policy contiguous (the only policy that "
+                                 "reserves it), got --policy ") + kvlab::to_string(o.policy));
+  }
+  if (o.prefix_caching_given && o.prefix_caching && o.policy != kvlab::BatchingPolicy::Continuous) {
+    throw UsageError(std::string("--prefix-caching on: expected --policy continuous (the baselines "
+                                 "never share), got --policy ") + kvlab::to_string(o.policy));
   }
   return true;
 }
@@ -214,6 +233,11 @@ int serve(const Options& o) {
     description = "built-in " + o.builtin + " model (random weights)";
   }
 
+  if (o.max_len > weights->config.seq_len) {
+    std::fprintf(stderr, "%s: --max-len: expected at most the model's context (%d), got %d\n",
+                 kProgram, weights->config.seq_len, o.max_len);
+    return 2;
+  }
   kvlab::EngineConfig config;
   config.block_size = o.block_size;
   config.num_blocks = o.pool_tokens / o.block_size;

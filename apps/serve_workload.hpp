@@ -68,9 +68,9 @@ class RequestParser {
       } else if (key == "seed") {
         r.sampling.seed = static_cast<std::uint64_t>(parse_integer(key, 0, INT64_MAX));
       } else if (key == "temperature") {
-        r.sampling.temperature = static_cast<float>(parse_number(key));
+        r.sampling.temperature = parse_float(key);
       } else if (key == "top_p") {
-        r.sampling.top_p = static_cast<float>(parse_number(key));
+        r.sampling.top_p = parse_float(key);
       } else if (key == "arrival") {
         r.arrival = parse_number(key);
       } else if (key == "id") {
@@ -78,7 +78,7 @@ class RequestParser {
         if (peek() == '"') {
           parse_string("a string");
         } else {
-          parse_number(key);
+          parse_number(key, "a number or a string");
         }
         entry.id = text_.substr(begin, at_ - begin);
       } else {
@@ -120,6 +120,8 @@ class RequestParser {
     if (peek() != '"') fail("line", what, found());
     std::string s;
     for (++at_; at_ < text_.size() && text_[at_] != '"'; ++at_) {
+      if (static_cast<unsigned char>(text_[at_]) < 0x20)
+        fail("line", "no control character in a string", found());
       if (text_[at_] == '\\') {
         ++at_;
         if (peek() != '"' && peek() != '\\') fail("line", "\\\" or \\\\ in a string", found());
@@ -129,27 +131,66 @@ class RequestParser {
     expect('"', "a closing '\"'");
     return s;
   }
-  double parse_number(const std::string& key) {
-    const char* begin = text_.c_str() + at_;
-    char* end = nullptr;
+  // The length of the JSON number at at_ (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), or 0;
+  // `integer` is set when it has no fraction or exponent. strtod and strtoll accept more ("+1",
+  // ".5", "0x10", "007"), which is not JSON and would be echoed into the output as such.
+  std::size_t number_length(bool& integer) const {
+    std::size_t i = at_;
+    const auto digit = [this](std::size_t j) {
+      return j < text_.size() && text_[j] >= '0' && text_[j] <= '9';
+    };
+    if (i < text_.size() && text_[i] == '-') ++i;
+    if (!digit(i)) return 0;
+    if (text_[i] == '0') {
+      ++i;
+    } else {
+      while (digit(i)) ++i;
+    }
+    integer = true;
+    if (i < text_.size() && text_[i] == '.') {
+      integer = false;
+      if (!digit(++i)) return 0;
+      while (digit(i)) ++i;
+    }
+    if (i < text_.size() && (text_[i] == 'e' || text_[i] == 'E')) {
+      integer = false;
+      ++i;
+      if (i < text_.size() && (text_[i] == '+' || text_[i] == '-')) ++i;
+      if (!digit(i)) return 0;
+      while (digit(i)) ++i;
+    }
+    return i - at_;
+  }
+  double parse_number(const std::string& key, const char* expected = "a number") {
+    bool integer = false;
+    const std::size_t length = number_length(integer);
+    if (length == 0) fail(key, expected, found());
+    const std::string text = text_.substr(at_, length);
     errno = 0;
-    const double value = std::strtod(begin, &end);
-    if (end == begin || errno == ERANGE || !std::isfinite(value)) fail(key, "a number", found());
-    at_ += static_cast<std::size_t>(end - begin);
+    const double value = std::strtod(text.c_str(), nullptr);
+    if (errno == ERANGE || !std::isfinite(value)) fail(key, "a finite number", "'" + text + "'");
+    at_ += length;
     return value;
   }
+  // A float-valued key: a number within float's range (a wider one cannot be converted).
+  float parse_float(const std::string& key) {
+    const std::size_t begin = at_;
+    const double value = parse_number(key);
+    if (std::fabs(value) > 3.4e38)
+      fail(key, "a number within float's range", "'" + text_.substr(begin, at_ - begin) + "'");
+    return static_cast<float>(value);
+  }
   long long parse_integer(const std::string& key, long long minimum, long long maximum) {
-    const char* begin = text_.c_str() + at_;
-    char* end = nullptr;
-    errno = 0;
-    const long long value = std::strtoll(begin, &end, 10);
     const std::string range =
         "an integer in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
-    if (end == begin || errno == ERANGE || value < minimum || value > maximum ||
-        *end == '.' || *end == 'e' || *end == 'E') {
-      fail(key, range, found());
-    }
-    at_ += static_cast<std::size_t>(end - begin);
+    bool integer = false;
+    const std::size_t length = number_length(integer);
+    if (length == 0 || !integer) fail(key, range, found());
+    const std::string text = text_.substr(at_, length);
+    errno = 0;
+    const long long value = std::strtoll(text.c_str(), nullptr, 10);
+    if (errno == ERANGE || value < minimum || value > maximum) fail(key, range, "'" + text + "'");
+    at_ += length;
     return value;
   }
   std::vector<int> parse_ids(const std::string& key) {

@@ -8,6 +8,7 @@ usage: timeline_svg.py OUT.svg TITLE=LOG.jsonl [TITLE=LOG.jsonl ...] [--names A,
 """
 import json
 import sys
+from xml.sax.saxutils import escape
 
 COLOURS = {"prefill": "#4c78a8", "decode": "#72b7b2", "padding": "#d9d9d9"}
 CELL, ROW, LEFT, TOP, GAP = 22, 22, 60, 34, 40
@@ -20,9 +21,9 @@ def read_log(path):
 
 def panel(title, steps, names, y0):
     requests = 1 + max((e["request"] for s in steps for e in s["batch"]), default=0)
-    out = [f'<text x="{LEFT}" y="{y0 - 10}" font-weight="bold">{title}</text>']
+    out = [f'<text x="{LEFT}" y="{y0 - 10}" font-weight="bold">{escape(title)}</text>']
     for r in range(requests):
-        label = names[r] if r < len(names) else str(r)
+        label = escape(names[r] if r < len(names) else str(r))
         out.append(f'<text x="{LEFT - 8}" y="{y0 + r * ROW + 15}" text-anchor="end">{label}</text>')
     for s in steps:
         x = LEFT + s["step"] * CELL
@@ -53,10 +54,16 @@ def main(argv):
     args = argv[2:]
     if "--names" in args:
         i = args.index("--names")
+        if i + 1 >= len(args):
+            sys.exit("timeline_svg.py: --names: expected a comma-separated list, got nothing")
         names = args[i + 1].split(",")
         del args[i:i + 2]
+    if not args:
+        sys.exit("timeline_svg.py: expected at least one TITLE=LOG.jsonl, got none")
     for arg in args:
-        title, _, path = arg.partition("=")
+        title, sep, path = arg.partition("=")
+        if not sep:
+            sys.exit(f"timeline_svg.py: {arg}: expected TITLE=LOG.jsonl")
         panels.append((title, read_log(path)))
     width = LEFT + CELL * max(len(steps) for _, steps in panels) + 20
     body, y = [], TOP

@@ -166,7 +166,7 @@ TEST_CASE("ended sequences' blocks are evicted deepest first, and only when no b
   CHECK(pool.allocator().num_free() == 4);
   cache.check(pool);
 
-  // Through the engine: a pool of 8 blocks of 4; A (20 tokens) ends and leaves 5 blocks cached;
+  // Through the engine: a pool of 9 blocks of 4; A (20 tokens) ends and leaves 5 blocks cached;
   // B (8 tokens, 2 blocks, unrelated) takes free blocks and evicts nothing; C (24 tokens) must
   // evict.
   Engine engine(tiny_weights(), config(4, 9));

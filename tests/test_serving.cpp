@@ -429,6 +429,24 @@ TEST_CASE("bad requests are refused at submission and the engine serves the othe
   CHECK(engine.output(1).tokens == engine.output(0).tokens);
 }
 
+TEST_CASE("complete_step refuses a drawn id outside the vocabulary and changes nothing") {
+  auto pool = std::make_shared<kvlab::PagedKVCache<float>>(1, 1, 2, 4, 8);
+  kvlab::Scheduler scheduler(pool, kvlab::SchedulerConfig{}, 32, 10);
+  Request r;
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 2;
+  scheduler.submit(r);
+  const kvlab::StepPlan plan = scheduler.schedule(0.0);
+  REQUIRE(plan.chunks.size() == 1);
+  CHECK_THROWS_MATCHES(scheduler.complete_step({10}, 1.0), InvalidArgument,
+                       names("drawn[0]", "an id in [0, 10)", "10"));
+  CHECK(scheduler.request(0).computed == 0);  // the step is still open, unchanged
+  pool->reserve(plan.chunks[0].seq, 3);        // what the engine's forward pass does
+  scheduler.complete_step({7}, 1.0);
+  CHECK(scheduler.request(0).output.tokens == std::vector<int>{7});
+  CHECK(scheduler.request(0).computed == 3);
+}
+
 TEST_CASE("the step log: one record per step, prefill then decode, the memory after it") {
   std::vector<Request> requests = mixed_workload(4, 0, 2.0, 31);
   EngineConfig c = test_config(8, 64);

@@ -34,7 +34,8 @@ enum class EngineClock {
   /// Seconds of a steady clock since the first `step` (arrivals are waited for, sleeping).
   Wall,
   /// Steps: step k runs at time k and its tokens are drawn at k + 1; when nothing can run,
-  /// time jumps to the next arrival. Deterministic, for tests and tutorials.
+  /// time jumps to the next arrival, rounded up to a whole step. Deterministic, for tests and
+  /// tutorials.
   Steps,
 };
 

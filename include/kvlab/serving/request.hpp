@@ -61,7 +61,8 @@ struct RequestOutput {
   int preemptions = 0;               ///< times it was preempted (and recomputed)
   int prefix_hit_tokens = 0;         ///< tokens taken from the prefix cache, all admissions
   int prefix_lookup_tokens = 0;      ///< tokens looked up in the prefix cache, all admissions
-  int computed_tokens = 0;           ///< tokens it ran through the model, recomputation included
+  /// Rows it ran through the model: recomputation and, in a static batch, its pad rows included.
+  int computed_tokens = 0;
 
   /// Time to first token: first token time - arrival (-1 before the first token).
   double ttft() const { return token_times.empty() ? -1.0 : token_times.front() - arrival; }

@@ -74,9 +74,9 @@ struct RequestState {
 /// computes its prompt and its generated tokens again (as one prefill) before it draws its next
 /// token. While it recomputes it is not chosen as a victim: otherwise a request whose recompute
 /// is longer than the budget can be readmitted and preempted again at every step without ever
-/// progressing (vLLM issue 25538). So every readmission ends in a new token: a request that fits
-/// the pool alone always finishes, and the oldest running request is never preempted by a newer
-/// one.
+/// progressing (vLLM issue 25538). So every readmission ends in a new token, and a request that
+/// fits the pool alone always finishes. The price: when every newer running request is
+/// recomputing, a request that needs a block preempts itself, even the oldest.
 ///
 /// **Memory accounting.** Blocks are free, held by sequences, held only by the prefix cache
 /// (evictable), or promised: `free + evictable - promised` is what admission and growth may
@@ -168,7 +168,8 @@ class Scheduler {
         std::min(static_cast<long>(r.prompt.size()) + r.max_new_tokens - 1, long{max_tokens_});
     if (config_.policy == BatchingPolicy::Contiguous && longest > config_.max_len) {
       detail::fail(kWhere, "request.prompt.size() + request.max_new_tokens - 1",
-                   "at most max_len (" + std::to_string(config_.max_len) + ")", longest);
+                   "at most max_len (" + std::to_string(config_.max_len) + ")",
+                   static_cast<long>(r.prompt.size()) + r.max_new_tokens - 1);
     }
     const int alone = std::max(admission_blocks(r, longest), blocks_for(longest));
     if (alone + config_.watermark_blocks > pool_->allocator().num_blocks()) {
@@ -226,16 +227,25 @@ class Scheduler {
   /// ignored). Appends the tokens, finishes requests (stop id, max_new_tokens, context), frees
   /// what finished requests and pad rows held, and caches newly full blocks. Returns the
   /// requests that finished.
-  /// \throws InvalidArgument if no step is open or `drawn` has the wrong size.
+  /// \throws InvalidArgument (nothing changes) if no step is open, `drawn` has the wrong size,
+  ///         or a drawn id of a sampling chunk is outside [0, vocab_size).
   std::vector<int> complete_step(const std::vector<int>& drawn, double now) {
     constexpr const char* kWhere = "kvlab::Scheduler::complete_step";
     if (!open_) detail::fail(kWhere, "step", "a step open (schedule first)", "none");
     detail::require_equal(kWhere, "drawn.size()", drawn.size(), plan_.chunks.size(),
                           "the plan's chunks");
+    for (std::size_t i = 0; i < plan_.chunks.size(); ++i) {  // checked before anything changes
+      if (plan_.chunks[i].samples && (drawn[i] < 0 || drawn[i] >= vocab_size_)) {
+        detail::fail(kWhere, "drawn[" + std::to_string(i) + "]",
+                     "an id in [0, " + std::to_string(vocab_size_) + ")", drawn[i]);
+      }
+    }
     open_ = false;
     std::vector<int> finished;
     for (std::size_t i = 0; i < plan_.chunks.size(); ++i) {
       const ScheduledChunk& c = plan_.chunks[i];
+      // Every row the model ran counts, pad rows included (they cost the same).
+      state(c.request).output.computed_tokens += static_cast<int>(c.tokens.size());
       if (c.kind == ChunkKind::Padding && c.seq != request(c.request).seq) {
         // A member's prompt padding, on a scratch sequence: its blocks go back to the member.
         RequestState& member = state(c.request);
@@ -248,7 +258,6 @@ class Scheduler {
       RequestState& r = state(c.request);
       if (c.kind == ChunkKind::Padding) continue;  // a finished member of a static batch
       r.computed += static_cast<int>(c.tokens.size());
-      r.output.computed_tokens += static_cast<int>(c.tokens.size());
       cache_blocks(r);
       if (c.samples && append(r, drawn[i], now)) finished.push_back(r.id);
     }
@@ -518,7 +527,7 @@ class Scheduler {
         const long o = std::max(longest_output, static_cast<long>(next.max_new_tokens));
         // Each member's padded sequence, and one block for its pad rows' scratch sequence.
         const int per = blocks_for(std::min(p + o - 1, long{max_tokens_})) + 1;
-        if (static_cast<int>(members + 1) * per + config_.watermark_blocks > unpromised()) break;
+        if (static_cast<long>(members + 1) * per + config_.watermark_blocks > unpromised()) break;
         longest_prompt = p;
         longest_output = o;
         reserve = per;

@@ -37,7 +37,7 @@ struct ServingSummary {
   int requests = 0;                 ///< requests finished
   std::int64_t prompt_tokens = 0;   ///< their prompt tokens
   std::int64_t generated_tokens = 0;  ///< tokens generated (stop ids not counted)
-  std::int64_t computed_tokens = 0;   ///< tokens fed to the model, pad rows and recompute included
+  std::int64_t computed_tokens = 0;   ///< rows fed to the model, pad rows and recompute included
   int steps = 0;                    ///< steps run
   double wall_s = 0.0;              ///< engine time from 0 to the end of the last step
   double throughput_tok_s = 0.0;    ///< generated tokens / wall_s
