@@ -32,6 +32,7 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include "builtin_model.hpp"
 #include "cli.hpp"
 
 namespace {
@@ -187,23 +188,9 @@ int run(const Options& o) {
   kvlab_bench::set_threads(kvlab_bench::usable_threads("kvlab-generate", {o.threads}).front());
 
   // The model.
-  std::shared_ptr<const kvlab::LlamaWeights> weights;
-  std::string description;
-  if (!o.model.empty()) {
-    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(o.model));
-    description = o.model;
-  } else {
-    kvlab::LlamaConfig shape = kvlab::LlamaConfig::tiny();
-    if (o.builtin == "stories15M") {
-      // The stories15M shape with a separate classifier: with random weights a shared one makes
-      // every token predict itself (see LlamaConfig::tiny); a decode step reads the same bytes.
-      shape = kvlab::LlamaConfig::stories15m();
-      shape.shared_classifier = false;
-    }
-    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
-    description = "built-in " + o.builtin + " model (random weights, seed " +
-                  std::to_string(kvlab::LlamaWeights::kBuiltinSeed) + ")";
-  }
+  const kvlab_bench::ChosenModel chosen = kvlab_bench::choose_model(o.model, o.builtin);
+  const std::shared_ptr<const kvlab::LlamaWeights>& weights = chosen.weights;
+  const std::string& description = chosen.description;
   const kvlab::LlamaConfig& config = weights->config;
 
   // The tokenizer: it must have the model's vocabulary.

@@ -27,6 +27,7 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include "builtin_model.hpp"
 #include "cli.hpp"
 #include "serve_workload.hpp"
 
@@ -220,19 +221,9 @@ int serve(const Options& o) {
     return 2;
   }
   kvlab_bench::set_threads(kvlab_bench::usable_threads(kProgram, {o.threads}).front());
-  std::shared_ptr<const kvlab::LlamaWeights> weights;
-  std::string description;
-  if (!o.model.empty()) {
-    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(o.model));
-    description = o.model;
-  } else {
-    const kvlab::LlamaConfig shape =
-        o.builtin == "tiny" ? kvlab::LlamaConfig::tiny()
-                            : kvlab::LlamaConfig::stories15m().with_shared_classifier(false);
-    weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
-    description = "built-in " + o.builtin + " model (random weights)";
-  }
-
+  const kvlab_bench::ChosenModel chosen = kvlab_bench::choose_model(o.model, o.builtin);
+  const std::shared_ptr<const kvlab::LlamaWeights>& weights = chosen.weights;
+  const std::string& description = chosen.description;
   if (o.max_len > weights->config.seq_len) {
     std::fprintf(stderr, "%s: --max-len: expected at most the model's context (%d), got %d\n",
                  kProgram, weights->config.seq_len, o.max_len);

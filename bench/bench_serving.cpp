@@ -38,6 +38,7 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include "builtin_model.hpp"
 #include "cli.hpp"
 
 namespace {
@@ -206,10 +207,7 @@ int main(int argc, char** argv) {
         weights = std::make_shared<const kvlab::LlamaWeights>(
             kvlab::load_llama_checkpoint(dir + "/stories260K.bin"));
       } else {
-        const kvlab::LlamaConfig shape =
-            name == "tiny" ? kvlab::LlamaConfig::tiny()
-                           : kvlab::LlamaConfig::stories15m().with_shared_classifier(false);
-        weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
+        weights = kvlab_bench::choose_model("", name == "tiny" ? "tiny" : "stories15M").weights;
       }
     } catch (const std::exception& e) {
       std::printf("%s: skipped (%s)\n", name.c_str(), e.what());

@@ -1,0 +1,37 @@
+// The model a program runs: a llama2.c checkpoint, or a built-in model with random weights
+// (kvlab-generate, kvlab-serve and bench_serving choose it the same way).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <kvlab/model/llama_checkpoint.hpp>
+#include <kvlab/model/llama_config.hpp>
+#include <kvlab/model/llama_weights.hpp>
+
+namespace kvlab_bench {
+
+/// Weights and the words that name them in a program's output.
+struct ChosenModel {
+  std::shared_ptr<const kvlab::LlamaWeights> weights;
+  std::string description;  ///< the file, or "built-in <name> model (random weights, seed S)"
+};
+
+/// The checkpoint `model` when it is not empty; otherwise the built-in model `builtin`: "tiny"
+/// (`LlamaConfig::tiny()`) or "stories15M" (its shape with a separate classifier: with random
+/// weights a shared one makes every token predict itself, see `LlamaConfig::tiny`; a decode step
+/// reads the same bytes).
+/// \throws whatever `load_llama_checkpoint` throws for a bad file.
+inline ChosenModel choose_model(const std::string& model, const std::string& builtin) {
+  if (!model.empty()) {
+    return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(model)), model};
+  }
+  const kvlab::LlamaConfig shape = builtin == "stories15M"
+                                       ? kvlab::LlamaConfig::stories15m().with_shared_classifier(false)
+                                       : kvlab::LlamaConfig::tiny();
+  return {std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape)),
+          "built-in " + builtin + " model (random weights, seed " +
+              std::to_string(kvlab::LlamaWeights::kBuiltinSeed) + ")"};
+}
+
+}  // namespace kvlab_bench
