@@ -52,6 +52,7 @@ struct Options {
   double top_p = 0.9;
   std::uint64_t seed = 42;
   int block_size = 16;
+  kvlab::KVDType kv_dtype = kvlab::KVDType::FP32;
   int threads = 1;
   bool quiet = false;
 };
@@ -80,6 +81,9 @@ const char* const kUsage =
     "  --top-p P           nucleus sampling threshold in (0, 1], 1 = off; default 0.9\n"
     "  --seed S            seed of the sampler (default 42: runs are reproducible)\n"
     "  --block-size B      tokens per block of the paged backend (default 16)\n"
+    "  --kv-dtype D        how the cached and paged backends store K and V: fp32 (default), "
+    "fp16, bf16,\n"
+    "                      int8 (q8_0: 8.5 bits per value) or int4 (q4_0: 4.5 bits per value)\n"
     "  --threads T         OpenMP threads (default 1)\n"
     "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; "
     "default) or\n"
@@ -131,6 +135,11 @@ bool parse_options(int argc, char** argv, Options& o) {
       o.seed = static_cast<std::uint64_t>(kvlab_bench::parse_long(arg, value, 0, 2147483647L));
     } else if (arg == "--block-size") {
       o.block_size = parse_int(arg, value, 1, 1 << 20);
+    } else if (arg == "--kv-dtype") {
+      const std::string name = need_value(arg, value);
+      if (name != "fp32" && name != "fp16" && name != "bf16" && name != "int8" && name != "int4")
+        throw UsageError("--kv-dtype: expected fp32, fp16, bf16, int8 or int4, got '" + name + "'");
+      o.kv_dtype = kvlab::parse_kv_dtype(name);
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value, 1, 256);
     } else if (arg == "--builtin") {
@@ -141,7 +150,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else {
       throw UsageError("unknown option '" + arg +
                        "': expected one of --model, --tokenizer, --backend, --steps, "
-                       "--prompt, --temperature, --top-p, --seed, --block-size, --threads, "
+                       "--prompt, --temperature, --top-p, --seed, --block-size, --kv-dtype, --threads, "
                        "--builtin, --quiet, --help");
     }
   }
@@ -209,7 +218,12 @@ int run(const Options& o) {
                                       : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size)
                                                         : std::vector<int>{kvlab::Tokenizer::kBos});
 
-  kvlab::LlamaModel model(weights, o.backend, o.block_size);
+  if (o.backend == kvlab::LlamaBackend::Naive && o.kv_dtype != kvlab::KVDType::FP32) {
+    throw UsageError(std::string("--kv-dtype: expected fp32 with --backend naive (it keeps no K/V "
+                                 "to store), got ") +
+                     kvlab::to_string(o.kv_dtype));
+  }
+  kvlab::LlamaModel model(weights, o.backend, o.block_size, 0, o.kv_dtype);
   // tokens generate() can make
   const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;
   if (room < 1) {
@@ -232,12 +246,17 @@ int run(const Options& o) {
 
   std::fprintf(
       stderr,
-      "kvlab-generate: %s\n  %s\n  backend %s%s, %zu prompt tokens, up to %d new, temperature %g, "
-      "top-p %g, seed %llu, %d thread%s\n",
+      "kvlab-generate: %s\n  %s\n  backend %s%s, %s, %zu prompt tokens, up to %d new, "
+      "temperature %g, top-p %g, seed %llu, %d thread%s\n",
       description.c_str(), kvlab::to_string(config).c_str(), kvlab::to_string(o.backend),
       o.backend == kvlab::LlamaBackend::Paged
           ? (" (block size " + std::to_string(o.block_size) + ")").c_str()
           : "",
+      o.backend == kvlab::LlamaBackend::Naive
+          ? "no K/V kept"
+          : (std::string("K/V stored as ") + model.store().storage_name() + ", " +
+             std::to_string(model.store().bytes_per_token()) + " bytes per token")
+                .c_str(),
       prompt.size(), steps, o.temperature, o.top_p, static_cast<unsigned long long>(o.seed),
       o.threads, o.threads == 1 ? "" : "s");
 
@@ -303,15 +322,20 @@ int run(const Options& o) {
                static_cast<unsigned long long>(work.attention.qk_dots),
                static_cast<double>(work.macs()), static_cast<double>(work.attention.macs),
                static_cast<double>(work.mlp_macs), static_cast<double>(work.classifier_macs));
-  if (const kvlab::ContiguousKVCache<float>* cache = model.contiguous_cache()) {
-    std::fprintf(stderr, "  KV cache: contiguous, %d of %d positions used, %.1f KiB reserved\n",
-                 cache->length(0), cache->capacity(),
-                 static_cast<double>(cache->bytes_reserved()) / 1024);
-  } else if (const kvlab::PagedKVCache<float>* pool = model.paged_cache()) {
+  const kvlab::KVStore<float>& store = model.store();
+  if (o.backend == kvlab::LlamaBackend::Cached) {
     std::fprintf(stderr,
-                 "  KV cache: paged, %d positions in %zu blocks of %d (%d blocks in the pool)\n",
-                 pool->length(model.sequence()), pool->blocks(model.sequence()).size(),
-                 pool->block_size(), pool->allocator().num_blocks());
+                 "  KV cache: contiguous, %s, %d of %d positions used, %zu bytes per token, "
+                 "%.1f KiB reserved\n",
+                 store.storage_name(), model.position(), model.max_tokens(),
+                 store.bytes_per_token(), static_cast<double>(store.bytes_reserved()) / 1024);
+  } else if (const kvlab::PagedKVCacheBase* pool = model.paged_cache()) {
+    std::fprintf(stderr,
+                 "  KV cache: paged, %s, %d positions in %zu blocks of %d (%d blocks in the "
+                 "pool), %zu bytes per token\n",
+                 store.storage_name(), pool->length(model.sequence()),
+                 pool->blocks(model.sequence()).size(), pool->block_size(),
+                 pool->allocator().num_blocks(), store.bytes_per_token());
   } else {
     std::fprintf(stderr,
                  "  KV cache: none (naive: every step re-projects K and V of all %d positions)\n",

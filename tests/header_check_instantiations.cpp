@@ -12,6 +12,16 @@ template class kvlab::ContiguousKVCache<float>;
 template class kvlab::ContiguousKVCache<double>;
 template class kvlab::PagedKVCache<float>;
 template class kvlab::PagedKVCache<double>;
+template class kvlab::ContiguousKVCache<float, Eigen::half>;
+template class kvlab::ContiguousKVCache<float, Eigen::bfloat16>;
+template class kvlab::ContiguousKVCache<float, kvlab::BlockQ8_0>;
+template class kvlab::ContiguousKVCache<double, kvlab::BlockQ4_0>;
+template class kvlab::PagedKVCache<float, Eigen::half>;
+template class kvlab::PagedKVCache<float, Eigen::bfloat16>;
+template class kvlab::PagedKVCache<float, kvlab::BlockQ8_0>;
+template class kvlab::PagedKVCache<double, kvlab::BlockQ4_0>;
+template class kvlab::ContiguousStore<float, kvlab::BlockQ4_0>;
+template class kvlab::PagedStore<float, kvlab::BlockQ8_0>;
 template class kvlab::RecomputeStore<float>;
 template class kvlab::RecomputeStore<double>;
 template class kvlab::ContiguousStore<float>;
@@ -59,6 +69,22 @@ void call_every_function_template() {
   (void)kvlab::run_stack(*stack, store, {s}, {0, 2}, RowMatrix<T>(RowMatrix<T>::Zero(2, 16)));
   std::vector<int> order{0, 1, 2};
   kvlab::shuffle(order, rng);
+  // every storage type through both kernels
+  const kvlab::AttentionShape wide(4, 2, 32);
+  const RowMatrix<T> kw = kvlab::random_matrix<T>(2, wide.kv_width(), rng);
+  const RowMatrix<T> qw = kvlab::random_matrix<T>(2, wide.q_width(), rng);
+  kvlab::visit_kv_dtype(kvlab::KVDType::INT4, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    kvlab::ContiguousKVCache<T, S> stored(1, 2, 32, 4);
+    stored.append(0, kw, kw);
+    (void)kvlab::cpu::decode_attention(wide, qw, stored.view(0), &counters);
+    kvlab::PagedKVCache<T, S> paged(1, 2, 32, 4, 4);
+    const int p = paged.add_sequence();
+    paged.append(p, kw, kw);
+    const kvlab::BlockTables t = paged.tables({p});
+    (void)kvlab::cpu::paged_prefill_attention(wide, qw, {0, 2}, paged.view(0, t), &counters);
+    return 0;
+  });
 }
 
 }  // namespace

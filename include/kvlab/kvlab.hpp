@@ -3,7 +3,8 @@
 /// calculators, the reference and tuned attention paths, the K/V stores, the models.
 ///
 /// The folders, each reading only the ones above it in this list:
-///  - `config.hpp`, `matrix.hpp`: errors, the host-device macro, the Eigen matrix types;
+///  - `config.hpp`, `matrix.hpp`, `kv_storage.hpp`: errors, the host-device macro, the Eigen
+///    matrix types, how K/V values are stored (fp32, fp16, bf16, int8, int4) and read back;
 ///  - `core/`: shapes, counters, cache layouts as plain views, split-K arithmetic (host and
 ///    device, no Eigen);
 ///  - `cache/`: how K/V are laid out in memory — a contiguous cache, a paged pool (allocator,
@@ -27,6 +28,7 @@
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/paged_view.hpp"
+#include "kvlab/core/quant_blocks.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
@@ -38,6 +40,7 @@
 #include "kvlab/cpu/paged_attention.hpp"
 #include "kvlab/cpu/reference_attention.hpp"
 #include "kvlab/cpu/softmax.hpp"
+#include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_layer.hpp"
 #include "kvlab/model/attention_step.hpp"

@@ -230,14 +230,13 @@ inline std::size_t max_paged_sequences(const std::vector<std::int64_t>& lengths,
   return admitted;
 }
 
-/// K and V bytes of one token in `cache`, over all layers:
-/// `2 · num_layers · num_kv_heads · head_dim · sizeof(T)`.
-template <typename T>
-std::uint64_t cache_bytes_per_token(const PagedKVCache<T>& cache) {
+/// K and V bytes of one token in `cache`, over all layers, as stored:
+/// `2 · num_layers · num_kv_heads · storage_row_bytes<S>(head_dim)` (`head_dim · sizeof(T)` per
+/// row for a cache that stores its rows as given).
+inline std::uint64_t cache_bytes_per_token(const PagedKVCacheBase& cache) {
   // The cache has allocated num_blocks · block_size tokens of this size: no overflow.
   return 2 * static_cast<std::uint64_t>(cache.num_layers()) *
-         static_cast<std::uint64_t>(cache.num_kv_heads()) *
-         static_cast<std::uint64_t>(cache.head_dim()) * sizeof(T);
+         static_cast<std::uint64_t>(cache.token_bytes());
 }
 
 /// The footprint of a live kvlab::PagedKVCache, read through its public interface, with each
@@ -259,8 +258,8 @@ std::uint64_t cache_bytes_per_token(const PagedKVCache<T>& cache) {
 /// sequence: a block that is not full for its fullest holder is that holder's last block.
 ///
 /// \throws InvalidArgument if `bytes_per_token < 1` or a size does not fit in std::uint64_t.
-template <typename T>
-MemoryFootprint paged_cache_footprint(const PagedKVCache<T>& cache, std::uint64_t bytes_per_token) {
+inline MemoryFootprint paged_cache_footprint(const PagedKVCacheBase& cache,
+                                             std::uint64_t bytes_per_token) {
   constexpr const char* kWhere = "kvlab::paged_cache_footprint";
   detail::require_at_least(kWhere, "bytes_per_token", bytes_per_token, std::uint64_t{1});
   const int block_size = cache.block_size();
@@ -288,8 +287,7 @@ MemoryFootprint paged_cache_footprint(const PagedKVCache<T>& cache, std::uint64_
 
 /// The footprint of a live kvlab::PagedKVCache in its own bytes:
 /// `paged_cache_footprint(cache, cache_bytes_per_token(cache))`.
-template <typename T>
-MemoryFootprint paged_cache_footprint(const PagedKVCache<T>& cache) {
+inline MemoryFootprint paged_cache_footprint(const PagedKVCacheBase& cache) {
   return paged_cache_footprint(cache, cache_bytes_per_token(cache));
 }
 

@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/views.hpp"
+#include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
 
 namespace kvlab {
@@ -26,14 +28,22 @@ namespace kvlab {
 /// produces them) and scatters each head's slice into its block. Each layer keeps its own
 /// length, because a decoder appends layer by layer within a step.
 ///
-/// Memory: `2 * num_layers * num_kv_heads * capacity * head_dim * sizeof(T)` bytes, reserved
-/// up front whether or not the sequence ever gets that long.
-template <typename T>
+/// `T` is the type the rows come in and attention computes in; `S` the type they are stored as
+/// (`KVStorage`): `T` itself, fp16 (`Eigen::half`), bf16 (`Eigen::bfloat16`), int8
+/// (`BlockQ8_0`) or int4 (`BlockQ4_0`). A row is encoded when it is appended — a value that `S`
+/// cannot hold (NaN, ±Inf, beyond its range) is refused before anything changes — and the
+/// kernels decode the rows they read.
+///
+/// Memory: `2 * num_layers * num_kv_heads * capacity * storage_row_bytes<S>(head_dim)` bytes
+/// (`head_dim * sizeof(T)` per row for `S = T`), reserved up front whether or not the sequence
+/// ever gets that long.
+template <typename T, typename S = T>
 class ContiguousKVCache {
  public:
   /// An empty cache for `capacity` tokens.
-  /// \throws InvalidArgument if any argument is below 1, a K/V row (num_kv_heads * head_dim)
-  ///         does not fit in an `int`, or the cache does not fit in the address space.
+  /// \throws InvalidArgument if any argument is below 1, `head_dim` is not a multiple of the
+  ///         values per stored element of `S` (32 for int8 and int4), a K/V row (num_kv_heads *
+  ///         head_dim) does not fit in an `int`, or the cache does not fit in the address space.
   ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
@@ -44,6 +54,7 @@ class ContiguousKVCache {
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     detail::require_at_least(kWhere, "capacity", capacity, 1);
+    detail::require_storage_head_dim<S>(kWhere, head_dim);
     if (num_kv_heads > INT_MAX / head_dim) {
       detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                    1LL * num_kv_heads * head_dim);
@@ -51,16 +62,16 @@ class ContiguousKVCache {
     // Elements per layer and tensor, checked against overflow before they are multiplied (the
     // sizes, checked >= 1 above, as std::size_t once).
     const std::size_t layers = at(num_layers), tokens = at(capacity);
-    const std::size_t row = at(num_kv_heads) * at(head_dim);
-    const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 / layers;
+    const std::size_t row = at(num_kv_heads) * at(head_dim / KVStorage<S>::kValues);
+    const std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(S) / 2 / layers;
     if (row > max_elements / tokens) {
       detail::fail(kWhere, "capacity",
                    "at most " + std::to_string(max_elements / row) +
                        " (the cache must fit in the address space)",
                    capacity);
     }
-    k_.assign(layers, std::vector<T>(row * tokens));
-    v_.assign(layers, std::vector<T>(row * tokens));
+    k_.assign(layers, std::vector<S>(row * tokens));
+    v_.assign(layers, std::vector<S>(row * tokens));
     length_.assign(layers, 0);
   }
 
@@ -72,6 +83,8 @@ class ContiguousKVCache {
   int head_dim() const { return head_dim_; }
   /// Tokens reserved per layer.
   int capacity() const { return capacity_; }
+  /// The name of the storage type: "fp32", "fp16", "bf16", "int8", "int4" (`KVStorage<S>`).
+  static const char* storage_name() { return KVStorage<S>::name(); }
 
   /// Tokens stored in `layer`.
   /// \throws InvalidArgument if `layer` is out of range.
@@ -85,8 +98,10 @@ class ContiguousKVCache {
   /// \param k      keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1: any Eigen
   ///               expression of scalar T (`k.row(t)`, `k.middleRows(a, n)` are read in place)
   /// \param v      values of the new tokens, [n, num_kv_heads * head_dim]
-  /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
-  ///         more than `capacity()` tokens. Either way the cache is unchanged.
+  /// \throws InvalidArgument for a wrong shape or layer, or a value that `S` cannot hold
+  ///         (`KVStorage<S>::limit()`; the message names its row and column); CapacityError if
+  ///         the layer would hold more than `capacity()` tokens. Either way the cache is
+  ///         unchanged.
   void append(int layer, const Eigen::Ref<const RowMatrix<T>>& k,
               const Eigen::Ref<const RowMatrix<T>>& v) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::append";
@@ -108,16 +123,16 @@ class ContiguousKVCache {
                                       std::to_string(length_[l]) + ")",
                                   k.rows());
     }
-    // Scatter each token's row, head by head, into the head-major blocks.
-    const ContiguousKVView<T> layout = view(layer);
+    detail::require_storable<S>(kWhere, "k", k);
+    detail::require_storable<S>(kWhere, "v", v);
+    // Encode each token's row, head by head, into the head-major blocks.
+    const ContiguousKVView<S> layout = view(layer);
     for (Eigen::Index t = 0; t < k.rows(); ++t) {
       const int pos = length_[l] + static_cast<int>(t);
       for (int kv_head = 0; kv_head < num_kv_heads_; ++kv_head) {
         const std::ptrdiff_t dst = layout.offset(kv_head, pos);
-        Eigen::Map<RowVector<T>>(k_[l].data() + dst, head_dim_) =
-            k.row(t).segment(kv_head * head_dim_, head_dim_);
-        Eigen::Map<RowVector<T>>(v_[l].data() + dst, head_dim_) =
-            v.row(t).segment(kv_head * head_dim_, head_dim_);
+        KVStorage<S>::encode(k.row(t).data() + kv_head * head_dim_, head_dim_, k_[l].data() + dst);
+        KVStorage<S>::encode(v.row(t).data() + kv_head * head_dim_, head_dim_, v_[l].data() + dst);
       }
     }
     length_[l] = static_cast<int>(new_length);
@@ -145,10 +160,10 @@ class ContiguousKVCache {
 
   /// A read-only view of `layer`, valid until the cache is destroyed.
   /// \throws InvalidArgument if `layer` is out of range.
-  ContiguousKVView<T> view(int layer) const {
+  ContiguousKVView<S> view(int layer) const {
     check_layer("kvlab::ContiguousKVCache::view", layer);
     const std::size_t l = at(layer);
-    ContiguousKVView<T> view;
+    ContiguousKVView<S> view;
     view.k = k_[l].data();
     view.v = v_[l].data();
     view.num_kv_heads = num_kv_heads_;
@@ -160,7 +175,9 @@ class ContiguousKVCache {
 
   /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The
   /// map keeps the length it was made with: rows appended later are not in it.
+  /// Only where the rows are stored as given (`S = T`).
   /// \throws InvalidArgument if `layer` or `head` is out of range.
+  template <typename U = S, typename = std::enable_if_t<std::is_same<U, T>::value>>
   Eigen::Map<const RowMatrix<T>> keys(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::keys", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
@@ -169,7 +186,9 @@ class ContiguousKVCache {
 
   /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache.
   /// The map keeps the length it was made with: rows appended later are not in it.
+  /// Only where the rows are stored as given (`S = T`).
   /// \throws InvalidArgument if `layer` or `head` is out of range.
+  template <typename U = S, typename = std::enable_if_t<std::is_same<U, T>::value>>
   Eigen::Map<const RowMatrix<T>> values(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::values", layer, kv_head);
     const ContiguousKVView<T> v = view(layer);
@@ -178,21 +197,21 @@ class ContiguousKVCache {
 
   /// Bytes reserved for K and V in all layers.
   std::size_t bytes_reserved() const {
-    return 2 * sizeof(T) * at(num_layers_) * row_width() * at(capacity_);
+    return 2 * at(num_layers_) * row_bytes() * at(capacity_);
   }
 
   /// Bytes holding tokens (the filled rows of K and V in all layers).
   std::size_t bytes_used() const {
     std::size_t rows = 0;
     for (int len : length_) rows += at(len);
-    return 2 * sizeof(T) * rows * row_width();
+    return 2 * rows * row_bytes();
   }
 
  private:
   // A layer (or a size, >= 0) as the index (or the size) of k_, v_ and length_.
   static std::size_t at(int i) { return static_cast<std::size_t>(i); }
-  // Values of one token in one layer, K or V: num_kv_heads * head_dim.
-  std::size_t row_width() const { return at(num_kv_heads_) * at(head_dim_); }
+  // Bytes of one token in one layer, K or V: num_kv_heads rows of head_dim values, stored as S.
+  std::size_t row_bytes() const { return at(num_kv_heads_) * storage_row_bytes<S>(head_dim_); }
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
@@ -209,8 +228,9 @@ class ContiguousKVCache {
   int num_kv_heads_;
   int head_dim_;
   int capacity_;
-  std::vector<std::vector<T>> k_;  // [num_layers][num_kv_heads * capacity * head_dim]
-  std::vector<std::vector<T>> v_;  // [num_layers][num_kv_heads * capacity * head_dim]
+  // [num_layers][num_kv_heads * capacity * row_units]: row_units = head_dim / values per S
+  std::vector<std::vector<S>> k_;
+  std::vector<std::vector<S>> v_;  // [num_layers][num_kv_heads * capacity * row_units]
   std::vector<int> length_;        // [num_layers]
 };
 

@@ -1,7 +1,8 @@
 /// \file
 /// \brief `PagedKVCache`: the KV caches of many sequences in one pool of fixed-size blocks,
 /// reached through per-sequence block tables; blocks are allocated on demand, shared between
-/// forked sequences by reference count and copied on write. Checked in the tests against a
+/// forked sequences by reference count and copied on write. `PagedKVCacheBase` is its
+/// bookkeeping, which does not depend on how values are stored (the scheduler reads only that). Checked in the tests against a
 /// model over 10^5 random operations.
 #pragma once
 
@@ -15,66 +16,19 @@
 #include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
+#include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
 
 namespace kvlab {
 
-/// The KV caches of many sequences, in one pool of `num_blocks` blocks of `block_size` tokens.
-///
-/// Per layer the pool is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and the same
-/// for V (`KVLayout::NHD`, the default), or `[num_blocks, num_kv_heads, block_size, head_dim]`
-/// (`KVLayout::HND`; see `PagedKVView`); one `BlockAllocator` and one block table per sequence
-/// serve all layers (a block id means the same slots in every layer).
-///
-/// A cache of one layer takes new tokens in one call: `append(seq, k, v)`. With several layers
-/// a decoder step is two calls, as in vLLM: `reserve(seq, n)` makes room for n tokens — a new
-/// block only when the last one is full — and returns their slots; then, layer by layer,
-/// `write(layer, slots, k, v)` stores the tokens' keys and values. A slot reserved but not yet
-/// written in a layer cannot be read by mistake: `view` of that layer refuses tables that reach
-/// it (and `fork` refuses a sequence with such slots, which its fork would share). `fork(seq)`
-/// starts a sequence that shares every block of `seq` (a common prompt, beam search); when either
-/// later appends into a shared, partly filled last block, that block is first copied (copy on
-/// write), so the other sequence never sees the change. `free_sequence` returns blocks whose last
-/// holder is gone.
-///
-/// Every operation checks everything first: on error (`OutOfBlocks`, `InvalidArgument`) no
-/// sequence, block or count has changed.
-template <typename T>
-class PagedKVCache {
+/// The bookkeeping of a `PagedKVCache`, which does not depend on how its values are stored: the
+/// layers and heads, the block allocator, every sequence's block table, forks, truncation, and
+/// which reserved slots each layer has written. A scheduler that decides which blocks go where
+/// (`Scheduler`) reads and changes the pool through this class alone; the values and the views
+/// over them are `PagedKVCache<T, S>`'s.
+class PagedKVCacheBase {
  public:
-  /// An empty cache.
-  /// \param num_layers    layers, each with a K and a V pool
-  /// \param num_kv_heads  K/V heads per token
-  /// \param head_dim      values per head
-  /// \param block_size    tokens per block
-  /// \param num_blocks    blocks in the pool (shared by all layers)
-  /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
-  /// \throws InvalidArgument if any size is below 1 or the pool overflows the address space.
-  PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD)
-      : num_layers_(num_layers),
-        num_kv_heads_(num_kv_heads),
-        head_dim_(head_dim),
-        layout_(layout),
-        book_(block_size, num_blocks, "kvlab::PagedKVCache") {
-    constexpr const char* kWhere = "kvlab::PagedKVCache";
-    detail::require_at_least(kWhere, "num_layers", num_layers, 1);
-    detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
-    detail::require_at_least(kWhere, "head_dim", head_dim, 1);
-    // The sizes, checked >= 1, as std::size_t once.
-    const std::size_t layers = at(num_layers), slots = at(num_blocks) * at(block_size);
-    const std::size_t token = at(num_kv_heads) * at(head_dim);
-    const std::size_t limit =
-        static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / 2 / layers / token;
-    if (slots > limit) {
-      detail::fail(kWhere, "num_blocks * block_size",
-                   "at most " + std::to_string(limit) + " tokens", slots);
-    }
-    k_.assign(layers, std::vector<T>(slots * token));
-    v_.assign(layers, std::vector<T>(slots * token));
-    written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
-    unwritten_.assign(layers, 0);
-  }
+  virtual ~PagedKVCacheBase() = default;
 
   /// Layers.
   int num_layers() const { return num_layers_; }
@@ -86,6 +40,11 @@ class PagedKVCache {
   int block_size() const { return book_.block_size(); }
   /// The order of a block's values.
   KVLayout layout() const { return layout_; }
+  /// The name of the storage type: "fp32", "fp16", "bf16", "int8", "int4" (`KVStorage`).
+  virtual const char* storage_name() const = 0;
+  /// Bytes of one token's K (or V) in one layer, as stored:
+  /// `num_kv_heads · storage_row_bytes<S>(head_dim)`.
+  virtual std::size_t token_bytes() const = 0;
   /// The pool's allocator (read-only): free and used blocks, reference counts.
   const BlockAllocator& allocator() const { return book_.allocator(); }
 
@@ -164,63 +123,6 @@ class PagedKVCache {
     return slots;
   }
 
-  /// Appends the keys and values of `k.rows()` new tokens to `seq` in a cache of one layer:
-  /// `reserve(seq, n)` and `write(0, slots, k, v)` in one call. Returns the slots.
-  /// \param seq  a live sequence
-  /// \param k  [n, num_kv_heads * head_dim], n >= 1 (any Eigen expression of scalar T)
-  /// \param v  [n, num_kv_heads * head_dim]
-  /// \throws InvalidArgument if the cache has more than one layer (reserve, then write each
-  ///         layer), `seq` is not live or a shape is wrong; OutOfBlocks if the pool lacks the
-  ///         blocks. Nothing changes in any of these cases.
-  std::vector<std::int64_t> append(int seq, const Eigen::Ref<const RowMatrix<T>>& k,
-                                   const Eigen::Ref<const RowMatrix<T>>& v) {
-    constexpr const char* kWhere = "kvlab::PagedKVCache::append";
-    detail::require_equal(kWhere, "num_layers()", num_layers_, 1,
-                          "a cache of one layer; with more, reserve then write each layer");
-    detail::require_at_least(kWhere, "k.rows()", static_cast<long>(k.rows()), 1L);
-    check_rows(kWhere, k, v, static_cast<long>(k.rows()), "k.rows()");
-    const std::vector<std::int64_t> slots = reserve(seq, static_cast<int>(k.rows()));
-    write(0, slots, k, v);
-    return slots;
-  }
-
-  /// Stores keys and values of tokens at `slots` (from `reserve`) in `layer`. Any slot of the
-  /// pool is accepted, as in vLLM's slot mapping: writing into a slot that `reserve` did not just
-  /// return (a block shared with a fork, say) overwrites what is there.
-  /// \param layer  in [0, num_layers)
-  /// \param slots  [n] slots, each in [0, num_blocks * block_size)
-  /// \param k      [n, num_kv_heads * head_dim] (any Eigen expression of scalar T; row-major
-  ///               rows and row blocks are read in place)
-  /// \param v      [n, num_kv_heads * head_dim]
-  /// \throws InvalidArgument for a wrong layer, shape or slot (nothing is written).
-  void write(int layer, const std::vector<std::int64_t>& slots,
-             const Eigen::Ref<const RowMatrix<T>>& k, const Eigen::Ref<const RowMatrix<T>>& v) {
-    constexpr const char* kWhere = "kvlab::PagedKVCache::write";
-    check_layer(kWhere, layer);
-    check_rows(kWhere, k, v, static_cast<long>(slots.size()), "slots.size()");
-    const std::int64_t num_slots =
-        static_cast<std::int64_t>(allocator().num_blocks()) * block_size();
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i] < 0 || slots[i] >= num_slots) {
-        detail::fail(kWhere, "slots[" + std::to_string(i) + "]",
-                     "in [0, " + std::to_string(num_slots) + ")", slots[i]);
-      }
-    }
-    const std::size_t l = at(layer);
-    const PagedKVView<T> pool = layout_view(layer);  // slot_offset() of the pool's layout
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      const auto row = static_cast<Eigen::Index>(i);
-      for (int h = 0; h < num_kv_heads_; ++h) {  // NHD: the heads of a token are one contiguous row
-        const auto dst = static_cast<std::ptrdiff_t>(pool.slot_offset(slots[i], h));
-        std::copy(k.row(row).data() + h * head_dim_, k.row(row).data() + (h + 1) * head_dim_,
-                  k_[l].begin() + dst);
-        std::copy(v.row(row).data() + h * head_dim_, v.row(row).data() + (h + 1) * head_dim_,
-                  v_[l].begin() + dst);
-      }
-      mark(layer, slots[i], true);
-    }
-  }
-
   /// Starts a sequence that shares every block of `seq` (reference counts + 1) and returns its
   /// id. No K/V is copied until one of them appends into the shared last block. A sequence with
   /// reserved tokens not yet written in every layer cannot be forked (the fork would share slots
@@ -267,44 +169,73 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
   BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
 
-  /// The view of `layer` through `tables` (from `tables()`); valid while both live and until
-  /// the next reserve, fork or free. Every token that the tables reach must have been written
-  /// in this layer: a slot that `reserve` made and `write` never filled is refused here, not
-  /// read as stale keys.
-  /// \throws InvalidArgument if `layer` is out of range, `tables` is for another pool, or a
-  ///         token of the tables is unwritten in `layer`.
-  PagedKVView<T> view(int layer, const BlockTables& tables) const {
-    constexpr const char* kWhere = "kvlab::PagedKVCache::view";
-    check_layer(kWhere, layer);
-    detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(),
-                          allocator().num_blocks(), "num_blocks");
-    detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), block_size(),
-                          "block_size");
+ protected:
+  /// The bookkeeping of an empty pool whose stored elements are `unit_bytes` bytes each, holding
+  /// `unit_values` values (`sizeof(S)` and `KVStorage<S>::kValues` of the derived cache), named
+  /// `storage` in messages.
+  /// \throws InvalidArgument if any size is below 1, `head_dim` is not a multiple of
+  ///         `unit_values`, or the pool overflows the address space.
+  PagedKVCacheBase(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
+                   KVLayout layout, std::size_t unit_bytes, int unit_values, const char* storage)
+      : num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        layout_(layout),
+        book_(block_size, num_blocks, "kvlab::PagedKVCache") {
+    constexpr const char* kWhere = "kvlab::PagedKVCache";
+    detail::require_at_least(kWhere, "num_layers", num_layers, 1);
+    detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
+    detail::require_at_least(kWhere, "head_dim", head_dim, 1);
+    if (head_dim % unit_values != 0) {
+      detail::fail(kWhere, "head_dim",
+                   "a multiple of " + std::to_string(unit_values) + " (a " + storage +
+                       " block of values)",
+                   head_dim);
+    }
+    // The sizes, checked >= 1, as std::size_t once.
+    const std::size_t layers = at(num_layers), slots = at(num_blocks) * at(block_size);
+    const std::size_t token = at(num_kv_heads) * at(head_dim / unit_values);
+    const std::size_t limit =
+        static_cast<std::size_t>(PTRDIFF_MAX) / unit_bytes / 2 / layers / token;
+    if (slots > limit) {
+      detail::fail(kWhere, "num_blocks * block_size",
+                   "at most " + std::to_string(limit) + " tokens", slots);
+    }
+    written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
+    unwritten_.assign(layers, 0);
+  }
+  PagedKVCacheBase(const PagedKVCacheBase&) = default;
+  PagedKVCacheBase& operator=(const PagedKVCacheBase&) = default;
+
+  // A layer, or a slot, as the index of the per-layer and per-slot vectors.
+  static std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+  /// Copies the stored K and V of the first `tokens` slots of block `from` into block `to`, in
+  /// every layer (copy on write; the written marks are the base's).
+  virtual void copy_block_data(std::int32_t from, std::int32_t to, int tokens) = 0;
+
+  /// Throws InvalidArgument (naming `where`) if a token that `view` reaches was reserved and
+  /// never written in `layer`.
+  template <typename S>
+  void check_written(const char* where, int layer, const PagedKVView<S>& view) const {
     const std::size_t l = at(layer);
-    const PagedKVView<T> view =
-        tables.view(k_[l].data(), v_[l].data(), num_kv_heads_, head_dim_, layout_);
     // Every reserved slot of this layer written (the usual case, counted): nothing to look for.
     for (int s = 0; unwritten_[l] > 0 && s < view.batch; ++s) {
       for (int pos = 0; pos < view.seq_len(s); ++pos) {
         const std::int64_t slot =
             static_cast<std::int64_t>(view.block_of(s, pos)) * block_size() + pos % block_size();
         if (written_[l][at(slot)] == 0) {
-          detail::fail(kWhere, "tables", "tokens written in layer " + std::to_string(layer),
+          detail::fail(where, "tables", "tokens written in layer " + std::to_string(layer),
                        "token " + std::to_string(pos) + " of sequence " + std::to_string(s) +
                            " of the tables reserved but never written (write it first)");
         }
       }
     }
-    return view;
   }
-
-  /// A view of a temporary `BlockTables` would dangle as soon as the statement ends: keep the
-  /// tables in a variable (`const BlockTables t = cache.tables({seq}); cache.view(0, t)`).
-  PagedKVView<T> view(int layer, const BlockTables&& tables) const = delete;
-
- private:
-  // A layer, or a slot, as the index of the per-layer and per-slot vectors.
-  static std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+  void check_layer(const char* where, int layer) const {
+    if (layer < 0 || layer >= num_layers_) {
+      detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
+    }
+  }
   // Marks `slot` of `layer` written (or reserved and not written), keeping the count.
   void mark(int layer, std::int64_t slot, bool written) {
     std::uint8_t& flag = written_[at(layer)][at(slot)];
@@ -328,16 +259,175 @@ class PagedKVCache {
     return static_cast<std::int64_t>(blocks[at(pos / block_size())]) * block_size() +
            pos % block_size();
   }
-  void check_layer(const char* where, int layer) const {
-    if (layer < 0 || layer >= num_layers_) {
-      detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
+
+ private:
+  // Copies the first `tokens` slots of block `from` into block `to`, in every layer: the marks
+  // (the copy is as written as the original), then the stored values (`copy_block_data`).
+  void copy_block(std::int32_t from, std::int32_t to, int tokens) {
+    for (int l = 0; l < num_layers_; ++l) {
+      for (int i = 0; i < tokens; ++i) {
+        const std::int64_t slot = static_cast<std::int64_t>(from) * block_size() + i;
+        mark(l, static_cast<std::int64_t>(to) * block_size() + i, written_[at(l)][at(slot)] != 0);
+      }
+    }
+    copy_block_data(from, to, tokens);
+  }
+
+  int num_layers_;
+  int num_kv_heads_;
+  int head_dim_;
+  KVLayout layout_;
+  PagedSequences book_;  // which blocks each sequence holds; the allocator
+  // [num_layers][num_blocks * block_size]: 0 where reserve() made room and write() has not
+  // filled it yet, 1 elsewhere
+  std::vector<std::vector<std::uint8_t>> written_;
+  std::vector<std::int64_t> unwritten_;  // [num_layers]: the 0s of written_, counted
+};
+
+/// The KV caches of many sequences, in one pool of `num_blocks` blocks of `block_size` tokens.
+///
+/// Per layer the pool is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and the same
+/// for V (`KVLayout::NHD`, the default), or `[num_blocks, num_kv_heads, block_size, head_dim]`
+/// (`KVLayout::HND`; see `PagedKVView`); one `BlockAllocator` and one block table per sequence
+/// serve all layers (a block id means the same slots in every layer).
+///
+/// A cache of one layer takes new tokens in one call: `append(seq, k, v)`. With several layers
+/// a decoder step is two calls, as in vLLM: `reserve(seq, n)` makes room for n tokens — a new
+/// block only when the last one is full — and returns their slots; then, layer by layer,
+/// `write(layer, slots, k, v)` stores the tokens' keys and values. A slot reserved but not yet
+/// written in a layer cannot be read by mistake: `view` of that layer refuses tables that reach
+/// it (and `fork` refuses a sequence with such slots, which its fork would share). `fork(seq)`
+/// starts a sequence that shares every block of `seq` (a common prompt, beam search); when either
+/// later appends into a shared, partly filled last block, that block is first copied (copy on
+/// write), so the other sequence never sees the change. `free_sequence` returns blocks whose last
+/// holder is gone.
+///
+/// `T` is the type rows come in; `S` the type they are stored as (`KVStorage`: `T`, fp16, bf16,
+/// int8 or int4 — see `ContiguousKVCache`): `write` encodes, the kernels decode what they read.
+///
+/// The bookkeeping (sequences, blocks, forks, what is written) is `PagedKVCacheBase`'s.
+///
+/// Every operation checks everything first: on error (`OutOfBlocks`, `InvalidArgument`) no
+/// sequence, block or count has changed.
+template <typename T, typename S = T>
+class PagedKVCache : public PagedKVCacheBase {
+ public:
+  /// An empty cache.
+  /// \param num_layers    layers, each with a K and a V pool
+  /// \param num_kv_heads  K/V heads per token
+  /// \param head_dim      values per head
+  /// \param block_size    tokens per block
+  /// \param num_blocks    blocks in the pool (shared by all layers)
+  /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
+  /// \throws InvalidArgument if any size is below 1, `head_dim` is not a multiple of the values
+  ///         per stored element of `S` (32 for int8 and int4), or the pool overflows the
+  ///         address space.
+  PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
+               KVLayout layout = KVLayout::NHD)
+      : PagedKVCacheBase(num_layers, num_kv_heads, head_dim, block_size, num_blocks, layout,
+                         sizeof(S), KVStorage<S>::kValues, KVStorage<S>::name()) {
+    const std::size_t slots = at(num_blocks) * at(block_size);
+    const std::size_t token = at(num_kv_heads) * at(head_dim / KVStorage<S>::kValues);
+    k_.assign(at(num_layers), std::vector<S>(slots * token));
+    v_.assign(at(num_layers), std::vector<S>(slots * token));
+  }
+
+  /// The name of the storage type: "fp32", "fp16", "bf16", "int8", "int4" (`KVStorage<S>`).
+  const char* storage_name() const override { return KVStorage<S>::name(); }
+  /// Bytes of one token's K (or V) in one layer: `num_kv_heads · storage_row_bytes<S>(head_dim)`.
+  std::size_t token_bytes() const override {
+    return at(this->num_kv_heads()) * storage_row_bytes<S>(this->head_dim());
+  }
+
+  /// Appends the keys and values of `k.rows()` new tokens to `seq` in a cache of one layer:
+  /// `reserve(seq, n)` and `write(0, slots, k, v)` in one call. Returns the slots.
+  /// \param seq  a live sequence
+  /// \param k  [n, num_kv_heads * head_dim], n >= 1 (any Eigen expression of scalar T)
+  /// \param v  [n, num_kv_heads * head_dim]
+  /// \throws InvalidArgument if the cache has more than one layer (reserve, then write each
+  ///         layer), `seq` is not live or a shape is wrong; OutOfBlocks if the pool lacks the
+  ///         blocks. Nothing changes in any of these cases.
+  std::vector<std::int64_t> append(int seq, const Eigen::Ref<const RowMatrix<T>>& k,
+                                   const Eigen::Ref<const RowMatrix<T>>& v) {
+    constexpr const char* kWhere = "kvlab::PagedKVCache::append";
+    detail::require_equal(kWhere, "num_layers()", this->num_layers(), 1,
+                          "a cache of one layer; with more, reserve then write each layer");
+    detail::require_at_least(kWhere, "k.rows()", static_cast<long>(k.rows()), 1L);
+    check_rows(kWhere, k, v, static_cast<long>(k.rows()), "k.rows()");
+    const std::vector<std::int64_t> slots = this->reserve(seq, static_cast<int>(k.rows()));
+    write(0, slots, k, v);
+    return slots;
+  }
+
+  /// Stores keys and values of tokens at `slots` (from `reserve`) in `layer`. Any slot of the
+  /// pool is accepted, as in vLLM's slot mapping: writing into a slot that `reserve` did not just
+  /// return (a block shared with a fork, say) overwrites what is there.
+  /// \param layer  in [0, num_layers)
+  /// \param slots  [n] slots, each in [0, num_blocks * block_size)
+  /// \param k      [n, num_kv_heads * head_dim] (any Eigen expression of scalar T; row-major
+  ///               rows and row blocks are read in place)
+  /// \param v      [n, num_kv_heads * head_dim]
+  /// \throws InvalidArgument for a wrong layer, shape or slot, or a value that `S` cannot hold
+  ///         (`KVStorage<S>::limit()`); nothing is written.
+  void write(int layer, const std::vector<std::int64_t>& slots,
+             const Eigen::Ref<const RowMatrix<T>>& k, const Eigen::Ref<const RowMatrix<T>>& v) {
+    constexpr const char* kWhere = "kvlab::PagedKVCache::write";
+    this->check_layer(kWhere, layer);
+    check_rows(kWhere, k, v, static_cast<long>(slots.size()), "slots.size()");
+    const std::int64_t num_slots =
+        static_cast<std::int64_t>(this->allocator().num_blocks()) * this->block_size();
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] < 0 || slots[i] >= num_slots) {
+        detail::fail(kWhere, "slots[" + std::to_string(i) + "]",
+                     "in [0, " + std::to_string(num_slots) + ")", slots[i]);
+      }
+    }
+    detail::require_storable<S>(kWhere, "k", k);
+    detail::require_storable<S>(kWhere, "v", v);
+    const std::size_t l = at(layer);
+    const PagedKVView<S> pool = layout_view(layer);  // slot_offset() of the pool's layout
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const auto row = static_cast<Eigen::Index>(i);
+      for (int h = 0; h < this->num_kv_heads(); ++h) {  // each head's row encoded where its layout puts it
+        const auto dst = static_cast<std::ptrdiff_t>(pool.slot_offset(slots[i], h));
+        KVStorage<S>::encode(k.row(row).data() + h * this->head_dim(), this->head_dim(), k_[l].data() + dst);
+        KVStorage<S>::encode(v.row(row).data() + h * this->head_dim(), this->head_dim(), v_[l].data() + dst);
+      }
+      this->mark(layer, slots[i], true);
     }
   }
+
+  /// The view of `layer` through `tables` (from `tables()`); valid while both live and until
+  /// the next reserve, fork or free. Every token that the tables reach must have been written
+  /// in this layer: a slot that `reserve` made and `write` never filled is refused here, not
+  /// read as stale keys.
+  /// \throws InvalidArgument if `layer` is out of range, `tables` is for another pool, or a
+  ///         token of the tables is unwritten in `layer`.
+  PagedKVView<S> view(int layer, const BlockTables& tables) const {
+    constexpr const char* kWhere = "kvlab::PagedKVCache::view";
+    this->check_layer(kWhere, layer);
+    detail::require_equal(kWhere, "tables.num_blocks()", tables.num_blocks(),
+                          this->allocator().num_blocks(), "num_blocks");
+    detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), this->block_size(),
+                          "block_size");
+    const std::size_t l = at(layer);
+    const PagedKVView<S> view =
+        tables.view(k_[l].data(), v_[l].data(), this->num_kv_heads(), this->head_dim(),
+                    this->layout());
+    check_written(kWhere, layer, view);
+    return view;
+  }
+
+  /// A view of a temporary `BlockTables` would dangle as soon as the statement ends: keep the
+  /// tables in a variable (`const BlockTables t = cache.tables({seq}); cache.view(0, t)`).
+  PagedKVView<S> view(int layer, const BlockTables&& tables) const = delete;
+
+ private:
   // Checks that k and v are [rows, num_kv_heads * head_dim]; `rows_from` names where rows comes
   // from.
   void check_rows(const char* where, const Eigen::Ref<const RowMatrix<T>>& k,
                   const Eigen::Ref<const RowMatrix<T>>& v, long rows, const char* rows_from) const {
-    const long width = static_cast<long>(num_kv_heads_) * head_dim_;
+    const long width = static_cast<long>(this->num_kv_heads()) * this->head_dim();
     detail::require_equal(where, "k.rows()", static_cast<long>(k.rows()), rows, rows_from);
     detail::require_equal(where, "k.cols()", static_cast<long>(k.cols()), width,
                           "num_kv_heads * head_dim");
@@ -346,54 +436,42 @@ class PagedKVCache {
                           "num_kv_heads * head_dim");
   }
   // A view of `layer` without block tables: for its slot_offset() only.
-  PagedKVView<T> layout_view(int layer) const {
-    PagedKVView<T> pool;
+  PagedKVView<S> layout_view(int layer) const {
+    PagedKVView<S> pool;
     pool.k = k_[at(layer)].data();
     pool.v = v_[at(layer)].data();
-    pool.num_blocks = allocator().num_blocks();
-    pool.block_size = block_size();
-    pool.num_kv_heads = num_kv_heads_;
-    pool.head_dim = head_dim_;
-    pool.layout = layout_;
+    pool.num_blocks = this->allocator().num_blocks();
+    pool.block_size = this->block_size();
+    pool.num_kv_heads = this->num_kv_heads();
+    pool.head_dim = this->head_dim();
+    pool.layout = this->layout();
     return pool;
   }
-  // Copies the first `tokens` slots of block `from` into block `to`, in every layer: one run of
-  // `tokens` rows per head (HND), or of `tokens` whole token rows (NHD).
-  void copy_block(std::int32_t from, std::int32_t to, int tokens) {
-    const bool hnd = layout_ == KVLayout::HND;
-    const int runs = hnd ? num_kv_heads_ : 1;
-    const std::size_t run = at(tokens) * at(head_dim_) * at(hnd ? 1 : num_kv_heads_);
-    for (int l = 0; l < num_layers_; ++l) {
-      for (int i = 0; i < tokens; ++i) {  // the copy is as written as the original
-        const std::int64_t slot = static_cast<std::int64_t>(from) * block_size() + i;
-        mark(l, static_cast<std::int64_t>(to) * block_size() + i, written_[at(l)][at(slot)] != 0);
-      }
-      const PagedKVView<T> pool = layout_view(l);
-      for (std::vector<T>* values : {&k_[at(l)], &v_[at(l)]}) {
+  // One run of `tokens` rows per head (HND), or of `tokens` whole token rows (NHD), per layer.
+  void copy_block_data(std::int32_t from, std::int32_t to, int tokens) override {
+    const bool hnd = this->layout() == KVLayout::HND;
+    const int runs = hnd ? this->num_kv_heads() : 1;
+    const std::size_t run = at(tokens) * at(this->head_dim() / KVStorage<S>::kValues) *
+                            at(hnd ? 1 : this->num_kv_heads());
+    for (int l = 0; l < this->num_layers(); ++l) {
+      const PagedKVView<S> pool = layout_view(l);
+      for (std::vector<S>* values : {&k_[at(l)], &v_[at(l)]}) {
         for (int h = 0; h < runs; ++h) {
-          const auto src =
-              values->begin() + pool.slot_offset(static_cast<std::int64_t>(from) * block_size(), h);
-          std::copy(
-              src, src + static_cast<std::ptrdiff_t>(run),
-              values->begin() + pool.slot_offset(static_cast<std::int64_t>(to) * block_size(), h));
+          const auto src = values->begin() +
+                           pool.slot_offset(static_cast<std::int64_t>(from) * this->block_size(), h);
+          std::copy(src, src + static_cast<std::ptrdiff_t>(run),
+                    values->begin() +
+                        pool.slot_offset(static_cast<std::int64_t>(to) * this->block_size(), h));
         }
       }
     }
   }
 
-  int num_layers_;
-  int num_kv_heads_;
-  int head_dim_;
-  KVLayout layout_;
-  PagedSequences book_;  // which blocks each sequence holds; the allocator
-  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
-  std::vector<std::vector<T>> k_;
-  // [num_layers][num_blocks * block_size * num_kv_heads * head_dim], in layout_
-  std::vector<std::vector<T>> v_;
-  // [num_layers][num_blocks * block_size]: 0 where reserve() made room and write() has not
-  // filled it yet, 1 elsewhere
-  std::vector<std::vector<std::uint8_t>> written_;
-  std::vector<std::int64_t> unwritten_;  // [num_layers]: the 0s of written_, counted
+  // [num_layers][num_blocks * block_size * num_kv_heads * row_units], in layout, row_units =
+  // head_dim / values per S
+  std::vector<std::vector<S>> k_;
+  // [num_layers][num_blocks * block_size * num_kv_heads * row_units], in layout
+  std::vector<std::vector<S>> v_;
 };
 
 }  // namespace kvlab

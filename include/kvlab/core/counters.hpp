@@ -84,20 +84,21 @@ KVLAB_HOST_DEVICE inline void add_projection_counts(const AttentionShape& shape,
 
 /// Adds the work of an attention kernel to `counters` — the one place where kvlab counts it:
 /// `keys` (query row, key) pairs per query head met by a dot product, and `rows_streamed` key
-/// rows (and as many value rows) read per K/V head, each of `element_bytes` per value:
+/// rows (and as many value rows) read per K/V head, each `row_bytes` bytes as stored
+/// (`head_dim · sizeof(T)`, or less for a quantized cache: `storage_row_bytes`):
 ///  - `qk_dots += num_heads · keys`, `macs += 2 · qk_dots · head_dim` (q·k and p·v);
-///  - `kv_bytes_read += 2 · element_bytes · rows_streamed · num_kv_heads · head_dim`.
+///  - `kv_bytes_read += 2 · row_bytes · rows_streamed · num_kv_heads`.
 /// Each kernel says how many rows it streams (once per K/V head and query tile on the CPU).
 KVLAB_HOST_DEVICE inline void add_attention_counts(const AttentionShape& shape,
-                                                   std::size_t element_bytes, std::uint64_t keys,
+                                                   std::size_t row_bytes, std::uint64_t keys,
                                                    std::uint64_t rows_streamed,
                                                    CostCounters& counters) {
   const std::uint64_t dots = static_cast<std::uint64_t>(shape.num_heads()) * keys;
   const auto head_dim = static_cast<std::uint64_t>(shape.head_dim());
   counters.qk_dots += dots;
   counters.macs += 2 * dots * head_dim;
-  counters.kv_bytes_read += 2 * static_cast<std::uint64_t>(element_bytes) * rows_streamed *
-                            static_cast<std::uint64_t>(shape.num_kv_heads()) * head_dim;
+  counters.kv_bytes_read += 2 * static_cast<std::uint64_t>(row_bytes) * rows_streamed *
+                            static_cast<std::uint64_t>(shape.num_kv_heads());
 }
 
 }  // namespace kvlab

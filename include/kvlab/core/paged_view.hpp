@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/quant_blocks.hpp"
 #include "kvlab/core/shape.hpp"
 
 namespace kvlab {
@@ -34,7 +35,9 @@ inline const char* to_string(KVLayout layout) { return layout == KVLayout::HND ?
 /// Pool layout (`layout`): `k` and `v` each point to `num_blocks` blocks of `block_size *
 /// num_kv_heads * head_dim` values, ordered `[block_size, num_kv_heads, head_dim]` in each
 /// block (NHD, the default) or `[num_kv_heads, block_size, head_dim]` (HND). A block holds
-/// `block_size` consecutive tokens of one sequence, each token with all its K/V heads.
+/// `block_size` consecutive tokens of one sequence, each token with all its K/V heads. `T` is the
+/// stored element (a number, or a quantized block of 32 values: `StorageUnit`), so a head's row
+/// is `row_units()` elements and every offset below counts elements.
 ///
 /// Block tables, in the CSR form FlashInfer uses: sequence `s` of the batch owns the logical
 /// blocks `indices[indptr[s]] … indices[indptr[s + 1] - 1]` (physical block ids, in any order),
@@ -68,14 +71,16 @@ struct PagedKVView {
   KVLAB_HOST_DEVICE std::int32_t block_of(int seq, int pos) const {
     return indices[indptr[seq] + pos / block_size];
   }
+  /// Stored elements of one head's row: `head_dim / StorageUnit<T>::kValues`.
+  KVLAB_HOST_DEVICE int row_units() const { return head_dim / StorageUnit<T>::kValues; }
   /// Offset, in elements, of head `head` of the token in physical slot `slot` (`block *
   /// block_size + slot in block`, as `PagedKVCache::append` returns) from `k` (or `v`).
   KVLAB_HOST_DEVICE std::ptrdiff_t slot_offset(std::int64_t slot, int head) const {
     const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(slot / block_size);
     const std::ptrdiff_t in_block = static_cast<std::ptrdiff_t>(slot % block_size);
     return layout == KVLayout::HND
-               ? ((block * num_kv_heads + head) * block_size + in_block) * head_dim
-               : ((block * block_size + in_block) * num_kv_heads + head) * head_dim;
+               ? ((block * num_kv_heads + head) * block_size + in_block) * row_units()
+               : ((block * block_size + in_block) * num_kv_heads + head) * row_units();
   }
   /// Offset, in elements, of head `head` of token `pos` of sequence `seq` from `k` (or `v`).
   KVLAB_HOST_DEVICE std::ptrdiff_t offset(int seq, int pos, int head) const {
@@ -83,21 +88,22 @@ struct PagedKVView {
         static_cast<std::int64_t>(block_of(seq, pos)) * block_size + pos % block_size, head);
   }
   /// Elements from a token's row of one head to the next token's row of the same head in the
-  /// same block: `num_kv_heads * head_dim` (NHD) or `head_dim` (HND).
+  /// same block: `num_kv_heads * row_units()` (NHD) or `row_units()` (HND).
   KVLAB_HOST_DEVICE std::ptrdiff_t token_stride() const {
-    return layout == KVLayout::HND ? head_dim
-                                   : static_cast<std::ptrdiff_t>(num_kv_heads) * head_dim;
+    return layout == KVLayout::HND ? row_units()
+                                   : static_cast<std::ptrdiff_t>(num_kv_heads) * row_units();
   }
-  /// Elements from a token's row of head h to the same token's row of head h + 1: `head_dim`
-  /// (NHD) or `block_size * head_dim` (HND).
+  /// Elements from a token's row of head h to the same token's row of head h + 1: `row_units()`
+  /// (NHD) or `block_size * row_units()` (HND).
   KVLAB_HOST_DEVICE std::ptrdiff_t head_stride() const {
-    return layout == KVLayout::HND ? static_cast<std::ptrdiff_t>(block_size) * head_dim : head_dim;
+    return layout == KVLayout::HND ? static_cast<std::ptrdiff_t>(block_size) * row_units()
+                                   : row_units();
   }
-  /// Key of head `head` of token `pos` of sequence `seq`: `head_dim` values.
+  /// Key of head `head` of token `pos` of sequence `seq`: `row_units()` elements.
   KVLAB_HOST_DEVICE const T* key(int seq, int pos, int head) const {
     return k + offset(seq, pos, head);
   }
-  /// Value of head `head` of token `pos` of sequence `seq`: `head_dim` values.
+  /// Value of head `head` of token `pos` of sequence `seq`: `row_units()` elements.
   KVLAB_HOST_DEVICE const T* value(int seq, int pos, int head) const {
     return v + offset(seq, pos, head);
   }

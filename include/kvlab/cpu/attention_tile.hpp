@@ -2,13 +2,16 @@
 /// \brief The inner loop shared by `cpu::decode_attention` (contiguous cache) and
 /// `cpu::paged_decode_attention` / `cpu::paged_prefill_attention` (paged cache): a tile of
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
-/// rows are stored. It computes what `cpu::reference_attention` computes, for the tile's rows
-/// and heads. Internal (`cpu::detail`); tested through the public kernels.
+/// rows are stored and in whatever type (`KVStorage`: a row stored as fp16, bf16, int8 or int4
+/// is decoded as it is read, one token's rows at a time). It computes what
+/// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
+/// Internal (`cpu::detail`); tested through the public kernels.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kvlab/core/counters.hpp"
@@ -16,6 +19,7 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/views.hpp"
+#include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
 
 namespace kvlab::cpu {
@@ -26,10 +30,12 @@ constexpr int kDecodeQueryTile = 16;
 namespace detail {
 
 /// The rows of a contiguous cache from K/V head `head` on: row `pos` of head `head + j` at
-/// `base + j * capacity * head_dim + pos * head_dim` (head-major: one head's rows are adjacent).
-template <typename T>
+/// `base + (j * capacity + pos) * row_units` elements (head-major: one head's rows are
+/// adjacent). `S` is the stored element type.
+template <typename S>
 struct ContiguousRows {
-  const ContiguousKVView<T>& cache;
+  using Stored = S;  ///< the stored element type
+  const ContiguousKVView<S>& cache;
   int head;
 
   /// Calls `f(pos, row)` for the key rows `pos` in [begin, end) of head `head`, in order.
@@ -44,14 +50,14 @@ struct ContiguousRows {
   }
   /// Elements from a row of head h to the same token's row of head h + 1.
   std::ptrdiff_t head_stride() const {
-    return static_cast<std::ptrdiff_t>(cache.capacity) * cache.head_dim;
+    return static_cast<std::ptrdiff_t>(cache.capacity) * cache.row_units();
   }
 
  private:
   template <typename F>
-  void walk(const T* base, int begin, int end, F& f) const {
+  void walk(const S* base, int begin, int end, F& f) const {
     for (int pos = begin; pos < end; ++pos)
-      f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.head_dim);
+      f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.row_units());
   }
 };
 
@@ -59,10 +65,11 @@ struct ContiguousRows {
 /// block table is read once per block, not once per row. Within a block a head's rows are
 /// `token_stride()` apart: whole token rows in the NHD pool (a token's heads adjacent, so the
 /// rows of several heads are one contiguous read per token), one head's rows back to back in
-/// the HND pool.
-template <typename T>
+/// the HND pool. `S` is the stored element type.
+template <typename S>
 struct PagedRows {
-  const PagedKVView<T>& cache;
+  using Stored = S;  ///< the stored element type
+  const PagedKVView<S>& cache;
   int seq;
   int head;
 
@@ -81,10 +88,10 @@ struct PagedRows {
 
  private:
   template <typename F>
-  void walk(const T* pool, int begin, int end, F& f) const {
+  void walk(const S* pool, int begin, int end, F& f) const {
     const std::ptrdiff_t stride = cache.token_stride();  // token to token within a block
     for (int pos = begin; pos < end;) {
-      const T* row = pool + cache.offset(seq, pos, head);  // slot pos % block_size of this block
+      const S* row = pool + cache.offset(seq, pos, head);  // slot pos % block_size of this block
       const int last = std::min(end, (pos / cache.block_size + 1) * cache.block_size);
       for (; pos < last; ++pos, row += stride) f(pos, row);
     }
@@ -103,6 +110,9 @@ struct TileScratch {
   RowMatrix<T> acc;
   /// [heads * rows * group]: max and Σ exp(score - max) of each query
   std::vector<SoftmaxState<T>> state;
+  /// [heads * head_dim]: one token's rows of the tile's heads, decoded (a cache that stores
+  /// its rows in another type than T; unused otherwise)
+  std::vector<T> row;
 };
 
 /// Columns to allocate for `span` scores per query: `span` rounded up to whole 64-byte lines,
@@ -135,7 +145,8 @@ struct AttentionTile {
 
 /// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
-/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`). Leaves in `scratch`, for query `qi`
+/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows stored in another type than `T`
+/// are decoded as they are read, `KVStorage::decode`). Leaves in `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
 /// in which partial results over disjoint key ranges merge (`merge_softmax_states`).
@@ -163,7 +174,22 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const int m = heads * per_head;
   // keys of the range: [key_begin, span), the tile's last row sees them all
   const int span = tile.key_end;
-  const std::ptrdiff_t head_stride = source.head_stride();
+  // A token's rows of the tile's heads, as T: where they are stored when stored as T, else
+  // decoded into scratch.row (heads * head_dim values, head j at j * head_dim). Only that one
+  // token's rows are ever decoded: never a copy of the cache.
+  using S = typename Source::Stored;
+  constexpr bool kDecoded = !std::is_same<S, T>::value;
+  const std::ptrdiff_t head_stride = kDecoded ? hd : source.head_stride();  // in the rows as T
+  scratch.row.resize(kDecoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
+  const auto as_t = [&](const S* stored) -> const T* {
+    if constexpr (kDecoded) {
+      for (int j = 0; j < heads; ++j)
+        KVStorage<S>::decode(stored + j * source.head_stride(), hd, scratch.row.data() + j * hd);
+      return scratch.row.data();
+    } else {
+      return stored;
+    }
+  };
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
   // [m, padded_span(span - key_begin)]: key pos in column pos - key_begin
   RowMatrix<T>& probs = scratch.probs;
@@ -184,7 +210,8 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
 
   // 1. Scores: each key row is read once and met by every query of its group that sees it.
   probs.resize(m, padded_span<T>(span - key_begin));
-  source.keys(key_begin, span, [&](int pos, const T* row) {
+  source.keys(key_begin, span, [&](int pos, const S* stored) {
+    const T* row = as_t(stored);
     const int first = first_seeing(pos);
     for (int j = 0; j < heads; ++j) {
       const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
@@ -205,7 +232,8 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   }
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
-  source.values(key_begin, span, [&](int pos, const T* row) {
+  source.values(key_begin, span, [&](int pos, const S* stored) {
+    const T* row = as_t(stored);
     const int first = first_seeing(pos);
     for (int j = 0; j < heads; ++j) {
       const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
@@ -242,8 +270,8 @@ void attend_tile(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T
 /// Adds the work of `q_len` query rows of one sequence, the first at position
 /// `first_position`, processed in tiles of `kDecodeQueryTile` rows, to `counters`: row i sees
 /// first_position + i + 1 keys, and each tile streams the rows its last row sees, once per K/V
-/// head.
-inline void count_tiled_attention(const AttentionShape& shape, std::size_t element_bytes, int q_len,
+/// head, each row `row_bytes` bytes as stored.
+inline void count_tiled_attention(const AttentionShape& shape, std::size_t row_bytes, int q_len,
                                   int first_position, CostCounters& counters) {
   const auto n = static_cast<std::uint64_t>(q_len);
   const std::uint64_t keys = n * static_cast<std::uint64_t>(first_position) + n * (n + 1) / 2;
@@ -251,7 +279,7 @@ inline void count_tiled_attention(const AttentionShape& shape, std::size_t eleme
   for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile)
     rows_streamed +=
         static_cast<std::uint64_t>(first_position + r0 + std::min(kDecodeQueryTile, q_len - r0));
-  add_attention_counts(shape, element_bytes, keys, rows_streamed, counters);
+  add_attention_counts(shape, row_bytes, keys, rows_streamed, counters);
 }
 
 }  // namespace detail

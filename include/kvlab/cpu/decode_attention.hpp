@@ -25,15 +25,16 @@ constexpr long long kDecodeParallelMinElements = 1 << 16;
 namespace detail {
 
 /// `decode_attention` on a bound view of the queries (internal: see the public form).
-template <typename T>
+template <typename T, typename S>
 void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
-                      const ContiguousKVView<T>& cache, RowMatrix<T>& out, CostCounters* counters) {
+                      const ContiguousKVView<S>& cache, RowMatrix<T>& out, CostCounters* counters) {
   constexpr const char* kWhere = "kvlab::cpu::decode_attention";
   check_queries(kWhere, shape, q);
   kvlab::detail::require_equal(kWhere, "cache.num_kv_heads", cache.num_kv_heads,
                                shape.num_kv_heads(), "shape.num_kv_heads()");
   kvlab::detail::require_equal(kWhere, "cache.head_dim", cache.head_dim, shape.head_dim(),
                                "shape.head_dim()");
+  kvlab::detail::require_storage_head_dim<S>(kWhere, cache.head_dim);
   if (cache.length < q.rows() || cache.length > cache.capacity) {
     kvlab::detail::fail(kWhere, "cache.length",
                         "in [q.rows() (" + std::to_string(q.rows()) + "), cache.capacity (" +
@@ -53,7 +54,7 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
   parallel_for(shape.num_kv_heads(), parallel, [&](int hk) {
     TileScratch<T> scratch;
-    const ContiguousRows<T> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
+    const ContiguousRows<S> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
     for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
       AttentionTile tile;  // rows [r0, r0 + rows) of q, the query heads of K/V head hk
       tile.row0 = r0;
@@ -66,7 +67,8 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
   });
 
   if (counters != nullptr)
-    count_tiled_attention(shape, sizeof(T), q_len, first_position, *counters);
+    count_tiled_attention(shape, storage_row_bytes<S>(shape.head_dim()), q_len, first_position,
+                          *counters);
 }
 
 }  // namespace detail
@@ -78,7 +80,9 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// `[0, cache.length - q_len + i]`. With `q_len == 1` (decode) it sees the whole cache and no
 /// mask is needed; with the whole prompt as `q` (prefill) the mask is causal. It computes what
 /// `reference_attention` computes over the cache's rows (and so equals `naive_attention` on them,
-/// to rounding).
+/// to rounding). A cache that stores its rows in another type than `T` (fp16, bf16, int8, int4:
+/// `KVStorage<S>`) has each row decoded as the kernel reads it, and the result is that attention
+/// over the decoded rows.
 ///
 /// For each K/V head, the queries of its group (and of up to `kDecodeQueryTile` query rows)
 /// are gathered (`detail::attend_tile`, shared with the paged kernels); then
@@ -97,23 +101,26 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// \param q         queries, [q_len, num_heads * head_dim], 1 <= q_len <= cache.length: any
 ///                  Eigen expression of scalar T (`q.row(t)`, `q.middleRows(a, n)` are read in
 ///                  place; a column-major matrix is copied once)
-/// \param cache     one layer of a contiguous cache, [num_kv_heads, capacity, head_dim] each
+/// \param cache     one layer of a contiguous cache, [num_kv_heads, capacity, head_dim] each,
+///                  stored as `S` (head_dim a multiple of `KVStorage<S>::kValues`)
 /// \param out       output, [q_len, num_heads * head_dim] (resized); must not share memory with q
 /// \param counters  if not null, receives the work done
 /// \throws InvalidArgument for any shape or view that does not fit the above.
-template <typename Q, typename T>
+template <typename Q, typename T, typename S>
 void decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
-                      const ContiguousKVView<T>& cache, RowMatrix<T>& out,
+                      const ContiguousKVView<S>& cache, RowMatrix<T>& out,
                       CostCounters* counters = nullptr) {
   detail::require_scalar<Q, T>();
-  detail::decode_attention<T>(shape, q, cache, out, counters);
+  detail::decode_attention<T, S>(shape, q, cache, out, counters);
 }
 
-/// Returning form of `decode_attention`: `[q_len, num_heads * head_dim]`.
-template <typename Q, typename T>
-RowMatrix<T> decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
-                              const ContiguousKVView<T>& cache, CostCounters* counters = nullptr) {
-  RowMatrix<T> out;
+/// Returning form of `decode_attention`: `[q_len, num_heads * head_dim]`, in q's scalar type.
+template <typename Q, typename S>
+RowMatrix<typename Q::Scalar> decode_attention(const AttentionShape& shape,
+                                               const Eigen::MatrixBase<Q>& q,
+                                               const ContiguousKVView<S>& cache,
+                                               CostCounters* counters = nullptr) {
+  RowMatrix<typename Q::Scalar> out;
   decode_attention(shape, q, cache, out, counters);
   return out;
 }

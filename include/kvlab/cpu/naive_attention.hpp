@@ -66,7 +66,8 @@ void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 
   if (counters != nullptr) {  // every score; K/V rows read once per query head (a GEMM each)
     const auto kv = static_cast<std::uint64_t>(kv_len);
-    add_attention_counts(shape, sizeof(T), static_cast<std::uint64_t>(q_len) * kv,
+    add_attention_counts(shape, sizeof(T) * static_cast<std::size_t>(hd),
+                         static_cast<std::uint64_t>(q_len) * kv,
                          kv * static_cast<std::uint64_t>(shape.group_size()), *counters);
   }
 }

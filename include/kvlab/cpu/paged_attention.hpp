@@ -87,9 +87,9 @@ namespace detail {
 /// partition order with the log-sum-exp rule (`merge_softmax_states`). Used for NHD pools when
 /// there are fewer sequences than threads: splitting the context keeps each thread on whole
 /// token rows, where splitting the heads would give each thread a strided half of every row.
-template <typename T>
+template <typename T, typename S>
 void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
-                          const std::int32_t* qo_indptr, const PagedKVView<T>& cache, int parts,
+                          const std::int32_t* qo_indptr, const PagedKVView<S>& cache, int parts,
                           RowMatrix<T>& out) {
   const int hd = shape.head_dim();
   // query heads of one row: query h of K/V head h / group is qi = h
@@ -119,7 +119,7 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
     tile.heads = shape.num_kv_heads();
     tile.key_begin = p.begin;
     tile.key_end = p.end;
-    attend_partial(shape, q, tile, PagedRows<T>{cache, p.seq, 0}, scratch);
+    attend_partial(shape, q, tile, PagedRows<S>{cache, p.seq, 0}, scratch);
     std::copy(scratch.state.begin(), scratch.state.end(),
               state.begin() + static_cast<std::ptrdiff_t>(slot(item, 0)));
     acc.middleRows(item * heads, heads) = scratch.acc;
@@ -148,9 +148,9 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
 ///  - NHD: a token's heads are adjacent, so one item reads whole token rows of a sequence; with
 ///    fewer sequences than threads, decode splits each sequence's context (split-K) and
 ///    prefill splits its heads.
-template <typename T>
+template <typename T, typename S>
 void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
-                     const std::int32_t* qo_indptr, const PagedKVView<T>& cache, RowMatrix<T>& out,
+                     const std::int32_t* qo_indptr, const PagedKVView<S>& cache, RowMatrix<T>& out,
                      CostCounters* counters) {
   out.resize(q.rows(), shape.q_width());
   int threads = 1;
@@ -172,7 +172,7 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       const int q_len = qo_indptr[s + 1] - row_begin;
       const int first_position = cache.seq_len(s) - q_len;  // position of its first query
       // row pos of head hk0 + j at cache.key(s, pos, hk0) + j * head_stride
-      const PagedRows<T> rows_from{cache, s, hk0};
+      const PagedRows<S> rows_from{cache, s, hk0};
       TileScratch<T> scratch;
       for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
         AttentionTile tile;
@@ -190,7 +190,8 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
     for (int s = 0; s < cache.batch; ++s) {
       const int q_len = qo_indptr[s + 1] - qo_indptr[s];
       if (q_len > 0) {
-        count_tiled_attention(shape, sizeof(T), q_len, cache.seq_len(s) - q_len, *counters);
+        count_tiled_attention(shape, storage_row_bytes<S>(shape.head_dim()), q_len,
+                              cache.seq_len(s) - q_len, *counters);
       }
     }
   }
@@ -219,22 +220,24 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// \param q         queries, [batch, num_heads * head_dim]: row s for sequence s (any Eigen
 ///                  expression of scalar T; row-major rows and blocks are read in place)
 /// \param cache     one layer's pool, [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or
-///                  [num_blocks, num_kv_heads, block_size, head_dim] (HND), K and V, and the
-///                  batch's block tables (see `PagedKVView`)
+///                  [num_blocks, num_kv_heads, block_size, head_dim] (HND), K and V, stored as
+///                  `S` (decoded row by row as read: `KVStorage`), and the batch's block tables
+///                  (see `PagedKVView`)
 /// \param out       output, [batch, num_heads * head_dim] (resized); must not share memory with q
 /// \param counters  if not null, receives the work done (the same counts as `decode_attention`
 ///                  would give for each sequence on its own)
 /// \throws InvalidArgument for any shape or view that does not fit the above, or block tables
 ///         that break their invariants (out and counters are then unchanged).
-template <typename Q, typename T>
+template <typename Q, typename T, typename S>
 void paged_decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
-                            const PagedKVView<T>& cache, RowMatrix<T>& out,
+                            const PagedKVView<S>& cache, RowMatrix<T>& out,
                             CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cpu::paged_decode_attention";
   detail::require_scalar<Q, T>();
   const detail::RowMatrixRef<T> queries(q);
   detail::check_queries(kWhere, shape, queries);
   kvlab::detail::check_paged_view(kWhere, shape, cache);
+  kvlab::detail::require_storage_head_dim<S>(kWhere, cache.head_dim);
   kvlab::detail::require_equal(kWhere, "q.rows()", static_cast<long>(q.rows()),
                                static_cast<long>(cache.batch),
                                "cache.batch (one query per sequence)");
@@ -247,11 +250,14 @@ void paged_decode_attention(const AttentionShape& shape, const Eigen::MatrixBase
   detail::paged_attention(shape, queries, qo_indptr.data(), cache, out, counters);
 }
 
-/// Returning form of `paged_decode_attention`: `[batch, num_heads * head_dim]`.
-template <typename Q, typename T>
-RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
-                                    const PagedKVView<T>& cache, CostCounters* counters = nullptr) {
-  RowMatrix<T> out;
+/// Returning form of `paged_decode_attention`: `[batch, num_heads * head_dim]`, in q's scalar
+/// type.
+template <typename Q, typename S>
+RowMatrix<typename Q::Scalar> paged_decode_attention(const AttentionShape& shape,
+                                                     const Eigen::MatrixBase<Q>& q,
+                                                     const PagedKVView<S>& cache,
+                                                     CostCounters* counters = nullptr) {
+  RowMatrix<typename Q::Scalar> out;
   paged_decode_attention(shape, q, cache, out, counters);
   return out;
 }
@@ -279,16 +285,17 @@ RowMatrix<T> paged_decode_attention(const AttentionShape& shape, const Eigen::Ma
 /// \param counters   if not null, receives the work done
 /// \throws InvalidArgument for any argument that does not fit the above (out and counters are
 ///         then unchanged).
-template <typename Q, typename T>
+template <typename Q, typename T, typename S>
 void paged_prefill_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                              const std::vector<std::int32_t>& qo_indptr,
-                             const PagedKVView<T>& cache, RowMatrix<T>& out,
+                             const PagedKVView<S>& cache, RowMatrix<T>& out,
                              CostCounters* counters = nullptr) {
   constexpr const char* kWhere = "kvlab::cpu::paged_prefill_attention";
   detail::require_scalar<Q, T>();
   const detail::RowMatrixRef<T> queries(q);
   detail::check_queries(kWhere, shape, queries);
   kvlab::detail::check_paged_view(kWhere, shape, cache);
+  kvlab::detail::require_storage_head_dim<S>(kWhere, cache.head_dim);
   kvlab::detail::check_qo_indptr(kWhere, qo_indptr, cache);
   kvlab::detail::require_equal(kWhere, "qo_indptr[batch]", static_cast<long>(qo_indptr.back()),
                                static_cast<long>(q.rows()), "q.rows()");
@@ -298,13 +305,15 @@ void paged_prefill_attention(const AttentionShape& shape, const Eigen::MatrixBas
   detail::paged_attention(shape, queries, qo_indptr.data(), cache, out, counters);
 }
 
-/// Returning form of `paged_prefill_attention`: `[q.rows(), num_heads * head_dim]`.
-template <typename Q, typename T>
-RowMatrix<T> paged_prefill_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
-                                     const std::vector<std::int32_t>& qo_indptr,
-                                     const PagedKVView<T>& cache,
-                                     CostCounters* counters = nullptr) {
-  RowMatrix<T> out;
+/// Returning form of `paged_prefill_attention`: `[q.rows(), num_heads * head_dim]`, in q's
+/// scalar type.
+template <typename Q, typename S>
+RowMatrix<typename Q::Scalar> paged_prefill_attention(const AttentionShape& shape,
+                                                      const Eigen::MatrixBase<Q>& q,
+                                                      const std::vector<std::int32_t>& qo_indptr,
+                                                      const PagedKVView<S>& cache,
+                                                      CostCounters* counters = nullptr) {
+  RowMatrix<typename Q::Scalar> out;
   paged_prefill_attention(shape, q, qo_indptr, cache, out, counters);
   return out;
 }

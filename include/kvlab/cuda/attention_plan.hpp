@@ -257,7 +257,7 @@ inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const At
 /// heads these are the counts of `cpu::decode_attention` and `cpu::paged_decode_attention`.
 inline void count_attention(const AttentionShape& shape, std::size_t element_bytes,
                             std::uint64_t keys, CostCounters& counters) {
-  add_attention_counts(shape, element_bytes, keys,
+  add_attention_counts(shape, element_bytes * static_cast<std::size_t>(shape.head_dim()), keys,
                        keys * static_cast<std::uint64_t>(group_tiles(shape.group_size())),
                        counters);
 }

@@ -175,7 +175,8 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
 
   if (counters != nullptr) {  // the counts of cpu::naive_attention
     const auto kv = static_cast<std::uint64_t>(kv_len);
-    add_attention_counts(shape, sizeof(T), static_cast<std::uint64_t>(scores_per_head),
+    add_attention_counts(shape, sizeof(T) * static_cast<std::size_t>(hd),
+                         static_cast<std::uint64_t>(scores_per_head),
                          kv * static_cast<std::uint64_t>(shape.group_size()), *counters);
   }
 }

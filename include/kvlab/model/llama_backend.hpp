@@ -54,21 +54,32 @@ inline LlamaBackend parse_llama_backend(const std::string& name) {
 /// The store of `backend` for a model of shape `config`, with room for `sequences` sequences of
 /// `max_tokens` tokens each: a `RecomputeStore` (inputs of `config.dim` values per token), a
 /// `ContiguousStore` reserving `max_tokens` per sequence, or a `PagedStore` of
-/// `sequences · ceil(max_tokens / block_size)` blocks of `block_size` tokens.
-/// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1.
+/// `sequences · ceil(max_tokens / block_size)` blocks of `block_size` tokens; the last two
+/// store K and V as `dtype` (`KVDType`).
+/// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1, `dtype` is
+///         not fp32 for the naive backend (it keeps no K/V), or the head_dim is not a multiple
+///         of 32 for int8 and int4.
 inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
                                                         const LlamaConfig& config, int max_tokens,
-                                                        int block_size = 16, int sequences = 1) {
+                                                        int block_size = 16, int sequences = 1,
+                                                        KVDType dtype = KVDType::FP32) {
   constexpr const char* kWhere = "kvlab::make_llama_store";
   detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
   detail::require_at_least(kWhere, "block_size", block_size, 1);
   detail::require_at_least(kWhere, "sequences", sequences, 1);
   const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
+  if (backend == LlamaBackend::Naive && dtype != KVDType::FP32) {
+    detail::fail(kWhere, "dtype", "fp32 for the naive backend (it keeps no K/V to store)",
+                 to_string(dtype));
+  }
   switch (backend) {
     case LlamaBackend::Naive:
       return std::make_shared<RecomputeStore<float>>(layers, kv_heads, head_dim, config.dim);
     case LlamaBackend::Cached:
-      return std::make_shared<ContiguousStore<float>>(layers, kv_heads, head_dim, max_tokens);
+      return visit_kv_dtype(dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
+        using S = typename decltype(tag)::type;
+        return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim, max_tokens);
+      });
     case LlamaBackend::Paged: {
       const long long blocks = 1LL * sequences * ((max_tokens - 1) / block_size + 1);
       if (blocks > INT_MAX) {
@@ -77,8 +88,11 @@ inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
                          " (blocks fit in an int)",
                      sequences);
       }
-      return std::make_shared<PagedStore<float>>(layers, kv_heads, head_dim, block_size,
-                                                 static_cast<int>(blocks));
+      return visit_kv_dtype(dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
+        using S = typename decltype(tag)::type;
+        return std::make_shared<PagedStore<float, S>>(layers, kv_heads, head_dim, block_size,
+                                                      static_cast<int>(blocks));
+      });
     }
   }
   detail::fail(kWhere, "backend", "naive, cached or paged", static_cast<int>(backend));

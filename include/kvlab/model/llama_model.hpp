@@ -76,15 +76,16 @@ class LlamaModel {
   /// \param backend     how attention reaches past tokens
   /// \param block_size  tokens per block of the paged backend (unused by the others), >= 1
   /// \param max_tokens  the longest sequence; 0 means `config.seq_len`, the model's own limit
-  /// \throws InvalidArgument if `weights` is null or malformed, `block_size < 1`, or
-  ///         `max_tokens` is not in [0, seq_len].
+  /// \param kv_dtype    how the cached and paged backends store K and V (`KVDType`)
+  /// \throws InvalidArgument if `weights` is null or malformed, `block_size < 1`, `max_tokens`
+  ///         is not in [0, seq_len], or `make_llama_store` refuses `kv_dtype`.
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, LlamaBackend backend, int block_size = 16,
-             int max_tokens = 0)
+             int max_tokens = 0, KVDType kv_dtype = KVDType::FP32)
       : weights_(checked(std::move(weights))),
         max_tokens_(checked_max_tokens(weights_->config, block_size, max_tokens)),
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
         rope_(weights_->config.head_dim(), max_tokens_),
-        store_(make_llama_store(backend, weights_->config, max_tokens_, block_size)),
+        store_(make_llama_store(backend, weights_->config, max_tokens_, block_size, 1, kv_dtype)),
         seq_(store_->add_sequence()),
         backend_(backend),
         block_size_(block_size) {}
@@ -105,9 +106,7 @@ class LlamaModel {
         rope_(weights_->config.head_dim(), max_tokens_),
         store_(checked(std::move(store), weights_->config)),
         backend_(backend_of(*store_)) {
-    if (const auto* paged = dynamic_cast<const PagedStore<float>*>(store_.get())) {
-      block_size_ = paged->cache().block_size();
-    }
+    if (const PagedKVCacheBase* pool = store_->paged_pool()) block_size_ = pool->block_size();
   }
 
   LlamaModel(const LlamaModel&) = delete;
@@ -203,16 +202,15 @@ class LlamaModel {
     total_ = LlamaCounters{};
   }
 
-  /// The contiguous cache of the model's own sequence, or null (another store, or none).
+  /// The contiguous cache of the model's own sequence, or null (another store, a cache that
+  /// stores its rows in another type than float, or no sequence of its own).
   const ContiguousKVCache<float>* contiguous_cache() const {
     const auto* store = dynamic_cast<const ContiguousStore<float>*>(store_.get());
     return store != nullptr && seq_ >= 0 ? &store->cache(seq_) : nullptr;
   }
-  /// The block pool of a paged store, or null for the other stores.
-  const PagedKVCache<float>* paged_cache() const {
-    const auto* store = dynamic_cast<const PagedStore<float>*>(store_.get());
-    return store != nullptr ? &store->cache() : nullptr;
-  }
+  /// The block pool of a paged store (its bookkeeping: blocks, tables, bytes per token), or
+  /// null for the other stores.
+  const PagedKVCacheBase* paged_cache() const { return store_->paged_pool(); }
 
  private:
   static std::shared_ptr<const LlamaWeights> checked(std::shared_ptr<const LlamaWeights> weights) {
@@ -233,9 +231,10 @@ class LlamaModel {
     return store;
   }
   static LlamaBackend backend_of(const KVStore<float>& store) {
-    if (dynamic_cast<const RecomputeStore<float>*>(&store) != nullptr) return LlamaBackend::Naive;
-    if (dynamic_cast<const ContiguousStore<float>*>(&store) != nullptr) return LlamaBackend::Cached;
-    if (dynamic_cast<const PagedStore<float>*>(&store) != nullptr) return LlamaBackend::Paged;
+    const std::string name = store.name();
+    if (name == "recompute") return LlamaBackend::Naive;
+    if (name == "contiguous") return LlamaBackend::Cached;
+    if (name == "paged") return LlamaBackend::Paged;
     detail::fail("kvlab::LlamaModel", "store", "a RecomputeStore, ContiguousStore or PagedStore",
                  store.name());
   }

@@ -45,6 +45,7 @@ struct EngineConfig {
   int block_size = 16;        ///< tokens per block of the pool, >= 1
   int num_blocks = 256;       ///< blocks in the pool, >= 1
   int max_tokens = 0;         ///< the longest sequence; 0 means the model's seq_len
+  KVDType kv_dtype = KVDType::FP32;  ///< how the pool stores K and V (`KVStorage`)
   EngineClock clock = EngineClock::Wall;  ///< what time is
   bool keep_logits = false;   ///< keep the logits of every drawn token (`logits(id)`)
   bool check_invariants = false;  ///< run `Scheduler::check_invariants` after every step
@@ -68,10 +69,9 @@ class Engine {
   /// \throws InvalidArgument for null or malformed weights or a bad setting.
   Engine(std::shared_ptr<const LlamaWeights> weights, const EngineConfig& config)
       : config_(config),
-        pool_(make_pool(weights, config)),
-        store_(std::make_shared<PagedStore<float>>(pool_)),
-        model_(std::move(weights), store_, config.max_tokens),
-        scheduler_(pool_, config.scheduler, model_.max_tokens(), model_.config().vocab_size,
+        paged_(make_pool(weights, config)),
+        model_(std::move(weights), paged_.store, config.max_tokens),
+        scheduler_(paged_.pool, config.scheduler, model_.max_tokens(), model_.config().vocab_size,
                    config.hash) {}
 
   Engine(const Engine&) = delete;
@@ -180,12 +180,21 @@ class Engine {
   const EngineConfig& config() const { return config_; }
 
  private:
-  static std::shared_ptr<PagedKVCache<float>> make_pool(
-      const std::shared_ptr<const LlamaWeights>& weights, const EngineConfig& config) {
+  // The pool (its bookkeeping, for the scheduler) and the model's store over it.
+  struct PoolAndStore {
+    std::shared_ptr<PagedKVCacheBase> pool;
+    std::shared_ptr<KVStore<float>> store;
+  };
+  static PoolAndStore make_pool(const std::shared_ptr<const LlamaWeights>& weights,
+                                const EngineConfig& config) {
     if (!weights) detail::fail("kvlab::Engine", "weights", "non-null weights", "nullptr");
     const LlamaConfig& c = weights->config;
-    return std::make_shared<PagedKVCache<float>>(c.n_layers, c.n_kv_heads, c.head_dim(),
-                                                 config.block_size, config.num_blocks);
+    return visit_kv_dtype(config.kv_dtype, [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      auto pool = std::make_shared<PagedKVCache<float, S>>(c.n_layers, c.n_kv_heads, c.head_dim(),
+                                                          config.block_size, config.num_blocks);
+      return PoolAndStore{pool, std::make_shared<PagedStore<float, S>>(pool)};
+    });
   }
 
   StepRecord log_entry(const StepPlan& plan, double begin) const {
@@ -201,7 +210,7 @@ class Engine {
     return r;
   }
   void fill_memory(StepRecord& r) const {
-    const BlockAllocator& alloc = pool_->allocator();
+    const BlockAllocator& alloc = paged_.pool->allocator();
     r.waiting = static_cast<int>(scheduler_.waiting().size());
     r.running = static_cast<int>(scheduler_.running().size());
     r.blocks_cached = scheduler_.prefix_cache().evictable_blocks();
@@ -211,8 +220,7 @@ class Engine {
   }
 
   EngineConfig config_;
-  std::shared_ptr<PagedKVCache<float>> pool_;  // the blocks every request's K/V live in
-  std::shared_ptr<PagedStore<float>> store_;   // the model's store over pool_
+  PoolAndStore paged_;  // the blocks every request's K/V live in, and the model's store over them
   LlamaModel model_;
   Scheduler scheduler_;
   std::vector<Sampler> samplers_;                      // [requests] each request's own

@@ -90,7 +90,7 @@ class Scheduler {
   /// A scheduler over `pool` for a model of `max_tokens` positions and `vocab_size` tokens.
   /// The pool must hold no sequence yet; the scheduler owns its sequences from now on.
   /// \throws InvalidArgument for a null or non-empty pool, or a bad setting.
-  Scheduler(std::shared_ptr<PagedKVCache<float>> pool, SchedulerConfig config, int max_tokens,
+  Scheduler(std::shared_ptr<PagedKVCacheBase> pool, SchedulerConfig config, int max_tokens,
             int vocab_size, PrefixCache::HashFunction hash = PrefixCache::chain_hash)
       : pool_(checked(std::move(pool))),
         config_(checked(config, max_tokens, vocab_size)),
@@ -103,7 +103,7 @@ class Scheduler {
   /// The settings (with `max_len` resolved).
   const SchedulerConfig& config() const { return config_; }
   /// The pool.
-  const PagedKVCache<float>& pool() const { return *pool_; }
+  const PagedKVCacheBase& pool() const { return *pool_; }
   /// The prefix cache (empty unless the continuous policy caches prefixes).
   const PrefixCache& prefix_cache() const { return cache_; }
   /// Request `id`.
@@ -347,7 +347,7 @@ class Scheduler {
   }
 
  private:
-  static std::shared_ptr<PagedKVCache<float>> checked(std::shared_ptr<PagedKVCache<float>> pool) {
+  static std::shared_ptr<PagedKVCacheBase> checked(std::shared_ptr<PagedKVCacheBase> pool) {
     if (!pool) detail::fail("kvlab::Scheduler", "pool", "a non-null pool", "nullptr");
     detail::require_equal("kvlab::Scheduler", "pool->sequences().size()",
                           pool->sequences().size(), std::size_t{0}, "an empty pool");
@@ -616,7 +616,7 @@ class Scheduler {
     }
   }
 
-  std::shared_ptr<PagedKVCache<float>> pool_;
+  std::shared_ptr<PagedKVCacheBase> pool_;
   SchedulerConfig config_;
   int max_tokens_;
   int vocab_size_;

@@ -33,26 +33,35 @@ namespace kvlab {
 ///  - `attend` runs `cpu::decode_attention` of the `p` queries over the sequence's cache.
 /// So a decode step costs one K/V projection per K/V head and layer, Θ(1). Memory:
 /// `2 · layers · kv_heads · capacity · head_dim · sizeof(T)` per sequence, however short it is.
-/// `fork` copies the whole cache.
-template <typename T>
+/// `fork` copies the whole cache. `S` is the type K and V are stored as (`KVStorage`: `T`,
+/// fp16, bf16, int8, int4): each row is encoded when appended and decoded as the kernel reads
+/// it, so memory per token is `2 · layers · kv_heads · storage_row_bytes<S>(head_dim)`.
+template <typename T, typename S = T>
 class ContiguousStore : public KVStore<T> {
  public:
   /// A store whose sequences each reserve `capacity` tokens in every layer.
-  /// \throws InvalidArgument if any argument is below 1.
+  /// \throws InvalidArgument if any argument is below 1, or `head_dim` is not a multiple of
+  ///         the values per stored element of `S` (32 for int8 and int4).
   ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int capacity)
       : KVStore<T>("kvlab::ContiguousStore", num_layers, num_kv_heads, head_dim),
         capacity_(capacity) {
     detail::require_at_least("kvlab::ContiguousStore", "capacity", capacity, 1);
+    detail::require_storage_head_dim<S>("kvlab::ContiguousStore", head_dim);
   }
 
   const char* name() const override { return "contiguous"; }
+  const char* storage_name() const override { return KVStorage<S>::name(); }
+  std::size_t bytes_per_token() const override {
+    return 2 * static_cast<std::size_t>(this->num_layers()) *
+           static_cast<std::size_t>(this->num_kv_heads()) * storage_row_bytes<S>(this->head_dim());
+  }
   /// Tokens each sequence can hold.
   int capacity() const { return capacity_; }
 
   /// Reserves a cache of `capacity` tokens and returns the new sequence's id.
   int add_sequence() override {
-    caches_.emplace(next_id_, ContiguousKVCache<T>(this->num_layers(), this->num_kv_heads(),
-                                                   this->head_dim(), capacity_));
+    caches_.emplace(next_id_, ContiguousKVCache<T, S>(this->num_layers(), this->num_kv_heads(),
+                                                      this->head_dim(), capacity_));
     return next_id_++;
   }
   std::vector<int> sequences() const override {
@@ -73,7 +82,7 @@ class ContiguousStore : public KVStore<T> {
 
   /// The cache of `seq` (read-only): its K/V, per layer `[num_kv_heads, capacity, head_dim]`.
   /// \throws InvalidArgument if `seq` is not live.
-  const ContiguousKVCache<T>& cache(int seq) const {
+  const ContiguousKVCache<T, S>& cache(int seq) const {
     if (!do_contains(seq))
       detail::fail("kvlab::ContiguousStore::cache", "seq", "a live sequence id", seq);
     return caches_.at(seq);
@@ -146,7 +155,7 @@ class ContiguousStore : public KVStore<T> {
 
  private:
   int capacity_;
-  std::map<int, ContiguousKVCache<T>> caches_;  // seq -> its cache
+  std::map<int, ContiguousKVCache<T, S>> caches_;  // seq -> its cache
   int next_id_ = 0;
 };
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/shape.hpp"
@@ -104,6 +105,14 @@ class KVStore {
   int head_dim() const { return head_dim_; }
   /// The store's name in messages and tables: "recompute", "contiguous" or "paged".
   virtual const char* name() const = 0;
+  /// How the store keeps its values: "fp32" (or "fp64" for double), "fp16", "bf16", "int8",
+  /// "int4" (`KVStorage`).
+  virtual const char* storage_name() const = 0;
+  /// Bytes the store keeps per token of a sequence, all layers: K and V as stored, or the
+  /// inputs of `RecomputeStore`.
+  virtual std::size_t bytes_per_token() const = 0;
+  /// The block pool of a paged store (its bookkeeping), or null for the other stores.
+  virtual const PagedKVCacheBase* paged_pool() const { return nullptr; }
 
   /// Starts an empty sequence and returns its id (ids are never reused).
   /// \throws CapacityError / OutOfBlocks where the store has no room for one more sequence.

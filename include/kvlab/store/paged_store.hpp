@@ -39,26 +39,32 @@ namespace kvlab {
 ///    queries, through its block table.
 /// The work is that of `ContiguousStore` (the same counts in every counter); the memory differs:
 /// blocks as sequences grow instead of a reservation per sequence, and `fork` shares blocks
-/// instead of copying (copy on write of a shared last block).
-template <typename T>
+/// instead of copying (copy on write of a shared last block). `S` is the type K and V are
+/// stored as (`KVStorage`: `T`, fp16, bf16, int8, int4), encoded on write and decoded as read.
+template <typename T, typename S = T>
 class PagedStore : public KVStore<T> {
  public:
   /// A store with a pool of its own: `num_blocks` blocks of `block_size` tokens, in `layout`.
-  /// \throws InvalidArgument if any size is below 1.
+  /// \throws InvalidArgument if any size is below 1 (or as `PagedKVCache`).
   PagedStore(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
              KVLayout layout = KVLayout::NHD)
-      : PagedStore(std::make_shared<PagedKVCache<T>>(num_layers, num_kv_heads, head_dim, block_size,
-                                                     num_blocks, layout)) {}
+      : PagedStore(std::make_shared<PagedKVCache<T, S>>(num_layers, num_kv_heads, head_dim,
+                                                        block_size, num_blocks, layout)) {}
 
   /// A store over `pool`, which other stores may share (each sequence belongs to the pool; a
   /// store is the step's bookkeeping and the kernel).
   /// \throws InvalidArgument if `pool` is null.
-  explicit PagedStore(std::shared_ptr<PagedKVCache<T>> pool)
+  explicit PagedStore(std::shared_ptr<PagedKVCache<T, S>> pool)
       : KVStore<T>("kvlab::PagedStore", checked(pool).num_layers(), checked(pool).num_kv_heads(),
                    checked(pool).head_dim()),
         pool_(std::move(pool)) {}
 
   const char* name() const override { return "paged"; }
+  const char* storage_name() const override { return KVStorage<S>::name(); }
+  std::size_t bytes_per_token() const override {
+    return static_cast<std::size_t>(cache_bytes_per_token(*pool_));
+  }
+  const PagedKVCacheBase* paged_pool() const override { return pool_.get(); }
 
   int add_sequence() override { return pool_->add_sequence(); }
   std::vector<int> sequences() const override { return pool_->sequences(); }
@@ -72,9 +78,9 @@ class PagedStore : public KVStore<T> {
   }
 
   /// The pool (read-only): blocks, reference counts, every sequence's block table.
-  const PagedKVCache<T>& cache() const { return *pool_; }
+  const PagedKVCache<T, S>& cache() const { return *pool_; }
   /// The pool, shared (to build another store or decoder over the same blocks).
-  const std::shared_ptr<PagedKVCache<T>>& pool() const { return pool_; }
+  const std::shared_ptr<PagedKVCache<T, S>>& pool() const { return pool_; }
 
  protected:
   bool do_contains(int seq) const override { return pool_->contains(seq); }
@@ -141,7 +147,7 @@ class PagedStore : public KVStore<T> {
   }
 
  private:
-  static const PagedKVCache<T>& checked(const std::shared_ptr<PagedKVCache<T>>& pool) {
+  static const PagedKVCache<T, S>& checked(const std::shared_ptr<PagedKVCache<T, S>>& pool) {
     if (!pool) detail::fail("kvlab::PagedStore", "pool", "a non-null pool", "nullptr");
     return *pool;
   }
@@ -150,7 +156,7 @@ class PagedStore : public KVStore<T> {
     tables_.reset();
   }
 
-  std::shared_ptr<PagedKVCache<T>> pool_;
+  std::shared_ptr<PagedKVCache<T, S>> pool_;
   std::vector<std::int64_t> slots_;      // [step rows]: the open step's slots, in row order
   std::unique_ptr<BlockTables> tables_;  // the open step's block tables, for every layer
 };

@@ -48,6 +48,12 @@ class RecomputeStore : public KVStore<T> {
   }
 
   const char* name() const override { return "recompute"; }
+  /// The inputs are kept as given: "fp32" (or "fp64").
+  const char* storage_name() const override { return KVStorage<T>::name(); }
+  /// `input_width · sizeof(T)`: one input row per token (no K/V).
+  std::size_t bytes_per_token() const override {
+    return static_cast<std::size_t>(input_width_) * sizeof(T);
+  }
   /// Values per token of the kept inputs.
   int input_width() const { return input_width_; }
 

@@ -1,0 +1,511 @@
+/// \file
+/// \brief How a cache stores the keys and values it is given: `KVDType` (fp32, fp16, bf16, int8,
+/// int4) and `KVStorage<S>`, the one place where a row of values becomes stored elements of type
+/// `S` and back — `float` as is, `Eigen::half` and `Eigen::bfloat16` rounded to nearest even,
+/// `BlockQ8_0` and `BlockQ4_0` quantized per block of 32 values with an fp16 scale — with the
+/// bound on what each loses, derived below and checked exhaustively in
+/// `tests/test_kv_storage.cpp`. The caches encode a row when it is appended; the attention
+/// kernels decode the rows they read, one at a time (never a decoded copy of the cache).
+///
+/// Beside `matrix.hpp`, below every folder: the caches (`cache/`) and the kernels (`cpu/`) both
+/// read it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "kvlab/config.hpp"
+#include "kvlab/core/quant_blocks.hpp"
+#include "kvlab/matrix.hpp"
+
+namespace kvlab {
+
+/// The precisions a KV cache can store its keys and values in.
+enum class KVDType : int {
+  FP32 = 0,  ///< `float`: as computed, 32 bits per value
+  FP16 = 1,  ///< IEEE half (`Eigen::half`), rounded to nearest even: 16 bits
+  BF16 = 2,  ///< bfloat16 (`Eigen::bfloat16`), rounded to nearest even: 16 bits
+  INT8 = 3,  ///< q8_0 (`BlockQ8_0`): 8 bits per value + an fp16 scale per 32 = 8.5 bits
+  INT4 = 4,  ///< q4_0 (`BlockQ4_0`): 4 bits per value + an fp16 scale per 32 = 4.5 bits
+};
+
+/// Name of a storage precision: "fp32", "fp16", "bf16", "int8" or "int4" (the CUDA kernels'
+/// names for the first three, `cuda::storage_name`).
+inline const char* to_string(KVDType dtype) {
+  switch (dtype) {
+    case KVDType::FP32:
+      return "fp32";
+    case KVDType::FP16:
+      return "fp16";
+    case KVDType::BF16:
+      return "bf16";
+    case KVDType::INT8:
+      return "int8";
+    case KVDType::INT4:
+      return "int4";
+  }
+  return "unknown";
+}
+
+/// The precision named `name` ("fp32", "fp16", "bf16", "int8" or "int4").
+/// \throws InvalidArgument for any other name.
+inline KVDType parse_kv_dtype(const std::string& name) {
+  for (KVDType d : {KVDType::FP32, KVDType::FP16, KVDType::BF16, KVDType::INT8, KVDType::INT4}) {
+    if (name == to_string(d)) return d;
+  }
+  detail::fail("kvlab::parse_kv_dtype", "name", "fp32, fp16, bf16, int8 or int4",
+               "'" + name + "'");
+}
+
+/// Bits stored per value, scales included: 32, 16, 16, 8.5 (34 bytes per 32 values) or 4.5 (18
+/// bytes per 32 values).
+inline double kv_bits_per_value(KVDType dtype) {
+  switch (dtype) {
+    case KVDType::FP32:
+      return 32.0;
+    case KVDType::FP16:
+    case KVDType::BF16:
+      return 16.0;
+    case KVDType::INT8:
+      return 8.0 * sizeof(BlockQ8_0) / kQuantBlock;
+    case KVDType::INT4:
+      return 8.0 * sizeof(BlockQ4_0) / kQuantBlock;
+  }
+  return 0.0;
+}
+
+namespace detail {
+
+/// The fp16 bits of `x` rounded to nearest even (Eigen's conversion; F16C where the CPU has it).
+inline std::uint16_t half_bits(float x) {
+  return Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(x));
+}
+/// The value of fp16 bits `bits` (exact).
+inline float half_value(std::uint16_t bits) {
+  return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(bits));
+}
+/// The fp16 bits of the smallest fp16 value >= `x`, for `x` >= 0 finite: a quantization scale
+/// rounded up, so that no value of its block falls outside the levels (see `KVStorage`).
+inline std::uint16_t half_bits_up(float x) {
+  std::uint16_t bits = half_bits(x);
+  if (half_value(bits) < x) ++bits;  // the next fp16 value up (bits of x >= 0 increase with it)
+  return bits;
+}
+/// `x` as a float: a `double` is rounded to float first (the storage codecs work in float).
+template <typename T>
+float as_float(T x) {
+  return static_cast<float>(x);
+}
+/// The largest |x| in x[0, n).
+template <typename T>
+float max_abs(const T* x, int n) {
+  float m = 0.f;
+  for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(as_float(x[i])));
+  return m;
+}
+
+/// The first of `x[0, n)` that is not finite, or the first of a block of `values` values whose
+/// largest magnitude exceeds `max`, or -1 (the check of the quantized forms).
+template <typename T>
+int first_unquantizable(const T* x, int n, int values, float max) {
+  for (int b = 0; b < n / values; ++b) {
+    for (int i = 0; i < values; ++i) {
+      const float v = as_float(x[b * values + i]);
+      if (!std::isfinite(v) || std::fabs(v) > max) return b * values + i;
+    }
+  }
+  return -1;
+}
+
+}  // namespace detail
+
+/// How values are stored as elements of type `S`: specialised for `float` and `double` (kept
+/// as they are), `Eigen::half`, `Eigen::bfloat16`, `BlockQ8_0` and `BlockQ4_0`. Every
+/// specialisation has:
+///  - `kValues`: values per stored element (1, or 32 for a block); a row's length must be a
+///    multiple of it;
+///  - `name()`: "fp32", "fp64", "fp16", "bf16", "int8", "int4";
+///  - `encode(x, n, out)`: values `x[0, n)` (float or double; a double is rounded to float
+///    first) into `n / kValues` elements;
+///  - `decode(in, n, out)`: the `n` values those elements hold, as float or double;
+///  - `first_unrepresentable(x, n)`: the index of the first value that cannot be stored (NaN,
+///    ±Inf, or a magnitude whose rounding or scale overflows fp16), or -1 — the caches call it
+///    on every row before they change anything;
+///  - `limit()`: what `first_unrepresentable` accepts, in words, for error messages;
+///  - `error_bounds(in, n, bound)`: for each stored value, an upper bound on |x − decode| that
+///    follows from the stored elements alone (derived in each specialisation's comment).
+template <typename S>
+struct KVStorage;
+
+/// `float`: values kept as given (a double rounded to float). Nothing is refused — NaN is
+/// stored as NaN, as in any float buffer — and nothing is lost for float input.
+template <>
+struct KVStorage<float> {
+  static constexpr int kValues = 1;  ///< values per element
+  /// "fp32".
+  static const char* name() { return "fp32"; }
+  /// x as float.
+  template <typename T>
+  static void encode(const T* x, int n, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]);
+  }
+  /// The stored floats.
+  template <typename T>
+  static void decode(const float* in, int n, T* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<T>(in[i]);
+  }
+  /// -1: every value is kept.
+  template <typename T>
+  static int first_unrepresentable(const T*, int) {
+    return -1;
+  }
+  /// Every value.
+  static const char* limit() { return "any value"; }
+  /// 0 for float input (exact).
+  template <typename B>
+  static void error_bounds(const float*, int n, B* bound) {
+    std::fill(bound, bound + n, B(0));
+  }
+};
+
+/// `double`: values kept as given, for the double-precision oracle paths (not a `KVDType`).
+template <>
+struct KVStorage<double> {
+  static constexpr int kValues = 1;  ///< values per element
+  /// "fp64".
+  static const char* name() { return "fp64"; }
+  /// x as double.
+  template <typename T>
+  static void encode(const T* x, int n, double* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<double>(x[i]);
+  }
+  /// The stored doubles.
+  template <typename T>
+  static void decode(const double* in, int n, T* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<T>(in[i]);
+  }
+  /// -1: every value is kept.
+  template <typename T>
+  static int first_unrepresentable(const T*, int) {
+    return -1;
+  }
+  /// Every value.
+  static const char* limit() { return "any value"; }
+  /// 0 (exact).
+  template <typename B>
+  static void error_bounds(const double*, int n, B* bound) {
+    std::fill(bound, bound + n, B(0));
+  }
+};
+
+/// fp16: each value rounded to the nearest fp16 value, ties to even (Eigen's `float_to_half_rtne`,
+/// F16C's `vcvtps2ph` where available — checked bit for bit against an independent rounding in
+/// the tests). 11 significant bits, largest finite 65504.
+///
+/// Bound: rounding to nearest moves a value in the normal range (|x̂| >= 2^-14) by at most half
+/// a unit in the last place, |x − x̂| <= 2^-11 |x|, hence <= 2^-11 |x̂| / (1 − 2^-11); in the
+/// subnormal range the spacing is 2^-24, so |x − x̂| <= 2^-25. `error_bounds` gives the sum of
+/// both terms, valid everywhere.
+template <>
+struct KVStorage<Eigen::half> {
+  static constexpr int kValues = 1;  ///< values per element
+  /// "fp16".
+  static const char* name() { return "fp16"; }
+  /// Each value rounded to nearest even.
+  template <typename T>
+  static void encode(const T* x, int n, Eigen::half* out) {
+    for (int i = 0; i < n; ++i) out[i] = Eigen::half(detail::as_float(x[i]));
+  }
+  /// The stored values, exactly (vectorised by Eigen's packet conversion).
+  template <typename T>
+  static void decode(const Eigen::half* in, int n, T* out) {
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, n) =
+        Eigen::Map<const Eigen::Array<Eigen::half, Eigen::Dynamic, 1>>(in, n).template cast<T>();
+  }
+  /// The first value that is NaN, ±Inf, or rounds beyond 65504 (|x| >= 65520), or -1.
+  template <typename T>
+  static int first_unrepresentable(const T* x, int n) {
+    for (int i = 0; i < n; ++i) {
+      const float v = detail::as_float(x[i]);
+      if (!(std::fabs(v) < 65520.f)) return i;  // also NaN
+    }
+    return -1;
+  }
+  /// What fp16 holds.
+  static const char* limit() { return "a finite value with |x| < 65520 (fp16's range)"; }
+  /// 2^-11 |x̂| / (1 − 2^-11) + 2^-25 per value.
+  template <typename B>
+  static void error_bounds(const Eigen::half* in, int n, B* bound) {
+    const double u = std::ldexp(1.0, -11);
+    for (int i = 0; i < n; ++i)
+      bound[i] = static_cast<B>(u / (1 - u) * std::fabs(static_cast<double>(in[i])) +
+                                std::ldexp(1.0, -25));
+  }
+};
+
+/// bf16: each value rounded to the nearest bfloat16 value, ties to even (Eigen's
+/// `float_to_bfloat16_rtne`; checked bit for bit in the tests): float's exponent range, 8
+/// significant bits.
+///
+/// Bound, as for fp16 with 8 bits: |x − x̂| <= 2^-8 |x̂| / (1 − 2^-8) in the normal range, and
+/// <= 2^-134 among float's subnormals (spacing 2^-133); `error_bounds` gives the sum.
+template <>
+struct KVStorage<Eigen::bfloat16> {
+  static constexpr int kValues = 1;  ///< values per element
+  /// "bf16".
+  static const char* name() { return "bf16"; }
+  /// Each value rounded to nearest even.
+  template <typename T>
+  static void encode(const T* x, int n, Eigen::bfloat16* out) {
+    for (int i = 0; i < n; ++i) out[i] = Eigen::bfloat16(detail::as_float(x[i]));
+  }
+  /// The stored values, exactly.
+  template <typename T>
+  static void decode(const Eigen::bfloat16* in, int n, T* out) {
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, n) =
+        Eigen::Map<const Eigen::Array<Eigen::bfloat16, Eigen::Dynamic, 1>>(in, n)
+            .template cast<T>();
+  }
+  /// The first value that is NaN, ±Inf, or rounds to ±Inf (|x| >= 2^128 − 2^119), or -1.
+  template <typename T>
+  static int first_unrepresentable(const T* x, int n) {
+    const float edge = std::ldexp(1.f, 127) * (2.f - std::ldexp(1.f, -8));  // 2^128 − 2^119
+    for (int i = 0; i < n; ++i) {
+      const float v = detail::as_float(x[i]);
+      if (!(std::fabs(v) < edge)) return i;
+    }
+    return -1;
+  }
+  /// What bf16 holds.
+  static const char* limit() { return "a finite value with |x| < 2^128 - 2^119 (bf16's range)"; }
+  /// 2^-8 |x̂| / (1 − 2^-8) + 2^-134 per value.
+  template <typename B>
+  static void error_bounds(const Eigen::bfloat16* in, int n, B* bound) {
+    const double u = std::ldexp(1.0, -8);
+    for (int i = 0; i < n; ++i)
+      bound[i] = static_cast<B>(u / (1 - u) * std::fabs(static_cast<double>(in[i])) +
+                                std::ldexp(1.0, -134));
+  }
+};
+
+/// int8, llama.cpp's q8_0 form: per block of 32 values, the scale d = max|x| / 127 stored in
+/// fp16, and q = round(x / d) in [-127, 127] (half away from zero), the value read back as d·q.
+///
+/// One difference from llama.cpp, for the bound: the stored scale is max|x| / 127 rounded *up*
+/// to fp16 (llama.cpp rounds it to nearest) and q is computed with that stored scale (llama.cpp
+/// uses the fp32 one). Then |x / d| <= 127 for every value of the block, so no value is clipped
+/// and rounding to the nearest level gives
+///   |x − d·q| <= d / 2   for every value, d the block's stored scale.
+/// A block of zeros stores d = 0 and reads back zeros exactly; a block whose max|x| / 127 is
+/// below fp16's smallest step stores d = 2^-24 and its values read back within 2^-25.
+template <>
+struct KVStorage<BlockQ8_0> {
+  static constexpr int kValues = kQuantBlock;  ///< values per element
+  /// "int8".
+  static const char* name() { return "int8"; }
+  /// Each block of 32 values quantized as above.
+  template <typename T>
+  static void encode(const T* x, int n, BlockQ8_0* out) {
+    for (int b = 0; b < n / kValues; ++b) {
+      const T* v = x + b * kValues;
+      BlockQ8_0& block = out[b];
+      block.d = detail::half_bits_up(detail::max_abs(v, kValues) / 127.f);
+      const float d = detail::half_value(block.d);
+      const float inverse = d > 0.f ? 1.f / d : 0.f;
+      for (int i = 0; i < kValues; ++i) {
+        // |x / d| <= 127 (d rounded up), up to the rounding of the product: clamp for safety
+        const float level = std::round(detail::as_float(v[i]) * inverse);
+        block.q[i] = static_cast<std::int8_t>(std::clamp(level, -127.f, 127.f));
+      }
+    }
+  }
+  /// d·q for every value.
+  template <typename T>
+  static void decode(const BlockQ8_0* in, int n, T* out) {
+    for (int b = 0; b < n / kValues; ++b) {
+      const float d = detail::half_value(in[b].d);
+      T* o = out + b * kValues;
+      for (int i = 0; i < kValues; ++i) o[i] = static_cast<T>(d * static_cast<float>(in[b].q[i]));
+    }
+  }
+  /// The first value that is NaN or ±Inf, or the first of a block whose scale would overflow
+  /// fp16 (max|x| > 127 · 65504), or -1.
+  template <typename T>
+  static int first_unrepresentable(const T* x, int n) {
+    return detail::first_unquantizable(x, n, kValues, 127.f * 65504.f);
+  }
+  /// What q8_0 holds.
+  static const char* limit() { return "a finite value with |x| <= 127 * 65504 (q8_0's scale)"; }
+  /// d / 2 per value, d its block's stored scale.
+  template <typename B>
+  static void error_bounds(const BlockQ8_0* in, int n, B* bound) {
+    for (int i = 0; i < n; ++i)
+      bound[i] = static_cast<B>(detail::half_value(in[i / kValues].d) / 2.f);
+  }
+
+};
+
+/// int4, llama.cpp's q4_0 form: per block of 32 values, m is the value of largest magnitude
+/// (with its sign), the scale d = m / −8 stored in fp16, and each value becomes the nibble
+/// n = min(15, floor(x / d + 8.5)) in [0, 15], read back as d·(n − 8). The extreme value is
+/// exactly level −8; the 16 levels run from −8·d to 7·d.
+///
+/// As for q8_0, kvlab rounds |d| *up* to fp16 and computes the nibbles with the stored scale,
+/// so |x / d| <= 8 for every value and nothing falls below level −8. Rounding to the nearest
+/// level then gives
+///   |x − d·(n − 8)| <= |d| / 2   for every value with x / d <= 7.5,
+/// and a value with x / d in (7.5, 8] — the far side of the block from its extreme, which the
+/// asymmetric levels cannot reach — is clipped to level 7, within |d|. Read back from the
+/// stored nibble alone: |d| / 2 unless n = 15, where |d|. (A symmetric rule, d = max|x| / 7,
+/// would bound every value by |d| / 2 but with a d 8/7 larger and one level unused; kvlab
+/// keeps llama.cpp's rule so that its figures compare with llama.cpp's.)
+template <>
+struct KVStorage<BlockQ4_0> {
+  static constexpr int kValues = kQuantBlock;  ///< values per element
+  /// "int4".
+  static const char* name() { return "int4"; }
+  /// Each block of 32 values quantized as above.
+  template <typename T>
+  static void encode(const T* x, int n, BlockQ4_0* out) {
+    constexpr int kHalf = kValues / 2;
+    for (int b = 0; b < n / kValues; ++b) {
+      const T* v = x + b * kValues;
+      float extreme = 0.f;  // the value of largest magnitude, the first of equals
+      for (int i = 0; i < kValues; ++i) {
+        const float value = detail::as_float(v[i]);
+        if (std::fabs(value) > std::fabs(extreme)) extreme = value;
+      }
+      const std::uint16_t magnitude = detail::half_bits_up(std::fabs(extreme) / 8.f);
+      // d = extreme / -8: the sign opposite to the extreme's (fp16 bit 15)
+      const std::uint16_t sign = extreme > 0.f ? 0x8000 : 0;
+      BlockQ4_0& block = out[b];
+      block.d = static_cast<std::uint16_t>(magnitude | sign);
+      const float d = detail::half_value(block.d);
+      const float inverse = d != 0.f ? 1.f / d : 0.f;
+      const auto nibble = [&](int i) {
+        const float level = std::floor(detail::as_float(v[i]) * inverse + 8.5f);
+        return static_cast<std::uint8_t>(std::clamp(level, 0.f, 15.f));
+      };
+      for (int j = 0; j < kHalf; ++j)
+        block.q[j] = static_cast<std::uint8_t>(nibble(j) | (nibble(j + kHalf) << 4));
+    }
+  }
+  /// d·(n − 8) for every value.
+  template <typename T>
+  static void decode(const BlockQ4_0* in, int n, T* out) {
+    constexpr int kHalf = kValues / 2;
+    for (int b = 0; b < n / kValues; ++b) {
+      const float d = detail::half_value(in[b].d);
+      T* o = out + b * kValues;
+      for (int j = 0; j < kHalf; ++j) {
+        o[j] = static_cast<T>(d * static_cast<float>((in[b].q[j] & 0x0F) - 8));
+        o[j + kHalf] = static_cast<T>(d * static_cast<float>((in[b].q[j] >> 4) - 8));
+      }
+    }
+  }
+  /// The first value that is NaN or ±Inf, or the first of a block whose scale would overflow
+  /// fp16 (max|x| > 8 · 65504), or -1.
+  template <typename T>
+  static int first_unrepresentable(const T* x, int n) {
+    return detail::first_unquantizable(x, n, kValues, 8.f * 65504.f);
+  }
+  /// What q4_0 holds.
+  static const char* limit() { return "a finite value with |x| <= 8 * 65504 (q4_0's scale)"; }
+  /// |d| / 2 per value, or |d| where the stored nibble is 15 (possibly clipped).
+  template <typename B>
+  static void error_bounds(const BlockQ4_0* in, int n, B* bound) {
+    constexpr int kHalf = kValues / 2;
+    for (int i = 0; i < n; ++i) {
+      const BlockQ4_0& block = in[i / kValues];
+      const int j = i % kValues;
+      const int nib = j < kHalf ? block.q[j] & 0x0F : block.q[j - kHalf] >> 4;
+      const float d = std::fabs(detail::half_value(block.d));
+      bound[i] = static_cast<B>(nib == 15 ? d : d / 2.f);
+    }
+  }
+};
+
+/// The `KVDType` of a storage type (`float` is FP32; `double` has none).
+template <typename S>
+constexpr KVDType kv_dtype_of() {
+  static_assert(!std::is_same<S, double>::value, "double storage is kvlab's oracle, not a KVDType");
+  return std::is_same<S, float>::value             ? KVDType::FP32
+         : std::is_same<S, Eigen::half>::value     ? KVDType::FP16
+         : std::is_same<S, Eigen::bfloat16>::value ? KVDType::BF16
+         : std::is_same<S, BlockQ8_0>::value       ? KVDType::INT8
+                                                   : KVDType::INT4;
+}
+
+/// A storage type as a value, for `visit_kv_dtype`.
+template <typename S>
+struct StorageTag {
+  using type = S;  ///< the storage type
+};
+
+/// Calls `f(StorageTag<S>{})` with the storage type `S` of `dtype` — float, `Eigen::half`,
+/// `Eigen::bfloat16`, `BlockQ8_0` or `BlockQ4_0` — and returns what it returns: the one place
+/// where a precision chosen at run time becomes a type (every branch of `f` is compiled).
+/// \throws InvalidArgument for a value outside the enumeration.
+template <typename F>
+decltype(auto) visit_kv_dtype(KVDType dtype, F&& f) {
+  switch (dtype) {
+    case KVDType::FP32:
+      return f(StorageTag<float>{});
+    case KVDType::FP16:
+      return f(StorageTag<Eigen::half>{});
+    case KVDType::BF16:
+      return f(StorageTag<Eigen::bfloat16>{});
+    case KVDType::INT8:
+      return f(StorageTag<BlockQ8_0>{});
+    case KVDType::INT4:
+      return f(StorageTag<BlockQ4_0>{});
+  }
+  detail::fail("kvlab::visit_kv_dtype", "dtype", "fp32, fp16, bf16, int8 or int4",
+               static_cast<int>(dtype));
+}
+
+/// Bytes of one head's row of `head_dim` values stored as `S` (`head_dim` a multiple of
+/// `KVStorage<S>::kValues`).
+template <typename S>
+constexpr std::size_t storage_row_bytes(int head_dim) {
+  return static_cast<std::size_t>(head_dim / KVStorage<S>::kValues) * sizeof(S);
+}
+
+namespace detail {
+
+/// Throws InvalidArgument (naming `where`) unless `head_dim` is a multiple of the values per
+/// element of storage `S` (32 for the quantized forms).
+template <typename S>
+void require_storage_head_dim(const char* where, int head_dim) {
+  if (head_dim % KVStorage<S>::kValues != 0) {
+    fail(where, "head_dim",
+         std::string("a multiple of ") + std::to_string(KVStorage<S>::kValues) + " (a " +
+             KVStorage<S>::name() + " block of values)",
+         head_dim);
+  }
+}
+
+/// Throws InvalidArgument (naming `where` and `name`, with the row and column) if a value of the
+/// `[rows, width]` rows `x` cannot be stored as `S`: nothing has been written when it throws.
+template <typename S, typename Matrix>
+void require_storable(const char* where, const char* name, const Matrix& x) {
+  if constexpr (std::is_same<S, float>::value || std::is_same<S, double>::value) {
+    return;  // fp32 / fp64 storage: everything is kept
+  }
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    const int bad = KVStorage<S>::first_unrepresentable(x.row(r).data(), static_cast<int>(x.cols()));
+    if (bad >= 0) {
+      fail(where, std::string(name) + "(" + std::to_string(r) + ", " + std::to_string(bad) + ")",
+           std::string(KVStorage<S>::limit()) + " to store as " + KVStorage<S>::name(),
+           static_cast<double>(x(r, bad)));
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace kvlab
