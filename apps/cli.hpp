@@ -80,6 +80,18 @@ inline std::string parse_file_name(const std::string& option, const char* text) 
   return text;
 }
 
+/// `text`, given to `option`, if it is one of `choices`.
+/// \throws UsageError naming the choices ("expected a, b or c, got 'x'") otherwise.
+inline std::string parse_choice(const std::string& option, const char* text,
+                                const std::vector<std::string>& choices) {
+  const std::string value = need_value(option, text);
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
+  std::string expected;
+  for (std::size_t i = 0; i < choices.size(); ++i)
+    expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  throw UsageError(option + ": expected " + expected + ", got '" + value + "'");
+}
+
 /// The items of the comma-separated list `text` given to `option` ("a,b" gives {"a", "b"}; an
 /// empty item stays, for the caller's check to name).
 /// \throws UsageError when `text` is missing.

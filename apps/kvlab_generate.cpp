@@ -62,7 +62,8 @@ const char* const kUsage =
     "[--steps N]\n"
     "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size "
     "B]\n"
-    "                      [--threads T] [--builtin tiny|stories15M] [--quiet] [--help]\n"
+    "                      [--kv-dtype fp32|fp16|bf16|int8|int4] [--threads T]\n"
+    "                      [--builtin tiny|stories15M] [--quiet] [--help]\n"
     "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, "
     "stories260K.bin);\n"
     "                      without it: a built-in model with random weights (see --builtin)\n"
@@ -136,10 +137,8 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--block-size") {
       o.block_size = parse_int(arg, value, 1, 1 << 20);
     } else if (arg == "--kv-dtype") {
-      const std::string name = need_value(arg, value);
-      if (name != "fp32" && name != "fp16" && name != "bf16" && name != "int8" && name != "int4")
-        throw UsageError("--kv-dtype: expected fp32, fp16, bf16, int8 or int4, got '" + name + "'");
-      o.kv_dtype = kvlab::parse_kv_dtype(name);
+      o.kv_dtype = kvlab::parse_kv_dtype(
+          kvlab_bench::parse_choice(arg, value, {"fp32", "fp16", "bf16", "int8", "int4"}));
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value, 1, 256);
     } else if (arg == "--builtin") {

@@ -44,6 +44,7 @@ struct Options {
   std::string builtin = "tiny";
   kvlab::BatchingPolicy policy = kvlab::BatchingPolicy::Continuous;
   int block_size = 16;
+  kvlab::KVDType kv_dtype = kvlab::KVDType::FP32;
   int pool_tokens = 4096;
   int max_batched_tokens = 256;
   int max_running = 16;
@@ -63,7 +64,7 @@ struct Options {
 const char* const kUsage =
     "usage: kvlab-serve [--model FILE | --builtin tiny|stories15M] "
     "[--policy continuous|static|contiguous]\n"
-    "                   [--block-size N] [--pool-tokens N] [--max-batched-tokens N] "
+    "                   [--block-size N] [--kv-dtype D] [--pool-tokens N] [--max-batched-tokens N] "
     "[--max-running N]\n"
     "                   [--max-len N] [--watermark N] [--prefix-caching on|off]\n"
     "                   [--workload FILE | --requests N --seed S --prompt-len MIN:MAX "
@@ -79,6 +80,9 @@ const char* const kUsage =
     "                          together, padded to the longest, nobody joins until it ends;\n"
     "                          contiguous: continuous, but each request reserves --max-len tokens\n"
     "  --block-size N          tokens per block of the pool (default 16)\n"
+    "  --kv-dtype D            how the pool stores K and V: fp32 (default), fp16, bf16, int8 "
+    "(q8_0,\n"
+    "                          8.5 bits per value) or int4 (q4_0, 4.5 bits per value)\n"
     "  --pool-tokens N         KV memory, in tokens: a multiple of the block size (default 4096);\n"
     "                          the same for every policy\n"
     "  --max-batched-tokens N  token budget per step (default 256; static batches have none)\n"
@@ -141,6 +145,9 @@ bool parse(int argc, char** argv, Options& o) {
       }
     } else if (arg == "--block-size") {
       o.block_size = parse_int(arg, value, 1, 1 << 16);
+    } else if (arg == "--kv-dtype") {
+      o.kv_dtype = kvlab::parse_kv_dtype(
+          kvlab_bench::parse_choice(arg, value, {"fp32", "fp16", "bf16", "int8", "int4"}));
     } else if (arg == "--pool-tokens") {
       o.pool_tokens = parse_int(arg, value, 1, 1 << 26);
     } else if (arg == "--max-batched-tokens") {
@@ -232,6 +239,7 @@ int serve(const Options& o) {
   kvlab::EngineConfig config;
   config.block_size = o.block_size;
   config.num_blocks = o.pool_tokens / o.block_size;
+  config.kv_dtype = o.kv_dtype;
   config.clock = o.clock_steps ? kvlab::EngineClock::Steps : kvlab::EngineClock::Wall;
   config.scheduler.policy = o.policy;
   config.scheduler.max_batched_tokens = o.max_batched_tokens;
@@ -264,9 +272,12 @@ int serve(const Options& o) {
     std::fprintf(stderr, "%s: every request was refused\n", kProgram);
     return 1;
   }
-  std::fprintf(stderr, "%s: %s, %s policy, %zu requests, pool %d tokens (%d blocks of %d)\n",
+  std::fprintf(stderr,
+               "%s: %s, %s policy, %zu requests, pool %d tokens (%d blocks of %d), K/V stored as "
+               "%s, %zu bytes per token\n",
                kProgram, description.c_str(), kvlab::to_string(o.policy), ids.size(),
-               o.pool_tokens, config.num_blocks, o.block_size);
+               o.pool_tokens, config.num_blocks, o.block_size, engine.model().store().storage_name(),
+               engine.model().store().bytes_per_token());
 
   // Progress: a line at most every second of wall time.
   auto last = std::chrono::steady_clock::now();

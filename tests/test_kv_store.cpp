@@ -1,5 +1,6 @@
 // One suite over every way of keeping K/V (every KVStore: recompute, contiguous, paged with
-// block sizes 1, 7 and 16 in both pool layouts): a ragged batch — sequences of different
+// block sizes 1, 7 and 16 in both pool layouts, and the contiguous and paged stores keeping K/V
+// as fp16, bf16, int8 and int4 — a new variant is one line of kKinds): a ragged batch — sequences of different
 // lengths, prompt chunks and decode tokens in one step, sequences joining and leaving between
 // steps — gives each sequence exactly what it gets alone; forks continue as their parents
 // would; a step is all or nothing (a sequence without room fails the whole step, and nothing
@@ -10,11 +11,17 @@
 // 1e-12, float 1e-5, relative to max(1, row max). Measured with g++ 12 (x86-64, Release, 1
 // thread): float at most 1.8e-7, double at most 3.0e-16 — the matrix products of a different
 // number of rows round differently; the attention of each sequence is the same arithmetic.
+// The reduced-precision stores run these cases in double: a K value computed by a batch and by
+// a lone sequence may differ by rounding, and in float (1e-7) that is enough, now and then, to
+// land a value one fp16 step or quantization level apart — a difference of the storage's step,
+// not of the bookkeeping tested here (in double, 1e-16, it does not happen in these cases).
+// How far each storage is from fp32 is tested, with its derived bound, in test_kv_storage.cpp.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
@@ -35,12 +42,28 @@ struct StoreKind {
   const char* name;
   int block_size;  // paged only
   kvlab::KVLayout layout;
+  kvlab::KVDType dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
 };
 
+using kvlab::KVDType;
+using kvlab::KVLayout;
 const StoreKind kKinds[] = {
-    {"recompute", 0, kvlab::KVLayout::NHD}, {"contiguous", 0, kvlab::KVLayout::NHD},
-    {"paged", 1, kvlab::KVLayout::NHD},     {"paged", 7, kvlab::KVLayout::NHD},
-    {"paged", 16, kvlab::KVLayout::NHD},    {"paged", 7, kvlab::KVLayout::HND}};
+    {"recompute", 0, KVLayout::NHD, KVDType::FP32},  {"contiguous", 0, KVLayout::NHD, KVDType::FP32},
+    {"paged", 1, KVLayout::NHD, KVDType::FP32},      {"paged", 7, KVLayout::NHD, KVDType::FP32},
+    {"paged", 16, KVLayout::NHD, KVDType::FP32},     {"paged", 7, KVLayout::HND, KVDType::FP32},
+    {"contiguous", 0, KVLayout::NHD, KVDType::FP16}, {"contiguous", 0, KVLayout::NHD, KVDType::BF16},
+    {"contiguous", 0, KVLayout::NHD, KVDType::INT8}, {"contiguous", 0, KVLayout::NHD, KVDType::INT4},
+    {"paged", 7, KVLayout::NHD, KVDType::FP16},      {"paged", 16, KVLayout::HND, KVDType::BF16},
+    {"paged", 7, KVLayout::HND, KVDType::INT8},      {"paged", 1, KVLayout::NHD, KVDType::INT4}};
+
+// The kinds that a test in T runs: all of them in double, the fp32 ones in float (see above).
+template <typename T>
+std::vector<StoreKind> kinds_for() {
+  std::vector<StoreKind> kinds;
+  for (const StoreKind& kind : kKinds)
+    if (std::is_same<T, double>::value || kind.dtype == KVDType::FP32) kinds.push_back(kind);
+  return kinds;
+}
 
 template <typename T>
 std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionStack<T>& stack,
@@ -50,11 +73,16 @@ std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionSta
   const std::string name = kind.name;
   if (name == "recompute")
     return std::make_shared<kvlab::RecomputeStore<T>>(layers, kv_heads, head_dim, stack.d_model());
-  if (name == "contiguous")
-    return std::make_shared<kvlab::ContiguousStore<T>>(layers, kv_heads, head_dim, max_len);
-  const int blocks = sequences * ((max_len - 1) / kind.block_size + 1);
-  return std::make_shared<kvlab::PagedStore<T>>(layers, kv_heads, head_dim, kind.block_size, blocks,
-                                                kind.layout);
+  const auto of = [&](auto tag) -> std::shared_ptr<KVStore<T>> {
+    using S = std::conditional_t<std::is_same<typename decltype(tag)::type, float>::value, T,
+                                 typename decltype(tag)::type>;  // fp32: T itself
+    if (name == "contiguous")
+      return std::make_shared<kvlab::ContiguousStore<T, S>>(layers, kv_heads, head_dim, max_len);
+    const int blocks = sequences * ((max_len - 1) / kind.block_size + 1);
+    return std::make_shared<kvlab::PagedStore<T, S>>(layers, kv_heads, head_dim, kind.block_size,
+                                                     blocks, kind.layout);
+  };
+  return kvlab::visit_kv_dtype(kind.dtype, of);
 }
 
 // One chunk of a step: `tokens` new rows of sequence `who` (an index into the script's
@@ -68,9 +96,9 @@ struct Chunk {
 TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets alone", "", float,
                    double) {
   using T = TestType;
-  const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout));
-  const AttentionShape shape(8, 2, 16);  // GQA
+  const StoreKind kind = GENERATE(from_range(kinds_for<T>()));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::to_string(kind.dtype));
+  const AttentionShape shape(8, 2, 32);  // GQA
   const auto stack = AttentionStack<T>::random(3, shape, 32, 11);
   constexpr int kSequences = 5, kMaxLen = 40;
   kvlab::Rng rng(3);
@@ -137,8 +165,8 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
 
 TEST_CASE("every store: a fork continues as its parent would, and the parent is unchanged") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout));
-  const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 8), 16, 2);
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::to_string(kind.dtype));
+  const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 2);
   kvlab::Rng rng(9);
   const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);
   const RowMatrix<double> a_tail = kvlab::random_matrix<double>(4, 16, rng);
@@ -206,6 +234,27 @@ TEST_CASE("every store: bytes reserved and used follow the sequences") {
     CHECK(store.bytes_reserved() == 3 * 4 * token_kv);
     CHECK(store.bytes_used() == 9 * token_kv);
   }
+  SECTION("reduced precision: the bytes as stored, 2, 2, 34/32 and 18/32 bytes per value") {
+    const auto wide = AttentionStack<float>::random(2, AttentionShape(4, 2, 32), 16, 2);
+    // per token: K and V, 2 layers, 2 heads of 32 values
+    const std::size_t values = 2 * 2 * 2 * 32;
+    kvlab::ContiguousStore<float, Eigen::half> fp16(2, 2, 32, 12);
+    kvlab::PagedStore<float, Eigen::bfloat16> bf16(2, 2, 32, 4, 10);
+    kvlab::ContiguousStore<float, kvlab::BlockQ8_0> int8(2, 2, 32, 12);
+    kvlab::PagedStore<float, kvlab::BlockQ4_0> int4(2, 2, 32, 4, 10);
+    CHECK(fp16.bytes_per_token() == values * 2);
+    CHECK(bf16.bytes_per_token() == values * 2);
+    CHECK(int8.bytes_per_token() == values / 32 * 34);
+    CHECK(int4.bytes_per_token() == values / 32 * 18);
+    for (KVStore<float>* store : std::vector<KVStore<float>*>{&fp16, &bf16, &int8, &int4}) {
+      CAPTURE(store->storage_name());
+      const int s = store->add_sequence();
+      kvlab::run_stack(*wide, *store, {s}, {0, 9}, x);
+      CHECK(store->bytes_used() == 9 * store->bytes_per_token());
+    }
+    CHECK(fp16.bytes_reserved() == 12 * fp16.bytes_per_token());
+    CHECK(int4.bytes_reserved() == 3 * 4 * int4.bytes_per_token());
+  }
 }
 
 TEST_CASE("a step is all or nothing: no room for one sequence fails the step, nothing changes") {
@@ -254,8 +303,8 @@ TEST_CASE("a step is all or nothing: no room for one sequence fails the step, no
 
 TEST_CASE("every store: an aborted step leaves every sequence as it was") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size);
-  const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 8), 16, 4);
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.dtype));
+  const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 4);
   kvlab::Rng rng(8);
   const RowMatrix<double> x = kvlab::random_matrix<double>(8, 16, rng);
   const auto store = make_store<double>(kind, *stack, 16, 2);
@@ -269,12 +318,12 @@ TEST_CASE("every store: an aborted step leaves every sequence as it was") {
   const kvlab::StepBatch& step =
       store->begin_step({b, a}, {0, 1, 3}, RowMatrix<double>(x.bottomRows(3)), inputs);
   CHECK(step.size() == 2);
-  RowMatrix<double> k = RowMatrix<double>::Zero(step.rows(), 16), v = k, out;
+  RowMatrix<double> k = RowMatrix<double>::Zero(step.rows(), 64), v = k, out;
   store->append(0, k, v);
-  CHECK_THROWS_MATCHES(store->attend(0, stack->shape(), RowMatrix<double>::Zero(step.rows(), 31),
+  CHECK_THROWS_MATCHES(store->attend(0, stack->shape(), RowMatrix<double>::Zero(step.rows(), 127),
                                      step.row_indptr, out, nullptr),
                        kvlab::InvalidArgument,
-                       names("q.cols()", "32 (num_heads * head_dim)", "31"));
+                       names("q.cols()", "128 (num_heads * head_dim)", "127"));
   CHECK_THROWS_MATCHES(store->free_sequence(a), kvlab::InvalidArgument,
                        names("step", "no step open (end_step or abort_step first)", "a step open"));
   store->abort_step();

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -525,4 +526,49 @@ TEST_CASE(
 #else
   WARN("built without OpenMP: nothing to compare");
 #endif
+}
+
+TEST_CASE(
+    "every storage precision: cached and paged agree, and the distance from fp32 follows the "
+    "bits kept") {
+  // Heads of 32 values (int8 and int4 blocks fit), 3 layers, random weights. Every model is fed
+  // the same tokens (fp32's greedy choices), so their logits stay comparable step by step.
+  const Weights weights = shared(LlamaWeights::random(LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 3));
+  const std::vector<int> prompt = random_prompt(12, weights->config.vocab_size, 4);
+  constexpr int kSteps = 60;
+  LlamaModel reference(weights, LlamaBackend::Cached);
+  std::vector<int> fed = prompt;
+  std::vector<RowVector<float>> want{reference.prefill(prompt)};
+  for (int s = 0; s < kSteps; ++s) {
+    const RowVector<float>& l = want.back();
+    Eigen::Index best;
+    l.maxCoeff(&best);
+    fed.push_back(static_cast<int>(best));
+    want.push_back(reference.decode(fed.back()));
+  }
+  std::map<kvlab::KVDType, double> distance;  // largest logit error from fp32, per storage
+  for (kvlab::KVDType dtype : {kvlab::KVDType::FP16, kvlab::KVDType::BF16, kvlab::KVDType::INT8,
+                               kvlab::KVDType::INT4}) {
+    CAPTURE(kvlab::to_string(dtype));
+    LlamaModel cached(weights, LlamaBackend::Cached, 16, 0, dtype);
+    LlamaModel paged(weights, LlamaBackend::Paged, 7, 0, dtype);
+    CHECK(std::string(cached.store().storage_name()) == kvlab::to_string(dtype));
+    double worst = 0, same = 0;
+    for (int s = 0; s <= kSteps; ++s) {
+      const RowVector<float> a = s == 0 ? cached.prefill(prompt) : cached.decode(fed[prompt.size() + s - 1]);
+      const RowVector<float> b = s == 0 ? paged.prefill(prompt) : paged.decode(fed[prompt.size() + s - 1]);
+      same = std::max(same, logit_error(b, a));  // one storage, two layouts: rounding only
+      worst = std::max(worst, logit_error(a, want[static_cast<std::size_t>(s)]));
+    }
+    CHECK(same <= kLogitRtol);
+    CHECK(paged.total() == cached.total());  // the same work, counted in the stored bytes
+    distance[dtype] = worst;
+    INFO("largest logit error vs fp32: " << worst);
+    CHECK(worst > 0);  // the storage is lossy, and this path stored through it
+  }
+  // fp16 keeps 11 significant bits, bf16 8, int8 about 8 over each block's range, int4 about 4.
+  CHECK(distance[kvlab::KVDType::FP16] < distance[kvlab::KVDType::BF16]);
+  CHECK(distance[kvlab::KVDType::FP16] < distance[kvlab::KVDType::INT8]);
+  CHECK(distance[kvlab::KVDType::INT8] < distance[kvlab::KVDType::INT4]);
+  CHECK(distance[kvlab::KVDType::BF16] < distance[kvlab::KVDType::INT4]);
 }

@@ -57,8 +57,8 @@ struct Alone {
 };
 
 Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Request& r,
-                int max_tokens) {
-  kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, max_tokens);
+                int max_tokens, kvlab::KVDType dtype) {
+  kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, max_tokens, dtype);
   kvlab::Sampler sampler(weights->config.vocab_size, r.sampling.temperature, r.sampling.top_p,
                          r.sampling.seed);
   Alone a;
@@ -76,12 +76,15 @@ Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Reques
 }
 
 // The largest relative logit difference over every request, after checking that each got its
-// alone tokens (and, for greedy requests, that no draw was a near-tie).
-double check_against_alone(const Engine& engine, const std::vector<Request>& requests) {
+// alone tokens (and, for greedy requests, that no draw was a near-tie). Alone, a request runs
+// on a cached model of `weights` storing K/V as the engine's pool does.
+double check_against_alone(const Engine& engine, const std::vector<Request>& requests,
+                           const std::shared_ptr<const LlamaWeights>& weights = tiny_weights()) {
   double worst = 0;
   for (std::size_t id = 0; id < requests.size(); ++id) {
     INFO("request " << id);
-    const Alone alone = run_alone(tiny_weights(), requests[id], engine.model().max_tokens());
+    const Alone alone = run_alone(weights, requests[id], engine.model().max_tokens(),
+                                  engine.config().kv_dtype);
     const kvlab::RequestOutput& out = engine.output(static_cast<int>(id));
     REQUIRE(out.finish != kvlab::FinishReason::None);
     REQUIRE(out.tokens == alone.tokens);
@@ -128,8 +131,9 @@ EngineConfig test_config(int block_size, int num_blocks) {
   return c;
 }
 
-std::unique_ptr<Engine> run_engine(const EngineConfig& config, const std::vector<Request>& requests) {
-  auto engine = std::make_unique<Engine>(tiny_weights(), config);
+std::unique_ptr<Engine> run_engine(const EngineConfig& config, const std::vector<Request>& requests,
+                                   const std::shared_ptr<const LlamaWeights>& weights = tiny_weights()) {
+  auto engine = std::make_unique<Engine>(weights, config);
   for (const Request& r : requests) engine->submit(r);
   engine->run();
   return engine;
@@ -198,6 +202,26 @@ TEST_CASE("continuous batching: every request gets the tokens and logits it gets
     const double err = check_against_alone(*engine, requests);
     CHECK(err <= kLogitRtol);
   }
+}
+
+TEST_CASE("every storage precision: each request gets what it gets alone with that storage") {
+  // heads of 32 values, so that int8 and int4 blocks fit
+  const auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::random(
+      kvlab::LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 5));
+  const kvlab::KVDType dtype = GENERATE(kvlab::KVDType::FP16, kvlab::KVDType::BF16,
+                                        kvlab::KVDType::INT8, kvlab::KVDType::INT4);
+  CAPTURE(kvlab::to_string(dtype));
+  const std::vector<Request> requests = mixed_workload(8, 10, 0.0, 21);
+  EngineConfig c = test_config(8, (80 + 7) / 8 + 1);  // tight: some requests are preempted
+  c.kv_dtype = dtype;
+  c.scheduler.max_batched_tokens = 24;
+  const auto engine = run_engine(c, requests, weights);
+  CHECK(engine->scheduler().preemptions() > 0);
+  CHECK(kvlab::summarize(*engine).prefix_hit_tokens > 0);
+  CHECK(std::string(engine->model().store().storage_name()) == kvlab::to_string(dtype));
+  const double err = check_against_alone(*engine, requests, weights);
+  INFO("largest logit difference from alone: " << err);
+  CHECK(err <= kLogitRtol);
 }
 
 TEST_CASE("static batching and contiguous preallocation give the tokens each request gets alone") {
