@@ -52,7 +52,7 @@ struct Options {
   double top_p = 0.9;
   std::uint64_t seed = 42;
   int block_size = 16;
-  kvlab::KVDType kv_dtype = kvlab::KVDType::FP32;
+  kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
   int threads = 1;
   bool quiet = false;
 };
@@ -217,10 +217,10 @@ int run(const Options& o) {
                                       : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size)
                                                         : std::vector<int>{kvlab::Tokenizer::kBos});
 
-  if (o.backend == kvlab::LlamaBackend::Naive && o.kv_dtype != kvlab::KVDType::FP32) {
+  if (o.backend == kvlab::LlamaBackend::Naive && o.kv_dtype != kvlab::KVDtype::fp32) {
     throw UsageError(std::string("--kv-dtype: expected fp32 with --backend naive (it keeps no K/V "
                                  "to store), got ") +
-                     kvlab::to_string(o.kv_dtype));
+                     kvlab::dtype_name(o.kv_dtype));
   }
   kvlab::LlamaModel model(weights, o.backend, o.block_size, 0, o.kv_dtype);
   // tokens generate() can make

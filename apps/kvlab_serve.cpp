@@ -44,7 +44,7 @@ struct Options {
   std::string builtin = "tiny";
   kvlab::BatchingPolicy policy = kvlab::BatchingPolicy::Continuous;
   int block_size = 16;
-  kvlab::KVDType kv_dtype = kvlab::KVDType::FP32;
+  kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
   int pool_tokens = 4096;
   int max_batched_tokens = 256;
   int max_running = 16;

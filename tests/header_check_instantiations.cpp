@@ -73,7 +73,7 @@ void call_every_function_template() {
   const kvlab::AttentionShape wide(4, 2, 32);
   const RowMatrix<T> kw = kvlab::random_matrix<T>(2, wide.kv_width(), rng);
   const RowMatrix<T> qw = kvlab::random_matrix<T>(2, wide.q_width(), rng);
-  kvlab::visit_kv_dtype(kvlab::KVDType::INT4, [&](auto tag) {
+  kvlab::visit_kv_dtype(kvlab::KVDtype::int4, [&](auto tag) {
     using S = typename decltype(tag)::type;
     kvlab::ContiguousKVCache<T, S> stored(1, 2, 32, 4);
     stored.append(0, kw, kw);

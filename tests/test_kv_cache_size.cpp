@@ -195,6 +195,29 @@ TEST_CASE("precision scales the cache: fp32, fp16, bf16, int8, int4") {
   }
 }
 
+TEST_CASE("stored bytes per token: int8 and int4 blocks count their fp16 scales") {
+  const ModelConfig llama = kvlab::llama2_7b_config();
+  // 2 · 32 layers · 32 heads · 4 blocks of 32 values · 34 (q8_0) or 18 (q4_0) bytes
+  CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::int8) == 278528);  // 272 KiB
+  CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::int4) == 147456);  // 144 KiB
+  CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::fp16) == bytes_per_token(llama, KVDtype::fp16));
+  CHECK(kvlab::stored_bytes_per_token(kvlab::mistral_7b_config(), KVDtype::int8) == 69632);
+  CHECK(kvlab::stored_bits_per_value(KVDtype::int8) == 8.5);
+  CHECK(kvlab::stored_bits_per_value(KVDtype::int4) == 4.5);
+  for (const ModelConfig& model : kvlab::published_model_configs()) {  // head_dim 128: exact
+    INFO(model.name);
+    CHECK(32 * kvlab::stored_bytes_per_token(model, KVDtype::int8) ==
+          34 * bytes_per_token(model, KVDtype::int8));
+    CHECK(16 * kvlab::stored_bytes_per_token(model, KVDtype::int4) ==
+          18 * bytes_per_token(model, KVDtype::int4));
+  }
+  // stories260K: heads of 8 values, no whole block of 32
+  const ModelConfig stories{"stories260K", 5, 8, 4, 8};
+  CHECK_THROWS_MATCHES(kvlab::stored_bytes_per_token(stories, KVDtype::int8), InvalidArgument,
+                       names("config.head_dim", "a multiple of 32 (a int8 block of values)", "8"));
+  CHECK(kvlab::stored_bytes_per_token(stories, KVDtype::fp16) == 640);
+}
+
 TEST_CASE("int4 rounds each row of head_dim values up to whole bytes") {
   // One layer, one K/V head: 2 rows (K and V) per token.
   SECTION("even head_dim packs exactly") {

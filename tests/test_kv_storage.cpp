@@ -248,7 +248,7 @@ TEST_CASE("fp16 and bf16 keep every value within the stated bound, and decode ex
 
 TEST_CASE("q8_0 keeps every value within d / 2 of its block's stored scale, and the bound is met") {
   static_assert(sizeof(BlockQ8_0) == 34, "34 bytes per 32 values");
-  CHECK(kvlab::kv_bits_per_value(kvlab::KVDType::INT8) == 8.5);
+  CHECK(kvlab::stored_bits_per_value(kvlab::KVDtype::int8) == 8.5);
   double tightest = 0;  // the largest error / (d / 2) seen: the bound is not loose
   for (const std::vector<float>& row : quantization_rows()) {
     BlockQ8_0 blocks[2];
@@ -278,7 +278,7 @@ TEST_CASE("q8_0 keeps every value within d / 2 of its block's stored scale, and 
 
 TEST_CASE("q4_0 keeps every value within |d| / 2, or |d| on the far side of its extreme") {
   static_assert(sizeof(BlockQ4_0) == 18, "18 bytes per 32 values");
-  CHECK(kvlab::kv_bits_per_value(kvlab::KVDType::INT4) == 4.5);
+  CHECK(kvlab::stored_bits_per_value(kvlab::KVDtype::int4) == 4.5);
   double tightest = 0;
   int clipped = 0;  // values on the far side, read back within |d| but not |d| / 2
   for (const std::vector<float>& row : quantization_rows()) {

@@ -42,26 +42,26 @@ struct StoreKind {
   const char* name;
   int block_size;  // paged only
   kvlab::KVLayout layout;
-  kvlab::KVDType dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
+  kvlab::KVDtype dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
 };
 
-using kvlab::KVDType;
+using kvlab::KVDtype;
 using kvlab::KVLayout;
 const StoreKind kKinds[] = {
-    {"recompute", 0, KVLayout::NHD, KVDType::FP32},  {"contiguous", 0, KVLayout::NHD, KVDType::FP32},
-    {"paged", 1, KVLayout::NHD, KVDType::FP32},      {"paged", 7, KVLayout::NHD, KVDType::FP32},
-    {"paged", 16, KVLayout::NHD, KVDType::FP32},     {"paged", 7, KVLayout::HND, KVDType::FP32},
-    {"contiguous", 0, KVLayout::NHD, KVDType::FP16}, {"contiguous", 0, KVLayout::NHD, KVDType::BF16},
-    {"contiguous", 0, KVLayout::NHD, KVDType::INT8}, {"contiguous", 0, KVLayout::NHD, KVDType::INT4},
-    {"paged", 7, KVLayout::NHD, KVDType::FP16},      {"paged", 16, KVLayout::HND, KVDType::BF16},
-    {"paged", 7, KVLayout::HND, KVDType::INT8},      {"paged", 1, KVLayout::NHD, KVDType::INT4}};
+    {"recompute", 0, KVLayout::NHD, KVDtype::fp32},  {"contiguous", 0, KVLayout::NHD, KVDtype::fp32},
+    {"paged", 1, KVLayout::NHD, KVDtype::fp32},      {"paged", 7, KVLayout::NHD, KVDtype::fp32},
+    {"paged", 16, KVLayout::NHD, KVDtype::fp32},     {"paged", 7, KVLayout::HND, KVDtype::fp32},
+    {"contiguous", 0, KVLayout::NHD, KVDtype::fp16}, {"contiguous", 0, KVLayout::NHD, KVDtype::bf16},
+    {"contiguous", 0, KVLayout::NHD, KVDtype::int8}, {"contiguous", 0, KVLayout::NHD, KVDtype::int4},
+    {"paged", 7, KVLayout::NHD, KVDtype::fp16},      {"paged", 16, KVLayout::HND, KVDtype::bf16},
+    {"paged", 7, KVLayout::HND, KVDtype::int8},      {"paged", 1, KVLayout::NHD, KVDtype::int4}};
 
 // The kinds that a test in T runs: all of them in double, the fp32 ones in float (see above).
 template <typename T>
 std::vector<StoreKind> kinds_for() {
   std::vector<StoreKind> kinds;
   for (const StoreKind& kind : kKinds)
-    if (std::is_same<T, double>::value || kind.dtype == KVDType::FP32) kinds.push_back(kind);
+    if (std::is_same<T, double>::value || kind.dtype == KVDtype::fp32) kinds.push_back(kind);
   return kinds;
 }
 
@@ -97,7 +97,7 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
                    double) {
   using T = TestType;
   const StoreKind kind = GENERATE(from_range(kinds_for<T>()));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::to_string(kind.dtype));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype));
   const AttentionShape shape(8, 2, 32);  // GQA
   const auto stack = AttentionStack<T>::random(3, shape, 32, 11);
   constexpr int kSequences = 5, kMaxLen = 40;
@@ -165,7 +165,7 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
 
 TEST_CASE("every store: a fork continues as its parent would, and the parent is unchanged") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::to_string(kind.dtype));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype));
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 2);
   kvlab::Rng rng(9);
   const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);
@@ -303,7 +303,7 @@ TEST_CASE("a step is all or nothing: no room for one sequence fails the step, no
 
 TEST_CASE("every store: an aborted step leaves every sequence as it was") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.dtype));
+  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype));
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 4);
   kvlab::Rng rng(8);
   const RowMatrix<double> x = kvlab::random_matrix<double>(8, 16, rng);

@@ -546,13 +546,13 @@ TEST_CASE(
     fed.push_back(static_cast<int>(best));
     want.push_back(reference.decode(fed.back()));
   }
-  std::map<kvlab::KVDType, double> distance;  // largest logit error from fp32, per storage
-  for (kvlab::KVDType dtype : {kvlab::KVDType::FP16, kvlab::KVDType::BF16, kvlab::KVDType::INT8,
-                               kvlab::KVDType::INT4}) {
-    CAPTURE(kvlab::to_string(dtype));
+  std::map<kvlab::KVDtype, double> distance;  // largest logit error from fp32, per storage
+  for (kvlab::KVDtype dtype : {kvlab::KVDtype::fp16, kvlab::KVDtype::bf16, kvlab::KVDtype::int8,
+                               kvlab::KVDtype::int4}) {
+    CAPTURE(kvlab::dtype_name(dtype));
     LlamaModel cached(weights, LlamaBackend::Cached, 16, 0, dtype);
     LlamaModel paged(weights, LlamaBackend::Paged, 7, 0, dtype);
-    CHECK(std::string(cached.store().storage_name()) == kvlab::to_string(dtype));
+    CHECK(std::string(cached.store().storage_name()) == kvlab::dtype_name(dtype));
     double worst = 0, same = 0;
     for (int s = 0; s <= kSteps; ++s) {
       const RowVector<float> a = s == 0 ? cached.prefill(prompt) : cached.decode(fed[prompt.size() + s - 1]);
@@ -567,8 +567,8 @@ TEST_CASE(
     CHECK(worst > 0);  // the storage is lossy, and this path stored through it
   }
   // fp16 keeps 11 significant bits, bf16 8, int8 about 8 over each block's range, int4 about 4.
-  CHECK(distance[kvlab::KVDType::FP16] < distance[kvlab::KVDType::BF16]);
-  CHECK(distance[kvlab::KVDType::FP16] < distance[kvlab::KVDType::INT8]);
-  CHECK(distance[kvlab::KVDType::INT8] < distance[kvlab::KVDType::INT4]);
-  CHECK(distance[kvlab::KVDType::BF16] < distance[kvlab::KVDType::INT4]);
+  CHECK(distance[kvlab::KVDtype::fp16] < distance[kvlab::KVDtype::bf16]);
+  CHECK(distance[kvlab::KVDtype::fp16] < distance[kvlab::KVDtype::int8]);
+  CHECK(distance[kvlab::KVDtype::int8] < distance[kvlab::KVDtype::int4]);
+  CHECK(distance[kvlab::KVDtype::bf16] < distance[kvlab::KVDtype::int4]);
 }

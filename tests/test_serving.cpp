@@ -57,7 +57,7 @@ struct Alone {
 };
 
 Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Request& r,
-                int max_tokens, kvlab::KVDType dtype) {
+                int max_tokens, kvlab::KVDtype dtype) {
   kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, max_tokens, dtype);
   kvlab::Sampler sampler(weights->config.vocab_size, r.sampling.temperature, r.sampling.top_p,
                          r.sampling.seed);
@@ -208,9 +208,9 @@ TEST_CASE("every storage precision: each request gets what it gets alone with th
   // heads of 32 values, so that int8 and int4 blocks fit
   const auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::random(
       kvlab::LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 5));
-  const kvlab::KVDType dtype = GENERATE(kvlab::KVDType::FP16, kvlab::KVDType::BF16,
-                                        kvlab::KVDType::INT8, kvlab::KVDType::INT4);
-  CAPTURE(kvlab::to_string(dtype));
+  const kvlab::KVDtype dtype = GENERATE(kvlab::KVDtype::fp16, kvlab::KVDtype::bf16,
+                                        kvlab::KVDtype::int8, kvlab::KVDtype::int4);
+  CAPTURE(kvlab::dtype_name(dtype));
   const std::vector<Request> requests = mixed_workload(8, 10, 0.0, 21);
   EngineConfig c = test_config(8, (80 + 7) / 8 + 1);  // tight: some requests are preempted
   c.kv_dtype = dtype;
@@ -218,7 +218,7 @@ TEST_CASE("every storage precision: each request gets what it gets alone with th
   const auto engine = run_engine(c, requests, weights);
   CHECK(engine->scheduler().preemptions() > 0);
   CHECK(kvlab::summarize(*engine).prefix_hit_tokens > 0);
-  CHECK(std::string(engine->model().store().storage_name()) == kvlab::to_string(dtype));
+  CHECK(std::string(engine->model().store().storage_name()) == kvlab::dtype_name(dtype));
   const double err = check_against_alone(*engine, requests, weights);
   INFO("largest logit difference from alone: " << err);
   CHECK(err <= kLogitRtol);

@@ -1,5 +1,5 @@
 /// \file
-/// \brief How a cache stores the keys and values it is given: `KVDType` (fp32, fp16, bf16, int8,
+/// \brief How a cache stores the keys and values it is given: `KVDtype` (fp32, fp16, bf16, int8,
 /// int4) and `KVStorage<S>`, the one place where a row of values becomes stored elements of type
 /// `S` and back — `float` as is, `Eigen::half` and `Eigen::bfloat16` rounded to nearest even,
 /// `BlockQ8_0` and `BlockQ4_0` quantized per block of 32 values with an fp16 scale — with the
@@ -25,58 +25,78 @@
 
 namespace kvlab {
 
-/// The precisions a KV cache can store its keys and values in.
-enum class KVDType : int {
-  FP32 = 0,  ///< `float`: as computed, 32 bits per value
-  FP16 = 1,  ///< IEEE half (`Eigen::half`), rounded to nearest even: 16 bits
-  BF16 = 2,  ///< bfloat16 (`Eigen::bfloat16`), rounded to nearest even: 16 bits
-  INT8 = 3,  ///< q8_0 (`BlockQ8_0`): 8 bits per value + an fp16 scale per 32 = 8.5 bits
-  INT4 = 4,  ///< q4_0 (`BlockQ4_0`): 4 bits per value + an fp16 scale per 32 = 4.5 bits
+/// How each K and V value is stored in a cache: the precisions of kvlab's caches
+/// (`KVStorage`) and of the size calculator (`bytes_per_token`).
+enum class KVDtype {
+  fp32,  ///< IEEE 754 single precision: 32 bits (`float`).
+  fp16,  ///< IEEE 754 half precision: 16 bits (`Eigen::half`, rounded to nearest even).
+  bf16,  ///< bfloat16 (8 exponent bits, 7 mantissa bits): 16 bits (`Eigen::bfloat16`).
+  int8,  ///< 8-bit integer: in kvlab's caches q8_0 (`BlockQ8_0`), 32 values and an fp16 scale.
+  int4,  ///< 4-bit integer, two per byte: in kvlab's caches q4_0 (`BlockQ4_0`), likewise.
 };
 
-/// Name of a storage precision: "fp32", "fp16", "bf16", "int8" or "int4" (the CUDA kernels'
-/// names for the first three, `cuda::storage_name`).
-inline const char* to_string(KVDType dtype) {
+/// Bits that one K or V value takes, scales aside: 32, 16, 16, 8 or 4 (`stored_bits_per_value`
+/// counts the scales of int8 and int4 too).
+/// \throws InvalidArgument for a value that is not one of the enumerators.
+constexpr int bits_per_element(KVDtype dtype) {
   switch (dtype) {
-    case KVDType::FP32:
+    case KVDtype::fp32:
+      return 32;
+    case KVDtype::fp16:
+      return 16;
+    case KVDtype::bf16:
+      return 16;
+    case KVDtype::int8:
+      return 8;
+    case KVDtype::int4:
+      return 4;
+  }
+  detail::fail("kvlab::bits_per_element", "dtype", "one of fp32, fp16, bf16, int8, int4",
+               static_cast<int>(dtype));
+}
+
+/// The name of a storage precision: "fp32", "fp16", "bf16", "int8" or "int4" (the CUDA kernels
+/// name the first three the same way, `cuda::storage_name`).
+/// \throws InvalidArgument for a value that is not one of the enumerators.
+inline std::string dtype_name(KVDtype dtype) {
+  switch (dtype) {
+    case KVDtype::fp32:
       return "fp32";
-    case KVDType::FP16:
+    case KVDtype::fp16:
       return "fp16";
-    case KVDType::BF16:
+    case KVDtype::bf16:
       return "bf16";
-    case KVDType::INT8:
+    case KVDtype::int8:
       return "int8";
-    case KVDType::INT4:
+    case KVDtype::int4:
       return "int4";
   }
-  return "unknown";
+  detail::fail("kvlab::dtype_name", "dtype", "one of fp32, fp16, bf16, int8, int4",
+               static_cast<int>(dtype));
 }
 
 /// The precision named `name` ("fp32", "fp16", "bf16", "int8" or "int4").
 /// \throws InvalidArgument for any other name.
-inline KVDType parse_kv_dtype(const std::string& name) {
-  for (KVDType d : {KVDType::FP32, KVDType::FP16, KVDType::BF16, KVDType::INT8, KVDType::INT4}) {
-    if (name == to_string(d)) return d;
+inline KVDtype parse_kv_dtype(const std::string& name) {
+  for (KVDtype d : {KVDtype::fp32, KVDtype::fp16, KVDtype::bf16, KVDtype::int8, KVDtype::int4}) {
+    if (name == dtype_name(d)) return d;
   }
   detail::fail("kvlab::parse_kv_dtype", "name", "fp32, fp16, bf16, int8 or int4",
                "'" + name + "'");
 }
 
-/// Bits stored per value, scales included: 32, 16, 16, 8.5 (34 bytes per 32 values) or 4.5 (18
-/// bytes per 32 values).
-inline double kv_bits_per_value(KVDType dtype) {
+/// Bits a kvlab cache stores per value, scales included: 32, 16, 16, 8.5 (q8_0: 34 bytes per
+/// 32 values) or 4.5 (q4_0: 18 bytes per 32 values).
+/// \throws InvalidArgument for a value that is not one of the enumerators.
+inline double stored_bits_per_value(KVDtype dtype) {
   switch (dtype) {
-    case KVDType::FP32:
-      return 32.0;
-    case KVDType::FP16:
-    case KVDType::BF16:
-      return 16.0;
-    case KVDType::INT8:
+    case KVDtype::int8:
       return 8.0 * sizeof(BlockQ8_0) / kQuantBlock;
-    case KVDType::INT4:
+    case KVDtype::int4:
       return 8.0 * sizeof(BlockQ4_0) / kQuantBlock;
+    default:
+      return bits_per_element(dtype);
   }
-  return 0.0;
 }
 
 namespace detail {
@@ -173,7 +193,7 @@ struct KVStorage<float> {
   }
 };
 
-/// `double`: values kept as given, for the double-precision oracle paths (not a `KVDType`).
+/// `double`: values kept as given, for the double-precision oracle paths (not a `KVDtype`).
 template <>
 struct KVStorage<double> {
   static constexpr int kValues = 1;  ///< values per element
@@ -430,17 +450,6 @@ struct KVStorage<BlockQ4_0> {
   }
 };
 
-/// The `KVDType` of a storage type (`float` is FP32; `double` has none).
-template <typename S>
-constexpr KVDType kv_dtype_of() {
-  static_assert(!std::is_same<S, double>::value, "double storage is kvlab's oracle, not a KVDType");
-  return std::is_same<S, float>::value             ? KVDType::FP32
-         : std::is_same<S, Eigen::half>::value     ? KVDType::FP16
-         : std::is_same<S, Eigen::bfloat16>::value ? KVDType::BF16
-         : std::is_same<S, BlockQ8_0>::value       ? KVDType::INT8
-                                                   : KVDType::INT4;
-}
-
 /// A storage type as a value, for `visit_kv_dtype`.
 template <typename S>
 struct StorageTag {
@@ -452,17 +461,17 @@ struct StorageTag {
 /// where a precision chosen at run time becomes a type (every branch of `f` is compiled).
 /// \throws InvalidArgument for a value outside the enumeration.
 template <typename F>
-decltype(auto) visit_kv_dtype(KVDType dtype, F&& f) {
+decltype(auto) visit_kv_dtype(KVDtype dtype, F&& f) {
   switch (dtype) {
-    case KVDType::FP32:
+    case KVDtype::fp32:
       return f(StorageTag<float>{});
-    case KVDType::FP16:
+    case KVDtype::fp16:
       return f(StorageTag<Eigen::half>{});
-    case KVDType::BF16:
+    case KVDtype::bf16:
       return f(StorageTag<Eigen::bfloat16>{});
-    case KVDType::INT8:
+    case KVDtype::int8:
       return f(StorageTag<BlockQ8_0>{});
-    case KVDType::INT4:
+    case KVDtype::int4:
       return f(StorageTag<BlockQ4_0>{});
   }
   detail::fail("kvlab::visit_kv_dtype", "dtype", "fp32, fp16, bf16, int8 or int4",

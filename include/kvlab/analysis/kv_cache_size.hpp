@@ -9,7 +9,9 @@
 ///     row_bytes = ceil(head_dim · bits_per_element / 8)
 ///
 /// where the 2 counts K and V, and `row_bytes` holds the `head_dim` values of one head of one
-/// token. All arithmetic is exact, in 64-bit unsigned integers, and checked for overflow.
+/// token — the values only: int8 and int4 caches also store a scale per group of values, which
+/// `stored_bytes_per_token` counts for kvlab's own (q8_0, q4_0). All arithmetic is exact, in
+/// 64-bit unsigned integers, and checked for overflow.
 ///
 /// Units: 1 KiB = 1024 bytes, 1 MiB = 1024² bytes, 1 GiB = 1024³ bytes; 1 KB = 1000 bytes,
 /// 1 MB = 1000² bytes. With head_dim 128, as in the five models below, every size is a whole
@@ -23,58 +25,9 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/kv_storage.hpp"
 
 namespace kvlab {
-
-/// How each K and V value is stored in the cache.
-///
-/// Quantized caches (int8, int4) usually also store a scale (and sometimes a zero point) per
-/// group of values; those are not counted here: the calculator counts the K and V values only.
-enum class KVDtype {
-  fp32,  ///< IEEE 754 single precision: 32 bits.
-  fp16,  ///< IEEE 754 half precision: 16 bits.
-  bf16,  ///< bfloat16 (8 exponent bits, 7 mantissa bits): 16 bits.
-  int8,  ///< 8-bit integer (quantized): 8 bits.
-  int4,  ///< 4-bit integer (quantized), two values packed in one byte: 4 bits.
-};
-
-/// Bits that one K or V value takes in the cache: 32, 16, 16, 8 or 4.
-/// \throws InvalidArgument for a value that is not one of the enumerators.
-constexpr int bits_per_element(KVDtype dtype) {
-  switch (dtype) {
-    case KVDtype::fp32:
-      return 32;
-    case KVDtype::fp16:
-      return 16;
-    case KVDtype::bf16:
-      return 16;
-    case KVDtype::int8:
-      return 8;
-    case KVDtype::int4:
-      return 4;
-  }
-  detail::fail("kvlab::bits_per_element", "dtype", "one of fp32, fp16, bf16, int8, int4",
-               static_cast<int>(dtype));
-}
-
-/// The name of a storage precision: "fp32", "fp16", "bf16", "int8" or "int4".
-/// \throws InvalidArgument for a value that is not one of the enumerators.
-inline std::string dtype_name(KVDtype dtype) {
-  switch (dtype) {
-    case KVDtype::fp32:
-      return "fp32";
-    case KVDtype::fp16:
-      return "fp16";
-    case KVDtype::bf16:
-      return "bf16";
-    case KVDtype::int8:
-      return "int8";
-    case KVDtype::int4:
-      return "int4";
-  }
-  detail::fail("kvlab::dtype_name", "dtype", "one of fp32, fp16, bf16, int8, int4",
-               static_cast<int>(dtype));
-}
 
 /// The attention dimensions of a decoder-only transformer that fix the size of its KV cache.
 ///
@@ -194,6 +147,37 @@ inline std::uint64_t kv_bytes_per_token(const char* where, const ModelConfig& co
 ///         std::uint64_t (the message names the field that made it overflow).
 inline std::uint64_t bytes_per_token(const ModelConfig& config, KVDtype dtype) {
   return detail::kv_bytes_per_token("kvlab::bytes_per_token", config, dtype);
+}
+
+/// Bytes of K and V that one token adds to a kvlab cache of one sequence, over all layers, as
+/// the cache stores them (`KVStorage`): `bytes_per_token` for fp32, fp16 and bf16; for int8 and
+/// int4 the q8_0 / q4_0 blocks, scales included — 34 and 18 bytes per 32 values, 8.5 and 4.5
+/// bits per value:
+///
+///     2 · num_layers · num_kv_heads · (head_dim / 32) · 34   (int8; 18 for int4)
+///
+/// Llama-2-7B: 278,528 bytes (272 KiB) in int8, 147,456 (144 KiB) in int4, against 262,144 and
+/// 131,072 for the values alone.
+/// \throws InvalidArgument as `bytes_per_token`, or, for int8 and int4, if `config.head_dim` is
+///         not a multiple of 32 (kvlab's caches refuse such heads: a block holds 32 values of
+///         one head).
+inline std::uint64_t stored_bytes_per_token(const ModelConfig& config, KVDtype dtype) {
+  constexpr const char* kWhere = "kvlab::stored_bytes_per_token";
+  if (dtype != KVDtype::int8 && dtype != KVDtype::int4)
+    return detail::kv_bytes_per_token(kWhere, config, dtype);
+  detail::check_model_config(kWhere, config);
+  if (config.head_dim % kQuantBlock != 0) {
+    detail::fail(kWhere, "config.head_dim",
+                 "a multiple of " + std::to_string(kQuantBlock) + " (a " + dtype_name(dtype) +
+                     " block of values)",
+                 config.head_dim);
+  }
+  const std::uint64_t block = dtype == KVDtype::int8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(config.head_dim / kQuantBlock) * block;
+  const std::uint64_t per_layer = detail::checked_size_product(
+      kWhere, "config.num_kv_heads", 2 * row_bytes, static_cast<std::uint64_t>(config.num_kv_heads));
+  return detail::checked_size_product(kWhere, "config.num_layers", per_layer,
+                                      static_cast<std::uint64_t>(config.num_layers));
 }
 
 /// Bytes of a KV cache holding `tokens` tokens for each of `batch` sequences:

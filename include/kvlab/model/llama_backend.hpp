@@ -55,22 +55,22 @@ inline LlamaBackend parse_llama_backend(const std::string& name) {
 /// `max_tokens` tokens each: a `RecomputeStore` (inputs of `config.dim` values per token), a
 /// `ContiguousStore` reserving `max_tokens` per sequence, or a `PagedStore` of
 /// `sequences · ceil(max_tokens / block_size)` blocks of `block_size` tokens; the last two
-/// store K and V as `dtype` (`KVDType`).
+/// store K and V as `dtype` (`KVDtype`).
 /// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1, `dtype` is
 ///         not fp32 for the naive backend (it keeps no K/V), or the head_dim is not a multiple
 ///         of 32 for int8 and int4.
 inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
                                                         const LlamaConfig& config, int max_tokens,
                                                         int block_size = 16, int sequences = 1,
-                                                        KVDType dtype = KVDType::FP32) {
+                                                        KVDtype dtype = KVDtype::fp32) {
   constexpr const char* kWhere = "kvlab::make_llama_store";
   detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
   detail::require_at_least(kWhere, "block_size", block_size, 1);
   detail::require_at_least(kWhere, "sequences", sequences, 1);
   const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
-  if (backend == LlamaBackend::Naive && dtype != KVDType::FP32) {
+  if (backend == LlamaBackend::Naive && dtype != KVDtype::fp32) {
     detail::fail(kWhere, "dtype", "fp32 for the naive backend (it keeps no K/V to store)",
-                 to_string(dtype));
+                 dtype_name(dtype));
   }
   switch (backend) {
     case LlamaBackend::Naive:

@@ -76,11 +76,11 @@ class LlamaModel {
   /// \param backend     how attention reaches past tokens
   /// \param block_size  tokens per block of the paged backend (unused by the others), >= 1
   /// \param max_tokens  the longest sequence; 0 means `config.seq_len`, the model's own limit
-  /// \param kv_dtype    how the cached and paged backends store K and V (`KVDType`)
+  /// \param kv_dtype    how the cached and paged backends store K and V (`KVDtype`)
   /// \throws InvalidArgument if `weights` is null or malformed, `block_size < 1`, `max_tokens`
   ///         is not in [0, seq_len], or `make_llama_store` refuses `kv_dtype`.
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, LlamaBackend backend, int block_size = 16,
-             int max_tokens = 0, KVDType kv_dtype = KVDType::FP32)
+             int max_tokens = 0, KVDtype kv_dtype = KVDtype::fp32)
       : weights_(checked(std::move(weights))),
         max_tokens_(checked_max_tokens(weights_->config, block_size, max_tokens)),
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),

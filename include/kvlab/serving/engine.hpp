@@ -45,7 +45,7 @@ struct EngineConfig {
   int block_size = 16;        ///< tokens per block of the pool, >= 1
   int num_blocks = 256;       ///< blocks in the pool, >= 1
   int max_tokens = 0;         ///< the longest sequence; 0 means the model's seq_len
-  KVDType kv_dtype = KVDType::FP32;  ///< how the pool stores K and V (`KVStorage`)
+  KVDtype kv_dtype = KVDtype::fp32;  ///< how the pool stores K and V (`KVStorage`)
   EngineClock clock = EngineClock::Wall;  ///< what time is
   bool keep_logits = false;   ///< keep the logits of every drawn token (`logits(id)`)
   bool check_invariants = false;  ///< run `Scheduler::check_invariants` after every step
