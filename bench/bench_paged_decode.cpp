@@ -42,10 +42,14 @@
 
 #include "cli.hpp"
 #include "read_bandwidth.hpp"
+#include "timing.hpp"
 
 namespace {
 
+using kvlab_bench::median;
+using kvlab_bench::row_relative_difference;
 using kvlab_bench::set_threads;
+using kvlab_bench::time_per_call;
 using kvlab_bench::UsageError;
 
 struct Config {
@@ -102,39 +106,6 @@ struct Pool {
       }
   }
 };
-
-// Mean seconds per call of `call`, run back to back for at least `min_time` seconds (3 calls at
-// least).
-template <typename F>
-double time_per_call(F&& call, double min_time) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  int calls = 0;
-  double elapsed = 0;
-  do {
-    call();
-    ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < min_time || calls < 3);
-  return elapsed / calls;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t m = values.size() / 2;
-  return values.size() % 2 == 1 ? values[m] : 0.5 * (values[m - 1] + values[m]);
-}
-
-// Max over rows of max |a - b| / max(1, max |b|): the rule of tests/test_support.hpp.
-double row_relative_difference(const kvlab::RowMatrix<float>& a, const kvlab::RowMatrix<float>& b) {
-  double worst = 0;
-  for (Eigen::Index r = 0; r < b.rows(); ++r) {
-    const double scale = std::max(1.0, static_cast<double>(b.row(r).cwiseAbs().maxCoeff()));
-    worst =
-        std::max(worst, static_cast<double>((a.row(r) - b.row(r)).cwiseAbs().maxCoeff()) / scale);
-  }
-  return worst;
-}
 
 // Runs every path for one shape and n; appends one Result per path and thread count.
 void run_case(const Config& c, int n, const Options& options, const std::vector<double>& read_gbps,

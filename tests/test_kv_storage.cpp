@@ -205,6 +205,23 @@ TEST_CASE("fp16 storage rounds to nearest even, bit for bit against an independe
   CHECK(checked > 300000);
 }
 
+TEST_CASE("fp16 and bf16 decode every bit pattern exactly") {
+  for (std::uint32_t h = 0; h <= 0xFFFF; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float got = kvlab::detail::half_bits_to_float(bits);
+    const double want = (h & 0x7C00) == 0x7C00 ? 0.0 : half_to_double(bits);  // finite: by hand
+    const float eigen = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(bits));
+    if ((h & 0x7C00) == 0x7C00) {  // ±Inf, NaN: as Eigen decodes them
+      CHECK(std::isnan(got) == std::isnan(eigen));
+      if (!std::isnan(got)) CHECK(bits_of(got) == bits_of(eigen));
+    } else if (static_cast<double>(got) != want || bits_of(got) != bits_of(eigen)) {
+      FAIL("fp16 bits " << h << ": got " << got << ", expected " << want);
+    }
+    const float b = kvlab::detail::bf16_bits_to_float(bits);
+    if (!std::isnan(b)) CHECK(bits_of(b) == (h << 16));
+  }
+}
+
 TEST_CASE("bf16 storage rounds to nearest even, bit for bit against an independent rounding") {
   int checked = 0;
   for (float x : rounding_cases(false)) {

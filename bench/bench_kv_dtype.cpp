@@ -1,0 +1,288 @@
+// bench_kv_dtype: what storing K and V in less precision buys one decode step. The same float
+// rows sit in five contiguous caches — fp32, fp16, bf16, int8 (q8_0: 8.5 bits per value with
+// its scales) and int4 (q4_0: 4.5 bits) — and one query attends to each with
+// kvlab::cpu::decode_attention, which decodes each row as it reads it.
+// Shapes: mha (32 heads, 32 K/V heads, head_dim 128) and gqa (32/8 x 128); n = 1024 ... 32768.
+//
+// Method (as bench_paged_decode): per shape, n and thread count, --reps repetitions; in each,
+// every storage (in an order rotated from one repetition to the next) runs back to back for at
+// least --min-time seconds and its mean time per call is kept. Printed per storage: the median
+// time; the bytes it reads as stored (CostCounters::kv_bytes_read) and their fraction of the
+// fp32 step's; its effective bandwidth on those bytes and that bandwidth's fraction of the read
+// bandwidth measured at the start (kvlab_bench::read_bandwidth over --read-mib, default 1 GiB);
+// time / fp32 time, the median over repetitions of the ratio within one repetition (the paths
+// timed seconds apart: memory bandwidth on a virtualised machine drifts); and the largest
+// row-relative difference of its output from the fp32 step's (the storage's error on this
+// data: uniform random rows in [-1, 1)). The regime column compares each storage's own K+V bytes
+// with the L3: a cache that fits is partly re-read from it by the repeated calls.
+//
+// Build and run (Release, from the repository root):
+//   cmake --build build-bench --target bench_kv_dtype
+//   build-bench/bench/bench_kv_dtype --json bench/results/cpu-kv-dtype.json
+// --help lists the options.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <kvlab/kvlab.hpp>
+
+#include "cli.hpp"
+#include "read_bandwidth.hpp"
+#include "timing.hpp"
+
+namespace {
+
+using kvlab::KVDtype;
+using kvlab_bench::median;
+using kvlab_bench::set_threads;
+using kvlab_bench::time_per_call;
+using kvlab_bench::UsageError;
+
+struct Config {
+  const char* name;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+};
+constexpr Config kConfigs[] = {{"mha", 32, 32, 128}, {"gqa", 32, 8, 128}};
+constexpr KVDtype kDtypes[] = {KVDtype::fp32, KVDtype::fp16, KVDtype::bf16, KVDtype::int8,
+                               KVDtype::int4};
+constexpr std::uint64_t kSeed = 5;
+
+struct Options {
+  int max_n = 32768;
+  int reps = 5;
+  double min_time = 0.05;
+  std::vector<int> threads = {1, 2};
+  int read_mib = 1024;  // the read-bandwidth buffer
+  std::string json;     // empty: no JSON
+};
+
+// One line of results: a storage at one (shape, n, threads).
+struct Result {
+  std::string shape, dtype;
+  int n = 0, threads = 0;
+  double seconds = 0, mib = 0, bytes_ratio = 1, gbps = 0, fraction = 0, ratio = 1, error = 0;
+};
+
+// A one-layer contiguous cache of any storage, behind one interface for the timing loop.
+struct AnyCache {
+  virtual ~AnyCache() = default;
+  virtual void append(const kvlab::RowMatrix<float>& k, const kvlab::RowMatrix<float>& v) = 0;
+  virtual void attend(const kvlab::AttentionShape& shape, const kvlab::RowMatrix<float>& q,
+                      kvlab::RowMatrix<float>& out, kvlab::CostCounters* counters) const = 0;
+};
+template <typename S>
+struct Cache : AnyCache {
+  kvlab::ContiguousKVCache<float, S> cache;
+  Cache(const Config& c, int n) : cache(1, c.num_kv_heads, c.head_dim, n) {}
+  void append(const kvlab::RowMatrix<float>& k, const kvlab::RowMatrix<float>& v) override {
+    cache.append(0, k, v);
+  }
+  void attend(const kvlab::AttentionShape& shape, const kvlab::RowMatrix<float>& q,
+              kvlab::RowMatrix<float>& out, kvlab::CostCounters* counters) const override {
+    kvlab::cpu::decode_attention(shape, q, cache.view(0), out, counters);
+  }
+};
+
+// Runs every storage for one shape and n; appends one Result per storage and thread count.
+void run_case(const Config& c, int n, const Options& options, const std::vector<double>& read_gbps,
+              std::vector<Result>& results) {
+  const kvlab::AttentionShape shape(c.num_heads, c.num_kv_heads, c.head_dim);
+  std::vector<std::unique_ptr<AnyCache>> caches;  // [dtype], kDtypes' order
+  for (KVDtype d : kDtypes) {
+    caches.push_back(kvlab::visit_kv_dtype(d, [&](auto tag) -> std::unique_ptr<AnyCache> {
+      return std::make_unique<Cache<typename decltype(tag)::type>>(c, n);
+    }));
+  }
+  kvlab::Rng rng(kSeed);
+  for (int t0 = 0; t0 < n; t0 += 512) {
+    const int rows = std::min(512, n - t0);
+    // [rows, kv_width]
+    const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);
+    // [rows, kv_width]
+    const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(rows, shape.kv_width(), rng);
+    for (auto& cache : caches) cache->append(k, v);
+  }
+  // [1, heads * head_dim]
+  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+  // [1, heads * head_dim]
+  kvlab::RowMatrix<float> out(1, shape.q_width());
+
+  const std::size_t paths = caches.size();
+  std::vector<kvlab::CostCounters> counters(paths);
+  std::vector<double> error(paths);
+  kvlab::RowMatrix<float> fp32_out;
+  caches[0]->attend(shape, q, fp32_out, &counters[0]);
+  for (std::size_t p = 0; p < paths; ++p) {
+    kvlab::RowMatrix<float> o;
+    if (p > 0) caches[p]->attend(shape, q, o, &counters[p]);
+    error[p] = p == 0 ? 0.0 : kvlab_bench::row_relative_difference(o, fp32_out);
+  }
+  for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
+    const int threads = options.threads[ti];
+    set_threads(threads);
+    std::vector<std::vector<double>> seconds(paths);  // [path][rep]
+    std::vector<std::vector<double>> ratios(paths);   // [path][rep]: / fp32, same rep
+    for (std::size_t p = 0; p < paths; ++p) caches[p]->attend(shape, q, out, nullptr);  // warm-up
+    for (int rep = 0; rep < options.reps; ++rep) {
+      std::vector<double> now(paths);
+      for (std::size_t i = 0; i < paths; ++i) {
+        const std::size_t p = (i + static_cast<std::size_t>(rep)) % paths;
+        now[p] = time_per_call([&] { caches[p]->attend(shape, q, out, nullptr); }, options.min_time);
+      }
+      for (std::size_t p = 0; p < paths; ++p) {
+        seconds[p].push_back(now[p]);
+        ratios[p].push_back(now[p] / now[0]);
+      }
+    }
+    for (std::size_t p = 0; p < paths; ++p) {
+      Result r;
+      r.shape = c.name;
+      r.dtype = kvlab::dtype_name(kDtypes[p]);
+      r.n = n;
+      r.threads = threads;
+      r.seconds = median(seconds[p]);
+      const double bytes = static_cast<double>(counters[p].kv_bytes_read);
+      r.mib = bytes / (1 << 20);
+      r.bytes_ratio = bytes / static_cast<double>(counters[0].kv_bytes_read);
+      r.gbps = bytes * 1e-9 / r.seconds;
+      r.fraction = r.gbps / read_gbps[ti];
+      r.ratio = median(ratios[p]);
+      r.error = error[p];
+      results.push_back(r);
+    }
+  }
+}
+
+void print_table(const std::vector<Result>& results, const Options& options,
+                 const std::vector<double>& read_gbps) {
+  const double l3 = static_cast<double>(kvlab_bench::l3_bytes());
+  std::printf(
+      "\nOne decode step over K/V stored in each precision (median of %d repetitions; time / "
+      "fp32: median of the ratios within a repetition)\n",
+      options.reps);
+  std::printf("%-5s %7s %6s %-5s %9s %8s %10s %8s %9s %11s %12s  %s\n", "shape", "threads", "n",
+              "kv", "K+V MiB", "bytes/", "time (us)", "GB/s", "fraction", "time/fp32",
+              "error vs fp32", "regime");
+  std::printf("%-5s %7s %6s %-5s %9s %8s %10s %8s %9s %11s %12s\n", "", "", "", "", "", "fp32", "",
+              "", "of read", "", "");
+  for (const Result& r : results) {
+    const double bytes = r.mib * (1 << 20);
+    const char* regime = bytes <= l3 ? "fits in L3" : bytes >= 2 * l3 ? "DRAM" : "partly L3";
+    std::printf("%-5s %7d %6d %-5s %9.1f %8.3f %10.1f %8.2f %9.2f %11.3f %12.2e  %s\n",
+                r.shape.c_str(), r.threads, r.n, r.dtype.c_str(), r.mib, r.bytes_ratio,
+                r.seconds * 1e6, r.gbps, r.fraction, r.ratio, r.error, regime);
+  }
+  std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15 runs):", options.read_mib);
+  for (std::size_t t = 0; t < options.threads.size(); ++t)
+    std::printf(" %d thread%s %.2f GB/s;", options.threads[t], options.threads[t] == 1 ? "" : "s",
+                read_gbps[t]);
+  std::printf("\nL3: %zu MiB. Bytes as stored: fp16/bf16 0.5, int8 34/128 = 0.266, int4 18/128 = "
+              "0.141 of fp32's.\n",
+              kvlab_bench::l3_bytes() >> 20);
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results, const Options& options,
+                const std::vector<double>& read_gbps) {
+  std::ofstream file(path);
+  if (!file) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
+  file << "{\n  \"program\": \"bench_kv_dtype\",\n  \"reps\": " << options.reps
+       << ",\n  \"min_time_s\": " << options.min_time
+       << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
+       << ",\n  \"read_bandwidth_buffer_MiB\": " << options.read_mib
+       << ",\n  \"read_bandwidth_GBps\": {";
+  for (std::size_t t = 0; t < options.threads.size(); ++t)
+    file << (t ? ", " : "") << "\"" << options.threads[t] << "\": " << read_gbps[t];
+  file << "},\n  \"results\": [\n";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n << ", \"threads\": " << r.threads
+         << ", \"kv_dtype\": \"" << r.dtype << "\", \"kv_MiB\": " << r.mib
+         << ", \"bytes_ratio_to_fp32\": " << r.bytes_ratio << ", \"median_us\": " << r.seconds * 1e6
+         << ", \"GB_per_s\": " << r.gbps << ", \"fraction_of_read_bandwidth\": " << r.fraction
+         << ", \"time_ratio_to_fp32\": " << r.ratio << ", \"error_vs_fp32\": " << r.error << "}"
+         << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  file << "  ]\n}\n";
+}
+
+const char* const kUsage =
+    "usage: bench_kv_dtype [--max-n N] [--reps R] [--min-time S] [--threads T,...] [--read-mib M] "
+    "[--json FILE] [--help]\n"
+    "  --max-n N       largest n; n runs over 1024, 2048, ... up to N (default 32768, N >= 1024)\n"
+    "  --reps R        repetitions; medians are printed (default 5)\n"
+    "  --min-time S    seconds each storage runs per repetition (default 0.05)\n"
+    "  --threads T,... OpenMP thread counts (default 1,2)\n"
+    "  --read-mib M    size of the read-bandwidth buffer in MiB (default 1024)\n"
+    "  --json FILE     also write the results as JSON\n"
+    "  --help          print this and exit\n";
+
+using kvlab_bench::parse_int;
+
+// Returns false when --help was given (and printed).
+bool parse_options(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return false;
+    } else if (arg == "--max-n") {
+      options.max_n = parse_int(arg, value, 1024, 1 << 20);
+    } else if (arg == "--reps") {
+      options.reps = parse_int(arg, value, 1, 1000);
+    } else if (arg == "--min-time") {
+      options.min_time = kvlab_bench::parse_double(arg, value, 0.0, 60.0);
+    } else if (arg == "--threads") {
+      options.threads = kvlab_bench::parse_int_list(arg, value, 1, 256);
+    } else if (arg == "--read-mib") {
+      options.read_mib = parse_int(arg, value, 1, 1 << 16);
+    } else if (arg == "--json") {
+      options.json = kvlab_bench::parse_file_name(arg, value);
+    } else {
+      throw UsageError("unknown option '" + arg +
+                       "': expected one of --max-n, --reps, --min-time, --threads, "
+                       "--read-mib, --json, --help");
+    }
+    ++i;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (const auto stop =
+          kvlab_bench::read_command_line("bench_kv_dtype", argc, argv, options, parse_options))
+    return *stop;
+  if (!kvlab_bench::can_write("bench_kv_dtype", "--json", options.json)) return 2;
+  options.threads = kvlab_bench::usable_threads("bench_kv_dtype", options.threads);
+  try {
+    std::vector<double> read_gbps;  // [threads]
+    {
+      std::vector<float> buffer((static_cast<std::size_t>(options.read_mib) << 20) / sizeof(float),
+                                1.0f);
+      for (int t : options.threads)
+        read_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
+    }
+    std::vector<Result> results;
+    for (const Config& c : kConfigs)
+      for (int n = 1024; n <= options.max_n; n *= 2) {
+        std::fprintf(stderr, "bench_kv_dtype: %s n = %d ...\n", c.name, n);
+        run_case(c, n, options, read_gbps, results);
+      }
+    print_table(results, options, read_gbps);
+    if (!options.json.empty()) write_json(options.json, results, options, read_gbps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_kv_dtype: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
