@@ -41,7 +41,6 @@ using kvlab::KVDtype;
 using kvlab_bench::median;
 using kvlab_bench::set_threads;
 using kvlab_bench::time_per_call;
-using kvlab_bench::UsageError;
 
 struct Config {
   const char* name;
@@ -54,14 +53,7 @@ constexpr KVDtype kDtypes[] = {KVDtype::fp32, KVDtype::fp16, KVDtype::bf16, KVDt
                                KVDtype::int4};
 constexpr std::uint64_t kSeed = 5;
 
-struct Options {
-  int max_n = 32768;
-  int reps = 5;
-  double min_time = 0.05;
-  std::vector<int> threads = {1, 2};
-  int read_mib = 1024;  // the read-bandwidth buffer
-  std::string json;     // empty: no JSON
-};
+using Options = kvlab_bench::StepBenchOptions;
 
 // One line of results: a storage at one (shape, n, threads).
 struct Result {
@@ -192,14 +184,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
                 const std::vector<double>& read_gbps) {
   std::ofstream file(path);
   if (!file) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
-  file << "{\n  \"program\": \"bench_kv_dtype\",\n  \"reps\": " << options.reps
-       << ",\n  \"min_time_s\": " << options.min_time
-       << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20)
-       << ",\n  \"read_bandwidth_buffer_MiB\": " << options.read_mib
-       << ",\n  \"read_bandwidth_GBps\": {";
-  for (std::size_t t = 0; t < options.threads.size(); ++t)
-    file << (t ? ", " : "") << "\"" << options.threads[t] << "\": " << read_gbps[t];
-  file << "},\n  \"results\": [\n";
+  kvlab_bench::write_step_bench_json_head(file, "bench_kv_dtype", options, read_gbps);
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n << ", \"threads\": " << r.threads
@@ -212,66 +197,22 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
   file << "  ]\n}\n";
 }
 
-const char* const kUsage =
-    "usage: bench_kv_dtype [--max-n N] [--reps R] [--min-time S] [--threads T,...] [--read-mib M] "
-    "[--json FILE] [--help]\n"
-    "  --max-n N       largest n; n runs over 1024, 2048, ... up to N (default 32768, N >= 1024)\n"
-    "  --reps R        repetitions; medians are printed (default 5)\n"
-    "  --min-time S    seconds each storage runs per repetition (default 0.05)\n"
-    "  --threads T,... OpenMP thread counts (default 1,2)\n"
-    "  --read-mib M    size of the read-bandwidth buffer in MiB (default 1024)\n"
-    "  --json FILE     also write the results as JSON\n"
-    "  --help          print this and exit\n";
-
-using kvlab_bench::parse_int;
-
-// Returns false when --help was given (and printed).
-bool parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--max-n") {
-      options.max_n = parse_int(arg, value, 1024, 1 << 20);
-    } else if (arg == "--reps") {
-      options.reps = parse_int(arg, value, 1, 1000);
-    } else if (arg == "--min-time") {
-      options.min_time = kvlab_bench::parse_double(arg, value, 0.0, 60.0);
-    } else if (arg == "--threads") {
-      options.threads = kvlab_bench::parse_int_list(arg, value, 1, 256);
-    } else if (arg == "--read-mib") {
-      options.read_mib = parse_int(arg, value, 1, 1 << 16);
-    } else if (arg == "--json") {
-      options.json = kvlab_bench::parse_file_name(arg, value);
-    } else {
-      throw UsageError("unknown option '" + arg +
-                       "': expected one of --max-n, --reps, --min-time, --threads, "
-                       "--read-mib, --json, --help");
-    }
-    ++i;
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options options;
-  if (const auto stop =
-          kvlab_bench::read_command_line("bench_kv_dtype", argc, argv, options, parse_options))
+  options.max_n = 32768;
+  options.reps = 5;
+  const std::string usage = kvlab_bench::step_bench_usage("bench_kv_dtype", "storage", options);
+  const auto parse = [&usage](int c, char** v, Options& o) {
+    return kvlab_bench::parse_step_bench_options(usage, c, v, o);
+  };
+  if (const auto stop = kvlab_bench::read_command_line("bench_kv_dtype", argc, argv, options, parse))
     return *stop;
   if (!kvlab_bench::can_write("bench_kv_dtype", "--json", options.json)) return 2;
   options.threads = kvlab_bench::usable_threads("bench_kv_dtype", options.threads);
   try {
-    std::vector<double> read_gbps;  // [threads]
-    {
-      std::vector<float> buffer((static_cast<std::size_t>(options.read_mib) << 20) / sizeof(float),
-                                1.0f);
-      for (int t : options.threads)
-        read_gbps.push_back(kvlab_bench::read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
-    }
+    const std::vector<double> read_gbps = kvlab_bench::measure_read_bandwidth(options);  // [threads]
     std::vector<Result> results;
     for (const Config& c : kConfigs)
       for (int n = 1024; n <= options.max_n; n *= 2) {

@@ -186,65 +186,52 @@ int first_unquantizable(const T* x, int n, int values, float max) {
 template <typename S>
 struct KVStorage;
 
-/// `float`: values kept as given (a double rounded to float). Nothing is refused — NaN is
-/// stored as NaN, as in any float buffer — and nothing is lost for float input.
-template <>
-struct KVStorage<float> {
+namespace detail {
+
+/// A number type that stores values as given (converted to it): what `KVStorage<float>` and
+/// `KVStorage<double>` share.
+template <typename S>
+struct StoredAsGiven {
   static constexpr int kValues = 1;  ///< values per element
-  /// "fp32".
-  static const char* name() { return "fp32"; }
-  /// x as float.
+  /// x converted to S.
   template <typename T>
-  static void encode(const T* x, int n, float* out) {
-    for (int i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]);
+  static void encode(const T* x, int n, S* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<S>(x[i]);
   }
-  /// The stored floats.
+  /// The stored values.
   template <typename T>
-  static void decode(const float* in, int n, T* out) {
+  static void decode(const S* in, int n, T* out) {
     for (int i = 0; i < n; ++i) out[i] = static_cast<T>(in[i]);
   }
-  /// -1: every value is kept.
+  /// -1: every value is kept (NaN as NaN, as in any float buffer).
   template <typename T>
   static int first_unrepresentable(const T*, int) {
     return -1;
   }
   /// Every value.
   static const char* limit() { return "any value"; }
-  /// 0 for float input (exact).
+  /// 0: exact (for input of type S).
   template <typename B>
-  static void error_bounds(const float*, int n, B* bound) {
+  static void error_bounds(const S*, int n, B* bound) {
     std::fill(bound, bound + n, B(0));
   }
 };
 
+}  // namespace detail
+
+/// `float`: values kept as given (a double rounded to float); nothing is refused or lost for
+/// float input.
+template <>
+struct KVStorage<float> : detail::StoredAsGiven<float> {
+  /// "fp32".
+  static const char* name() { return "fp32"; }
+};
+
 /// `double`: values kept as given, for the double-precision oracle paths (not a `KVDtype`).
 template <>
-struct KVStorage<double> {
-  static constexpr int kValues = 1;  ///< values per element
+struct KVStorage<double> : detail::StoredAsGiven<double> {
   /// "fp64".
   static const char* name() { return "fp64"; }
-  /// x as double.
-  template <typename T>
-  static void encode(const T* x, int n, double* out) {
-    for (int i = 0; i < n; ++i) out[i] = static_cast<double>(x[i]);
-  }
-  /// The stored doubles.
-  template <typename T>
-  static void decode(const double* in, int n, T* out) {
-    for (int i = 0; i < n; ++i) out[i] = static_cast<T>(in[i]);
-  }
-  /// -1: every value is kept.
-  template <typename T>
-  static int first_unrepresentable(const T*, int) {
-    return -1;
-  }
-  /// Every value.
-  static const char* limit() { return "any value"; }
-  /// 0 (exact).
-  template <typename B>
-  static void error_bounds(const double*, int n, B* bound) {
-    std::fill(bound, bound + n, B(0));
-  }
 };
 
 /// fp16: each value rounded to the nearest fp16 value, ties to even (Eigen's `float_to_half_rtne`,
