@@ -203,27 +203,6 @@ int main(int argc, char** argv) {
   Options options;
   options.max_n = 32768;
   options.reps = 5;
-  const std::string usage = kvlab_bench::step_bench_usage("bench_kv_dtype", "storage", options);
-  const auto parse = [&usage](int c, char** v, Options& o) {
-    return kvlab_bench::parse_step_bench_options(usage, c, v, o);
-  };
-  if (const auto stop = kvlab_bench::read_command_line("bench_kv_dtype", argc, argv, options, parse))
-    return *stop;
-  if (!kvlab_bench::can_write("bench_kv_dtype", "--json", options.json)) return 2;
-  options.threads = kvlab_bench::usable_threads("bench_kv_dtype", options.threads);
-  try {
-    const std::vector<double> read_gbps = kvlab_bench::measure_read_bandwidth(options);  // [threads]
-    std::vector<Result> results;
-    for (const Config& c : kConfigs)
-      for (int n = 1024; n <= options.max_n; n *= 2) {
-        std::fprintf(stderr, "bench_kv_dtype: %s n = %d ...\n", c.name, n);
-        run_case(c, n, options, read_gbps, results);
-      }
-    print_table(results, options, read_gbps);
-    if (!options.json.empty()) write_json(options.json, results, options, read_gbps);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_kv_dtype: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return kvlab_bench::step_bench_main<Result>("bench_kv_dtype", "storage", argc, argv, options, kConfigs,
+                                              run_case, print_table, write_json);
 }

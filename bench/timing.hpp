@@ -141,4 +141,38 @@ inline void write_step_bench_json_head(std::ostream& file, const char* program,
   file << "},\n  \"results\": [\n";
 }
 
+/// The `main` of a decode-step benchmark `program`, whose timed things are `paths`: reads the
+/// options (defaults: `options`), measures the read bandwidth, runs `run_case(config, n,
+/// options, read_gbps, results)` for every config of `configs` (each with a `name`) and n =
+/// 1024, 2048, ... up to --max-n, then `print(results, options, read_gbps)` and, with --json,
+/// `write(path, results, options, read_gbps)`. Returns the exit status (2: a bad command line,
+/// 1: a failed run).
+template <class Result, class Configs, class RunCase, class Print, class Write>
+int step_bench_main(const char* program, const char* paths, int argc, char** argv,
+                    StepBenchOptions options, const Configs& configs, RunCase run_case,
+                    Print print, Write write) {
+  const std::string usage = step_bench_usage(program, paths, options);
+  const auto parse = [&usage](int c, char** v, StepBenchOptions& o) {
+    return parse_step_bench_options(usage, c, v, o);
+  };
+  if (const auto stop = read_command_line(program, argc, argv, options, parse)) return *stop;
+  if (!can_write(program, "--json", options.json)) return 2;
+  options.threads = usable_threads(program, options.threads);
+  try {
+    const std::vector<double> read_gbps = measure_read_bandwidth(options);  // [threads]
+    std::vector<Result> results;
+    for (const auto& c : configs)
+      for (int n = 1024; n <= options.max_n; n *= 2) {
+        std::fprintf(stderr, "%s: %s n = %d ...\n", program, c.name, n);
+        run_case(c, n, options, read_gbps, results);
+      }
+    print(results, options, read_gbps);
+    if (!options.json.empty()) write(options.json, results, options, read_gbps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace kvlab_bench
