@@ -12,8 +12,13 @@
 #include "kvlab/config.hpp"
 #include "kvlab/core/quant_blocks.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/views.hpp"
 
 namespace kvlab {
+
+/// The entry of a block table whose block went back to the pool because it fell wholly out of
+/// a sliding window (`PagedKVView::window`): it points to nothing that can be read.
+constexpr std::int32_t kReleasedBlock = -1;
 
 /// How a block pool orders the values of one block: the two layouts that vLLM and FlashInfer
 /// offer (FlashInfer's `kv_layout`). Both hold `block_size` tokens of one sequence per block.
@@ -45,6 +50,11 @@ inline const char* to_string(KVLayout layout) { return layout == KVLayout::HND ?
 /// block_size). Token `pos` of sequence `s` is slot `pos % block_size` of physical block
 /// `indices[indptr[s] + pos / block_size]` — the same translation a page table does for a
 /// virtual address. Slots past a sequence's end hold nothing meaningful and are never read.
+///
+/// With a sliding window (`window` = W >= 1; see `cpu::reference_attention`) the query at
+/// position p reads only keys (p − W, p]: the blocks wholly before the first query's window may
+/// have gone back to the pool, and their entries in `indices` are `kReleasedBlock` (−1) —
+/// nothing that can be read (the kernels check that no query's window reaches one).
 template <typename T>
 struct PagedKVView {
   /// keys:   [num_blocks, block_size, num_kv_heads, head_dim] (NHD)
@@ -60,6 +70,7 @@ struct PagedKVView {
   /// [batch]: tokens in each last block, 1..block_size
   const std::int32_t* last_page_len = nullptr;
   KVLayout layout = KVLayout::NHD;  ///< order of the values within a block
+  int window = 0;  ///< W >= 1: a query sees its last W keys; 0: every key up to itself
 
   /// Blocks held by sequence `seq`.
   KVLAB_HOST_DEVICE int num_pages(int seq) const { return indptr[seq + 1] - indptr[seq]; }
@@ -113,7 +124,8 @@ namespace detail {
 
 /// Checks a paged view against `shape` and every invariant of its block tables (a raw view may
 /// come from anywhere): non-null arrays, `indptr` increasing from 0, every index a block of the
-/// pool, `1 <= last_page_len <= block_size`. O(number of pages).
+/// pool (or, with a window, `kReleasedBlock`: `check_window_pages` says whether a query reaches
+/// it), `1 <= last_page_len <= block_size`, a window >= 0. O(number of pages).
 /// (Host only.)
 template <typename T>
 void check_paged_view(const char* where, const AttentionShape& shape, const PagedKVView<T>& cache) {
@@ -123,6 +135,7 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
   require_at_least(where, "cache.batch", cache.batch, 1);
   require_at_least(where, "cache.block_size", cache.block_size, 1);
   require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
+  require_at_least(where, "cache.window", cache.window, 0);
   if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr ||
       cache.indices == nullptr || cache.last_page_len == nullptr) {
     fail(where, "cache.k / v / indptr / indices / last_page_len", "non-null pointers",
@@ -148,9 +161,34 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
     }
   }
   for (std::int32_t i = 0; i < cache.indptr[cache.batch]; ++i) {
-    if (cache.indices[i] < 0 || cache.indices[i] >= cache.num_blocks) {
+    const bool released = cache.window > 0 && cache.indices[i] == kReleasedBlock;
+    if (!released && (cache.indices[i] < 0 || cache.indices[i] >= cache.num_blocks)) {
       fail(where, "cache.indices[" + std::to_string(i) + "]",
-           "in [0, " + std::to_string(cache.num_blocks) + ")", cache.indices[i]);
+           "in [0, " + std::to_string(cache.num_blocks) + ")" +
+               (cache.window > 0 ? " or kReleasedBlock (-1)" : ""),
+           cache.indices[i]);
+    }
+  }
+}
+
+/// Checks that no query reaches a released block: for each sequence s with q queries
+/// (`qo_indptr`, [batch + 1], checked), every page from the one holding its first query's first
+/// visible key on is a block of the pool. (Host only.)
+template <typename T>
+void check_window_pages(const char* where, const std::int32_t* qo_indptr,
+                        const PagedKVView<T>& cache) {
+  for (int s = 0; s < cache.batch; ++s) {
+    const int q_len = qo_indptr[s + 1] - qo_indptr[s];
+    if (q_len == 0) continue;
+    const int first_page = kvlab::first_visible_key(cache.seq_len(s) - q_len, cache.window) /
+                           cache.block_size;
+    for (std::int32_t i = cache.indptr[s] + first_page; i < cache.indptr[s + 1]; ++i) {
+      if (cache.indices[i] == kReleasedBlock) {
+        fail(where, "cache.indices[" + std::to_string(i) + "]",
+             "a block of the pool (page " + std::to_string(i - cache.indptr[s]) + " of sequence " +
+                 std::to_string(s) + " is within its queries' window)",
+             "kReleasedBlock (-1)");
+      }
     }
   }
 }

@@ -10,12 +10,24 @@
 
 namespace kvlab {
 
+/// The first key that the query at position `position` sees with a sliding window of `window`
+/// keys (`cpu::reference_attention`: keys (position − W, position]), or 0 without one (0).
+KVLAB_HOST_DEVICE inline int first_visible_key(int position, int window) {
+  return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
+
 /// Read-only view of one layer of a contiguous KV cache.
 ///
 /// Layout (head-major, "HND"): `k` and `v` each point to `[num_kv_heads, capacity, head_dim]`
 /// values; rows `[0, length)` of every head are valid. `T` is the stored element: a number
 /// (`float`, fp16, bf16), one per value, or a quantized block (`BlockQ8_0`, `BlockQ4_0`) of 32
-/// values, so a row is `row_units()` elements and offsets count elements. Each head's keys are one contiguous
+/// values, so a row is `row_units()` elements and offsets count elements.
+///
+/// With a sliding window (`window` = W >= 1; see `cpu::reference_attention`) a query sees only
+/// its last W keys, so only the last rows need be kept: the cache is a ring of `capacity` slots,
+/// row `pos` in slot `pos % capacity`, and `length` counts every token of the sequence (it may
+/// exceed `capacity`). A step of q queries needs the W − 1 rows before its first one as well as
+/// its own q: `q + W − 1 <= capacity`. Without a window (0) row `pos` is in slot `pos`. Each head's keys are one contiguous
 /// `[capacity, head_dim]` block, so a decode step streams them front to back, and the query
 /// heads of a GQA group read the same block once.
 template <typename T>
@@ -25,13 +37,16 @@ struct ContiguousKVView {
   int num_kv_heads = 0;  ///< K/V heads
   int head_dim = 0;      ///< values per head
   int capacity = 0;      ///< rows reserved per head
-  int length = 0;        ///< rows filled per head (0 <= length <= capacity)
+  int length = 0;        ///< tokens of the sequence (<= capacity without a window)
+  int window = 0;        ///< W >= 1: queries see their last W keys, rows in a ring; 0: all keys
 
   /// Stored elements of one head's row: `head_dim / StorageUnit<T>::kValues`.
   KVLAB_HOST_DEVICE int row_units() const { return head_dim / StorageUnit<T>::kValues; }
+  /// The slot of row `pos`: `pos % capacity` in a ring (a window), else `pos`.
+  KVLAB_HOST_DEVICE int slot(int pos) const { return window > 0 ? pos % capacity : pos; }
   /// Offset, in elements, of row `pos` of K/V head `kv_head` from `k` (or `v`).
   KVLAB_HOST_DEVICE std::ptrdiff_t offset(int kv_head, int pos) const {
-    return (static_cast<std::ptrdiff_t>(kv_head) * capacity + pos) * row_units();
+    return (static_cast<std::ptrdiff_t>(kv_head) * capacity + slot(pos)) * row_units();
   }
   /// Key row `pos` of K/V head `kv_head`: `row_units()` elements.
   KVLAB_HOST_DEVICE const T* key(int kv_head, int pos) const { return k + offset(kv_head, pos); }

@@ -30,8 +30,9 @@ constexpr int kDecodeQueryTile = 16;
 namespace detail {
 
 /// The rows of a contiguous cache from K/V head `head` on: row `pos` of head `head + j` at
-/// `base + (j * capacity + pos) * row_units` elements (head-major: one head's rows are
-/// adjacent). `S` is the stored element type.
+/// `base + (j * capacity + slot(pos)) * row_units` elements (head-major: one head's rows are
+/// adjacent; `slot(pos)` is `pos`, or `pos % capacity` in the ring of a windowed cache). `S` is
+/// the stored element type.
 template <typename S>
 struct ContiguousRows {
   using Stored = S;  ///< the stored element type
@@ -56,8 +57,11 @@ struct ContiguousRows {
  private:
   template <typename F>
   void walk(const S* base, int begin, int end, F& f) const {
-    for (int pos = begin; pos < end; ++pos)
-      f(pos, base + static_cast<std::ptrdiff_t>(pos) * cache.row_units());
+    int slot = cache.slot(begin);  // wraps to 0 at the ring's end (never reached without one)
+    for (int pos = begin; pos < end; ++pos) {
+      f(pos, base + static_cast<std::ptrdiff_t>(slot) * cache.row_units());
+      if (++slot == cache.capacity) slot = 0;
+    }
   }
 };
 
@@ -132,7 +136,8 @@ int padded_span(int span) {
 
 /// The queries and keys of one call of `attend_partial` or `attend_tile`: query rows [row0,
 /// row0 + rows) of `q` — consecutive tokens of one sequence, row `row0` at `first_position` —
-/// with the query heads of K/V heads [hk0, hk0 + heads), over keys [key_begin, key_end).
+/// with the query heads of K/V heads [hk0, hk0 + heads), over keys [key_begin, key_end), each
+/// row seeing its last `window` keys (the band; 0: all keys up to itself).
 struct AttentionTile {
   int row0 = 0;            ///< first query row of the tile in `q`
   int rows = 1;            ///< query rows, 1 <= rows <= kDecodeQueryTile
@@ -141,6 +146,7 @@ struct AttentionTile {
   int heads = 1;           ///< K/V heads, [hk0, hk0 + heads)
   int key_begin = 0;       ///< first key of the range
   int key_end = 0;         ///< one past the last key; the tile's last row sees keys up to it
+  int window = 0;          ///< W >= 1: row at position p sees keys (p - W, p]; 0: all up to p
 };
 
 /// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
@@ -161,7 +167,9 @@ struct AttentionTile {
 /// rows are read (one head at a time suits the head-major contiguous cache and HND pool, all
 /// heads of a token at once suits the token-major NHD pool). A key range other than [0,
 /// first_position + rows) — one partition of a split context — is for a single row
-/// (`rows == 1`), which sees every key up to its position.
+/// (`rows == 1`), which sees every key up to its position. With a window each row sees only its
+/// last W keys (`cpu::reference_attention`'s band): the keys stream from the first row's first
+/// visible key, and each key meets the rows whose band holds it.
 template <typename T, typename Source>
 void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T>>& q,
                     const AttentionTile& tile, const Source& source, TileScratch<T>& scratch) {
@@ -174,6 +182,9 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const int m = heads * per_head;
   // keys of the range: [key_begin, span), the tile's last row sees them all
   const int span = tile.key_end;
+  const int window = tile.window;
+  // the tile's first key: its first row's band starts W - 1 keys before it
+  const int key_lo = std::max(key_begin, kvlab::first_visible_key(first_position, window));
   // A token's rows of the tile's heads, as T: where they are stored when stored as T, else
   // decoded into scratch.row (heads * head_dim values, head j at j * head_dim). Only that one
   // token's rows are ever decoded: never a copy of the cache.
@@ -191,7 +202,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
     }
   };
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
-  // [m, padded_span(span - key_begin)]: key pos in column pos - key_begin
+  // [m, padded_span(span - key_lo)]: key pos in column pos - key_lo
   RowMatrix<T>& probs = scratch.probs;
   RowMatrix<T>& acc = scratch.acc;  // [m, head_dim]
   queries.resize(m, hd);
@@ -205,40 +216,50 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const int shared = first_position + 1;
   // end of qi's keys
   const auto visible = [&](int qi) { return std::min(span, shared + qi / group); };
+  // start of qi's keys: its band's first key (key_lo for the tile's first row)
+  const auto band_start = [&](int qi) {
+    return std::max(key_lo, kvlab::first_visible_key(first_position + qi / group, window));
+  };
   // The first query of a head that sees key `pos` (0 outside the corner).
   const auto first_seeing = [&](int pos) { return pos < shared ? 0 : (pos - shared + 1) * group; };
+  // One past the last query of a head that sees key `pos`: with a window, the rows at positions
+  // below pos + W.
+  const auto last_seeing = [&](int pos) {
+    return window > 0 ? std::min(per_head, (pos + window - first_position) * group) : per_head;
+  };
 
   // 1. Scores: each key row is read once and met by every query of its group that sees it.
-  probs.resize(m, padded_span<T>(span - key_begin));
-  source.keys(key_begin, span, [&](int pos, const S* stored) {
+  probs.resize(m, padded_span<T>(span - key_lo));
+  source.keys(key_lo, span, [&](int pos, const S* stored) {
     const T* row = as_t(stored);
-    const int first = first_seeing(pos);
+    const int first = first_seeing(pos), last = last_seeing(pos);
     for (int j = 0; j < heads; ++j) {
       const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
-      for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi)
-        probs(qi, pos - key_begin) = scale * queries.row(qi).dot(key);
+      for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
+        probs(qi, pos - key_lo) = scale * queries.row(qi).dot(key);
     }
   });
   // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their
   // sum.
   scratch.state.resize(static_cast<std::size_t>(m));
   for (int qi = 0; qi < m; ++qi) {
-    // [visible keys]
-    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, 0),
-                                                     visible(qi % per_head) - key_begin);
+    // [visible keys]: the query's band
+    const int start = band_start(qi % per_head);
+    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, start - key_lo),
+                                                     visible(qi % per_head) - start);
     const T max = x.maxCoeff();
     x = (x - max).exp();
     scratch.state[static_cast<std::size_t>(qi)] = SoftmaxState<T>{max, x.sum()};
   }
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
-  source.values(key_begin, span, [&](int pos, const S* stored) {
+  source.values(key_lo, span, [&](int pos, const S* stored) {
     const T* row = as_t(stored);
-    const int first = first_seeing(pos);
+    const int first = first_seeing(pos), last = last_seeing(pos);
     for (int j = 0; j < heads; ++j) {
       const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
-      for (int qi = j * per_head + first; qi < (j + 1) * per_head; ++qi)
-        acc.row(qi) += probs(qi, pos - key_begin) * value;
+      for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
+        acc.row(qi) += probs(qi, pos - key_lo) * value;
     }
   });
 }
@@ -269,16 +290,20 @@ void attend_tile(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T
 
 /// Adds the work of `q_len` query rows of one sequence, the first at position
 /// `first_position`, processed in tiles of `kDecodeQueryTile` rows, to `counters`: row i sees
-/// first_position + i + 1 keys, and each tile streams the rows its last row sees, once per K/V
-/// head, each row `row_bytes` bytes as stored.
+/// first_position + i + 1 keys (at most `window` with a window), and each tile streams the rows
+/// from its first row's first visible key to its last row, once per K/V head, each row
+/// `row_bytes` bytes as stored.
 inline void count_tiled_attention(const AttentionShape& shape, std::size_t row_bytes, int q_len,
-                                  int first_position, CostCounters& counters) {
-  const auto n = static_cast<std::uint64_t>(q_len);
-  const std::uint64_t keys = n * static_cast<std::uint64_t>(first_position) + n * (n + 1) / 2;
-  std::uint64_t rows_streamed = 0;
-  for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile)
-    rows_streamed +=
-        static_cast<std::uint64_t>(first_position + r0 + std::min(kDecodeQueryTile, q_len - r0));
+                                  int first_position, CostCounters& counters, int window = 0) {
+  std::uint64_t keys = 0, rows_streamed = 0;
+  for (int i = 0; i < q_len; ++i) {
+    const int p = first_position + i;
+    keys += static_cast<std::uint64_t>(p + 1 - first_visible_key(p, window));
+  }
+  for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
+    const int end = first_position + r0 + std::min(kDecodeQueryTile, q_len - r0);
+    rows_streamed += static_cast<std::uint64_t>(end - first_visible_key(first_position + r0, window));
+  }
   add_attention_counts(shape, row_bytes, keys, rows_streamed, counters);
 }
 

@@ -35,11 +35,25 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
   kvlab::detail::require_equal(kWhere, "cache.head_dim", cache.head_dim, shape.head_dim(),
                                "shape.head_dim()");
   kvlab::detail::require_storage_head_dim<S>(kWhere, cache.head_dim);
-  if (cache.length < q.rows() || cache.length > cache.capacity) {
+  kvlab::detail::require_at_least(kWhere, "cache.window", cache.window, 0);
+  if (cache.window == 0 && (cache.length < q.rows() || cache.length > cache.capacity)) {
     kvlab::detail::fail(kWhere, "cache.length",
                         "in [q.rows() (" + std::to_string(q.rows()) + "), cache.capacity (" +
                             std::to_string(cache.capacity) + ")]",
                         cache.length);
+  }
+  if (cache.window > 0) {  // a ring: the queries and the W - 1 keys before them in its slots
+    if (cache.length < q.rows()) {
+      kvlab::detail::fail(kWhere, "cache.length", ">= q.rows() (" + std::to_string(q.rows()) + ")",
+                          cache.length);
+    }
+    if (cache.length > cache.capacity && q.rows() + cache.window - 1 > cache.capacity) {
+      kvlab::detail::fail(kWhere, "q.rows()",
+                          "at most cache.capacity - cache.window + 1 = " +
+                              std::to_string(cache.capacity - cache.window + 1) +
+                              " (a ring holds the queries and the window's keys before them)",
+                          q.rows());
+    }
   }
   if (cache.k == nullptr || cache.v == nullptr) {
     kvlab::detail::fail(kWhere, "cache.k / cache.v", "non-null pointers", "a null pointer");
@@ -62,13 +76,14 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       tile.first_position = first_position + r0;
       tile.hk0 = hk;
       tile.heads = 1;
+      tile.window = cache.window;
       attend_tile(shape, q, tile, rows_of_head, scratch, out);
     }
   });
 
   if (counters != nullptr)
     count_tiled_attention(shape, storage_row_bytes<S>(shape.head_dim()), q_len, first_position,
-                          *counters);
+                          *counters, cache.window);
 }
 
 }  // namespace detail
@@ -80,7 +95,9 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// `[0, cache.length - q_len + i]`. With `q_len == 1` (decode) it sees the whole cache and no
 /// mask is needed; with the whole prompt as `q` (prefill) the mask is causal. It computes what
 /// `reference_attention` computes over the cache's rows (and so equals `naive_attention` on them,
-/// to rounding). A cache that stores its rows in another type than `T` (fp16, bf16, int8, int4:
+/// to rounding). With a window (`cache.window` = W >= 1) each query sees its last W keys, read
+/// from the cache's ring of slots (`ContiguousKVView`), as `reference_attention` with that window
+/// computes them. A cache that stores its rows in another type than `T` (fp16, bf16, int8, int4:
 /// `KVStorage<S>`) has each row decoded as the kernel reads it, and the result is that attention
 /// over the decoded rows.
 ///

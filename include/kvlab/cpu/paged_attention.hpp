@@ -101,8 +101,10 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
   for (int s = 0; s < cache.batch; ++s) {
     if (qo_indptr[s + 1] == qo_indptr[s]) continue;  // no query
     const int len = cache.seq_len(s);
-    const int size = partition_size(len, parts, cache.block_size);
-    for (int begin = 0; begin < len; begin += size)
+    // the keys the query sees, from the start of the block that holds the first (its window's)
+    const int from = first_visible_key(len - 1, cache.window) / cache.block_size * cache.block_size;
+    const int size = partition_size(len - from, parts, cache.block_size);
+    for (int begin = from; begin < len; begin += size)
       partitions.push_back({s, begin, std::min(len, begin + size)});
   }
   const int items = static_cast<int>(partitions.size());
@@ -119,6 +121,7 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
     tile.heads = shape.num_kv_heads();
     tile.key_begin = p.begin;
     tile.key_end = p.end;
+    tile.window = cache.window;
     attend_partial(shape, q, tile, PagedRows<S>{cache, p.seq, 0}, scratch);
     std::copy(scratch.state.begin(), scratch.state.end(),
               state.begin() + static_cast<std::ptrdiff_t>(slot(item, 0)));
@@ -181,6 +184,7 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
         tile.first_position = first_position + r0;
         tile.hk0 = hk0;
         tile.heads = hk1 - hk0;
+        tile.window = cache.window;
         attend_tile(shape, q, tile, rows_from, scratch, out);
       }
     });
@@ -191,7 +195,7 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       const int q_len = qo_indptr[s + 1] - qo_indptr[s];
       if (q_len > 0) {
         count_tiled_attention(shape, storage_row_bytes<S>(shape.head_dim()), q_len,
-                              cache.seq_len(s) - q_len, *counters);
+                              cache.seq_len(s) - q_len, *counters, cache.window);
       }
     }
   }
@@ -247,6 +251,7 @@ void paged_decode_attention(const AttentionShape& shape, const Eigen::MatrixBase
   // [batch + 1]: 0, 1, ..., batch
   std::vector<std::int32_t> qo_indptr(static_cast<std::size_t>(cache.batch) + 1);
   for (int s = 0; s <= cache.batch; ++s) qo_indptr[static_cast<std::size_t>(s)] = s;
+  kvlab::detail::check_window_pages(kWhere, qo_indptr.data(), cache);
   detail::paged_attention(shape, queries, qo_indptr.data(), cache, out, counters);
 }
 
@@ -272,7 +277,10 @@ RowMatrix<typename Q::Scalar> paged_decode_attention(const AttentionShape& shape
 /// is the token at position `seq_len - q_len + i` and sees that sequence's tokens
 /// `[0, seq_len - q_len + i]`. A sequence may bring no query (`q_len == 0`): it is skipped. With
 /// one query per sequence this is `paged_decode_attention`; with one sequence it equals
-/// `decode_attention` on a contiguous cache holding the same rows.
+/// `decode_attention` on a contiguous cache holding the same rows. With a sliding window
+/// (`cache.window` = W >= 1) each query sees its last W keys, and the blocks wholly before a
+/// sequence's first query's window may be `kReleasedBlock` in the tables (checked: no query
+/// reaches one).
 ///
 /// \param shape      the head layout; `cache` must have its num_kv_heads and head_dim
 /// \param q          queries, [qo_indptr[batch], num_heads * head_dim], sequence by sequence
@@ -302,6 +310,7 @@ void paged_prefill_attention(const AttentionShape& shape, const Eigen::MatrixBas
   if (detail::shares_memory(out, queries)) {
     kvlab::detail::fail(kWhere, "out", "a matrix other than q", "q");
   }
+  kvlab::detail::check_window_pages(kWhere, qo_indptr.data(), cache);
   detail::paged_attention(shape, queries, qo_indptr.data(), cache, out, counters);
 }
 

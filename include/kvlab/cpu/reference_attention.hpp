@@ -1,7 +1,8 @@
 /// \file
 /// \brief `cpu::reference_attention`: causal grouped-query attention written as plain loops, the
 /// way llama2.c's `run.c` writes it — the oracle that every other attention path in kvlab
-/// computes (naive, decode and paged, on the CPU and on the GPU) and is tested against.
+/// computes (naive, decode and paged, on the CPU and on the GPU) and is tested against — with an
+/// optional sliding window.
 #pragma once
 
 #include <cmath>
@@ -32,6 +33,14 @@ namespace kvlab::cpu {
 /// - decode: `q_len = 1`, `first_position = kv_len − 1` (the new token sees every key);
 /// - chunked prefill: a chunk of `q_len` tokens after `first_position` cached ones.
 ///
+/// **Sliding window** (`window` = W >= 1; 0, the default, is none): the query at position i sees
+/// the W keys ending with its own, positions j with **i − W < j <= i** — the band mask. This is
+/// the convention of Hugging Face transformers, vLLM and llama.cpp, and FlashInfer's
+/// `window_left = W − 1`; the Mistral paper's text describes a token attending to the W tokens
+/// before it (W + 1 keys with its own). kvlab follows the libraries: W keys, the current one
+/// included, so W = 1 attends to the token itself only. With W at least the sequence's length the
+/// band is the whole causal mask.
+///
 /// The sums are in double, so that the oracle's own rounding stays far below that of the float
 /// kernels it checks. Cost: Θ(q_len · kv_len · num_heads · head_dim); for tests and lessons.
 ///
@@ -43,12 +52,13 @@ namespace kvlab::cpu {
 /// \param k               keys,    [kv_len, num_kv_heads * head_dim]
 /// \param v               values,  [kv_len, num_kv_heads * head_dim]
 /// \param first_position  position of query row 0, in [0, kv_len - q_len]
+/// \param window          W >= 1: each query sees its last W keys (the band); 0: all of them
 /// \return                [q_len, num_heads * head_dim]
-/// \throws InvalidArgument for a shape or position that does not fit the above.
+/// \throws InvalidArgument for a shape, position or window that does not fit the above.
 template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
 RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                                  const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
-                                 int first_position) {
+                                 int first_position, int window = 0) {
   static_assert(
       std::is_same<typename K::Scalar, T>::value && std::is_same<typename V::Scalar, T>::value,
       "reference_attention: q, k and v must have one scalar type");
@@ -68,6 +78,7 @@ RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::Matri
                         "in [0, k.rows() - q.rows()] = [0, " + std::to_string(kv_len - q_len) + "]",
                         first_position);
   }
+  kvlab::detail::require_at_least(kWhere, "window", window, 0);
 
   // [loops]
   const int hd = shape.head_dim();
@@ -77,14 +88,17 @@ RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::Matri
     const int hk = shape.kv_head_of(h);  // the K/V head this query head reads
     for (long i = 0; i < q_len; ++i) {
       const long last = first_position + i;  // the causal mask: keys 0 .. last
-      p.assign(static_cast<std::size_t>(last + 1), 0.0);
+      // the band: keys first .. last, the last `window` of them (all with no window)
+      const long first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+      p.assign(static_cast<std::size_t>(last - first + 1), 0.0);  // p[j - first]
       // 1. One score per visible key: the scaled dot product of the query with the key.
       double max_score = -INFINITY;
-      for (long j = 0; j <= last; ++j) {
+      for (long j = first; j <= last; ++j) {
         double dot = 0;
         for (int c = 0; c < hd; ++c) dot += double(q(i, h * hd + c)) * double(k(j, hk * hd + c));
-        p[static_cast<std::size_t>(j)] = shape.scale() * dot;
-        if (p[static_cast<std::size_t>(j)] > max_score) max_score = p[static_cast<std::size_t>(j)];
+        const double score = shape.scale() * dot;
+        p[static_cast<std::size_t>(j - first)] = score;
+        if (score > max_score) max_score = score;
       }
       // 2. Softmax: exp(score - max) (the max subtracted, so no exponent overflows), normalised.
       double sum = 0;
@@ -92,8 +106,8 @@ RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::Matri
       // 3. The probability-weighted sum of the visible value rows.
       for (int c = 0; c < hd; ++c) {
         double acc = 0;
-        for (long j = 0; j <= last; ++j)
-          acc += p[static_cast<std::size_t>(j)] * double(v(j, hk * hd + c));
+        for (long j = first; j <= last; ++j)
+          acc += p[static_cast<std::size_t>(j - first)] * double(v(j, hk * hd + c));
         out(i, h * hd + c) = static_cast<T>(acc / sum);
       }
     }

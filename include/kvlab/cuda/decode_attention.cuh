@@ -425,6 +425,11 @@ void check_paged_fields(const char* where, const PagedKVView<T>& cache) {
     kvlab::detail::fail(where, "cache.k / v / indptr / indices / last_page_len", "device pointers",
                         "a null pointer");
   }
+  if (cache.window != 0) {
+    kvlab::detail::fail(where, "cache.window",
+                        "0 (the CUDA kernels attend to every key; sliding windows run on the CPU)",
+                        cache.window);
+  }
   require_aligned(where, "cache.k", cache.k);
   require_aligned(where, "cache.v", cache.v);
 }
@@ -506,6 +511,11 @@ void decode_attention(const AttentionShape& shape, DeviceInput<T> q,
   }
   if (cache.k == nullptr || cache.v == nullptr)
     kvlab::detail::fail(kWhere, "cache.k / cache.v", "device pointers", "a null pointer");
+  if (cache.window != 0) {
+    kvlab::detail::fail(kWhere, "cache.window",
+                        "0 (the CUDA kernels attend to every key; sliding windows run on the CPU)",
+                        cache.window);
+  }
   detail::require_aligned(kWhere, "cache.k", cache.k);
   detail::require_aligned(kWhere, "cache.v", cache.v);
   detail::launch_attention(shape, q, cache, nullptr, out, /*block_size=*/1, options);
