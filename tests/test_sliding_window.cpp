@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -228,4 +230,67 @@ TEST_CASE("paged decode split along the context keeps each query's window") {
       kvlab::cpu::reference_attention(shape, q, keys, values, n - 1, window);
   CHECK(max_row_relative_error(got, want) <= kvlab_test::tolerance<float>());
   CHECK(counters.qk_dots == static_cast<std::uint64_t>(window * shape.num_heads()));
+}
+
+TEST_CASE("naive_attention's band equals the oracle's") {
+  const AttentionShape shape(6, 3, 8);
+  kvlab::Rng rng(5);
+  const RowMatrix<double> k = kvlab::random_matrix<double>(30, shape.kv_width(), rng);
+  const RowMatrix<double> v = kvlab::random_matrix<double>(30, shape.kv_width(), rng);
+  const RowMatrix<double> q = kvlab::random_matrix<double>(12, shape.q_width(), rng);
+  for (int window : {1, 4, 11, 40}) {
+    CAPTURE(window);
+    const RowMatrix<double> got = kvlab::cpu::naive_attention(shape, q, k, v, nullptr, window);
+    const RowMatrix<double> want = kvlab::cpu::reference_attention(shape, q, k, v, 18, window);
+    CHECK(max_row_relative_error(got, want) <= kvlab_test::tolerance<double>());
+  }
+}
+
+TEST_CASE("a windowed contiguous store, a ring of W - 1 + C slots, gives the windowed recompute store's outputs") {
+  // Three layers: a layer's keys are the outputs of the one below, so a wrong window anywhere
+  // changes every later output.
+  const AttentionShape shape(4, 2, 8);
+  const auto stack = kvlab::AttentionStack<double>::random(3, shape, 16, 6);
+  kvlab::Rng rng(7);
+  const RowMatrix<double> x = kvlab::random_matrix<double>(60, 16, rng);  // [tokens, d_model]
+  const int window = GENERATE(1, 3, 8);
+  const int chunk = GENERATE(1, 5, 12);  // the largest step: shorter and longer than the window
+  CAPTURE(window, chunk);
+  const int capacity = window - 1 + chunk;  // the smallest ring for steps of `chunk` tokens
+  kvlab::ContiguousStore<double> ring(3, 2, 8, capacity, window);
+  kvlab::RecomputeStore<double> oracle(3, 2, 8, 16, window);
+  const int a = ring.add_sequence(), b = oracle.add_sequence();
+  CHECK(ring.window() == window);
+  // a prompt of `chunk` tokens, decode steps, a shorter chunk, decode to 60 tokens in all
+  std::vector<int> steps{chunk};
+  while (std::accumulate(steps.begin(), steps.end(), 0) < 60) {
+    const int left = 60 - std::accumulate(steps.begin(), steps.end(), 0);
+    steps.push_back(std::min(left, steps.size() % 7 == 3 ? std::max(1, chunk - 1) : 1));
+  }
+  int fed = 0;
+  double worst = 0;
+  for (int n : steps) {
+    const RowMatrix<double> in = x.middleRows(fed, n);
+    const RowMatrix<double> got = kvlab::run_stack(*stack, ring, {a}, {0, n}, in);
+    const RowMatrix<double> want = kvlab::run_stack(*stack, oracle, {b}, {0, n}, in);
+    worst = std::max(worst, max_row_relative_error(got, want));
+    fed += n;
+    CHECK(ring.length(a) == fed);
+  }
+  INFO("largest difference: " << worst);
+  CHECK(worst <= kvlab_test::tolerance<double>());
+  CHECK(fed > capacity);  // the ring wrapped
+  // memory: the ring, however long the sequence
+  CHECK(ring.bytes_reserved() == 2 * 3 * 2 * static_cast<std::size_t>(capacity) * 8 * sizeof(double));
+  // a step larger than the ring allows changes nothing
+  const RowMatrix<double> too_many = x.topRows(chunk + 1);
+  CHECK_THROWS_MATCHES(kvlab::run_stack(*stack, ring, {a}, {0, chunk + 1}, too_many),
+                       kvlab::CapacityError,
+                       names("new tokens of sequence 0", "at most " + std::to_string(chunk), std::to_string(chunk + 1)));
+  CHECK(ring.length(a) == fed);
+  // truncating so far back that the next token's window reaches overwritten rows is refused
+  const int oldest = fed - capacity;  // the ring holds positions [fed - capacity, fed)
+  CHECK_THROWS_MATCHES(ring.truncate(a, oldest + window - 2), kvlab::InvalidArgument,
+                       names("length", "at least " + std::to_string(oldest + window - 1), std::to_string(oldest + window - 2)));
+  CHECK_NOTHROW(ring.truncate(a, oldest + window - 1));
 }

@@ -3,6 +3,7 @@
 /// `[num_layers][num_kv_heads][capacity][head_dim]` for K and for V.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -34,26 +35,43 @@ namespace kvlab {
 /// cannot hold (NaN, ±Inf, beyond its range) is refused before anything changes — and the
 /// kernels decode the rows they read.
 ///
+/// **Sliding window** (`window` = W >= 1; see `cpu::reference_attention`): a query sees only its
+/// last W keys, so the cache keeps only the last rows, in a ring of `capacity` slots — row `pos`
+/// in slot `pos % capacity` — and the sequence may grow past `capacity`. A decode step needs W
+/// slots; a step of C new tokens needs W − 1 + C (its first query sees the W − 1 keys before it,
+/// which the chunk's own writes must not overwrite): `append` refuses a chunk larger than
+/// `capacity − W + 1`, and `truncate` a length whose window reaches rows already overwritten.
+///
 /// Memory: `2 * num_layers * num_kv_heads * capacity * storage_row_bytes<S>(head_dim)` bytes
 /// (`head_dim * sizeof(T)` per row for `S = T`), reserved up front whether or not the sequence
-/// ever gets that long.
+/// ever gets that long — with a window, however long it gets.
 template <typename T, typename S = T>
 class ContiguousKVCache {
  public:
-  /// An empty cache for `capacity` tokens.
-  /// \throws InvalidArgument if any argument is below 1, `head_dim` is not a multiple of the
-  ///         values per stored element of `S` (32 for int8 and int4), a K/V row (num_kv_heads *
-  ///         head_dim) does not fit in an `int`, or the cache does not fit in the address space.
-  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
+  /// An empty cache for `capacity` tokens, or with a sliding window of `window` keys a ring of
+  /// `capacity` slots (`capacity >= window`: W − 1 + C for steps of up to C tokens).
+  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`,
+  ///         `head_dim` is not a multiple of the values per stored element of `S` (32 for int8
+  ///         and int4), a K/V row (num_kv_heads * head_dim) does not fit in an `int`, or the
+  ///         cache does not fit in the address space.
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
-        capacity_(capacity) {
+        capacity_(capacity),
+        window_(window) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache";
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     detail::require_at_least(kWhere, "capacity", capacity, 1);
+    detail::require_at_least(kWhere, "window", window, 0);
+    if (window > capacity) {
+      detail::fail(kWhere, "window",
+                   "at most capacity (" + std::to_string(capacity) +
+                       "): a decode step needs its W keys in the ring",
+                   window);
+    }
     detail::require_storage_head_dim<S>(kWhere, head_dim);
     if (num_kv_heads > INT_MAX / head_dim) {
       detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
@@ -73,6 +91,7 @@ class ContiguousKVCache {
     k_.assign(layers, std::vector<S>(row * tokens));
     v_.assign(layers, std::vector<S>(row * tokens));
     length_.assign(layers, 0);
+    valid_from_.assign(layers, 0);
   }
 
   /// Number of layers.
@@ -81,12 +100,20 @@ class ContiguousKVCache {
   int num_kv_heads() const { return num_kv_heads_; }
   /// Values per head.
   int head_dim() const { return head_dim_; }
-  /// Tokens reserved per layer.
+  /// Tokens reserved per layer (slots of the ring, with a window).
   int capacity() const { return capacity_; }
+  /// The sliding window: each query sees its last `window()` keys; 0 for none.
+  int window() const { return window_; }
+  /// The most tokens one `append` may add: `capacity() − window() + 1` with a window (the rest
+  /// of the ring holds the keys before them), the free capacity without.
+  int max_chunk(int layer) const {
+    check_layer("kvlab::ContiguousKVCache::max_chunk", layer);
+    return window_ > 0 ? capacity_ - window_ + 1 : capacity_ - length_[at(layer)];
+  }
   /// The name of the storage type: "fp32", "fp16", "bf16", "int8", "int4" (`KVStorage<S>`).
   static const char* storage_name() { return KVStorage<S>::name(); }
 
-  /// Tokens stored in `layer`.
+  /// Tokens of the sequence in `layer` (with a window, possibly more than the ring keeps).
   /// \throws InvalidArgument if `layer` is out of range.
   int length(int layer) const {
     check_layer("kvlab::ContiguousKVCache::length", layer);
@@ -100,8 +127,9 @@ class ContiguousKVCache {
   /// \param v      values of the new tokens, [n, num_kv_heads * head_dim]
   /// \throws InvalidArgument for a wrong shape or layer, or a value that `S` cannot hold
   ///         (`KVStorage<S>::limit()`; the message names its row and column); CapacityError if
-  ///         the layer would hold more than `capacity()` tokens. Either way the cache is
-  ///         unchanged.
+  ///         the layer would hold more than `capacity()` tokens, or with a window if `n` exceeds
+  ///         `max_chunk` (the chunk would overwrite keys its first query sees). Either way the
+  ///         cache is unchanged.
   void append(int layer, const Eigen::Ref<const RowMatrix<T>>& k,
               const Eigen::Ref<const RowMatrix<T>>& v) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::append";
@@ -116,7 +144,21 @@ class ContiguousKVCache {
                           "num_kv_heads * head_dim");
     const std::size_t l = at(layer);
     const long new_length = length_[l] + static_cast<long>(k.rows());
-    if (new_length > capacity_) {
+    if (window_ > 0 && k.rows() > capacity_ - window_ + 1) {
+      detail::fail<CapacityError>(
+          kWhere, "k.rows()",
+          "at most capacity - window + 1 = " + std::to_string(capacity_ - window_ + 1) +
+              " (a ring of " + std::to_string(capacity_) +
+              " slots holds a chunk and the window's keys before it)",
+          k.rows());
+    }
+    if (window_ > 0 && new_length > INT_MAX) {
+      detail::fail<CapacityError>(kWhere, "k.rows()",
+                                  "at most " + std::to_string(INT_MAX - length_[l]) +
+                                      " (positions fit in an int)",
+                                  k.rows());
+    }
+    if (window_ == 0 && new_length > capacity_) {
       detail::fail<CapacityError>(kWhere, "k.rows()",
                                   "at most " + std::to_string(capacity_ - length_[l]) +
                                       " (capacity " + std::to_string(capacity_) + ", length " +
@@ -136,11 +178,15 @@ class ContiguousKVCache {
       }
     }
     length_[l] = static_cast<int>(new_length);
+    // the rows overwritten in the ring are gone
+    if (window_ > 0) valid_from_[l] = std::max(valid_from_[l], length_[l] - capacity_);
   }
 
   /// Forgets every token at position `length` and after, in every layer (for example to undo
-  /// rejected draft tokens). The storage stays reserved.
-  /// \throws InvalidArgument if `length` is negative or above a layer's current length.
+  /// rejected draft tokens). The storage stays reserved. With a window, the next token's window
+  /// (the keys from `length − W + 1`) must still be in the ring.
+  /// \throws InvalidArgument if `length` is negative, above a layer's current length, or with a
+  ///         window below the oldest row kept plus W − 1.
   void truncate(int length) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::truncate";
     detail::require_at_least(kWhere, "length", length, 0);
@@ -151,12 +197,21 @@ class ContiguousKVCache {
                          std::to_string(length_[at(l)]) + ")",
                      length);
       }
+      if (window_ > 0 && first_visible_key(length, window_) < valid_from_[at(l)]) {
+        detail::fail(kWhere, "length",
+                     "at least " + std::to_string(valid_from_[at(l)] + window_ - 1) +
+                         " (the next token's window would reach rows the ring has overwritten)",
+                     length);
+      }
     }
     for (int& len : length_) len = length;
   }
 
   /// Empties every layer; the storage stays reserved.
-  void clear() { truncate(0); }
+  void clear() {
+    for (int& len : length_) len = 0;
+    for (int& from : valid_from_) from = 0;
+  }
 
   /// A read-only view of `layer`, valid until the cache is destroyed.
   /// \throws InvalidArgument if `layer` is out of range.
@@ -170,13 +225,15 @@ class ContiguousKVCache {
     view.head_dim = head_dim_;
     view.capacity = capacity_;
     view.length = length_[l];
+    view.window = window_;
     return view;
   }
 
   /// Keys of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache. The
   /// map keeps the length it was made with: rows appended later are not in it.
   /// Only where the rows are stored as given (`S = T`).
-  /// \throws InvalidArgument if `layer` or `head` is out of range.
+  /// \throws InvalidArgument if `layer` or `head` is out of range, or the cache has a window
+  ///         (its rows are in a ring, not in order).
   template <typename U = S, typename = std::enable_if_t<std::is_same<U, T>::value>>
   Eigen::Map<const RowMatrix<T>> keys(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::keys", layer, kv_head);
@@ -187,7 +244,7 @@ class ContiguousKVCache {
   /// Values of K/V head `kv_head`, [length(layer), head_dim], as an Eigen map into the cache.
   /// The map keeps the length it was made with: rows appended later are not in it.
   /// Only where the rows are stored as given (`S = T`).
-  /// \throws InvalidArgument if `layer` or `head` is out of range.
+  /// \throws InvalidArgument if `layer` or `head` is out of range, or the cache has a window.
   template <typename U = S, typename = std::enable_if_t<std::is_same<U, T>::value>>
   Eigen::Map<const RowMatrix<T>> values(int layer, int kv_head) const {
     check_head("kvlab::ContiguousKVCache::values", layer, kv_head);
@@ -200,10 +257,11 @@ class ContiguousKVCache {
     return 2 * at(num_layers_) * row_bytes() * at(capacity_);
   }
 
-  /// Bytes holding tokens (the filled rows of K and V in all layers).
+  /// Bytes holding tokens (the filled rows of K and V in all layers; with a window, the rows
+  /// the ring still holds).
   std::size_t bytes_used() const {
     std::size_t rows = 0;
-    for (int len : length_) rows += at(len);
+    for (int len : length_) rows += at(window_ > 0 ? std::min(len, capacity_) : len);
     return 2 * rows * row_bytes();
   }
 
@@ -219,6 +277,10 @@ class ContiguousKVCache {
   }
   void check_head(const char* where, int layer, int kv_head) const {
     check_layer(where, layer);
+    if (window_ > 0) {
+      detail::fail(where, "window", "0 (a windowed cache keeps its rows in a ring, not in order)",
+                   window_);
+    }
     if (kv_head < 0 || kv_head >= num_kv_heads_) {
       detail::fail(where, "kv_head", "in [0, " + std::to_string(num_kv_heads_) + ")", kv_head);
     }
@@ -228,10 +290,12 @@ class ContiguousKVCache {
   int num_kv_heads_;
   int head_dim_;
   int capacity_;
+  int window_;  // 0, or W: a ring of capacity_ slots
   // [num_layers][num_kv_heads * capacity * row_units]: row_units = head_dim / values per S
   std::vector<std::vector<S>> k_;
   std::vector<std::vector<S>> v_;  // [num_layers][num_kv_heads * capacity * row_units]
-  std::vector<int> length_;        // [num_layers]
+  std::vector<int> length_;        // [num_layers]: tokens of the sequence
+  std::vector<int> valid_from_;    // [num_layers]: the oldest position the ring still holds
 };
 
 }  // namespace kvlab

@@ -9,6 +9,7 @@
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/views.hpp"
 #include "kvlab/cpu/checks.hpp"
 #include "kvlab/cpu/softmax.hpp"
 #include "kvlab/matrix.hpp"
@@ -21,9 +22,10 @@ namespace detail {
 template <typename T>
 void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
                      const RowMatrixRef<T>& k, const RowMatrixRef<T>& v, RowMatrix<T>& out,
-                     CostCounters* counters) {
+                     CostCounters* counters, int window) {
   constexpr const char* kWhere = "kvlab::cpu::naive_attention";
   check_queries(kWhere, shape, q);
+  kvlab::detail::require_at_least(kWhere, "window", window, 0);
   kvlab::detail::require_equal(kWhere, "k.cols()", static_cast<long>(k.cols()),
                                static_cast<long>(shape.kv_width()), "num_kv_heads * head_dim");
   kvlab::detail::require_equal(kWhere, "v.rows()", static_cast<long>(v.rows()),
@@ -55,9 +57,13 @@ void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
     // 1. Every score, masked or not.
     scores.noalias() = scale * (q_h * k_h.transpose());
     for (Eigen::Index i = 0; i < q_len; ++i) {
-      // 2. Query i sees keys [0, first_position + i]; the later ones get probability 0.
+      // 2. Query i sees keys [start, first_position + i] — start 0, or its window's first key
+      // — and the others get probability 0.
       const Eigen::Index visible = first_position + i + 1;
-      softmax_inplace(scores.row(i).data(), visible);
+      const Eigen::Index start =
+          first_visible_key(static_cast<int>(first_position + i), window);
+      softmax_inplace(scores.row(i).data() + start, visible - start);
+      scores.row(i).head(start).setZero();
       scores.row(i).tail(kv_len - visible).setZero();
     }
     // 3. Probability-weighted sum of the values.
@@ -86,6 +92,9 @@ void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 ///  2. each row's masked tail is dropped and the visible part softmaxed;
 ///  3. `O_h = P V_h`.
 ///
+/// With a sliding window of `window` keys (>= 1; see `reference_attention`) each row keeps only
+/// its band: the scores before it get probability 0 too.
+///
 /// Counts `q_len * kv_len` dot products per query head (all of them, since all are computed).
 /// `q`, `k` and `v` may be any Eigen expressions of one scalar type: a `RowMatrix`, its rows
 /// and row blocks are read in place, other layouts (column-major) are copied once.
@@ -97,24 +106,26 @@ void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// \param out       output,  [q_len, num_heads * head_dim] (resized); must not share memory
 ///                  with q, k or v
 /// \param counters  if not null, receives the work done
-/// \throws InvalidArgument for any shape that does not fit the above (out is then unchanged).
+/// \param window    W >= 1: each query sees its last W keys; 0 (default): all up to itself
+/// \throws InvalidArgument for any shape that does not fit the above, or a negative window
+///         (out is then unchanged).
 template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
 void naive_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                      const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
-                     RowMatrix<T>& out, CostCounters* counters = nullptr) {
+                     RowMatrix<T>& out, CostCounters* counters = nullptr, int window = 0) {
   detail::require_scalar<Q, T>();
   detail::require_scalar<K, T>();
   detail::require_scalar<V, T>();
-  detail::naive_attention<T>(shape, q, k, v, out, counters);
+  detail::naive_attention<T>(shape, q, k, v, out, counters, window);
 }
 
 /// Returning form of `naive_attention`: `[q_len, num_heads * head_dim]`.
 template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
 RowMatrix<T> naive_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                              const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
-                             CostCounters* counters = nullptr) {
+                             CostCounters* counters = nullptr, int window = 0) {
   RowMatrix<T> out;
-  naive_attention(shape, q, k, v, out, counters);
+  naive_attention(shape, q, k, v, out, counters, window);
   return out;
 }
 

@@ -33,19 +33,30 @@ namespace kvlab {
 ///  - `attend` runs `cpu::decode_attention` of the `p` queries over the sequence's cache.
 /// So a decode step costs one K/V projection per K/V head and layer, Θ(1). Memory:
 /// `2 · layers · kv_heads · capacity · head_dim · sizeof(T)` per sequence, however short it is.
-/// `fork` copies the whole cache. `S` is the type K and V are stored as (`KVStorage`: `T`,
+/// `fork` copies the whole cache. With a sliding window of W keys each sequence's cache is a
+/// ring of `capacity` slots (`ContiguousKVCache`): sequences grow without bound, each step adds at
+/// most `capacity − W + 1` tokens to a sequence, and memory stays `capacity` tokens per sequence.
+/// `S` is the type K and V are stored as (`KVStorage`: `T`,
 /// fp16, bf16, int8, int4): each row is encoded when appended and decoded as the kernel reads
 /// it, so memory per token is `2 · layers · kv_heads · storage_row_bytes<S>(head_dim)`.
 template <typename T, typename S = T>
 class ContiguousStore : public KVStore<T> {
  public:
-  /// A store whose sequences each reserve `capacity` tokens in every layer.
-  /// \throws InvalidArgument if any argument is below 1, or `head_dim` is not a multiple of
-  ///         the values per stored element of `S` (32 for int8 and int4).
-  ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int capacity)
+  /// A store whose sequences each reserve `capacity` tokens in every layer — with a sliding
+  /// window of `window` keys (>= 1), a ring of `capacity` slots each.
+  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`,
+  ///         or `head_dim` is not a multiple of the values per stored element of `S` (32 for
+  ///         int8 and int4).
+  ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0)
       : KVStore<T>("kvlab::ContiguousStore", num_layers, num_kv_heads, head_dim),
-        capacity_(capacity) {
+        capacity_(capacity),
+        window_(window) {
     detail::require_at_least("kvlab::ContiguousStore", "capacity", capacity, 1);
+    detail::require_at_least("kvlab::ContiguousStore", "window", window, 0);
+    if (window > capacity) {
+      detail::fail("kvlab::ContiguousStore", "window",
+                   "at most capacity (" + std::to_string(capacity) + ")", window);
+    }
     detail::require_storage_head_dim<S>("kvlab::ContiguousStore", head_dim);
   }
 
@@ -55,13 +66,14 @@ class ContiguousStore : public KVStore<T> {
     return 2 * static_cast<std::size_t>(this->num_layers()) *
            static_cast<std::size_t>(this->num_kv_heads()) * storage_row_bytes<S>(this->head_dim());
   }
-  /// Tokens each sequence can hold.
+  /// Tokens each sequence can hold (slots of its ring, with a window).
   int capacity() const { return capacity_; }
+  int window() const override { return window_; }
 
   /// Reserves a cache of `capacity` tokens and returns the new sequence's id.
   int add_sequence() override {
     caches_.emplace(next_id_, ContiguousKVCache<T, S>(this->num_layers(), this->num_kv_heads(),
-                                                      this->head_dim(), capacity_));
+                                                      this->head_dim(), capacity_, window_));
     return next_id_++;
   }
   std::vector<int> sequences() const override {
@@ -105,12 +117,19 @@ class ContiguousStore : public KVStore<T> {
     for (int i = 0; i < batch.size(); ++i) {
       const int seq = batch.seq(i);
       const int length = do_length(seq);
-      if (batch.new_tokens(i) > capacity_ - length) {
+      if (window_ == 0 && batch.new_tokens(i) > capacity_ - length) {
         detail::fail<CapacityError>(caller, "new tokens of sequence " + std::to_string(seq),
                                     "at most " + std::to_string(capacity_ - length) +
                                         " (capacity " + std::to_string(capacity_) + ", length " +
                                         std::to_string(length) + ")",
                                     batch.new_tokens(i));
+      }
+      if (window_ > 0 && batch.new_tokens(i) > capacity_ - window_ + 1) {
+        detail::fail<CapacityError>(
+            caller, "new tokens of sequence " + std::to_string(seq),
+            "at most " + std::to_string(capacity_ - window_ + 1) + " (a ring of " +
+                std::to_string(capacity_) + " slots, window " + std::to_string(window_) + ")",
+            batch.new_tokens(i));
       }
       batch.first_position.push_back(length);
     }
@@ -155,6 +174,7 @@ class ContiguousStore : public KVStore<T> {
 
  private:
   int capacity_;
+  int window_;                                      // 0, or each cache's window
   std::map<int, ContiguousKVCache<T, S>> caches_;  // seq -> its cache
   int next_id_ = 0;
 };

@@ -113,6 +113,9 @@ class KVStore {
   virtual std::size_t bytes_per_token() const = 0;
   /// The block pool of a paged store (its bookkeeping), or null for the other stores.
   virtual const PagedKVCacheBase* paged_pool() const { return nullptr; }
+  /// The sliding window its attention applies: each query sees its last `window()` keys
+  /// (`cpu::reference_attention`); 0 for none.
+  virtual int window() const { return 0; }
 
   /// Starts an empty sequence and returns its id (ids are never reused).
   /// \throws CapacityError / OutOfBlocks where the store has no room for one more sequence.

@@ -35,17 +35,23 @@ namespace kvlab {
 ///  - `end_step` keeps the `p` new inputs.
 /// So a one-layer model costs t + p K/V projections per step: over n tokens n(n+1)/2, Θ(n²).
 /// Memory: the inputs, `length · input_width` values per sequence, and no K or V between steps.
+/// With a sliding window of W keys each query's attention keeps its band (`cpu::naive_attention`
+/// with the window): the oracle of the windowed stores.
 template <typename T>
 class RecomputeStore : public KVStore<T> {
  public:
   /// A store for a model of `num_layers` layers of `num_kv_heads` K/V heads of `head_dim`
   /// values, whose layer-0 inputs have `input_width` values per token.
-  /// \throws InvalidArgument if any argument is below 1.
-  RecomputeStore(int num_layers, int num_kv_heads, int head_dim, int input_width)
+  /// With `window` >= 1, each query attends to its last `window` keys.
+  /// \throws InvalidArgument if any size is below 1 or `window` is negative.
+  RecomputeStore(int num_layers, int num_kv_heads, int head_dim, int input_width, int window = 0)
       : KVStore<T>("kvlab::RecomputeStore", num_layers, num_kv_heads, head_dim),
-        input_width_(input_width) {
+        input_width_(input_width),
+        window_(window) {
     detail::require_at_least("kvlab::RecomputeStore", "input_width", input_width, 1);
+    detail::require_at_least("kvlab::RecomputeStore", "window", window, 0);
   }
+  int window() const override { return window_; }
 
   const char* name() const override { return "recompute"; }
   /// The inputs are kept as given: "fp32" (or "fp64").
@@ -125,7 +131,7 @@ class RecomputeStore : public KVStore<T> {
                  CostCounters* counters) override {
     const StepBatch& batch = this->step();
     if (batch.size() == 1) {  // one sequence: its rows are the whole of k_ and v_
-      cpu::naive_attention(shape, q, k_, v_, out, counters);
+      cpu::naive_attention(shape, q, k_, v_, out, counters, window_);
       return;
     }
     out.resize(q.rows(), shape.q_width());
@@ -135,7 +141,7 @@ class RecomputeStore : public KVStore<T> {
       const int rows = batch.computed(i);
       cpu::naive_attention(shape, q.middleRows(q_indptr[s], q_indptr[s + 1] - q_indptr[s]),
                            k_.middleRows(batch.row_begin(i), rows),
-                           v_.middleRows(batch.row_begin(i), rows), part, counters);
+                           v_.middleRows(batch.row_begin(i), rows), part, counters, window_);
       out.middleRows(q_indptr[s], part.rows()) = part;
     }
   }
@@ -161,6 +167,7 @@ class RecomputeStore : public KVStore<T> {
   }
 
   int input_width_;
+  int window_;  // 0, or the window of every query's attention
   std::map<int, RowMatrix<T>> inputs_;  // seq -> [length, input_width]: the kept inputs
   int next_id_ = 0;
   RowMatrix<T> pending_;  // [new rows, input_width]: the open step's new inputs
