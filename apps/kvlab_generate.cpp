@@ -53,6 +53,7 @@ struct Options {
   std::uint64_t seed = 42;
   int block_size = 16;
   kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
+  int window = 0;  // 0: every query sees every past token
   int threads = 1;
   bool quiet = false;
 };
@@ -62,7 +63,7 @@ const char* const kUsage =
     "[--steps N]\n"
     "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size "
     "B]\n"
-    "                      [--kv-dtype fp32|fp16|bf16|int8|int4] [--threads T]\n"
+    "                      [--kv-dtype fp32|fp16|bf16|int8|int4] [--window W] [--threads T]\n"
     "                      [--builtin tiny|stories15M] [--quiet] [--help]\n"
     "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, "
     "stories260K.bin);\n"
@@ -85,6 +86,9 @@ const char* const kUsage =
     "  --kv-dtype D        how the cached and paged backends store K and V: fp32 (default), "
     "fp16, bf16,\n"
     "                      int8 (q8_0: 8.5 bits per value) or int4 (q4_0: 4.5 bits per value)\n"
+    "  --window W          sliding window: each token attends to its last W tokens, itself "
+    "included\n"
+    "                      (naive and cached backends; cached keeps a ring of 2W - 1 positions)\n"
     "  --threads T         OpenMP threads (default 1)\n"
     "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; "
     "default) or\n"
@@ -139,6 +143,8 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--kv-dtype") {
       o.kv_dtype = kvlab::parse_kv_dtype(
           kvlab_bench::parse_choice(arg, value, {"fp32", "fp16", "bf16", "int8", "int4"}));
+    } else if (arg == "--window") {
+      o.window = parse_int(arg, value, 1, 1 << 30);
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value, 1, 256);
     } else if (arg == "--builtin") {
@@ -149,7 +155,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else {
       throw UsageError("unknown option '" + arg +
                        "': expected one of --model, --tokenizer, --backend, --steps, "
-                       "--prompt, --temperature, --top-p, --seed, --block-size, --kv-dtype, --threads, "
+                       "--prompt, --temperature, --top-p, --seed, --block-size, --kv-dtype, --window, --threads, "
                        "--builtin, --quiet, --help");
     }
   }
@@ -222,7 +228,12 @@ int run(const Options& o) {
                                  "to store), got ") +
                      kvlab::dtype_name(o.kv_dtype));
   }
-  kvlab::LlamaModel model(weights, o.backend, o.block_size, 0, o.kv_dtype);
+  if (o.backend == kvlab::LlamaBackend::Paged && o.window > 0) {
+    throw UsageError(
+        "--window: expected --backend naive or cached (the paged backend has no sliding window "
+        "yet), got --backend paged");
+  }
+  kvlab::LlamaModel model(weights, o.backend, o.block_size, 0, o.kv_dtype, o.window);
   // tokens generate() can make
   const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;
   if (room < 1) {
@@ -252,7 +263,7 @@ int run(const Options& o) {
           ? (" (block size " + std::to_string(o.block_size) + ")").c_str()
           : "",
       o.backend == kvlab::LlamaBackend::Naive
-          ? "no K/V kept"
+          ? (o.window > 0 ? "no K/V kept, window " + std::to_string(o.window) : std::string("no K/V kept")).c_str()
           : (std::string("K/V stored as ") + model.store().storage_name() + ", " +
              std::to_string(model.store().bytes_per_token()) + " bytes per token")
                 .c_str(),
@@ -324,9 +335,14 @@ int run(const Options& o) {
   const kvlab::KVStore<float>& store = model.store();
   if (o.backend == kvlab::LlamaBackend::Cached) {
     std::fprintf(stderr,
-                 "  KV cache: contiguous, %s, %d of %d positions used, %zu bytes per token, "
-                 "%.1f KiB reserved\n",
-                 store.storage_name(), model.position(), model.max_tokens(),
+                 "  KV cache: contiguous, %s, %d positions%s, %zu bytes per token, %.1f KiB "
+                 "reserved\n",
+                 store.storage_name(), model.position(),
+                 store.window() > 0
+                     ? (" in a ring of " + std::to_string(store.max_step_tokens() + store.window() - 1) +
+                        " (window " + std::to_string(store.window()) + ")")
+                           .c_str()
+                     : (" of " + std::to_string(model.max_tokens())).c_str(),
                  store.bytes_per_token(), static_cast<double>(store.bytes_reserved()) / 1024);
   } else if (const kvlab::PagedKVCacheBase* pool = model.paged_cache()) {
     std::fprintf(stderr,

@@ -3,6 +3,7 @@
 /// cached (contiguous) and paged — by name, and the `KVStore` each one is.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <memory>
 #include <string>
@@ -55,30 +56,47 @@ inline LlamaBackend parse_llama_backend(const std::string& name) {
 /// `max_tokens` tokens each: a `RecomputeStore` (inputs of `config.dim` values per token), a
 /// `ContiguousStore` reserving `max_tokens` per sequence, or a `PagedStore` of
 /// `sequences · ceil(max_tokens / block_size)` blocks of `block_size` tokens; the last two
-/// store K and V as `dtype` (`KVDtype`).
+/// store K and V as `dtype` (`KVDtype`). With a sliding window of `window` keys (>= 1) each
+/// query attends to its last `window` keys: the recompute store keeps each row's band, and the
+/// contiguous store becomes a ring of `min(max_tokens, 2 · window − 1)` slots per sequence,
+/// which takes steps of up to `window` tokens (a longer prompt goes in in chunks:
+/// `LlamaModel::prefill`); the paged store has no window yet.
 /// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1, `dtype` is
-///         not fp32 for the naive backend (it keeps no K/V), or the head_dim is not a multiple
-///         of 32 for int8 and int4.
+///         not fp32 for the naive backend (it keeps no K/V), the head_dim is not a multiple
+///         of 32 for int8 and int4, `window` is negative, or a window is asked of the paged
+///         backend.
 inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
                                                         const LlamaConfig& config, int max_tokens,
                                                         int block_size = 16, int sequences = 1,
-                                                        KVDtype dtype = KVDtype::fp32) {
+                                                        KVDtype dtype = KVDtype::fp32,
+                                                        int window = 0) {
   constexpr const char* kWhere = "kvlab::make_llama_store";
   detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
   detail::require_at_least(kWhere, "block_size", block_size, 1);
   detail::require_at_least(kWhere, "sequences", sequences, 1);
   const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
+  detail::require_at_least(kWhere, "window", window, 0);
+  if (backend == LlamaBackend::Paged && window > 0) {
+    detail::fail(kWhere, "window",
+                 "0 with the paged backend (a paged pool has no sliding window yet: use the "
+                 "cached or naive backend)",
+                 window);
+  }
   if (backend == LlamaBackend::Naive && dtype != KVDtype::fp32) {
     detail::fail(kWhere, "dtype", "fp32 for the naive backend (it keeps no K/V to store)",
                  dtype_name(dtype));
   }
   switch (backend) {
     case LlamaBackend::Naive:
-      return std::make_shared<RecomputeStore<float>>(layers, kv_heads, head_dim, config.dim);
+      return std::make_shared<RecomputeStore<float>>(layers, kv_heads, head_dim, config.dim,
+                                                     window);
     case LlamaBackend::Cached:
       return visit_kv_dtype(dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
         using S = typename decltype(tag)::type;
-        return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim, max_tokens);
+        // a window's ring: the window's keys and a step of up to `window` tokens
+        const int slots = window > 0 ? std::min(max_tokens, 2 * window - 1) : max_tokens;
+        return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim, slots,
+                                                           std::min(window, slots));
       });
     case LlamaBackend::Paged: {
       const long long blocks = 1LL * sequences * ((max_tokens - 1) / block_size + 1);

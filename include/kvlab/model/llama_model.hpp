@@ -77,15 +77,18 @@ class LlamaModel {
   /// \param block_size  tokens per block of the paged backend (unused by the others), >= 1
   /// \param max_tokens  the longest sequence; 0 means `config.seq_len`, the model's own limit
   /// \param kv_dtype    how the cached and paged backends store K and V (`KVDtype`)
+  /// \param window      a sliding window: each query attends to its last `window` keys (0:
+  ///                    all), for the naive and cached backends (`make_llama_store`)
   /// \throws InvalidArgument if `weights` is null or malformed, `block_size < 1`, `max_tokens`
-  ///         is not in [0, seq_len], or `make_llama_store` refuses `kv_dtype`.
+  ///         is not in [0, seq_len], or `make_llama_store` refuses `kv_dtype` or `window`.
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, LlamaBackend backend, int block_size = 16,
-             int max_tokens = 0, KVDtype kv_dtype = KVDtype::fp32)
+             int max_tokens = 0, KVDtype kv_dtype = KVDtype::fp32, int window = 0)
       : weights_(checked(std::move(weights))),
         max_tokens_(checked_max_tokens(weights_->config, block_size, max_tokens)),
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
         rope_(weights_->config.head_dim(), max_tokens_),
-        store_(make_llama_store(backend, weights_->config, max_tokens_, block_size, 1, kv_dtype)),
+        store_(make_llama_store(backend, weights_->config, max_tokens_, block_size, 1, kv_dtype,
+                                window)),
         seq_(store_->add_sequence()),
         backend_(backend),
         block_size_(block_size) {}
@@ -165,22 +168,21 @@ class LlamaModel {
   /// Feeds `tokens` to the model's own sequence at positions [position(), position() + p) and
   /// returns the logits after each, [p, vocab_size]: row i is the distribution of the token that
   /// follows tokens[i].
+  /// One step, or, when the store limits a step (`KVStore::max_step_tokens`: a sliding
+  /// window's ring), as many steps of at most that many tokens as it takes.
   /// \throws InvalidArgument if `tokens` is empty or holds an id outside [0, vocab_size), or
   ///         for a model built over a store; CapacityError if the sequence would exceed
   ///         `max_tokens()`. Either way nothing changes.
   RowMatrix<float> forward(const std::vector<int>& tokens) {
-    return step({own_chunk("kvlab::LlamaModel::forward", tokens)}, true,
-                "kvlab::LlamaModel::forward", true);
+    return own_steps("kvlab::LlamaModel::forward", tokens, true);
   }
 
-  /// Feeds a prompt (or any run of tokens) at once and returns the logits after its last token,
-  /// [vocab_size]: the distribution of the first generated token. The classifier runs on the
-  /// last position only.
+  /// Feeds a prompt (or any run of tokens) at once — in chunks when the store limits a step, as
+  /// `forward` does — and returns the logits after its last token, [vocab_size]: the
+  /// distribution of the first generated token. The classifier runs on the last position only.
   /// \throws as `forward(tokens)`.
   RowVector<float> prefill(const std::vector<int>& tokens) {
-    return step({own_chunk("kvlab::LlamaModel::prefill", tokens)}, false,
-                "kvlab::LlamaModel::prefill", true)
-        .row(0);
+    return own_steps("kvlab::LlamaModel::prefill", tokens, false).row(0);
   }
 
   /// Feeds one token and returns the logits after it, [vocab_size].
@@ -265,14 +267,38 @@ class LlamaModel {
     return SequenceChunk{seq_, tokens};
   }
 
+  // Feeds `tokens` to the model's own sequence in steps of at most the store's
+  // max_step_tokens() (one step unless a windowed ring limits it), all of them checked first,
+  // and returns the logits of every token or of the last.
+  RowMatrix<float> own_steps(const char* where, const std::vector<int>& tokens, bool every_token) {
+    const std::vector<SequenceChunk> all{own_chunk(where, tokens)};
+    const auto limit = static_cast<std::size_t>(store_->max_step_tokens());
+    if (tokens.size() <= limit) return step(all, every_token, where, true);
+    check_batch(all, where, true);  // the whole run, before any step
+    RowMatrix<float> logits;        // [tokens or 1, vocab_size]
+    for (std::size_t begin = 0; begin < tokens.size(); begin += limit) {
+      const std::size_t end = std::min(tokens.size(), begin + limit);
+      const RowMatrix<float> part = step(
+          {own_chunk(where, std::vector<int>(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                                             tokens.begin() + static_cast<std::ptrdiff_t>(end)))},
+          every_token, where, true);
+      if (!every_token) {
+        logits = part;
+      } else {
+        logits.conservativeResize(static_cast<Eigen::Index>(end), part.cols());
+        logits.bottomRows(part.rows()) = part;
+      }
+    }
+    return logits;
+  }
+
   // Checks `batch` (naming arguments as `where` was called: "tokens" for the model's own
-  // sequence, "batch[i].tokens" otherwise), runs one step, and returns the logits of each
-  // sequence's last new token, or of every new token.
-  RowMatrix<float> step(const std::vector<SequenceChunk>& batch, bool every_token,
-                        const char* where, bool own) {
+  // sequence, "batch[i].tokens" otherwise): ids, live distinct sequences, room in max_tokens.
+  // Returns the new tokens' CSR row pointers, [batch + 1].
+  std::vector<std::int32_t> check_batch(const std::vector<SequenceChunk>& batch, const char* where,
+                                        bool own) const {
     const LlamaConfig& c = config();
     detail::require_at_least(where, "batch.size()", batch.size(), std::size_t{1});
-    std::vector<int> seqs;                    // [batch]
     std::vector<std::int32_t> new_indptr{0};  // [batch + 1]
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const std::string name =
@@ -297,9 +323,19 @@ class LlamaModel {
                                         ", position " + std::to_string(length) + ")",
                                     tokens.size());
       }
-      seqs.push_back(batch[i].seq);
       new_indptr.push_back(new_indptr.back() + static_cast<std::int32_t>(tokens.size()));
     }
+    return new_indptr;
+  }
+
+  // Checks `batch` (`check_batch`), runs one step, and returns the logits of each sequence's
+  // last new token, or of every new token.
+  RowMatrix<float> step(const std::vector<SequenceChunk>& batch, bool every_token,
+                        const char* where, bool own) {
+    const LlamaConfig& c = config();
+    const std::vector<std::int32_t> new_indptr = check_batch(batch, where, own);  // [batch + 1]
+    std::vector<int> seqs;                                                       // [batch]
+    for (const SequenceChunk& chunk : batch) seqs.push_back(chunk.seq);
     // 1. The new tokens' rows of the embedding table, sequence after sequence.
     RowMatrix<float> embedded(new_indptr.back(), c.dim);  // [new tokens, dim]
     for (std::size_t i = 0, row = 0; i < batch.size(); ++i)

@@ -69,6 +69,11 @@ class ContiguousStore : public KVStore<T> {
   /// Tokens each sequence can hold (slots of its ring, with a window).
   int capacity() const { return capacity_; }
   int window() const override { return window_; }
+  /// `capacity − window + 1` with a window (the ring holds the step's tokens and the window's
+  /// keys before them); no limit without one (room is checked per sequence).
+  int max_step_tokens() const override {
+    return window_ > 0 ? capacity_ - window_ + 1 : KVStore<T>::max_step_tokens();
+  }
 
   /// Reserves a cache of `capacity` tokens and returns the new sequence's id.
   int add_sequence() override {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -116,6 +117,9 @@ class KVStore {
   /// The sliding window its attention applies: each query sees its last `window()` keys
   /// (`cpu::reference_attention`); 0 for none.
   virtual int window() const { return 0; }
+  /// The most new tokens one step may add to a sequence: a windowed ring's `capacity − W + 1`
+  /// (`ContiguousStore`), else no limit (`INT_MAX`; room is checked by `begin_step`).
+  virtual int max_step_tokens() const { return INT_MAX; }
 
   /// Starts an empty sequence and returns its id (ids are never reused).
   /// \throws CapacityError / OutOfBlocks where the store has no room for one more sequence.
