@@ -1,6 +1,7 @@
 // One suite over every way of keeping K/V (every KVStore: recompute, contiguous, paged with
-// block sizes 1, 7 and 16 in both pool layouts, and the contiguous and paged stores keeping K/V
-// as fp16, bf16, int8 and int4 — a new variant is one line of kKinds): a ragged batch — sequences of different
+// block sizes 1, 7 and 16 in both pool layouts, the contiguous and paged stores keeping K/V
+// as fp16, bf16, int8 and int4, and the recompute and contiguous stores with a sliding window —
+// the contiguous one a ring that wraps — a new variant is one line of kKinds): a ragged batch — sequences of different
 // lengths, prompt chunks and decode tokens in one step, sequences joining and leaving between
 // steps — gives each sequence exactly what it gets alone; forks continue as their parents
 // would; a step is all or nothing (a sequence without room fails the whole step, and nothing
@@ -43,6 +44,7 @@ struct StoreKind {
   int block_size;  // paged only
   kvlab::KVLayout layout;
   kvlab::KVDtype dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
+  int window = 0;        // recompute and contiguous: a sliding window (contiguous: a ring)
 };
 
 using kvlab::KVDtype;
@@ -54,7 +56,10 @@ const StoreKind kKinds[] = {
     {"contiguous", 0, KVLayout::NHD, KVDtype::fp16}, {"contiguous", 0, KVLayout::NHD, KVDtype::bf16},
     {"contiguous", 0, KVLayout::NHD, KVDtype::int8}, {"contiguous", 0, KVLayout::NHD, KVDtype::int4},
     {"paged", 7, KVLayout::NHD, KVDtype::fp16},      {"paged", 16, KVLayout::HND, KVDtype::bf16},
-    {"paged", 7, KVLayout::HND, KVDtype::int8},      {"paged", 1, KVLayout::NHD, KVDtype::int4}};
+    {"paged", 7, KVLayout::HND, KVDtype::int8},      {"paged", 1, KVLayout::NHD, KVDtype::int4},
+    {"recompute", 0, KVLayout::NHD, KVDtype::fp32, 6},
+    {"contiguous", 0, KVLayout::NHD, KVDtype::fp32, 6},
+    {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6}};
 
 // The kinds that a test in T runs: all of them in double, the fp32 ones in float (see above).
 template <typename T>
@@ -71,11 +76,17 @@ std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionSta
   const int layers = stack.num_layers(), kv_heads = stack.shape().num_kv_heads(),
             head_dim = stack.shape().head_dim();
   const std::string name = kind.name;
-  if (name == "recompute")
-    return std::make_shared<kvlab::RecomputeStore<T>>(layers, kv_heads, head_dim, stack.d_model());
+  if (name == "recompute") {
+    return std::make_shared<kvlab::RecomputeStore<T>>(layers, kv_heads, head_dim, stack.d_model(),
+                                                      kind.window);
+  }
   const auto of = [&](auto tag) -> std::shared_ptr<KVStore<T>> {
     using S = std::conditional_t<std::is_same<typename decltype(tag)::type, float>::value, T,
                                  typename decltype(tag)::type>;  // fp32: T itself
+    if (name == "contiguous" && kind.window > 0) {  // a ring for steps of up to 16 tokens
+      return std::make_shared<kvlab::ContiguousStore<T, S>>(layers, kv_heads, head_dim,
+                                                            kind.window - 1 + 16, kind.window);
+    }
     if (name == "contiguous")
       return std::make_shared<kvlab::ContiguousStore<T, S>>(layers, kv_heads, head_dim, max_len);
     const int blocks = sequences * ((max_len - 1) / kind.block_size + 1);
@@ -97,7 +108,8 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
                    double) {
   using T = TestType;
   const StoreKind kind = GENERATE(from_range(kinds_for<T>()));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype),
+          kind.window);
   const AttentionShape shape(8, 2, 32);  // GQA
   const auto stack = AttentionStack<T>::random(3, shape, 32, 11);
   constexpr int kSequences = 5, kMaxLen = 40;
@@ -165,7 +177,8 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
 
 TEST_CASE("every store: a fork continues as its parent would, and the parent is unchanged") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype));
+  CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype),
+          kind.window);
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 2);
   kvlab::Rng rng(9);
   const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);
@@ -303,7 +316,7 @@ TEST_CASE("a step is all or nothing: no room for one sequence fails the step, no
 
 TEST_CASE("every store: an aborted step leaves every sequence as it was") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype));
+  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype), kind.window);
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 4);
   kvlab::Rng rng(8);
   const RowMatrix<double> x = kvlab::random_matrix<double>(8, 16, rng);
