@@ -88,7 +88,7 @@ const char* const kUsage =
     "                      int8 (q8_0: 8.5 bits per value) or int4 (q4_0: 4.5 bits per value)\n"
     "  --window W          sliding window: each token attends to its last W tokens, itself "
     "included\n"
-    "                      (naive and cached backends; cached keeps a ring of 2W - 1 positions)\n"
+    "                      (cached keeps a ring of 2W - 1 positions, paged gives blocks back)\n"
     "  --threads T         OpenMP threads (default 1)\n"
     "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; "
     "default) or\n"
@@ -228,11 +228,6 @@ int run(const Options& o) {
                                  "to store), got ") +
                      kvlab::dtype_name(o.kv_dtype));
   }
-  if (o.backend == kvlab::LlamaBackend::Paged && o.window > 0) {
-    throw UsageError(
-        "--window: expected --backend naive or cached (the paged backend has no sliding window "
-        "yet), got --backend paged");
-  }
   kvlab::LlamaModel model(weights, o.backend, o.block_size, 0, o.kv_dtype, o.window);
   // tokens generate() can make
   const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;
@@ -346,10 +341,14 @@ int run(const Options& o) {
                  store.bytes_per_token(), static_cast<double>(store.bytes_reserved()) / 1024);
   } else if (const kvlab::PagedKVCacheBase* pool = model.paged_cache()) {
     std::fprintf(stderr,
-                 "  KV cache: paged, %s, %d positions in %zu blocks of %d (%d blocks in the "
+                 "  KV cache: paged, %s, %d positions in %d blocks of %d held%s (%d blocks in the "
                  "pool), %zu bytes per token\n",
                  store.storage_name(), pool->length(model.sequence()),
-                 pool->blocks(model.sequence()).size(), pool->block_size(),
+                 pool->held_blocks(model.sequence()), pool->block_size(),
+                 pool->window() > 0
+                     ? (" (window " + std::to_string(pool->window()) + ": the blocks before it "
+                        "are back in the pool)").c_str()
+                     : "",
                  pool->allocator().num_blocks(), store.bytes_per_token());
   } else {
     std::fprintf(stderr,

@@ -1,7 +1,8 @@
 // One suite over every way of keeping K/V (every KVStore: recompute, contiguous, paged with
 // block sizes 1, 7 and 16 in both pool layouts, the contiguous and paged stores keeping K/V
-// as fp16, bf16, int8 and int4, and the recompute and contiguous stores with a sliding window —
-// the contiguous one a ring that wraps — a new variant is one line of kKinds): a ragged batch — sequences of different
+// as fp16, bf16, int8 and int4, and every store with a sliding window — the contiguous one a
+// ring that wraps, the paged one giving blocks back — a new variant is one line of kKinds): a
+// ragged batch — sequences of different
 // lengths, prompt chunks and decode tokens in one step, sequences joining and leaving between
 // steps — gives each sequence exactly what it gets alone; forks continue as their parents
 // would; a step is all or nothing (a sequence without room fails the whole step, and nothing
@@ -44,7 +45,7 @@ struct StoreKind {
   int block_size;  // paged only
   kvlab::KVLayout layout;
   kvlab::KVDtype dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
-  int window = 0;        // recompute and contiguous: a sliding window (contiguous: a ring)
+  int window = 0;        // a sliding window (contiguous: a ring; paged: blocks given back)
 };
 
 using kvlab::KVDtype;
@@ -59,7 +60,9 @@ const StoreKind kKinds[] = {
     {"paged", 7, KVLayout::HND, KVDtype::int8},      {"paged", 1, KVLayout::NHD, KVDtype::int4},
     {"recompute", 0, KVLayout::NHD, KVDtype::fp32, 6},
     {"contiguous", 0, KVLayout::NHD, KVDtype::fp32, 6},
-    {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6}};
+    {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6},
+    {"paged", 7, KVLayout::NHD, KVDtype::fp32, 6},
+    {"paged", 3, KVLayout::HND, KVDtype::bf16, 6}};
 
 // The kinds that a test in T runs: all of them in double, the fp32 ones in float (see above).
 template <typename T>
@@ -91,7 +94,7 @@ std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionSta
       return std::make_shared<kvlab::ContiguousStore<T, S>>(layers, kv_heads, head_dim, max_len);
     const int blocks = sequences * ((max_len - 1) / kind.block_size + 1);
     return std::make_shared<kvlab::PagedStore<T, S>>(layers, kv_heads, head_dim, kind.block_size,
-                                                     blocks, kind.layout);
+                                                     blocks, kind.layout, kind.window);
   };
   return kvlab::visit_kv_dtype(kind.dtype, of);
 }
@@ -209,8 +212,10 @@ TEST_CASE("every store: a fork continues as its parent would, and the parent is 
   CHECK(store->length(a) == 14);
   CHECK(store->length(b) == 13);
   // Truncating the fork back and freeing it leaves the parent as it was.
-  store->truncate(b, 5);
-  CHECK(store->length(b) == 5);
+  // (a windowed store keeps only the window's keys: it can go back one token, not to 5)
+  const int keep = kind.window > 0 ? 12 : 5;
+  store->truncate(b, keep);
+  CHECK(store->length(b) == keep);
   store->free_sequence(b);
   CHECK(store->sequences() == std::vector<int>{a});
   CHECK(store->length(a) == 14);

@@ -573,35 +573,34 @@ TEST_CASE(
   CHECK(distance[kvlab::KVDtype::bf16] < distance[kvlab::KVDtype::int4]);
 }
 
-TEST_CASE("a sliding window: the cached backend's ring and the naive backend agree token for token") {
+TEST_CASE("a sliding window: the cached backend's ring, the paged pool and the naive backend agree token for token") {
   // The built-in model, windows of 1, 8 and 24 keys, a 20-token prompt (longer than 8: the
-  // cached backend's ring of 2W - 1 slots takes it in chunks of W), 120 greedy steps.
+  // cached backend's ring of 2W - 1 slots takes it in chunks of W), 120 greedy steps; the paged
+  // backend (blocks of 7) gives back the blocks wholly before the window after every step.
   const Weights weights = shared(LlamaWeights::builtin());
   const std::vector<int> prompt = random_prompt(20, weights->config.vocab_size, 5);
   for (int window : {1, 8, 24}) {
     CAPTURE(window);
     LlamaModel cached(weights, LlamaBackend::Cached, 16, 0, kvlab::KVDtype::fp32, window);
+    LlamaModel paged(weights, LlamaBackend::Paged, 7, 0, kvlab::KVDtype::fp32, window);
     LlamaModel naive(weights, LlamaBackend::Naive, 16, 0, kvlab::KVDtype::fp32, window);
     LlamaModel full(weights, LlamaBackend::Cached);
     CHECK(cached.store().window() == window);
+    CHECK(paged.store().window() == window);
     CHECK(cached.store().max_step_tokens() == window);
     // the ring, however long the sequence: 2W - 1 slots of K and V per layer
     CHECK(cached.store().bytes_reserved() ==
           static_cast<std::size_t>(2 * window - 1) * cached.store().bytes_per_token());
-    const LockstepResult r = run_lockstep({&cached, &naive}, prompt, 120, {120, 120});
+    const LockstepResult r = run_lockstep({&cached, &paged, &naive}, prompt, 120, {120, 120, 120});
     INFO("worst logit error " << r.worst_error << ", smallest top-2 gap " << r.min_gap);
     CHECK(r.worst_error <= kLogitRtol);
     CHECK(cached.position() == 20 + 119);
+    // the paged sequence holds the blocks of its window only: ceil((W - 1 + 1) / 7) + 1 at most
+    CHECK(paged.paged_cache()->held_blocks(paged.sequence()) <= (window - 1 + 1 + 6) / 7 + 1);
     // the window changes what the model computes: the last logits differ from full attention's
     std::vector<int> history = prompt;
     history.insert(history.end(), r.tokens.begin(), r.tokens.end());
     const kvlab::RowVector<float> with_all = full.prefill(history);
     CHECK(logit_error(cached.decode(r.tokens.back()), with_all) > 0);
   }
-  CHECK_THROWS_MATCHES(LlamaModel(weights, LlamaBackend::Paged, 16, 0, kvlab::KVDtype::fp32, 8),
-                       InvalidArgument,
-                       names("window",
-                             "0 with the paged backend (a paged pool has no sliding window yet: "
-                             "use the cached or naive backend)",
-                             "8"));
 }

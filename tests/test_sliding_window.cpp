@@ -294,3 +294,55 @@ TEST_CASE("a windowed contiguous store, a ring of W - 1 + C slots, gives the win
                        names("length", "at least " + std::to_string(oldest + window - 1), std::to_string(oldest + window - 2)));
   CHECK_NOTHROW(ring.truncate(a, oldest + window - 1));
 }
+
+TEST_CASE("a windowed paged store gives back the blocks before the window and holds at most ceil((W - 1 + C) / B) + 1") {
+  const AttentionShape shape(4, 2, 8);
+  const auto stack = kvlab::AttentionStack<double>::random(2, shape, 16, 8);
+  kvlab::Rng rng(9);
+  const RowMatrix<double> x = kvlab::random_matrix<double>(70, 16, rng);  // [tokens, d_model]
+  const int window = GENERATE(1, 5, 16);
+  const int block_size = GENERATE(1, 4, 7);
+  const int chunk = 9;  // the largest step
+  CAPTURE(window, block_size);
+  kvlab::PagedStore<double> paged(2, 2, 8, block_size, 200, kvlab::KVLayout::NHD, window);
+  kvlab::RecomputeStore<double> oracle(2, 2, 8, 16, window);
+  const int a = paged.add_sequence(), b = oracle.add_sequence();
+  const int bound = (window - 1 + chunk + block_size - 1) / block_size + 1;
+  int fed = 0, most_held = 0;
+  double worst = 0;
+  for (int step = 0; fed < 70; ++step) {
+    const int n = std::min(70 - fed, step % 4 == 0 ? chunk : 1);
+    const RowMatrix<double> in = x.middleRows(fed, n);
+    worst = std::max(worst, max_row_relative_error(kvlab::run_stack(*stack, paged, {a}, {0, n}, in),
+                                                   kvlab::run_stack(*stack, oracle, {b}, {0, n}, in)));
+    fed += n;
+    const int held = paged.cache().held_blocks(a);
+    most_held = std::max(most_held, held);
+    CHECK(held <= bound);
+    // the pool's own count agrees: every block not held is free
+    CHECK(paged.cache().allocator().num_used() == held);
+  }
+  INFO("largest difference " << worst << ", most blocks held " << most_held << " of " << bound);
+  CHECK(worst <= kvlab_test::tolerance<double>());
+  // the table stays append-only: every position keeps its page, released ones point nowhere
+  const std::vector<std::int32_t>& table = paged.cache().blocks(a);
+  CHECK(table.size() == static_cast<std::size_t>((70 + block_size - 1) / block_size));
+  CHECK(table.front() == (window + block_size <= 70 ? kvlab::kReleasedBlock : table.front()));
+  // a fork shares the held blocks only, and continues as its parent would
+  const int f = paged.fork(a);
+  CHECK(paged.cache().allocator().num_used() == paged.cache().held_blocks(a));
+  CHECK_NOTHROW(kvlab::run_stack(*stack, paged, {f}, {0, 1}, RowMatrix<double>(x.topRows(1))));
+  paged.free_sequence(f);
+  // truncating so far back that the next token's window reaches a released block is refused
+  int first_held = 0;
+  while (table[static_cast<std::size_t>(first_held)] == kvlab::kReleasedBlock) ++first_held;
+  if (first_held > 0) {
+    const int lowest = first_held * block_size + window - 1;
+    CHECK_THROWS_MATCHES(paged.truncate(a, lowest - 1), kvlab::InvalidArgument,
+                         names("length", "at least " + std::to_string(lowest), std::to_string(lowest - 1)));
+    CHECK(paged.length(a) == 70);
+    CHECK_NOTHROW(paged.truncate(a, lowest));
+  }
+  paged.free_sequence(a);
+  CHECK(paged.cache().allocator().num_used() == 0);  // nothing leaked
+}

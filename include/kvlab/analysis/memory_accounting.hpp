@@ -269,6 +269,7 @@ inline MemoryFootprint paged_cache_footprint(const PagedKVCacheBase& cache,
     const std::int64_t len = cache.length(seq);
     const std::vector<std::int32_t>& blocks = cache.blocks(seq);
     for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] == kReleasedBlock) continue;  // back in the pool, out of a sliding window
       const std::int64_t in_block =
           std::min<std::int64_t>(block_size, len - static_cast<std::int64_t>(i) * block_size);
       std::int64_t& f = fill[blocks[i]];

@@ -23,7 +23,9 @@ class BlockTables {
  public:
   /// Tables from their CSR arrays, checked.
   /// \param indptr         [batch + 1], batch >= 1
-  /// \param indices        [indptr[batch]], each in [0, num_blocks)
+  /// \param indices        [indptr[batch]], each in [0, num_blocks), or `kReleasedBlock` for a
+  ///                       block gone back to the pool out of a sliding window (a view refuses
+  ///                       it unless its window leaves it unread)
   /// \param last_page_len  [batch], each in [1, block_size]
   /// \param block_size     tokens per block, >= 1
   /// \param num_blocks     blocks in the pool the indices point into, >= 1
@@ -61,9 +63,10 @@ class BlockTables {
     detail::require_equal(kWhere, "indices.size()", indices_.size(),
                           static_cast<std::size_t>(indptr_.back()), "indptr[batch]");
     for (std::size_t i = 0; i < indices_.size(); ++i) {
-      if (indices_[i] < 0 || indices_[i] >= num_blocks) {
+      if (indices_[i] != kReleasedBlock && (indices_[i] < 0 || indices_[i] >= num_blocks)) {
         detail::fail(kWhere, "indices[" + std::to_string(i) + "]",
-                     "in [0, " + std::to_string(num_blocks) + ")", indices_[i]);
+                     "in [0, " + std::to_string(num_blocks) + ") or kReleasedBlock (-1)",
+                     indices_[i]);
       }
     }
     detail::require_equal(kWhere, "last_page_len.size()", last_page_len_.size(), batch, "batch");

@@ -134,6 +134,7 @@ class PagedKVCacheBase {
         if (unwritten_[at(l)] == 0) continue;  // the usual case: nothing to look for
         const std::vector<std::int32_t>& blocks = book_.blocks(seq);
         for (int pos = 0; pos < book_.length(seq); ++pos) {
+          if (blocks[at(pos / block_size())] == kReleasedBlock) continue;  // out of the window
           if (written_[at(l)][at(slot_of(blocks, pos))] == 0) {
             detail::fail("kvlab::PagedKVCache::fork", "seq",
                          "a sequence whose tokens are written in every layer",
@@ -150,13 +151,49 @@ class PagedKVCacheBase {
   /// return to the pool when no other sequence holds them). The kept tokens are untouched; a
   /// later append overwrites the dropped slots of a private last block, and copies a shared one
   /// first, as usual.
-  /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
+  /// With a sliding window, the next token's window (keys from `length − W + 1`) must not reach
+  /// a block already given back (`release_out_of_window`).
+  /// \throws InvalidArgument if `seq` is not live, `length` is not in [0, length(seq)], or its
+  ///         window reaches a released block.
   void truncate(int seq, int length) {
     if (book_.contains(seq) && length >= 0 && length <= book_.length(seq)) {
+      const std::vector<std::int32_t>& blocks = book_.blocks(seq);
+      const int page = first_visible_key(length, window_) / block_size();
+      if (window_ > 0 && static_cast<std::size_t>(page) < blocks.size() &&
+          blocks[at(page)] == kReleasedBlock) {
+        int first_kept = page;  // the first page still held
+        while (static_cast<std::size_t>(first_kept) < blocks.size() &&
+               blocks[at(first_kept)] == kReleasedBlock)
+          ++first_kept;
+        detail::fail("kvlab::PagedKVCache::truncate", "length",
+                     "at least " + std::to_string(first_kept * block_size() + window_ - 1) +
+                         " (the next token's window would reach blocks already back in the pool)",
+                     length);
+      }
       release_slots(seq, length);
     }
     book_.truncate(seq, length);
   }
+
+  /// The sliding window of the pool's attention: each query sees its last `window()` keys, and
+  /// `release_out_of_window` gives back the blocks before them; 0 for none.
+  int window() const { return window_; }
+
+  /// With a window, gives back the blocks of `seq` wholly before the next token's window — the
+  /// keys from `length(seq) − W + 1` on are all a later query can see — and returns how many
+  /// went back now (`PagedSequences::release_front`: their table entries become
+  /// `kReleasedBlock`). A sequence then holds at most `ceil((W − 1 + C) / block_size) + 1`
+  /// blocks while a step of C tokens runs. Without a window it does nothing.
+  /// \throws InvalidArgument if `seq` is not live.
+  int release_out_of_window(int seq) {
+    const int length = book_.length(seq);
+    if (window_ == 0) return 0;
+    return book_.release_front(seq, first_visible_key(length, window_));
+  }
+
+  /// Blocks that `seq` holds: its table's entries less those given back out of the window.
+  /// \throws InvalidArgument if `seq` is not live.
+  int held_blocks(int seq) const { return book_.held_blocks(seq); }
 
   /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
   /// \throws InvalidArgument if `seq` is not live.
@@ -173,16 +210,21 @@ class PagedKVCacheBase {
   /// The bookkeeping of an empty pool whose stored elements are `unit_bytes` bytes each, holding
   /// `unit_values` values (`sizeof(S)` and `KVStorage<S>::kValues` of the derived cache), named
   /// `storage` in messages.
-  /// \throws InvalidArgument if any size is below 1, `head_dim` is not a multiple of
-  ///         `unit_values`, or the pool overflows the address space.
+  /// A sliding window of `window` keys (0: none) makes the views carry it and lets
+  /// `release_out_of_window` give blocks back.
+  /// \throws InvalidArgument if any size is below 1, `window` is negative, `head_dim` is not a
+  ///         multiple of `unit_values`, or the pool overflows the address space.
   PagedKVCacheBase(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-                   KVLayout layout, std::size_t unit_bytes, int unit_values, const char* storage)
+                   KVLayout layout, std::size_t unit_bytes, int unit_values, const char* storage,
+                   int window)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         layout_(layout),
+        window_(window),
         book_(block_size, num_blocks, "kvlab::PagedKVCache") {
     constexpr const char* kWhere = "kvlab::PagedKVCache";
+    detail::require_at_least(kWhere, "window", window, 0);
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
@@ -221,6 +263,7 @@ class PagedKVCacheBase {
     // Every reserved slot of this layer written (the usual case, counted): nothing to look for.
     for (int s = 0; unwritten_[l] > 0 && s < view.batch; ++s) {
       for (int pos = 0; pos < view.seq_len(s); ++pos) {
+        if (view.block_of(s, pos) == kReleasedBlock) continue;  // out of the window
         const std::int64_t slot =
             static_cast<std::int64_t>(view.block_of(s, pos)) * block_size() + pos % block_size();
         if (written_[l][at(slot)] == 0) {
@@ -250,7 +293,8 @@ class PagedKVCacheBase {
   void release_slots(int seq, int length) {
     const std::vector<std::int32_t>& blocks = book_.blocks(seq);
     for (int pos = length; pos < book_.length(seq); ++pos) {
-      if (allocator().ref_count(blocks[at(pos / block_size())]) > 1) continue;
+      const std::int32_t block = blocks[at(pos / block_size())];
+      if (block == kReleasedBlock || allocator().ref_count(block) > 1) continue;
       for (int l = 0; l < num_layers_; ++l) mark(l, slot_of(blocks, pos), true);
     }
   }
@@ -277,6 +321,7 @@ class PagedKVCacheBase {
   int num_kv_heads_;
   int head_dim_;
   KVLayout layout_;
+  int window_;           // 0, or the window of the pool's attention
   PagedSequences book_;  // which blocks each sequence holds; the allocator
   // [num_layers][num_blocks * block_size]: 0 where reserve() made room and write() has not
   // filled it yet, 1 elsewhere
@@ -319,13 +364,15 @@ class PagedKVCache : public PagedKVCacheBase {
   /// \param block_size    tokens per block
   /// \param num_blocks    blocks in the pool (shared by all layers)
   /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
-  /// \throws InvalidArgument if any size is below 1, `head_dim` is not a multiple of the values
-  ///         per stored element of `S` (32 for int8 and int4), or the pool overflows the
-  ///         address space.
+  /// \param window        a sliding window of that many keys (0: none): the views carry it and
+  ///                      `release_out_of_window` gives the blocks before it back
+  /// \throws InvalidArgument if any size is below 1, `window` is negative, `head_dim` is not a
+  ///         multiple of the values per stored element of `S` (32 for int8 and int4), or the
+  ///         pool overflows the address space.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD)
+               KVLayout layout = KVLayout::NHD, int window = 0)
       : PagedKVCacheBase(num_layers, num_kv_heads, head_dim, block_size, num_blocks, layout,
-                         sizeof(S), KVStorage<S>::kValues, KVStorage<S>::name()) {
+                         sizeof(S), KVStorage<S>::kValues, KVStorage<S>::name(), window) {
     const std::size_t slots = at(num_blocks) * at(block_size);
     const std::size_t token = at(num_kv_heads) * at(head_dim / KVStorage<S>::kValues);
     k_.assign(at(num_layers), std::vector<S>(slots * token));
@@ -411,9 +458,10 @@ class PagedKVCache : public PagedKVCacheBase {
     detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), this->block_size(),
                           "block_size");
     const std::size_t l = at(layer);
-    const PagedKVView<S> view =
+    PagedKVView<S> view =
         tables.view(k_[l].data(), v_[l].data(), this->num_kv_heads(), this->head_dim(),
                     this->layout());
+    view.window = this->window();
     check_written(kWhere, layer, view);
     return view;
   }

@@ -165,12 +165,45 @@ class PagedSequences {
     return slots;
   }
 
+  /// Gives back the blocks of `seq` that hold only tokens before position `keep_from` (a sliding
+  /// window's first visible key): each loses this holder, and its entry in the block table
+  /// becomes `kReleasedBlock` — the table stays append-only, positions keep their pages. The
+  /// last block, which later tokens fill, is given back only when it is full. Returns the
+  /// blocks given back now.
+  /// \throws InvalidArgument if `seq` is not live or `keep_from` is not in [0, length(seq)].
+  int release_front(int seq, int keep_from) {
+    Sequence& s = find("release_front", seq);
+    if (keep_from < 0 || keep_from > s.length) {
+      detail::fail(where("release_front").c_str(), "keep_from",
+                   "in [0, " + std::to_string(s.length) + "]", keep_from);
+    }
+    int released = 0;
+    for (std::size_t b = 0; b < s.blocks.size() &&
+                            static_cast<int>(b + 1) * block_size_ <= keep_from;
+         ++b) {
+      if (s.blocks[b] == kReleasedBlock) continue;
+      allocator_.release(s.blocks[b]);
+      s.blocks[b] = kReleasedBlock;
+      ++released;
+    }
+    return released;
+  }
+
+  /// Blocks of `seq` that it still holds (its table's entries other than `kReleasedBlock`).
+  /// \throws InvalidArgument if `seq` is not live.
+  int held_blocks(int seq) const {
+    const Sequence& s = find("held_blocks", seq);
+    return static_cast<int>(std::count_if(s.blocks.begin(), s.blocks.end(),
+                                          [](std::int32_t b) { return b != kReleasedBlock; }));
+  }
+
   /// Starts a sequence that shares every block of `seq` (reference counts + 1) and returns its
   /// id. Nothing is copied until one of them appends into the shared last block.
   /// \throws InvalidArgument if `seq` is not live.
   int fork(int seq) {
     const Sequence parent = find("fork", seq);
-    for (std::int32_t b : parent.blocks) allocator_.share(b);
+    for (std::int32_t b : parent.blocks)
+      if (b != kReleasedBlock) allocator_.share(b);
     sequences_[next_id_] = parent;
     return next_id_++;
   }
@@ -187,7 +220,8 @@ class PagedSequences {
     }
     const std::size_t keep =
         length == 0 ? 0 : static_cast<std::size_t>((length - 1) / block_size_ + 1);
-    for (std::size_t b = keep; b < s.blocks.size(); ++b) allocator_.release(s.blocks[b]);
+    for (std::size_t b = keep; b < s.blocks.size(); ++b)
+      if (s.blocks[b] != kReleasedBlock) allocator_.release(s.blocks[b]);
     s.blocks.resize(keep);
     s.length = length;
   }
@@ -196,7 +230,8 @@ class PagedSequences {
   /// \throws InvalidArgument if `seq` is not live.
   void free_sequence(int seq) {
     const Sequence& s = find("free_sequence", seq);
-    for (std::int32_t b : s.blocks) allocator_.release(b);
+    for (std::int32_t b : s.blocks)
+      if (b != kReleasedBlock) allocator_.release(b);
     sequences_.erase(seq);
   }
 

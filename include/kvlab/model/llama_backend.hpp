@@ -60,11 +60,11 @@ inline LlamaBackend parse_llama_backend(const std::string& name) {
 /// query attends to its last `window` keys: the recompute store keeps each row's band, and the
 /// contiguous store becomes a ring of `min(max_tokens, 2 · window − 1)` slots per sequence,
 /// which takes steps of up to `window` tokens (a longer prompt goes in in chunks:
-/// `LlamaModel::prefill`); the paged store has no window yet.
+/// `LlamaModel::prefill`), and the paged store gives back the blocks wholly before each
+/// sequence's window after every step.
 /// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1, `dtype` is
 ///         not fp32 for the naive backend (it keeps no K/V), the head_dim is not a multiple
-///         of 32 for int8 and int4, `window` is negative, or a window is asked of the paged
-///         backend.
+///         of 32 for int8 and int4, or `window` is negative.
 inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
                                                         const LlamaConfig& config, int max_tokens,
                                                         int block_size = 16, int sequences = 1,
@@ -76,12 +76,6 @@ inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
   detail::require_at_least(kWhere, "sequences", sequences, 1);
   const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
   detail::require_at_least(kWhere, "window", window, 0);
-  if (backend == LlamaBackend::Paged && window > 0) {
-    detail::fail(kWhere, "window",
-                 "0 with the paged backend (a paged pool has no sliding window yet: use the "
-                 "cached or naive backend)",
-                 window);
-  }
   if (backend == LlamaBackend::Naive && dtype != KVDtype::fp32) {
     detail::fail(kWhere, "dtype", "fp32 for the naive backend (it keeps no K/V to store)",
                  dtype_name(dtype));
@@ -109,7 +103,8 @@ inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
       return visit_kv_dtype(dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
         using S = typename decltype(tag)::type;
         return std::make_shared<PagedStore<float, S>>(layers, kv_heads, head_dim, block_size,
-                                                      static_cast<int>(blocks));
+                                                      static_cast<int>(blocks), KVLayout::NHD,
+                                                      window);
       });
     }
   }

@@ -78,7 +78,7 @@ class LlamaModel {
   /// \param max_tokens  the longest sequence; 0 means `config.seq_len`, the model's own limit
   /// \param kv_dtype    how the cached and paged backends store K and V (`KVDtype`)
   /// \param window      a sliding window: each query attends to its last `window` keys (0:
-  ///                    all), for the naive and cached backends (`make_llama_store`)
+  ///                    all; `make_llama_store`)
   /// \throws InvalidArgument if `weights` is null or malformed, `block_size < 1`, `max_tokens`
   ///         is not in [0, seq_len], or `make_llama_store` refuses `kv_dtype` or `window`.
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, LlamaBackend backend, int block_size = 16,

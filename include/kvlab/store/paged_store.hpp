@@ -47,9 +47,9 @@ class PagedStore : public KVStore<T> {
   /// A store with a pool of its own: `num_blocks` blocks of `block_size` tokens, in `layout`.
   /// \throws InvalidArgument if any size is below 1 (or as `PagedKVCache`).
   PagedStore(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-             KVLayout layout = KVLayout::NHD)
+             KVLayout layout = KVLayout::NHD, int window = 0)
       : PagedStore(std::make_shared<PagedKVCache<T, S>>(num_layers, num_kv_heads, head_dim,
-                                                        block_size, num_blocks, layout)) {}
+                                                        block_size, num_blocks, layout, window)) {}
 
   /// A store over `pool`, which other stores may share (each sequence belongs to the pool; a
   /// store is the step's bookkeeping and the kernel).
@@ -65,6 +65,9 @@ class PagedStore : public KVStore<T> {
     return static_cast<std::size_t>(cache_bytes_per_token(*pool_));
   }
   const PagedKVCacheBase* paged_pool() const override { return pool_.get(); }
+  /// The pool's sliding window (`PagedKVCache::window`): after each step, the blocks wholly
+  /// before each stepped sequence's window go back to the pool.
+  int window() const override { return pool_->window(); }
 
   int add_sequence() override { return pool_->add_sequence(); }
   std::vector<int> sequences() const override { return pool_->sequences(); }
@@ -134,7 +137,11 @@ class PagedStore : public KVStore<T> {
     cpu::paged_prefill_attention(shape, q, q_indptr, pool_->view(layer, *tables_), out, counters);
   }
 
-  void do_end_step() override { release_step(); }
+  void do_end_step() override {
+    const StepBatch& batch = this->step();
+    for (int i = 0; i < batch.size(); ++i) pool_->release_out_of_window(batch.seq(i));
+    release_step();
+  }
   // Every sequence back to its length; a private copy made of a shared last block (copy on
   // write) stays the sequence's, holding the same tokens: lengths and contents are restored,
   // block ids and reference counts may differ.
