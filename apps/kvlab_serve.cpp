@@ -45,6 +45,7 @@ struct Options {
   kvlab::BatchingPolicy policy = kvlab::BatchingPolicy::Continuous;
   int block_size = 16;
   kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
+  int window = 0;  // 0: every query sees every past token
   int pool_tokens = 4096;
   int max_batched_tokens = 256;
   int max_running = 16;
@@ -64,7 +65,7 @@ struct Options {
 const char* const kUsage =
     "usage: kvlab-serve [--model FILE | --builtin tiny|stories15M] "
     "[--policy continuous|static|contiguous]\n"
-    "                   [--block-size N] [--kv-dtype D] [--pool-tokens N] [--max-batched-tokens N] "
+    "                   [--block-size N] [--kv-dtype D] [--window W] [--pool-tokens N] [--max-batched-tokens N] "
     "[--max-running N]\n"
     "                   [--max-len N] [--watermark N] [--prefix-caching on|off]\n"
     "                   [--workload FILE | --requests N --seed S --prompt-len MIN:MAX "
@@ -83,6 +84,9 @@ const char* const kUsage =
     "  --kv-dtype D            how the pool stores K and V: fp32 (default), fp16, bf16, int8 "
     "(q8_0,\n"
     "                          8.5 bits per value) or int4 (q4_0, 4.5 bits per value)\n"
+    "  --window W              sliding window: each token attends to its last W tokens; the pool\n"
+    "                          gives back the blocks before each window (prefix caching is then\n"
+    "                          off: kvlab does not combine the two)\n"
     "  --pool-tokens N         KV memory, in tokens: a multiple of the block size (default 4096);\n"
     "                          the same for every policy\n"
     "  --max-batched-tokens N  token budget per step (default 256; static batches have none)\n"
@@ -148,6 +152,8 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (arg == "--kv-dtype") {
       o.kv_dtype = kvlab::parse_kv_dtype(
           kvlab_bench::parse_choice(arg, value, {"fp32", "fp16", "bf16", "int8", "int4"}));
+    } else if (arg == "--window") {
+      o.window = parse_int(arg, value, 1, 1 << 30);
     } else if (arg == "--pool-tokens") {
       o.pool_tokens = parse_int(arg, value, 1, 1 << 26);
     } else if (arg == "--max-batched-tokens") {
@@ -218,6 +224,11 @@ bool parse(int argc, char** argv, Options& o) {
     throw UsageError(std::string("--prefix-caching on: expected --policy continuous (the baselines "
                                  "never share), got --policy ") + kvlab::to_string(o.policy));
   }
+  if (o.window > 0 && o.prefix_caching_given && o.prefix_caching) {
+    throw UsageError("--prefix-caching on: expected off with --window (the pool gives back the "
+                     "blocks before each window; kvlab does not combine the two), got on");
+  }
+  if (o.window > 0) o.prefix_caching = false;  // off by default with a window
   return true;
 }
 
@@ -240,6 +251,7 @@ int serve(const Options& o) {
   config.block_size = o.block_size;
   config.num_blocks = o.pool_tokens / o.block_size;
   config.kv_dtype = o.kv_dtype;
+  config.window = o.window;
   config.clock = o.clock_steps ? kvlab::EngineClock::Steps : kvlab::EngineClock::Wall;
   config.scheduler.policy = o.policy;
   config.scheduler.max_batched_tokens = o.max_batched_tokens;

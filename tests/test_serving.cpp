@@ -57,8 +57,8 @@ struct Alone {
 };
 
 Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Request& r,
-                int max_tokens, kvlab::KVDtype dtype) {
-  kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, max_tokens, dtype);
+                int max_tokens, kvlab::KVDtype dtype, int window) {
+  kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, max_tokens, dtype, window);
   kvlab::Sampler sampler(weights->config.vocab_size, r.sampling.temperature, r.sampling.top_p,
                          r.sampling.seed);
   Alone a;
@@ -84,7 +84,7 @@ double check_against_alone(const Engine& engine, const std::vector<Request>& req
   for (std::size_t id = 0; id < requests.size(); ++id) {
     INFO("request " << id);
     const Alone alone = run_alone(weights, requests[id], engine.model().max_tokens(),
-                                  engine.config().kv_dtype);
+                                  engine.config().kv_dtype, engine.config().window);
     const kvlab::RequestOutput& out = engine.output(static_cast<int>(id));
     REQUIRE(out.finish != kvlab::FinishReason::None);
     REQUIRE(out.tokens == alone.tokens);
@@ -222,6 +222,45 @@ TEST_CASE("every storage precision: each request gets what it gets alone with th
   const double err = check_against_alone(*engine, requests, weights);
   INFO("largest logit difference from alone: " << err);
   CHECK(err <= kLogitRtol);
+}
+
+TEST_CASE("a sliding window: each request gets what it gets alone, the pool holds only the windows") {
+  const std::vector<Request> requests = mixed_workload(10, 0, 0.0, 31);
+  const int block_size = GENERATE(1, 4);
+  CAPTURE(block_size);
+  // a pool that forces preemption without the window
+  EngineConfig c = test_config(block_size, (64 + block_size - 1) / block_size + 1);
+  c.window = 6;
+  c.scheduler.prefix_caching = false;
+  c.scheduler.max_batched_tokens = 16;
+  const auto engine = run_engine(c, requests);
+  CHECK(engine->model().store().window() == 6);
+  const double err = check_against_alone(*engine, requests);
+  INFO("largest logit difference from alone: " << err);
+  CHECK(err <= kLogitRtol);
+  // with the window the pool gives blocks back: the same workload without it runs out of
+  // blocks and preempts more
+  EngineConfig full = c;
+  full.window = 0;
+  const auto without = run_engine(full, requests);
+  CHECK(without->scheduler().preemptions() > engine->scheduler().preemptions());
+  const auto peak = [](const Engine& e) {
+    int most = 0;
+    for (const StepRecord& s : e.step_log()) most = std::max(most, s.blocks_used);
+    return most;
+  };
+  INFO("blocks in use at most: " << peak(*engine) << " with the window, " << peak(*without)
+                                 << " without");
+  CHECK(peak(*engine) < peak(*without));
+  // prefix caching and a window are refused together
+  EngineConfig both = c;
+  both.scheduler.prefix_caching = true;
+  CHECK_THROWS_MATCHES(Engine(tiny_weights(), both), InvalidArgument,
+                       names("config.prefix_caching",
+                             "false with a sliding window (the pool gives back the blocks before "
+                             "each window, and a cached prefix is a run of blocks from the first: "
+                             "kvlab does not combine them)",
+                             "true"));
 }
 
 TEST_CASE("static batching and contiguous preallocation give the tokens each request gets alone") {

@@ -46,6 +46,9 @@ struct EngineConfig {
   int num_blocks = 256;       ///< blocks in the pool, >= 1
   int max_tokens = 0;         ///< the longest sequence; 0 means the model's seq_len
   KVDtype kv_dtype = KVDtype::fp32;  ///< how the pool stores K and V (`KVStorage`)
+  /// A sliding window: each query attends to its last `window` keys and the blocks before them
+  /// go back to the pool after every step (0: none). Prefix caching must be off with a window.
+  int window = 0;
   EngineClock clock = EngineClock::Wall;  ///< what time is
   bool keep_logits = false;   ///< keep the logits of every drawn token (`logits(id)`)
   bool check_invariants = false;  ///< run `Scheduler::check_invariants` after every step
@@ -192,7 +195,8 @@ class Engine {
     return visit_kv_dtype(config.kv_dtype, [&](auto tag) {
       using S = typename decltype(tag)::type;
       auto pool = std::make_shared<PagedKVCache<float, S>>(c.n_layers, c.n_kv_heads, c.head_dim(),
-                                                          config.block_size, config.num_blocks);
+                                                          config.block_size, config.num_blocks,
+                                                          KVLayout::NHD, config.window);
       return PoolAndStore{pool, std::make_shared<PagedStore<float, S>>(pool)};
     });
   }

@@ -89,7 +89,8 @@ class Scheduler {
  public:
   /// A scheduler over `pool` for a model of `max_tokens` positions and `vocab_size` tokens.
   /// The pool must hold no sequence yet; the scheduler owns its sequences from now on.
-  /// \throws InvalidArgument for a null or non-empty pool, or a bad setting.
+  /// \throws InvalidArgument for a null or non-empty pool, or a bad setting (prefix caching
+  ///         over a pool with a sliding window among them).
   Scheduler(std::shared_ptr<PagedKVCacheBase> pool, SchedulerConfig config, int max_tokens,
             int vocab_size, PrefixCache::HashFunction hash = PrefixCache::chain_hash)
       : pool_(checked(std::move(pool))),
@@ -98,6 +99,13 @@ class Scheduler {
         vocab_size_(vocab_size),
         cache_(pool_->block_size(), hash) {
     if (config_.max_len == 0) config_.max_len = max_tokens_;
+    if (pool_->window() > 0 && config_.prefix_caching) {
+      detail::fail("kvlab::Scheduler", "config.prefix_caching",
+                   "false with a sliding window (the pool gives back the blocks before each "
+                   "window, and a cached prefix is a run of blocks from the first: kvlab does "
+                   "not combine them)",
+                   "true");
+    }
   }
 
   /// The settings (with `max_len` resolved).
@@ -300,7 +308,8 @@ class Scheduler {
       bool owned = false;
       for (const RequestState& r : requests_) owned = owned || r.seq == seq;
       if (!owned) broken("sequence " + std::to_string(seq) + " belongs to no request (leaked)");
-      for (std::int32_t b : pool_->blocks(seq)) ++holders[static_cast<std::size_t>(b)];
+      for (std::int32_t b : pool_->blocks(seq))
+        if (b != kReleasedBlock) ++holders[static_cast<std::size_t>(b)];  // skip the window's
     }
     for (int b = 0; b < alloc.num_blocks(); ++b) {
       const int expected = holders[static_cast<std::size_t>(b)] + (cache_.holds(b) ? 1 : 0);
