@@ -346,3 +346,22 @@ TEST_CASE("a windowed paged store gives back the blocks before the window and ho
   paged.free_sequence(a);
   CHECK(paged.cache().allocator().num_used() == 0);  // nothing leaked
 }
+
+TEST_CASE("a ring refuses a chunk that would overwrite its first query's keys, and a window larger than itself") {
+  kvlab::ContiguousKVCache<float> ring(1, 1, 4, 6, 4);  // W = 4 in 6 slots: chunks of up to 3
+  const RowMatrix<float> three = RowMatrix<float>::Ones(3, 4), four = RowMatrix<float>::Ones(4, 4);
+  CHECK(ring.max_chunk(0) == 3);
+  CHECK_NOTHROW(ring.append(0, three, three));
+  CHECK_THROWS_MATCHES(
+      ring.append(0, four, four), kvlab::CapacityError,
+      names("k.rows()",
+            "at most capacity - window + 1 = 3 (a ring of 6 slots holds a chunk and the window's "
+            "keys before it)",
+            "4"));
+  CHECK(ring.length(0) == 3);
+  for (int i = 0; i < 10; ++i) ring.append(0, three.topRows(1), three.topRows(1));
+  CHECK(ring.length(0) == 13);  // past the ring's 6 slots
+  CHECK(ring.bytes_used() == 2 * 6 * 4 * sizeof(float));
+  CHECK_THROWS_MATCHES((kvlab::ContiguousKVCache<float>(1, 1, 4, 3, 4)), kvlab::InvalidArgument,
+                       names("window", "at most capacity (3): a decode step needs its W keys in the ring", "4"));
+}

@@ -246,10 +246,12 @@ class PagedKVCacheBase {
     written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
     unwritten_.assign(layers, 0);
   }
+  /// A copy of the bookkeeping (the derived cache copies its values beside it).
   PagedKVCacheBase(const PagedKVCacheBase&) = default;
+  /// Copies the bookkeeping (the derived cache copies its values beside it).
   PagedKVCacheBase& operator=(const PagedKVCacheBase&) = default;
 
-  // A layer, or a slot, as the index of the per-layer and per-slot vectors.
+  /// A layer, or a slot, as the index of the per-layer and per-slot vectors.
   static std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
   /// Copies the stored K and V of the first `tokens` slots of block `from` into block `to`, in
   /// every layer (copy on write; the written marks are the base's).
@@ -274,22 +276,22 @@ class PagedKVCacheBase {
       }
     }
   }
+  /// Throws InvalidArgument (naming `where`) unless `layer` is in [0, num_layers()).
   void check_layer(const char* where, int layer) const {
     if (layer < 0 || layer >= num_layers_) {
       detail::fail(where, "layer", "in [0, " + std::to_string(num_layers_) + ")", layer);
     }
   }
-  // Marks `slot` of `layer` written (or reserved and not written), keeping the count.
+  /// Marks `slot` of `layer` written (or reserved and not written), keeping the count.
   void mark(int layer, std::int64_t slot, bool written) {
     std::uint8_t& flag = written_[at(layer)][at(slot)];
     if (flag == (written ? 1 : 0)) return;
     unwritten_[at(layer)] += written ? -1 : 1;
     flag = written ? 1 : 0;
   }
-  // The slots of `seq` at positions `length` and after are no longer reserved: if never
-  // written, they stop counting as unwritten.
-  // (A slot of a block that another sequence still holds keeps its mark: it is that sequence's
-  // too.)
+  /// The slots of `seq` at positions `length` and after are no longer reserved: if never
+  /// written, they stop counting as unwritten. (A slot of a block that another sequence still
+  /// holds keeps its mark: it is that sequence's too.)
   void release_slots(int seq, int length) {
     const std::vector<std::int32_t>& blocks = book_.blocks(seq);
     for (int pos = length; pos < book_.length(seq); ++pos) {
@@ -298,7 +300,7 @@ class PagedKVCacheBase {
       for (int l = 0; l < num_layers_; ++l) mark(l, slot_of(blocks, pos), true);
     }
   }
-  // The slot of token `pos` of a sequence whose block table is `blocks`.
+  /// The slot of token `pos` of a sequence whose block table is `blocks`.
   std::int64_t slot_of(const std::vector<std::int32_t>& blocks, int pos) const {
     return static_cast<std::int64_t>(blocks[at(pos / block_size())]) * block_size() +
            pos % block_size();
