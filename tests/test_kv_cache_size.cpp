@@ -218,6 +218,17 @@ TEST_CASE("stored bytes per token: int8 and int4 blocks count their fp16 scales"
   CHECK(kvlab::stored_bytes_per_token(stories, KVDtype::fp16) == 640);
 }
 
+TEST_CASE("a sliding window caps the tokens kept: Mistral-7B at 32768 tokens keeps 4096") {
+  const ModelConfig mistral = kvlab::mistral_7b_config();
+  // 131,072 bytes per token in fp16 (128 KiB): 4 GiB for 32768 tokens, 512 MiB with W = 4096
+  CHECK(kv_cache_bytes(mistral, 32768, 1, KVDtype::fp16) == 4 * kGiB);
+  CHECK(kv_cache_bytes(mistral, 32768, 1, KVDtype::fp16, 4096) == 512 * kMiB);
+  CHECK(kv_cache_bytes(mistral, 1000, 2, KVDtype::fp16, 4096) ==
+        kv_cache_bytes(mistral, 1000, 2, KVDtype::fp16));  // shorter than the window
+  CHECK_THROWS_MATCHES(kv_cache_bytes(mistral, 10, 1, KVDtype::fp16, -1), InvalidArgument,
+                       names("window", ">= 0", "-1"));
+}
+
 TEST_CASE("int4 rounds each row of head_dim values up to whole bytes") {
   // One layer, one K/V head: 2 rows (K and V) per token.
   SECTION("even head_dim packs exactly") {
