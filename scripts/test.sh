@@ -11,11 +11,15 @@ jobs=$(nproc 2>/dev/null || echo 2)
 start=$(date +%s)
 step() { echo; echo "== kvlab test: $* ($(( $(date +%s) - start )) s)"; }
 
+# Ninja schedules every compile of every target on the cores as one graph (make's recursion
+# leaves a core idle at each directory's last, slowest file).
+generator=(-G Ninja)
+
 step "configure and build (Release, warnings as errors)"
 # CUDA code is compiled for one architecture (sm_90) here: a second one doubles the device
 # compile without checking anything more of the source. KVLAB_CUDA_ARCHITECTURES defaults to
 # "80;90" for users.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNINGS_AS_ERRORS=ON \
+cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNINGS_AS_ERRORS=ON \
   -DKVLAB_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build -j "$jobs"
 
@@ -34,10 +38,12 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # The CUDA tests on the CPU emulator (tests/cuda_emulation) under ASan + UBSan: a CPU stand-in
 # for compute-sanitizer memcheck, ~10 min of CPU for test_cuda_attention, so only the emulator's
 # own test runs here by default; KVLAB_SANITIZE_CUDA_EMULATION="test_cuda_attention" (a list of
-# tests/cuda tests) adds them.
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
+# tests/cuda tests) adds them. The programs of apps/ are built like everything else here (-O1), not
+# with the -O3 -march=native of their release builds (KVLAB_BENCH_NATIVE), which only slows the
+# instrumented compile.
+cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
   -DCMAKE_CXX_FLAGS="-O1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
-  -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF \
+  -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
   -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF \
   -DKVLAB_CUDA_EMULATION_TESTS="${KVLAB_SANITIZE_CUDA_EMULATION:-}" >/dev/null
 cmake --build build-sanitize -j "$jobs"

@@ -1,0 +1,6 @@
+// The explicit instantiations in double that kvlab_instances.hpp declares, compiled once per build
+// and linked into kvlab's own tests, tutorials and programs (see that header).
+#define KVLAB_INSTANCE template
+#include "kvlab_instances.hpp"
+
+KVLAB_COMPUTE_INSTANCES(double)
