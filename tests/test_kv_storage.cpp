@@ -222,6 +222,34 @@ TEST_CASE("fp16 and bf16 decode every bit pattern exactly") {
   }
 }
 
+TEST_CASE("a quantization scale rounds up to the next fp16 value, bit for bit") {
+  // half_bits_up(x) is the smallest fp16 value >= x (x >= 0 finite; +Inf beyond 65504). Checked
+  // at every fp16 value v (v itself, the floats just below and just above it) and at 10^5
+  // random floats of every binade, against the definition: value(h) >= x > value(h − 1).
+  using kvlab::detail::half_bits_up;
+  using kvlab::detail::half_value;
+  const auto smallest_at_least = [](float x, std::uint16_t h) {
+    return half_value(h) >= x && (h == 0 || half_value(static_cast<std::uint16_t>(h - 1)) < x);
+  };
+  for (std::uint32_t h = 0; h < 0x7C00; ++h) {  // every finite fp16 value >= 0
+    const float v = half_value(static_cast<std::uint16_t>(h));
+    CHECK(half_bits_up(v) == h);
+    if (h > 0) CHECK(half_bits_up(std::nextafter(v, 0.f)) == h);
+    CHECK(half_bits_up(std::nextafter(v, INFINITY)) == h + 1);  // past 65504: +Inf's bits
+  }
+  kvlab::Rng rng(12);
+  for (int i = 0; i < 100000; ++i) {
+    const auto bits = static_cast<std::uint32_t>(rng.next_u64() % 0x47800000u);  // [0, 65536)
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    const std::uint16_t h = half_bits_up(x);
+    if (!smallest_at_least(x, h)) FAIL("x = " << x << " (bits " << bits << "): fp16 bits " << h);
+  }
+  CHECK(half_bits_up(0.f) == 0);
+  CHECK(half_bits_up(1e-45f) == 1);         // a float subnormal: fp16's smallest step, 2^-24
+  CHECK(half_bits_up(70000.f) == 0x7C00);   // beyond fp16: +Inf
+}
+
 TEST_CASE("bf16 storage rounds to nearest even, bit for bit against an independent rounding") {
   int checked = 0;
   for (float x : rounding_cases(false)) {

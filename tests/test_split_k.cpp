@@ -276,6 +276,37 @@ TEST_CASE("partition_size, partition_count and partition_keys cut a context into
       }
 }
 
+TEST_CASE("row_partition_keys: a row's partitions cover exactly its window, cut at block edges") {
+  using namespace kvlab::cuda;
+  for (int block_size : {1, 3, 16})
+    for (int window : {0, 1, 2, 5, 16, 17, 300, 700})
+      for (int keys = 1; keys <= 1200; keys += keys < 40 ? 1 : 37)
+        for (int parts : {1, 2, 3, 7, 64}) {
+          CAPTURE(block_size, window, keys, parts);
+          const QueryRow row = query_row(0, keys, window);
+          CHECK(row.first == kvlab::first_visible_key(keys - 1, window));
+          CHECK(row.keys - row.first == (window > 0 ? std::min(window, keys) : keys));
+          const int unit = split_k_unit(block_size);
+          const int count = row_partition_count(row, parts, unit, block_size);
+          CHECK(count >= 1);
+          CHECK(count <= parts);
+          int next = row.first;  // the partitions follow each other from the first visible key
+          for (int p = 0; p < parts; ++p) {
+            const KeyRange r = row_partition_keys(row, parts, unit, block_size, p);
+            if (p < count) {
+              CHECK(r.begin == next);
+              CHECK(r.end > r.begin);
+              if (p > 0) CHECK(r.begin % block_size == 0);  // whole blocks of the pool
+              if (p + 1 < count) CHECK(r.end % block_size == 0);
+              next = r.end;
+            } else {
+              CHECK(r.begin == r.end);  // past the last: empty
+            }
+          }
+          CHECK(next == keys);
+        }
+}
+
 TEST_CASE("lanes per row, GQA tiles and the split-K unit") {
   using namespace kvlab::cuda;
   for (int head_dim = 1; head_dim <= 300; ++head_dim) {
@@ -426,8 +457,19 @@ TEST_CASE("locate_row and row_offset: the keys each row sees and where their row
     }
   // A contiguous cache: row i of 3 new queries over 10 cached rows sees 8 + i keys.
   kvlab::ContiguousKVView<float> contiguous{nullptr, nullptr, 2, 16, 12, 10};
-  for (int i = 0; i < 3; ++i) CHECK(locate_row(contiguous, nullptr, 3, i).keys == 8 + i);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(locate_row(contiguous, nullptr, 3, i).keys == 8 + i);
+    CHECK(locate_row(contiguous, nullptr, 3, i).first == 0);
+  }
   CHECK(row_offset(contiguous, 0, 5, 1) == (12 + 5) * 16);
+  // With a window of 4 in a ring of 6 slots holding 10 tokens: row i (position 7 + i) sees its
+  // last 4 keys, and position p is in slot p % 6.
+  kvlab::ContiguousKVView<float> ring{nullptr, nullptr, 2, 16, 6, 10, 4};
+  for (int i = 0; i < 3; ++i) {
+    CHECK(locate_row(ring, nullptr, 3, i).keys == 8 + i);
+    CHECK(locate_row(ring, nullptr, 3, i).first == 4 + i);
+  }
+  CHECK(row_offset(ring, 0, 9, 1) == (6 + 3) * 16);
 }
 
 TEST_CASE("count_attention: a decode step counts what the CPU decode paths count") {
@@ -440,18 +482,19 @@ TEST_CASE("count_attention: a decode step counts what the CPU decode paths count
     const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
     kvlab::CostCounters cpu_counts, gpu_counts;
     kvlab::cpu::paged_decode_attention(shape, q, batch.view, &cpu_counts);
-    kvlab::cuda::count_attention(shape, sizeof(float), 1 + 15 + 16 + 17 + 100, gpu_counts);
+    kvlab::cuda::count_attention(shape, sizeof(float) * shape.head_dim(), 1 + 15 + 16 + 17 + 100,
+                                 gpu_counts);
     CHECK(gpu_counts == cpu_counts);
     kvlab::ContiguousKVCache<float> cache(1, shape.num_kv_heads(), shape.head_dim(), 100);
     cache.append(0, kvlab::random_matrix<float>(100, shape.kv_width(), rng),
                  kvlab::random_matrix<float>(100, shape.kv_width(), rng));
     kvlab::CostCounters cpu_step, gpu_step;
     kvlab::cpu::decode_attention(shape, RowMatrix<float>(q.row(0)), cache.view(0), &cpu_step);
-    kvlab::cuda::count_attention(shape, sizeof(float), 100, gpu_step);
+    kvlab::cuda::count_attention(shape, sizeof(float) * shape.head_dim(), 100, gpu_step);
     CHECK(gpu_step == cpu_step);
   }
   // More than 8 query heads per K/V head: each of the two GQA tiles reads the rows.
   kvlab::CostCounters wide;
-  kvlab::cuda::count_attention(AttentionShape(16, 1, 8), 2, 10, wide);
+  kvlab::cuda::count_attention(AttentionShape(16, 1, 8), 2 * 8, 10, wide);
   CHECK(wide.kv_bytes_read == 2 * 2 * 10 * 1 * 2 * 8);
 }

@@ -307,7 +307,7 @@ int run(const Options& o) {
                shape, q_row(s),
                kc::DeviceMatrix<const __half>(d_kt.data() + s * per_seq, L, shape.kv_width()),
                kc::DeviceMatrix<const __half>(d_vt.data() + s * per_seq, L, shape.kv_width()),
-               out_row(s), nullptr, options);
+               out_row(s), nullptr, /*window=*/0, options);
        }},
       {4, "decode_attention, single pass",
        [&] {

@@ -56,7 +56,7 @@ constexpr int bits_per_element(KVDtype dtype) {
 }
 
 /// The name of a storage precision: "fp32", "fp16", "bf16", "int8" or "int4" (the CUDA kernels
-/// name the first three the same way, `cuda::storage_name`).
+/// name their storage types the same way, `cuda::storage_name`).
 /// \throws InvalidArgument for a value that is not one of the enumerators.
 inline std::string dtype_name(KVDtype dtype) {
   switch (dtype) {
@@ -101,29 +101,6 @@ inline double stored_bits_per_value(KVDtype dtype) {
 
 namespace detail {
 
-/// The fp16 bits of `x` rounded to nearest even (Eigen's conversion; F16C where the CPU has it).
-inline std::uint16_t half_bits(float x) {
-  return Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(x));
-}
-/// The value of fp16 bits `h`, exactly, in plain integer and float operations that a compiler
-/// vectorises (Eigen's scalar conversion is not, in a loop): the 15 bits of exponent and
-/// fraction shifted into a float's place make a float 2^-112 times the value — right for
-/// normal and subnormal values alike — so one multiplication by 2^112 finishes it; an all-ones
-/// exponent (±Inf, NaN) gets a float's all-ones exponent. Checked bit for bit against Eigen's
-/// conversion for all 65,536 patterns in the tests.
-inline float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t magnitude = static_cast<std::uint32_t>(h & 0x7FFFu) << 13;
-  float scaled;
-  std::memcpy(&scaled, &magnitude, sizeof scaled);
-  scaled *= 0x1p112f;
-  std::uint32_t bits;
-  std::memcpy(&bits, &scaled, sizeof bits);
-  bits |= (h & 0x7C00u) == 0x7C00u ? 0x7F800000u : 0u;        // ±Inf and NaN
-  bits |= static_cast<std::uint32_t>(h & 0x8000u) << 16;      // the sign
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
 /// The value of bf16 bits `b`, exactly: the top half of a float.
 inline float bf16_bits_to_float(std::uint16_t b) {
   const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
@@ -131,26 +108,25 @@ inline float bf16_bits_to_float(std::uint16_t b) {
   std::memcpy(&x, &bits, sizeof x);
   return x;
 }
-/// The value of fp16 bits `bits` (exact): a quantization block's scale.
-inline float half_value(std::uint16_t bits) { return half_bits_to_float(bits); }
-/// The fp16 bits of the smallest fp16 value >= `x`, for `x` >= 0 finite: a quantization scale
-/// rounded up, so that no value of its block falls outside the levels (see `KVStorage`).
-inline std::uint16_t half_bits_up(float x) {
-  std::uint16_t bits = half_bits(x);
-  if (half_value(bits) < x) ++bits;  // the next fp16 value up (bits of x >= 0 increase with it)
-  return bits;
-}
 /// `x` as a float: a `double` is rounded to float first (the storage codecs work in float).
 template <typename T>
 float as_float(T x) {
   return static_cast<float>(x);
 }
-/// The largest |x| in x[0, n).
-template <typename T>
-float max_abs(const T* x, int n) {
-  float m = 0.f;
-  for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(as_float(x[i])));
-  return m;
+/// Quantizes the `n` values at `x` (a multiple of 32) into blocks of `S` (`BlockQ8_0` or
+/// `BlockQ4_0`) with `quantize_block`, each block's values first made floats.
+template <typename S, typename T>
+void quantize_blocks(const T* x, int n, S* out) {
+  for (int b = 0; b < n / kQuantBlock; ++b) {
+    const T* v = x + b * kQuantBlock;
+    if constexpr (std::is_same<T, float>::value) {
+      quantize_block(v, out[b]);
+    } else {
+      float block[kQuantBlock];  // the values as floats
+      for (int i = 0; i < kQuantBlock; ++i) block[i] = as_float(v[i]);
+      quantize_block(block, out[b]);
+    }
+  }
 }
 
 /// The first of `x[0, n)` that is not finite, or the first of a block of `values` values whose
@@ -346,21 +322,11 @@ struct KVStorage<BlockQ8_0> {
   static constexpr int kValues = kQuantBlock;  ///< values per element
   /// "int8".
   static const char* name() { return "int8"; }
-  /// Each block of 32 values quantized as above.
+  /// Each block of 32 values quantized as above (`detail::quantize_block`, which the CUDA
+  /// caches run too).
   template <typename T>
   static void encode(const T* x, int n, BlockQ8_0* out) {
-    for (int b = 0; b < n / kValues; ++b) {
-      const T* v = x + b * kValues;
-      BlockQ8_0& block = out[b];
-      block.d = detail::half_bits_up(detail::max_abs(v, kValues) / 127.f);
-      const float d = detail::half_value(block.d);
-      const float inverse = d > 0.f ? 1.f / d : 0.f;
-      for (int i = 0; i < kValues; ++i) {
-        // |x / d| <= 127 (d rounded up), up to the rounding of the product: clamp for safety
-        const float level = std::round(detail::as_float(v[i]) * inverse);
-        block.q[i] = static_cast<std::int8_t>(std::clamp(level, -127.f, 127.f));
-      }
-    }
+    detail::quantize_blocks(x, n, out);
   }
   /// d·q for every value.
   template <typename T>
@@ -407,31 +373,11 @@ struct KVStorage<BlockQ4_0> {
   static constexpr int kValues = kQuantBlock;  ///< values per element
   /// "int4".
   static const char* name() { return "int4"; }
-  /// Each block of 32 values quantized as above.
+  /// Each block of 32 values quantized as above (`detail::quantize_block`, which the CUDA
+  /// caches run too).
   template <typename T>
   static void encode(const T* x, int n, BlockQ4_0* out) {
-    constexpr int kHalf = kValues / 2;
-    for (int b = 0; b < n / kValues; ++b) {
-      const T* v = x + b * kValues;
-      float extreme = 0.f;  // the value of largest magnitude, the first of equals
-      for (int i = 0; i < kValues; ++i) {
-        const float value = detail::as_float(v[i]);
-        if (std::fabs(value) > std::fabs(extreme)) extreme = value;
-      }
-      const std::uint16_t magnitude = detail::half_bits_up(std::fabs(extreme) / 8.f);
-      // d = extreme / -8: the sign opposite to the extreme's (fp16 bit 15)
-      const std::uint16_t sign = extreme > 0.f ? 0x8000 : 0;
-      BlockQ4_0& block = out[b];
-      block.d = static_cast<std::uint16_t>(magnitude | sign);
-      const float d = detail::half_value(block.d);
-      const float inverse = d != 0.f ? 1.f / d : 0.f;
-      const auto nibble = [&](int i) {
-        const float level = std::floor(detail::as_float(v[i]) * inverse + 8.5f);
-        return static_cast<std::uint8_t>(std::clamp(level, 0.f, 15.f));
-      };
-      for (int j = 0; j < kHalf; ++j)
-        block.q[j] = static_cast<std::uint8_t>(nibble(j) | (nibble(j + kHalf) << 4));
-    }
+    detail::quantize_blocks(x, n, out);
   }
   /// d·(n − 8) for every value.
   template <typename T>
@@ -496,12 +442,6 @@ decltype(auto) visit_kv_dtype(KVDtype dtype, F&& f) {
                static_cast<int>(dtype));
 }
 
-/// Bytes of one head's row of `head_dim` values stored as `S` (`head_dim` a multiple of
-/// `KVStorage<S>::kValues`).
-template <typename S>
-constexpr std::size_t storage_row_bytes(int head_dim) {
-  return static_cast<std::size_t>(head_dim / KVStorage<S>::kValues) * sizeof(S);
-}
 
 namespace detail {
 

@@ -10,13 +10,18 @@
 //  - logits of ±1e4 through every kernel (naive, decode, paged decode and prefill, both
 //    layouts, single pass and split-K), in fp32, fp16 and bf16;
 //  - split-K equals the single pass; paged_prefill_attention vs the CPU; counters; argument
-//    checks; CUDA errors as CudaError.
+//    checks; CUDA errors as CudaError;
+//  - a sliding window through every kernel (naive, decode over a ring, paged decode and prefill
+//    with the blocks before the window released and NaN), against the CPU twins;
+//  - int8 and int4 caches (q8_0, q4_0 blocks made by the CPU caches) through the contiguous and
+//    paged kernels, against the CPU kernels on the same blocks, at fp32 tolerance.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
 // (tests/cuda_emulation, KVLAB_CUDA_EMULATION) the same tests run with shorter contexts, and
 // fp16 alternates the pool layouts of vLLM's grid: see `kContext` below.
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -26,6 +31,7 @@
 #include "../ragged_batch.hpp"
 #include "cuda_compare.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
+#include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/cpu/decode_attention.hpp"
 #include "kvlab/cpu/naive_attention.hpp"
 #include "kvlab/cpu/paged_attention.hpp"
@@ -108,7 +114,8 @@ struct Heads {
 
 // Context lengths. The CPU emulator runs every thread of every block in turn, thousands of times
 // slower than a GPU, so under KVLAB_CUDA_EMULATION the long contexts are shorter, yet long enough
-// for every branch: several key tiles (kKeyTile = 256), split-K partitions > 1 of whole units,
+// for every branch: more than one key tile (300 keys: two tiles of kKeyTile = 256), split-K
+// partitions > 1 of whole units (the unit is 256 keys for blocks of 1 to 16),
 // partitions past a short row's last, and (vLLM's grid) every head size, block size, head
 // layout, pool layout and storage type.
 struct ContextLengths {
@@ -120,7 +127,7 @@ struct ContextLengths {
   int prefill_queries;       // ...and its new tokens
 };
 #if defined(KVLAB_CUDA_EMULATION)
-const ContextLengths kContext{600, 600, {4096, 1, 1100, 257, 256, 600}, 4096, 300, 150};
+const ContextLengths kContext{300, 300, {4096, 1, 1100, 257, 256, 600}, 4096, 300, 150};
 constexpr bool kEveryLayoutInFp16 = false;  // vLLM's grid: fp16 alternates the pool layouts too
 #else
 const ContextLengths kContext{3000, 4096, {32768, 1, 5000, 257, 256, 4096}, 32768, 600, 300};
@@ -359,6 +366,268 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
         CHECK(got_counts.qk_dots == want_counts.qk_dots);
         CHECK(got_counts.macs == want_counts.macs);
       }
+}
+
+// A RaggedBatch read with a sliding window of `window` keys: every block wholly before the
+// first visible key of a sequence's first query (its last `q_len` tokens query) is given back —
+// kReleasedBlock in a copy of the tables, NaN in the pool — so a kernel that reads one
+// poisons its output or trips on the table.
+template <typename T>
+struct WindowedBatch {
+  kvlab_test::RaggedBatch<float> batch;
+  std::vector<std::int32_t> indices;  // batch.view's tables, released pages set to -1
+  kvlab::PagedKVView<float> view;     // batch.view with the window and these tables
+
+  WindowedBatch(const AttentionShape& shape, int block_size, const std::vector<int>& lengths,
+                const std::vector<std::int32_t>& qo_indptr, KVLayout layout, int window,
+                kvlab::Rng& rng)
+      : batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<T>{}) {
+    view = batch.view;
+    view.window = window;
+    indices.assign(view.indices, view.indices + view.indptr[view.batch]);
+    for (int s = 0; s < view.batch; ++s) {
+      const int q_len = qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
+      const int first = kvlab::first_visible_key(view.seq_len(s) - q_len, window);
+      for (int page = 0; page < first / block_size; ++page) {
+        auto& entry = indices[static_cast<std::size_t>(view.indptr[s] + page)];
+        for (int pos = page * block_size; pos < (page + 1) * block_size; ++pos)
+          for (int h = 0; h < shape.num_kv_heads(); ++h) {
+            const auto at = static_cast<std::size_t>(batch.view.offset(s, pos, h));
+            for (int c = 0; c < shape.head_dim(); ++c) {
+              batch.k[at + static_cast<std::size_t>(c)] = NAN;
+              batch.v[at + static_cast<std::size_t>(c)] = NAN;
+            }
+          }
+        entry = kvlab::kReleasedBlock;
+      }
+    }
+    view.indices = indices.data();
+  }
+};
+
+TEMPLATE_TEST_CASE("with a sliding window every CUDA kernel equals its CPU twin, and reads only "
+                   "the window",
+                   "", float, __half) {
+  // Windows of 1 key, shorter than a block, a block and one more, and longer than two blocks;
+  // sequences shorter than, equal to and one longer than the window, and long ones.
+  const AttentionShape shape(8, 2, 64);
+  std::uint64_t seed = 3000;
+  for (int window : {1, 5, 16, 17, 40}) {
+    kvlab::Rng rng(seed++);
+    const int long_len = kContext.prefill_long;
+    const std::vector<int> lengths{1, std::max(1, window - 1), window, window + 1, 2 * window + 5,
+                                   long_len};
+    SECTION("naive_attention, window " + std::to_string(window)) {
+      for (const std::pair<int, int>& lens : {std::pair<int, int>{1, 40}, {17, 17}, {33, 100}}) {
+        CAPTURE(window, lens.first, lens.second);
+        const RowMatrix<float> q = random_rounded<TestType>(lens.first, shape.q_width(), rng);
+        const RowMatrix<float> k = random_rounded<TestType>(lens.second, shape.kv_width(), rng);
+        const RowMatrix<float> v = random_rounded<TestType>(lens.second, shape.kv_width(), rng);
+        kvlab::CostCounters want_counts, got_counts;
+        const RowMatrix<float> want =
+            kvlab::cpu::naive_attention(shape, q, k, v, &want_counts, window);
+        check_close<TestType>(kc::naive_attention<TestType>(shape, q, k, v, &got_counts, window),
+                              want);
+        CHECK(got_counts.qk_dots == want_counts.qk_dots);
+      }
+    }
+    SECTION("decode_attention over a ring, window " + std::to_string(window)) {
+      // A ring of W − 1 + 7 slots, filled in chunks of up to 7 tokens: after each chunk its
+      // queries attend, the ring wrapping many times over the 90 tokens.
+      const int chunk = 7;
+      kvlab::ContiguousKVCache<float> ring(1, shape.num_kv_heads(), shape.head_dim(),
+                                           window - 1 + chunk, window);
+      const RowMatrix<float> keys = random_rounded<TestType>(90, shape.kv_width(), rng);
+      const RowMatrix<float> values = random_rounded<TestType>(90, shape.kv_width(), rng);
+      for (int pos = 0; pos < 90;) {
+        const int n = std::min({chunk, 90 - pos, ring.max_chunk(0)});
+        ring.append(0, keys.middleRows(pos, n), values.middleRows(pos, n));
+        pos += n;
+        const RowMatrix<float> q = random_rounded<TestType>(n, shape.q_width(), rng);
+        for (int partitions : {1, 2}) {
+          CAPTURE(window, pos, n, partitions);
+          kc::LaunchOptions options;
+          options.partitions = partitions;
+          kvlab::CostCounters want_counts, got_counts;
+          const RowMatrix<float> want =
+              kvlab::cpu::decode_attention(shape, q, ring.view(0), &want_counts);
+          check_close<TestType>(
+              kc::decode_attention<TestType>(shape, q, ring.view(0), &got_counts, options), want);
+          CHECK(got_counts.qk_dots == want_counts.qk_dots);
+          CHECK(got_counts.macs == want_counts.macs);
+        }
+      }
+    }
+    for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+      for (int block_size : {1, 3, 16}) {
+        SECTION("paged decode and prefill, window " + std::to_string(window) + ", " +
+                kvlab::to_string(layout) + ", blocks of " + std::to_string(block_size)) {
+          CAPTURE(window, kvlab::to_string(layout), block_size);
+          // decode: one query per sequence
+          std::vector<std::int32_t> one_each(lengths.size() + 1);
+          for (std::size_t s = 0; s <= lengths.size(); ++s)
+            one_each[s] = static_cast<std::int32_t>(s);
+          const WindowedBatch<TestType> decode(shape, block_size, lengths, one_each, layout, window,
+                                               rng);
+          const RowMatrix<float> q =
+              random_rounded<TestType>(static_cast<int>(lengths.size()), shape.q_width(), rng);
+          kvlab::CostCounters want_counts;
+          const RowMatrix<float> want =
+              kvlab::cpu::paged_decode_attention(shape, q, decode.view, &want_counts);
+          for (int partitions : {1, 0, 3}) {
+            CAPTURE(partitions);
+            kc::LaunchOptions options;
+            options.partitions = partitions;
+            kvlab::CostCounters got_counts;
+            check_close<TestType>(kc::paged_decode_attention<TestType>(shape, q, decode.view,
+                                                                      &got_counts, options),
+                                  want);
+            CHECK(got_counts.qk_dots == want_counts.qk_dots);
+            CHECK(got_counts.macs == want_counts.macs);
+          }
+          // prefill: new tokens per sequence — 1 (all of it), half of W − 1, all W, none,
+          // the last W + 1 of 2W + 5, the long sequence's last 20
+          const std::vector<int> new_tokens{1, std::max(1, window - 1) / 2, window, 0, window + 1,
+                                            20};
+          std::vector<std::int32_t> qo_indptr{0};
+          for (int n : new_tokens) qo_indptr.push_back(qo_indptr.back() + n);
+          const WindowedBatch<TestType> prefill(shape, block_size, lengths, qo_indptr, layout,
+                                                window, rng);
+          const RowMatrix<float> queries =
+              random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
+          kvlab::CostCounters want_prefill, got_prefill;
+          const RowMatrix<float> want_rows = kvlab::cpu::paged_prefill_attention(
+              shape, queries, qo_indptr, prefill.view, &want_prefill);
+          kc::LaunchOptions split;
+          split.partitions = 2;
+          check_close<TestType>(kc::paged_prefill_attention<TestType>(
+                                    shape, queries, qo_indptr, prefill.view, &got_prefill, split),
+                                want_rows);
+          CHECK(got_prefill.qk_dots == want_prefill.qk_dots);
+        }
+      }
+  }
+}
+
+TEST_CASE("the CUDA kernels refuse a window that reaches a released block, as the CPU's do") {
+  const AttentionShape shape(4, 2, 64);
+  kvlab::Rng rng(5);
+  const std::vector<int> lengths{40};
+  const std::vector<std::int32_t> one{0, 1};
+  // released for a window of 20 (the first page holds positions 0-15; 40 − 20 = 20 is on page 1)
+  const WindowedBatch<float> batch(shape, 16, lengths, one, KVLayout::NHD, 20, rng);
+  kvlab::PagedKVView<float> wider = batch.view;
+  wider.window = 30;  // position 10 is visible: page 0, released
+  const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+  CHECK_NOTHROW(kc::paged_decode_attention(shape, q, batch.view));
+  CHECK_THROWS_MATCHES(kc::paged_decode_attention(shape, q, wider), kvlab::InvalidArgument,
+                       kvlab_test::names("cache.indices[0]", "a block of the pool", "kReleasedBlock"));
+  const std::vector<std::int32_t> qo_indptr{0, 1};
+  CHECK_THROWS_MATCHES(kc::paged_prefill_attention(shape, q, qo_indptr, wider),
+                       kvlab::InvalidArgument,
+                       kvlab_test::names("cache.indices[0]", "a block of the pool", "kReleasedBlock"));
+  kvlab::PagedKVView<float> negative = batch.view;
+  negative.window = -1;
+  CHECK_THROWS_MATCHES(kc::paged_decode_attention(shape, q, negative), kvlab::InvalidArgument,
+                       kvlab_test::names("cache.window", ">= 0", "-1"));
+}
+
+TEMPLATE_TEST_CASE("int8 and int4 caches: the CUDA kernels decode the blocks as they read them "
+                   "and equal the CPU kernels on the same blocks",
+                   "", kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
+  // The CPU caches quantize the rows (KVStorage); the device gets the very same blocks. Both
+  // decode a value as d·q (exact in float) and compute in fp32, so they differ only by the order
+  // of fp32 additions: fp32 tolerance (cuda_compare.hpp), not the quantization error. The
+  // counters count the same stored bytes (34 or 18 per 32 values).
+  using S = TestType;
+  std::uint64_t seed = 4000;
+  for (const AttentionShape& shape :
+       {AttentionShape(8, 2, 64), AttentionShape(4, 4, 128), AttentionShape(6, 1, 32)}) {
+    kvlab::Rng rng(seed++);
+    const int length = kContext.prefill_long;
+    SECTION("decode_attention, heads " + std::to_string(shape.num_heads()) + "/" +
+            std::to_string(shape.num_kv_heads()) + " x " + std::to_string(shape.head_dim())) {
+      kvlab::ContiguousKVCache<float, S> cache(1, shape.num_kv_heads(), shape.head_dim(),
+                                               length + 5);
+      cache.append(0, kvlab::random_matrix<float>(length, shape.kv_width(), rng),
+                   kvlab::random_matrix<float>(length, shape.kv_width(), rng));
+      for (int q_len : {1, 5})
+        for (int partitions : {1, 0, 3}) {
+          CAPTURE(q_len, partitions);
+          const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
+          kc::LaunchOptions options;
+          options.partitions = partitions;
+          kvlab::CostCounters want_counts, got_counts;
+          const RowMatrix<float> want =
+              kvlab::cpu::decode_attention(shape, q, cache.view(0), &want_counts);
+          check_close<float>(kc::decode_attention(shape, q, cache.view(0), &got_counts, options),
+                             want);
+          CHECK(got_counts.qk_dots == want_counts.qk_dots);
+          if (q_len == 1) CHECK(got_counts == want_counts);  // the same bytes read, as stored
+        }
+      // a ring of a window of 40: the quantized rows read in their slots
+      kvlab::ContiguousKVCache<float, S> ring(1, shape.num_kv_heads(), shape.head_dim(), 46, 40);
+      for (int pos = 0; pos < 100; pos += 5) {
+        ring.append(0, kvlab::random_matrix<float>(5, shape.kv_width(), rng),
+                    kvlab::random_matrix<float>(5, shape.kv_width(), rng));
+        const RowMatrix<float> q = kvlab::random_matrix<float>(5, shape.q_width(), rng);
+        check_close<float>(kc::decode_attention(shape, q, ring.view(0)),
+                           kvlab::cpu::decode_attention(shape, q, ring.view(0)));
+      }
+    }
+    for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+      SECTION("paged decode and prefill, heads " + std::to_string(shape.num_heads()) + "/" +
+              std::to_string(shape.num_kv_heads()) + " x " + std::to_string(shape.head_dim()) +
+              ", " + kvlab::to_string(layout)) {
+        const int block_size = 16;
+        const std::vector<int> lengths{1, 17, length};
+        kvlab::PagedKVCache<float, S> pool(1, shape.num_kv_heads(), shape.head_dim(), block_size,
+                                           64, layout);
+        std::vector<int> seqs;
+        for (int len : lengths) {
+          seqs.push_back(pool.add_sequence());
+          pool.append(seqs.back(), kvlab::random_matrix<float>(len, shape.kv_width(), rng),
+                      kvlab::random_matrix<float>(len, shape.kv_width(), rng));
+        }
+        const kvlab::BlockTables tables = pool.tables(seqs);
+        const kvlab::PagedKVView<S> view = pool.view(0, tables);
+        const RowMatrix<float> q = kvlab::random_matrix<float>(3, shape.q_width(), rng);
+        kvlab::CostCounters want_counts;
+        const RowMatrix<float> want =
+            kvlab::cpu::paged_decode_attention(shape, q, view, &want_counts);
+        for (int partitions : {1, 0}) {
+          CAPTURE(partitions);
+          kc::LaunchOptions options;
+          options.partitions = partitions;
+          kvlab::CostCounters got_counts;
+          check_close<float>(kc::paged_decode_attention(shape, q, view, &got_counts, options),
+                             want);
+          CHECK(got_counts == want_counts);
+        }
+        const std::vector<std::int32_t> qo_indptr{0, 1, 9, 9 + 20};  // 1, 8 and 20 new tokens
+        const RowMatrix<float> queries = kvlab::random_matrix<float>(29, shape.q_width(), rng);
+        kvlab::CostCounters want_prefill, got_prefill;
+        const RowMatrix<float> want_rows =
+            kvlab::cpu::paged_prefill_attention(shape, queries, qo_indptr, view, &want_prefill);
+        check_close<float>(
+            kc::paged_prefill_attention(shape, queries, qo_indptr, view, &got_prefill), want_rows);
+        CHECK(got_prefill.qk_dots == want_prefill.qk_dots);
+      }
+    }
+  }
+}
+
+TEST_CASE("an int8 or int4 cache needs whole blocks per head: head_dim a multiple of 32") {
+  const AttentionShape shape(2, 1, 48);  // 48 values: a block and a half
+  kc::DeviceBuffer<float> q(96), out(96);
+  kc::DeviceBuffer<kvlab::BlockQ8_0> k(8), v(8);
+  q.fill_bytes(0);
+  const kvlab::ContiguousKVView<kvlab::BlockQ8_0> cache{k.data(), v.data(), 1, 48, 4, 1};
+  CHECK_THROWS_MATCHES(kc::decode_attention(shape, kc::DeviceMatrix<const float>(q.data(), 1, 96),
+                                            cache, kc::DeviceMatrix<float>(out.data(), 1, 96)),
+                       kvlab::InvalidArgument,
+                       kvlab_test::names("shape.head_dim()", "a multiple of 32 (whole int8 blocks)",
+                                         "48"));
 }
 
 TEST_CASE("cuda decode counters equal the CPU's for a decode step") {

@@ -1,7 +1,9 @@
 // The device KV caches and the GPU decoders against their CPU twins:
 //  - cuda::ContiguousKVCache::append and cuda::PagedKVCache::write store exactly (bit for bit)
 //    what ContiguousKVCache / PagedKVCache store, in fp32, fp16 and bf16 and both pool layouts,
-//    through the same sequence of appends, forks (copy on write), truncations and frees;
+//    through the same sequence of appends, forks (copy on write), truncations and frees; and
+//    for int8/int4 caches the very same q8_0/q4_0 blocks, on rows made to meet every branch of
+//    the encodings;
 //  - linear (the projections) against Eigen;
 //  - cuda::NaiveDecoder, CachedDecoder and PagedDecoder against the CPU decoders at every step
 //    (per element, |gpu - cpu| <= 1e-5 + 1e-5 |cpu|: fp32 GEMMs and attention in another order,
@@ -174,6 +176,107 @@ TEMPLATE_TEST_CASE(
       compare();
       CHECK(gpu.allocator().num_free() == cpu.allocator().num_free());
     }
+}
+
+namespace {
+
+// Rows that meet every branch of the int8/int4 encodings: uniform values, one outlier per
+// block, a block of equal values (negative and positive extremes), zeros, values below fp16's
+// smallest step, and exact multiples of the scale (ties of the level rounding).
+RowMatrix<float> adversarial_rows(int n, int width, kvlab::Rng& rng) {
+  RowMatrix<float> m = kvlab::random_matrix<float>(n, width, rng);
+  for (int r = 0; r < n; ++r)
+    for (int b = 0; b < width / kvlab::kQuantBlock; ++b) {
+      float* block = m.row(r).data() + b * kvlab::kQuantBlock;
+      switch ((r + b) % 6) {
+        case 0: break;                                                     // uniform in [-1, 1)
+        case 1: block[(r * 7 + b) % kvlab::kQuantBlock] = 1000.f; break;  // one outlier
+        case 2: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = -0.75f; break;
+        case 3: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = 0.f; break;
+        case 4: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] *= 1e-9f; break;  // tiny
+        default: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = 0.5f * (i - 16); break;
+      }
+    }
+  return m;
+}
+
+template <typename S>
+bool same_block(const S& a, const S& b) {
+  return std::memcmp(&a, &b, sizeof(S)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("an int8 or int4 device cache quantizes each appended row exactly as the CPU "
+                   "cache does, bit for bit",
+                   "", kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
+  using S = TestType;
+  const AttentionShape shape(8, 2, 64);
+  kvlab::Rng rng(11);
+  SECTION("contiguous") {
+    kvlab::ContiguousKVCache<float, S> cpu(2, shape.num_kv_heads(), shape.head_dim(), 40);
+    kc::ContiguousKVCache<S> gpu(2, shape.num_kv_heads(), shape.head_dim(), 40);
+    for (int n : {1, 5, 17, 1, 16})
+      for (int layer = 0; layer < 2; ++layer) {
+        const RowMatrix<float> k = adversarial_rows(n, shape.kv_width(), rng);
+        const RowMatrix<float> v = adversarial_rows(n, shape.kv_width(), rng);
+        cpu.append(layer, k, v);
+        const kc::DeviceBuffer<float> dk = kc::to_device<float>(k), dv = kc::to_device<float>(v);
+        gpu.append(layer, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+      }
+    for (int layer = 0; layer < 2; ++layer) {
+      const kvlab::ContiguousKVView<S> want = cpu.view(layer), got = gpu.view(layer);
+      const std::size_t size =
+          static_cast<std::size_t>(got.num_kv_heads) * got.capacity * got.row_units();
+      const std::vector<S> keys = download(got.k, size), values = download(got.v, size);
+      long mismatches = 0, blocks = 0;
+      for (int h = 0; h < shape.num_kv_heads(); ++h)
+        for (int pos = 0; pos < want.length; ++pos)
+          for (int u = 0; u < want.row_units(); ++u, ++blocks) {
+            const auto at = static_cast<std::size_t>(got.offset(h, pos) + u);
+            mismatches += !same_block(keys[at], want.key(h, pos)[u]);
+            mismatches += !same_block(values[at], want.value(h, pos)[u]);
+          }
+      CHECK(blocks == 2 * 40 * 2);  // 2 heads, 40 rows, 2 blocks per row
+      CHECK(mismatches == 0);
+    }
+  }
+  SECTION("paged, both layouts") {
+    for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+      CAPTURE(kvlab::to_string(layout));
+      kvlab::PagedKVCache<float, S> cpu(1, shape.num_kv_heads(), shape.head_dim(), 16, 8, layout);
+      kc::PagedKVCache<S> gpu(1, shape.num_kv_heads(), shape.head_dim(), 16, 8, layout);
+      const int seq = cpu.add_sequence();
+      REQUIRE(gpu.add_sequence() == seq);
+      for (int n : {3, 20, 1}) {
+        const RowMatrix<float> k = adversarial_rows(n, shape.kv_width(), rng);
+        const RowMatrix<float> v = adversarial_rows(n, shape.kv_width(), rng);
+        const std::vector<std::int64_t> slots = cpu.append(seq, k, v);
+        REQUIRE(gpu.reserve(seq, n) == slots);
+        const kc::DeviceBuffer<float> dk = kc::to_device<float>(k), dv = kc::to_device<float>(v);
+        gpu.write(0, slots, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+      }
+      const kvlab::BlockTables tables = cpu.tables({seq});
+      const kc::DeviceBlockTables device_tables(gpu.tables({seq}));
+      const kvlab::PagedKVView<S> want = cpu.view(0, tables);
+      const kvlab::PagedKVView<S> got = gpu.view(0, device_tables);
+      const std::size_t pool = static_cast<std::size_t>(got.num_blocks) * 16 *
+                               static_cast<std::size_t>(got.num_kv_heads * got.row_units());
+      const std::vector<S> keys = download(got.k, pool), values = download(got.v, pool);
+      long mismatches = 0;
+      for (int pos = 0; pos < want.seq_len(0); ++pos)
+        for (int h = 0; h < shape.num_kv_heads(); ++h)
+          for (int u = 0; u < want.row_units(); ++u) {
+            const auto at = static_cast<std::size_t>(want.offset(0, pos, h) + u);
+            mismatches += !same_block(keys[at], want.key(0, pos, h)[u]);
+            mismatches += !same_block(values[at], want.value(0, pos, h)[u]);
+          }
+      CHECK(want.seq_len(0) == 24);
+      CHECK(mismatches == 0);
+    }
+  }
+  CHECK_THROWS_MATCHES(kc::ContiguousKVCache<S>(1, 2, 48, 4), kvlab::InvalidArgument,
+                       kvlab_test::names("head_dim", "a multiple of 32", "48"));
 }
 
 TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {

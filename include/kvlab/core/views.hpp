@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/quant_blocks.hpp"
@@ -14,6 +16,19 @@ namespace kvlab {
 /// keys (`cpu::reference_attention`: keys (position − W, position]), or 0 without one (0).
 KVLAB_HOST_DEVICE inline int first_visible_key(int position, int window) {
   return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
+
+/// Keys seen in all by `q_len` queries at positions `first_position`, `first_position + 1`, …,
+/// each seeing every key up to itself, or its last `window` with a window:
+/// Σ_i (p_i + 1 − first_visible_key(p_i, window)). What the counters of every attention kernel
+/// count as q·k dots per query head.
+inline std::uint64_t visible_keys(int first_position, int q_len, int window) {
+  std::uint64_t keys = 0;
+  for (int i = 0; i < q_len; ++i) {
+    const int p = first_position + i;
+    keys += static_cast<std::uint64_t>(p + 1 - first_visible_key(p, window));
+  }
+  return keys;
 }
 
 /// Read-only view of one layer of a contiguous KV cache.
@@ -53,5 +68,39 @@ struct ContiguousKVView {
   /// Value row `pos` of K/V head `kv_head`: `row_units()` elements.
   KVLAB_HOST_DEVICE const T* value(int kv_head, int pos) const { return v + offset(kv_head, pos); }
 };
+
+namespace detail {
+
+/// The length checks of a contiguous cache read by `q_rows` new queries, shared by the CPU and
+/// CUDA kernels: without a window q_rows <= length <= capacity; with one (a ring) q_rows <=
+/// length, and once the ring has wrapped the queries and the W − 1 keys before them must fit
+/// in its slots (q_rows + W − 1 <= capacity). `q_rows_name` is the caller's name for q_rows.
+/// \throws InvalidArgument naming the argument that does not fit.
+template <typename T>
+void check_contiguous_length(const char* where, const char* q_rows_name, long long q_rows,
+                             const ContiguousKVView<T>& cache) {
+  require_at_least(where, "cache.window", cache.window, 0);
+  if (cache.window == 0 && (cache.length < q_rows || cache.length > cache.capacity)) {
+    fail(where, "cache.length",
+         std::string("in [") + q_rows_name + " (" + std::to_string(q_rows) +
+             "), cache.capacity (" + std::to_string(cache.capacity) + ")]",
+         cache.length);
+  }
+  if (cache.window > 0) {  // a ring: the queries and the W - 1 keys before them in its slots
+    if (cache.length < q_rows) {
+      fail(where, "cache.length", std::string(">= ") + q_rows_name + " (" + std::to_string(q_rows) + ")",
+           cache.length);
+    }
+    if (cache.length > cache.capacity && q_rows + cache.window - 1 > cache.capacity) {
+      fail(where, q_rows_name,
+           "at most cache.capacity - cache.window + 1 = " +
+               std::to_string(cache.capacity - cache.window + 1) +
+               " (a ring holds the queries and the window's keys before them)",
+           q_rows);
+    }
+  }
+}
+
+}  // namespace detail
 
 }  // namespace kvlab

@@ -295,11 +295,8 @@ void attend_tile(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T
 /// `row_bytes` bytes as stored.
 inline void count_tiled_attention(const AttentionShape& shape, std::size_t row_bytes, int q_len,
                                   int first_position, CostCounters& counters, int window = 0) {
-  std::uint64_t keys = 0, rows_streamed = 0;
-  for (int i = 0; i < q_len; ++i) {
-    const int p = first_position + i;
-    keys += static_cast<std::uint64_t>(p + 1 - first_visible_key(p, window));
-  }
+  const std::uint64_t keys = visible_keys(first_position, q_len, window);
+  std::uint64_t rows_streamed = 0;
   for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
     const int end = first_position + r0 + std::min(kDecodeQueryTile, q_len - r0);
     rows_streamed += static_cast<std::uint64_t>(end - first_visible_key(first_position + r0, window));

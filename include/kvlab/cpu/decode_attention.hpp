@@ -35,26 +35,7 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
   kvlab::detail::require_equal(kWhere, "cache.head_dim", cache.head_dim, shape.head_dim(),
                                "shape.head_dim()");
   kvlab::detail::require_storage_head_dim<S>(kWhere, cache.head_dim);
-  kvlab::detail::require_at_least(kWhere, "cache.window", cache.window, 0);
-  if (cache.window == 0 && (cache.length < q.rows() || cache.length > cache.capacity)) {
-    kvlab::detail::fail(kWhere, "cache.length",
-                        "in [q.rows() (" + std::to_string(q.rows()) + "), cache.capacity (" +
-                            std::to_string(cache.capacity) + ")]",
-                        cache.length);
-  }
-  if (cache.window > 0) {  // a ring: the queries and the W - 1 keys before them in its slots
-    if (cache.length < q.rows()) {
-      kvlab::detail::fail(kWhere, "cache.length", ">= q.rows() (" + std::to_string(q.rows()) + ")",
-                          cache.length);
-    }
-    if (cache.length > cache.capacity && q.rows() + cache.window - 1 > cache.capacity) {
-      kvlab::detail::fail(kWhere, "q.rows()",
-                          "at most cache.capacity - cache.window + 1 = " +
-                              std::to_string(cache.capacity - cache.window + 1) +
-                              " (a ring holds the queries and the window's keys before them)",
-                          q.rows());
-    }
-  }
+  kvlab::detail::check_contiguous_length(kWhere, "q.rows()", q.rows(), cache);
   if (cache.k == nullptr || cache.v == nullptr) {
     kvlab::detail::fail(kWhere, "cache.k / cache.v", "non-null pointers", "a null pointer");
   }

@@ -116,30 +116,64 @@ KVLAB_HOST_DEVICE inline int sequence_of_row(const std::int32_t* qo_indptr, int 
   return lo;
 }
 
-/// What one query row reads: its sequence and how many of that sequence's keys it sees.
+/// What one query row reads: its sequence and which of that sequence's keys it sees.
 struct QueryRow {
-  int seq;   ///< sequence (0 for a contiguous cache)
-  int keys;  ///< it sees keys [0, keys)
+  int seq;    ///< sequence (0 for a contiguous cache)
+  int first;  ///< it sees keys [first, keys): 0, or with a window W its last W (`first_visible_key`)
+  int keys;   ///< one past its last key: its own position + 1
 };
 
+/// The query row whose position is `keys − 1`, of sequence `seq`, with a window of `window` keys
+/// (0: none).
+KVLAB_HOST_DEVICE inline QueryRow query_row(int seq, int keys, int window) {
+  return QueryRow{seq, first_visible_key(keys - 1, window), keys};
+}
+
 /// Query row `row` of `rows` new tokens over a contiguous cache (the tokens are the cache's
-/// last `rows`): it sees keys [0, cache.length − rows + row + 1), as in `cpu::decode_attention`.
+/// last `rows`): it is the token at position cache.length − rows + row, and sees the keys up to
+/// it (its last `cache.window` with a window), as in `cpu::decode_attention`.
 template <typename T>
 KVLAB_HOST_DEVICE QueryRow locate_row(const ContiguousKVView<T>& cache,
                                       const std::int32_t* /*qo_indptr*/, int rows, int row) {
-  return QueryRow{0, cache.length - rows + row + 1};
+  return query_row(0, cache.length - rows + row + 1, cache.window);
 }
 
 /// Query row `row` over a paged cache. Without `qo_indptr` (decode) row s is sequence s and
 /// sees all its keys; with it (prefill, CSR rows as in `cpu::paged_prefill_attention`) the row
-/// is query i of sequence s and sees keys [0, seq_len(s) − q_len(s) + i + 1).
+/// is query i of sequence s and sees keys up to position seq_len(s) − q_len(s) + i. With a
+/// window, only the last `cache.window` of them.
 template <typename T>
 KVLAB_HOST_DEVICE QueryRow locate_row(const PagedKVView<T>& cache, const std::int32_t* qo_indptr,
                                       int /*rows*/, int row) {
-  if (qo_indptr == nullptr) return QueryRow{row, cache.seq_len(row)};
+  if (qo_indptr == nullptr) return query_row(row, cache.seq_len(row), cache.window);
   const int seq = sequence_of_row(qo_indptr, cache.batch, row);
   const int q_len = qo_indptr[seq + 1] - qo_indptr[seq];
-  return QueryRow{seq, cache.seq_len(seq) - q_len + (row - qo_indptr[seq]) + 1};
+  return query_row(seq, cache.seq_len(seq) - q_len + (row - qo_indptr[seq]) + 1, cache.window);
+}
+
+/// Where a query row's split-K partitions start: the first key of the block that holds its
+/// first visible key (`block_size` 1 for a contiguous cache), so partitions of whole units are
+/// still whole blocks of the pool. 0 without a window.
+KVLAB_HOST_DEVICE inline int partition_origin(const QueryRow& row, int block_size) {
+  return row.first / block_size * block_size;
+}
+
+/// Number of non-empty split-K partitions of a query row: `partition_count` of its keys from
+/// `partition_origin`.
+KVLAB_HOST_DEVICE inline int row_partition_count(const QueryRow& row, int parts, int unit,
+                                                 int block_size) {
+  return partition_count(row.keys - partition_origin(row, block_size), parts, unit);
+}
+
+/// Keys of partition `part` of a query row: `partition_keys` counted from `partition_origin`,
+/// the first partition starting at the row's first visible key. Empty ({keys, keys}) past the
+/// last partition.
+KVLAB_HOST_DEVICE inline KeyRange row_partition_keys(const QueryRow& row, int parts, int unit,
+                                                     int block_size, int part) {
+  const int origin = partition_origin(row, block_size);
+  const KeyRange range = partition_keys(row.keys - origin, parts, unit, part);
+  const int begin = origin + range.begin;
+  return KeyRange{begin > row.first ? begin : row.first, origin + range.end};
 }
 
 /// Offset, in elements from `cache.k` (or `cache.v`), of the row of K/V head `kv_head` at
@@ -255,9 +289,10 @@ inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const At
 /// value, and K and V rows of `keys` per K/V head and group tile (each block reads its rows
 /// once for up to 8 query heads). For one query per sequence and groups of at most 8 query
 /// heads these are the counts of `cpu::decode_attention` and `cpu::paged_decode_attention`.
-inline void count_attention(const AttentionShape& shape, std::size_t element_bytes,
+/// `row_bytes`: bytes of one head's K (or V) row as stored (`storage_row_bytes`).
+inline void count_attention(const AttentionShape& shape, std::size_t row_bytes,
                             std::uint64_t keys, CostCounters& counters) {
-  add_attention_counts(shape, element_bytes * static_cast<std::size_t>(shape.head_dim()), keys,
+  add_attention_counts(shape, row_bytes, keys,
                        keys * static_cast<std::uint64_t>(group_tiles(shape.group_size())),
                        counters);
 }

@@ -13,24 +13,35 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/quant_blocks.hpp"
 #include "kvlab/core/views.hpp"
 #include "kvlab/cuda/cache_kernels.cuh"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/launch.cuh"
+#include "kvlab/cuda/numeric.cuh"
 
 namespace kvlab::cuda {
 
 /// The KV cache of one sequence in device memory, preallocated for `capacity` tokens in every
 /// layer: the device counterpart of `kvlab::ContiguousKVCache`, with the same layout (per layer
-/// `[num_kv_heads, capacity, head_dim]` for K and for V) and the same calls; `view(layer)` is a
-/// `ContiguousKVView` of device pointers, what `cuda::decode_attention` reads.
+/// `[num_kv_heads, capacity, head_dim]` values for K and for V) and the same calls; `view(layer)`
+/// is a `ContiguousKVView` of device pointers, what `cuda::decode_attention` reads.
+///
+/// `T` is the stored element: float, `__half`, `__nv_bfloat16` (rows of T are appended as they
+/// are), or `BlockQ8_0` / `BlockQ4_0` (rows of floats are appended and quantized on the device,
+/// block by block, exactly as `kvlab::ContiguousKVCache<float, BlockQ8_0>` quantizes them:
+/// `detail::quantize_block`). Unlike the CPU cache it does not look at the values (they are in
+/// device memory): a NaN or an out-of-range value is stored as the encoding makes it.
 template <typename T>
 class ContiguousKVCache {
  public:
+  /// What `append` takes: rows of T, or of floats for an int8/int4 cache.
+  using Input = StorageInput<T>;
+
   /// An empty cache for `capacity` tokens (device memory, uninitialised).
-  /// \throws InvalidArgument if any argument is below 1 or the sizes overflow; CudaError if the
-  ///         allocation fails.
+  /// \throws InvalidArgument if any argument is below 1, `head_dim` is not a multiple of 32 for
+  ///         int8/int4, or the sizes overflow; CudaError if the allocation fails.
   ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
@@ -58,12 +69,13 @@ class ContiguousKVCache {
   /// Appends `n` tokens to `layer` (`append_rows_kernel`), as `ContiguousKVCache::append`.
   /// \param layer   in [0, num_layers)
   /// \param k       keys of the new tokens, [n, num_kv_heads * head_dim], n >= 1, device memory
+  ///                (of `Input`: floats for an int8/int4 cache, quantized as they are written)
   /// \param v       values of the new tokens, [n, num_kv_heads * head_dim], device memory
   /// \param stream  the stream to run on
   /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
   ///         more than `capacity()` tokens (either way nothing is written); CudaError if the
   ///         launch fails.
-  void append(int layer, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
+  void append(int layer, DeviceMatrix<const Input> k, DeviceMatrix<const Input> v,
               cudaStream_t stream = nullptr) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
     check_layer(kWhere, layer);
@@ -79,7 +91,8 @@ class ContiguousKVCache {
     const ContiguousKVView<T> layout = view(layer);
     detail::launch_kernel(
         "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
-        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ *
+                                  (head_dim_ / StorageUnit<T>::kValues))),
         dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
         layer_data(v_, layer), layout, length_[l]);
     length_[l] += k.rows;
@@ -124,11 +137,18 @@ class ContiguousKVCache {
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     kvlab::detail::require_at_least(kWhere, "capacity", capacity, 1);
+    if (head_dim % StorageUnit<T>::kValues != 0) {
+      kvlab::detail::fail(kWhere, "head_dim",
+                          std::string("a multiple of 32 (whole ") + storage_name<T>() + " blocks)",
+                          head_dim);
+    }
     if (num_kv_heads > INT_MAX / head_dim) {
       kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                           1LL * num_kv_heads * head_dim);
     }
-    const std::size_t row = kvlab::detail::elements(num_kv_heads, head_dim);
+    // stored elements per token
+    const std::size_t row =
+        kvlab::detail::elements(num_kv_heads, head_dim / StorageUnit<T>::kValues);
     const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) / at(num_layers);
     if (row > limit / at(capacity)) {
       kvlab::detail::fail(kWhere, "capacity", "at most " + std::to_string(limit / row), capacity);
@@ -149,8 +169,8 @@ class ContiguousKVCache {
   int num_kv_heads_;
   int head_dim_;
   int capacity_;
-  DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, head_dim]
-  DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, head_dim]
+  DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, row units]
+  DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, row units]
   std::vector<int> length_;  // [num_layers]
 };
 

@@ -2,7 +2,9 @@
 /// \brief Decode attention on the GPU: new queries attend to a contiguous KV cache
 /// (`decode_attention`) or, for a ragged batch in one launch, to a paged pool through block
 /// tables (`paged_decode_attention`, `paged_prefill_attention`), with split-K ("flash-decoding")
-/// for long contexts. fp32, fp16 and bf16 storage, fp32 arithmetic; GQA without copying K/V.
+/// for long contexts. fp32, fp16 and bf16 storage, and int8/int4 caches (q8_0/q4_0 blocks,
+/// decoded in registers as they are read, with fp32 queries); fp32 arithmetic; GQA without
+/// copying K/V.
 /// Checked per element against the `cpu::` functions of the same names in tests/cuda.
 ///
 /// One kernel serves all three: `detail::attention_kernel`, thin by design — the index and merge
@@ -34,12 +36,27 @@ namespace detail {
 /// K/V rows each group of threads loads before it uses any of them (memory-level parallelism).
 constexpr int kRowsInFlight = 4;
 
+/// The element type `S` of a cache view (`ContiguousKVView<S>`, `PagedKVView<S>`).
+template <typename Cache>
+struct CacheElement;
+/// A contiguous cache of `S`.
+template <typename S>
+struct CacheElement<ContiguousKVView<S>> {
+  using type = S;  ///< the stored element
+};
+/// A paged pool of `S`.
+template <typename S>
+struct CacheElement<PagedKVView<S>> {
+  using type = S;  ///< the stored element
+};
+
 /// Everything one launch of `attention_kernel` needs, passed by value.
 template <typename T, typename Cache>
 struct AttentionArgs {
   const T* q;  ///< [rows, num_heads * head_dim]
   T* out;      ///< [rows, num_heads * head_dim]
-  /// `ContiguousKVView<T>` or `PagedKVView<T>`, device pointers
+  /// `ContiguousKVView<S>` or `PagedKVView<S>`, device pointers; S is T, or a quantized block
+  /// (`is_cache_pairing`)
   Cache cache;
   const std::int32_t* qo_indptr;       ///< [batch + 1]: ragged prefill rows (paged only), else null
   int rows;                            ///< query rows
@@ -50,6 +67,7 @@ struct AttentionArgs {
   int lanes;                           ///< threads per K/V row
   int partitions;                      ///< split-K partitions per row at most
   int unit;                            ///< partition sizes are multiples of this
+  int block_size;                      ///< tokens per block of a paged pool, 1 if contiguous
   float scale;                         ///< score scale
   float* partial_acc;                  ///< [rows, num_heads, partitions, head_dim] (split-K only)
   SoftmaxState<float>* partial_state;  ///< [rows, num_heads, partitions] (split-K only)
@@ -82,6 +100,9 @@ __device__ inline float warp_sum(float x) {
 /// reads 32 / lanes rows at once and the block 128 / lanes ("key slots"). Each thread keeps its
 /// 8 values of every served query head (registers `q`) and of every head's running output
 /// (registers `acc`). The block walks its partition's keys in tiles of `kKeyTile`:
+/// A block serves one query row, so the keys it sees are one range: [first visible key, own
+/// position] (`locate_row`; the band of a sliding window), cut into split-K partitions from the
+/// block that holds its first key (`row_partition_keys`).
 ///  0. translate: each key's position to the offset of its row (`row_offset`: through the
 ///     block table for a paged cache), into shared memory — one table read per key and block;
 ///  1. scores: each key slot loads key rows (`kRowsInFlight` at a time), each thread multiplies
@@ -102,14 +123,16 @@ __device__ inline float warp_sum(float x) {
 template <typename T, typename Cache, int kGroupTile>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_kernel(const AttentionArgs<T, Cache> a) {
+  using S = typename CacheElement<Cache>::type;  // how K/V are stored
   const int row = static_cast<int>(blockIdx.x);
   const int kv_head = static_cast<int>(blockIdx.y) / a.group_tiles;
   const int tile = static_cast<int>(blockIdx.y) % a.group_tiles;
   const int part = static_cast<int>(blockIdx.z);
-  const QueryRow where = locate_row(a.cache, a.qo_indptr, a.rows, row);  // sequence, keys [0, keys)
-  const int parts = partition_count(where.keys, a.partitions, a.unit);
+  // sequence, keys [first, keys)
+  const QueryRow where = locate_row(a.cache, a.qo_indptr, a.rows, row);
+  const int parts = row_partition_count(where, a.partitions, a.unit, a.block_size);
   if (part >= parts) return;  // the whole block: this row has fewer partitions
-  const KeyRange range = partition_keys(where.keys, a.partitions, a.unit, part);
+  const KeyRange range = row_partition_keys(where, a.partitions, a.unit, a.block_size, part);
   const int head0 = kv_head * a.group_size + tile * kGroupTile;  // first query head served
   const int heads = min(kGroupTile, a.group_size - tile * kGroupTile);
 
@@ -137,8 +160,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int g = 0; g < kGroupTile; ++g) {
     if (holds && g < heads) {
-      unpack8(load8(a.q + static_cast<std::ptrdiff_t>(row) * q_width + (head0 + g) * a.head_dim +
-                    chunk * kValuesPerThread),
+      unpack8(load8(a.q + static_cast<std::ptrdiff_t>(row) * q_width + (head0 + g) * a.head_dim,
+                    chunk),
               q[g]);
     } else {
 #pragma unroll
@@ -158,12 +181,11 @@ __global__ void __launch_bounds__(kAttentionThreads)
     // 1. Scores: scale · q · k for each served head and each key of the tile.
     // the same trip count for every thread
     for (int j0 = 0; j0 < n; j0 += key_slots * kRowsInFlight) {
-      Pack8<T> rows_in_flight[kRowsInFlight];
+      Pack8<S> rows_in_flight[kRowsInFlight];
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
         const int j = j0 + r * key_slots + key_slot;
-        rows_in_flight[r] =
-            holds && j < n ? load8(a.cache.k + offsets[j] + chunk * kValuesPerThread) : zero8<T>();
+        rows_in_flight[r] = holds && j < n ? load8(a.cache.k + offsets[j], chunk) : zero8<S>();
       }
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
@@ -215,12 +237,11 @@ __global__ void __launch_bounds__(kAttentionThreads)
       for (int i = 0; i < kValuesPerThread; ++i) acc[g][i] *= f;
     }
     for (int j0 = 0; j0 < n; j0 += key_slots * kRowsInFlight) {
-      Pack8<T> rows_in_flight[kRowsInFlight];
+      Pack8<S> rows_in_flight[kRowsInFlight];
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
         const int j = j0 + r * key_slots + key_slot;
-        rows_in_flight[r] =
-            holds && j < n ? load8(a.cache.v + offsets[j] + chunk * kValuesPerThread) : zero8<T>();
+        rows_in_flight[r] = holds && j < n ? load8(a.cache.v + offsets[j], chunk) : zero8<S>();
       }
 #pragma unroll
       for (int r = 0; r < kRowsInFlight; ++r) {
@@ -294,7 +315,7 @@ __global__ void __launch_bounds__(kMaxHeadDim)
   const int row = static_cast<int>(blockIdx.x);
   const int head = static_cast<int>(blockIdx.y);
   const QueryRow where = locate_row(a.cache, a.qo_indptr, a.rows, row);
-  const int parts = partition_count(where.keys, a.partitions, a.unit);
+  const int parts = row_partition_count(where, a.partitions, a.unit, a.block_size);
   if (parts == 1) return;
   const std::ptrdiff_t first =
       (static_cast<std::ptrdiff_t>(row) * a.num_heads + head) * a.partitions;
@@ -325,14 +346,22 @@ inline void require_aligned(const char* where, const char* name, const void* poi
   }
 }
 
-/// The checks shared by the three public functions: head_dim, queries, output.
-template <typename T>
+/// The checks shared by the three public functions: head_dim (for a cache of `S`), queries,
+/// output.
+template <typename T, typename S>
 void check_attention_args(const char* where, const AttentionShape& shape, DeviceMatrix<const T> q,
                           DeviceMatrix<T> out, int cache_kv_heads, int cache_head_dim) {
-  static_assert(is_storage_type<T>, "kvlab's CUDA attention stores float, __half or __nv_bfloat16");
+  static_assert(is_cache_pairing<T, S>,
+                "kvlab's CUDA attention reads a cache of float, __half or __nv_bfloat16 with "
+                "queries of the same type, or of BlockQ8_0 or BlockQ4_0 with float queries");
   using kvlab::detail::require_equal;
   if (!head_dim_supported(shape.head_dim())) {
     kvlab::detail::fail(where, "shape.head_dim()", "a multiple of 8 in [8, 256]", shape.head_dim());
+  }
+  if (shape.head_dim() % StorageUnit<S>::kValues != 0) {
+    kvlab::detail::fail(where, "shape.head_dim()",
+                        std::string("a multiple of 32 (whole ") + storage_name<S>() + " blocks)",
+                        shape.head_dim());
   }
   require_equal(where, "cache.num_kv_heads", cache_kv_heads, shape.num_kv_heads(),
                 "shape.num_kv_heads()");
@@ -381,6 +410,7 @@ void launch_attention(const AttentionShape& shape, DeviceMatrix<const T> q, cons
   args.lanes = plan.lanes;
   args.partitions = plan.partitions;
   args.unit = plan.unit;
+  args.block_size = block_size;
   args.scale = static_cast<float>(shape.scale());
   args.partial_acc = plan.partitions > 1 ? scratch.as<float>() : nullptr;
   args.partial_state = plan.partitions > 1 ? scratch.as<SoftmaxState<float>>(acc_bytes) : nullptr;
@@ -415,8 +445,8 @@ void launch_attention(const AttentionShape& shape, DeviceMatrix<const T> q, cons
 
 /// Checks the fields of a paged view that the host can see (the block tables themselves are in
 /// device memory and are trusted).
-template <typename T>
-void check_paged_fields(const char* where, const PagedKVView<T>& cache) {
+template <typename S>
+void check_paged_fields(const char* where, const PagedKVView<S>& cache) {
   kvlab::detail::require_at_least(where, "cache.batch", cache.batch, 1);
   kvlab::detail::require_at_least(where, "cache.block_size", cache.block_size, 1);
   kvlab::detail::require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
@@ -425,19 +455,15 @@ void check_paged_fields(const char* where, const PagedKVView<T>& cache) {
     kvlab::detail::fail(where, "cache.k / v / indptr / indices / last_page_len", "device pointers",
                         "a null pointer");
   }
-  if (cache.window != 0) {
-    kvlab::detail::fail(where, "cache.window",
-                        "0 (the CUDA kernels attend to every key; sliding windows run on the CPU)",
-                        cache.window);
-  }
+  kvlab::detail::require_at_least(where, "cache.window", cache.window, 0);
   require_aligned(where, "cache.k", cache.k);
   require_aligned(where, "cache.v", cache.v);
 }
 
 /// Keys seen by all query rows of a paged launch (for the counters): copies the batch's
 /// `indptr`, `last_page_len` and `qo_indptr` (if not null) to the host, waiting for `stream`.
-template <typename T>
-std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* qo_indptr,
+template <typename S>
+std::uint64_t paged_keys_seen(const PagedKVView<S>& cache, const std::int32_t* qo_indptr,
                               cudaStream_t stream) {
   const auto batch = static_cast<std::size_t>(cache.batch);
   std::vector<std::int32_t> indptr(batch + 1), last(batch),
@@ -453,19 +479,15 @@ std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* q
                                      cudaMemcpyDeviceToHost, stream));
   }
   KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));
-  PagedKVView<T> host = cache;  // the host copies of the arrays that seq_len reads
+  PagedKVView<S> host = cache;  // the host copies of the arrays that seq_len reads
   host.indptr = indptr.data();
   host.last_page_len = last.data();
   std::uint64_t keys = 0;
-  for (int s = 0; s < cache.batch; ++s) {
-    const auto len = static_cast<std::uint64_t>(host.seq_len(s));
-    if (qo_indptr == nullptr) {
-      keys += len;
-    } else {  // query i of q_len sees len - q_len + i + 1 keys
-      const auto q_len = static_cast<std::uint64_t>(qo[static_cast<std::size_t>(s) + 1] -
-                                                    qo[static_cast<std::size_t>(s)]);
-      keys += q_len * (len - q_len) + q_len * (q_len + 1) / 2;
-    }
+  for (int s = 0; s < cache.batch; ++s) {  // the last q_len tokens of each sequence attend
+    const int q_len = qo_indptr == nullptr ? 1
+                                           : qo[static_cast<std::size_t>(s) + 1] -
+                                                 qo[static_cast<std::size_t>(s)];
+    keys += visible_keys(host.seq_len(s) - q_len, q_len, cache.window);
   }
   return keys;
 }
@@ -477,8 +499,10 @@ std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* q
 ///
 /// The new tokens' keys and values must already be in the cache (append first, then attend):
 /// query row `i` is the token at position `cache.length - q_len + i` and sees cache rows `[0,
-/// cache.length - q_len + i]`. With q_len = 1 (decode) it sees the whole cache. Meant for
-/// decode: each query row is its own set of blocks, so a long prefill reads K/V once per row.
+/// cache.length - q_len + i]`. With q_len = 1 (decode) it sees the whole cache. With a sliding
+/// window (`cache.window` = W >= 1) each query sees only its last W keys, read from the cache's
+/// ring of slots (`ContiguousKVView`), and its blocks read only those. Meant for decode: each
+/// query row is its own set of blocks, so a long prefill reads K/V once per row.
 ///
 /// Launch: one block of 128 threads per (query row, K/V head, split-K partition) — the query
 /// heads of a GQA group (up to 8 per block) share every K/V row the block reads, so K/V are read
@@ -490,40 +514,29 @@ std::uint64_t paged_keys_seen(const PagedKVView<T>& cache, const std::int32_t* q
 /// \param q         queries, [q_len, num_heads * head_dim], 1 <= q_len <= cache.length, device
 ///                  memory, 16-byte aligned
 /// \param cache     one layer of a contiguous cache in device memory, K and V each
-///                  [num_kv_heads, capacity, head_dim], 16-byte aligned
+///                  [num_kv_heads, capacity, head_dim], 16-byte aligned; a window >= 0, checked
+///                  as `cpu::decode_attention` checks it
 /// \param out       output, [q_len, num_heads * head_dim]; must not overlap q
 /// \param counters  if not null, receives the work done (`count_attention`): for q_len = 1 and
 ///                  groups of at most 8 query heads, the counts of `cpu::decode_attention`
 /// \param options   stream, split-K partitions, scratch memory
 /// \throws InvalidArgument for any shape, pointer or view that does not fit the above;
 ///         CudaError if a CUDA call fails.
-template <typename T>
+template <typename T, typename S>
 void decode_attention(const AttentionShape& shape, DeviceInput<T> q,
-                      const ContiguousKVView<T>& cache, DeviceMatrix<T> out,
+                      const ContiguousKVView<S>& cache, DeviceMatrix<T> out,
                       CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::decode_attention";
-  detail::check_attention_args<T>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
-  if (cache.length < q.rows || cache.length > cache.capacity) {
-    kvlab::detail::fail(kWhere, "cache.length",
-                        "in [q.rows (" + std::to_string(q.rows) + "), cache.capacity (" +
-                            std::to_string(cache.capacity) + ")]",
-                        cache.length);
-  }
+  detail::check_attention_args<T, S>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
+  kvlab::detail::check_contiguous_length(kWhere, "q.rows", q.rows, cache);
   if (cache.k == nullptr || cache.v == nullptr)
     kvlab::detail::fail(kWhere, "cache.k / cache.v", "device pointers", "a null pointer");
-  if (cache.window != 0) {
-    kvlab::detail::fail(kWhere, "cache.window",
-                        "0 (the CUDA kernels attend to every key; sliding windows run on the CPU)",
-                        cache.window);
-  }
   detail::require_aligned(kWhere, "cache.k", cache.k);
   detail::require_aligned(kWhere, "cache.v", cache.v);
   detail::launch_attention(shape, q, cache, nullptr, out, /*block_size=*/1, options);
   if (counters != nullptr) {
-    const auto n = static_cast<std::uint64_t>(q.rows);
-    // keys before the first query's own
-    const auto first = static_cast<std::uint64_t>(cache.length - q.rows);
-    count_attention(shape, sizeof(T), n * first + n * (n + 1) / 2, *counters);
+    count_attention(shape, storage_row_bytes<S>(shape.head_dim()),
+                    visible_keys(cache.length - q.rows, q.rows, cache.window), *counters);
   }
 }
 
@@ -531,7 +544,10 @@ void decode_attention(const AttentionShape& shape, DeviceInput<T> q,
 /// sequence's keys and values in a paged pool in device memory, read through its block table —
 /// the device counterpart of `cpu::paged_decode_attention`, same arguments in the same order.
 ///
-/// Query row `s` belongs to sequence `s` of `cache` and sees all its tokens (append first).
+/// Query row `s` belongs to sequence `s` of `cache` and sees all its tokens (append first), or
+/// with a window (`cache.window` = W >= 1) its last W; the blocks before them are never read and
+/// may be `kReleasedBlock` in the tables (trusted: `cpu::paged_decode_attention` checks that no
+/// query's window reaches one).
 /// Both pool layouts (NHD, HND) and any block size >= 1. The kernel is the one of
 /// `decode_attention`; each block first translates its keys' positions through the block table
 /// into row offsets (one table read per key), then reads the rows wherever they are. Slots that
@@ -550,27 +566,28 @@ void decode_attention(const AttentionShape& shape, DeviceInput<T> q,
 /// \param options   stream, split-K partitions, scratch memory
 /// \throws InvalidArgument for any shape, pointer or view that does not fit the above;
 ///         CudaError if a CUDA call fails.
-template <typename T>
+template <typename T, typename S>
 void paged_decode_attention(const AttentionShape& shape, DeviceInput<T> q,
-                            const PagedKVView<T>& cache, DeviceMatrix<T> out,
+                            const PagedKVView<S>& cache, DeviceMatrix<T> out,
                             CostCounters* counters = nullptr, const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_decode_attention";
-  detail::check_attention_args<T>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
+  detail::check_attention_args<T, S>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
   detail::check_paged_fields(kWhere, cache);
   kvlab::detail::require_equal(kWhere, "q.rows", q.rows, cache.batch,
                                "cache.batch (one query per sequence)");
   detail::launch_attention(shape, q, cache, nullptr, out, cache.block_size, options);
   if (counters != nullptr)
-    count_attention(shape, sizeof(T), detail::paged_keys_seen(cache, nullptr, options.stream),
-                    *counters);
+    count_attention(shape, storage_row_bytes<S>(shape.head_dim()),
+                    detail::paged_keys_seen(cache, nullptr, options.stream), *counters);
 }
 
 /// Prefill (or chunked prefill, or decode) attention of a ragged batch over a paged pool in
 /// device memory: sequence `s` owns query rows `[qo_indptr[s], qo_indptr[s + 1])` of `q`, its
 /// last q_len tokens, which attend causally to the sequence's keys — the device counterpart of
 /// `cpu::paged_prefill_attention`, same arguments in the same order (`qo_indptr` in device
-/// memory). Each query row is one set of blocks of the decode kernel, so a long prompt reads
-/// its K/V once per row: correct, not fast.
+/// memory). With a window each query sees its last `cache.window` keys. Each query row is one
+/// set of blocks of the decode kernel, so a long prompt reads its K/V once per row: correct,
+/// not fast.
 ///
 /// \param shape      the head layout; head_dim a multiple of 8 in [8, 256]
 /// \param q          queries, [qo_indptr[batch], num_heads * head_dim], sequence by sequence
@@ -582,20 +599,20 @@ void paged_decode_attention(const AttentionShape& shape, DeviceInput<T> q,
 /// \param options    stream, split-K partitions, scratch memory
 /// \throws InvalidArgument for any shape, pointer or view that does not fit the above;
 ///         CudaError if a CUDA call fails.
-template <typename T>
+template <typename T, typename S>
 void paged_prefill_attention(const AttentionShape& shape, DeviceInput<T> q,
-                             const std::int32_t* qo_indptr, const PagedKVView<T>& cache,
+                             const std::int32_t* qo_indptr, const PagedKVView<S>& cache,
                              DeviceMatrix<T> out, CostCounters* counters = nullptr,
                              const LaunchOptions& options = {}) {
   constexpr const char* kWhere = "kvlab::cuda::paged_prefill_attention";
-  detail::check_attention_args<T>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
+  detail::check_attention_args<T, S>(kWhere, shape, q, out, cache.num_kv_heads, cache.head_dim);
   detail::check_paged_fields(kWhere, cache);
   if (qo_indptr == nullptr)
     kvlab::detail::fail(kWhere, "qo_indptr", "a device pointer", "a null pointer");
   detail::launch_attention(shape, q, cache, qo_indptr, out, cache.block_size, options);
   if (counters != nullptr)
-    count_attention(shape, sizeof(T), detail::paged_keys_seen(cache, qo_indptr, options.stream),
-                    *counters);
+    count_attention(shape, storage_row_bytes<S>(shape.head_dim()),
+                    detail::paged_keys_seen(cache, qo_indptr, options.stream), *counters);
 }
 
 }  // namespace kvlab::cuda

@@ -227,7 +227,7 @@ class NaiveDecoder : public Decoder<T> {
                 CostCounters& counters) override {
       LaunchOptions options;
       options.workspace = &workspace_;
-      naive_attention<float>(shape_, q, k_, v_, attn, &counters, options);
+      naive_attention<float>(shape_, q, k_, v_, attn, &counters, /*window=*/0, options);
     }
 
    private:
@@ -416,9 +416,9 @@ class PagedDecoder : public Decoder<T> {
       paged_prefill_attention<float>(shape_, q, qo_indptr_.data(), pool_.view(layer, tables_), attn,
                                      nullptr, options);
       // Counted on the host (the device tables would have to be copied back).
-      const auto len = static_cast<std::uint64_t>(tables_.host().seq_len(0));
-      const auto n = static_cast<std::uint64_t>(q.rows);
-      count_attention(shape_, sizeof(float), n * (len - n) + n * (n + 1) / 2, counters);
+      const int len = tables_.host().seq_len(0);
+      count_attention(shape_, storage_row_bytes<float>(shape_.head_dim()),
+                      visible_keys(len - q.rows, q.rows, /*window=*/0), counters);
     }
 
    private:

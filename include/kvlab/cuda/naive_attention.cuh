@@ -12,6 +12,7 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
+#include "kvlab/core/views.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
@@ -51,27 +52,30 @@ __device__ float block_reduce(float x, Op op, float* shared) {
 }
 
 /// Step 2 of naive attention, one block per score row (blockIdx.x = query row i, blockIdx.y =
-/// head h): the row's visible scores (keys [0, kv_len − q_len + i]) become their softmax, the
-/// masked rest becomes 0.
+/// head h): the row's visible scores (keys [start, p], p = kv_len − q_len + i, start 0 or with
+/// a window `first_visible_key(p, window)`) become their softmax, the masked rest becomes 0.
 /// \param scores  [num_heads, q_len, kv_len], in place
+/// \param window  W >= 1: each row sees its last W keys; 0: every key up to itself
 template <int kThreads = kSoftmaxThreads>
-__global__ void masked_softmax_kernel(float* scores, int q_len, int kv_len) {
+__global__ void masked_softmax_kernel(float* scores, int q_len, int kv_len, int window) {
   static_assert(kThreads == kSoftmaxThreads, "block_reduce assumes kSoftmaxThreads threads");
   __shared__ float partial[kThreads / 32];
   const int i = static_cast<int>(blockIdx.x);
   float* row = scores + (static_cast<std::ptrdiff_t>(blockIdx.y) * q_len + i) * kv_len;  // [kv_len]
-  const int visible = kv_len - q_len + i + 1;
+  const int visible = kv_len - q_len + i + 1;  // one past the row's last key
+  const int start = first_visible_key(visible - 1, window);
   float max = -INFINITY;
-  for (int j = static_cast<int>(threadIdx.x); j < visible; j += kThreads) max = fmaxf(max, row[j]);
+  for (int j = start + static_cast<int>(threadIdx.x); j < visible; j += kThreads)
+    max = fmaxf(max, row[j]);
   max = block_reduce(max, MaxOp{}, partial);
   float sum = 0.f;
-  for (int j = static_cast<int>(threadIdx.x); j < visible; j += kThreads) {
+  for (int j = start + static_cast<int>(threadIdx.x); j < visible; j += kThreads) {
     row[j] = expf(row[j] - max);
     sum += row[j];
   }
   sum = block_reduce(sum, SumOp{}, partial);
   for (int j = static_cast<int>(threadIdx.x); j < kv_len; j += kThreads)
-    row[j] = j < visible ? row[j] / sum : 0.f;
+    row[j] = j >= start && j < visible ? row[j] / sum : 0.f;
 }
 
 }  // namespace detail
@@ -79,7 +83,8 @@ __global__ void masked_softmax_kernel(float* scores, int q_len, int kv_len) {
 /// Causal attention over a whole sequence on the GPU, materialising the score matrix of every
 /// head: the device counterpart of `cpu::naive_attention`, same arguments in the same order.
 ///
-/// Query row `i` is the token at position `p = kv_len - q_len + i` and sees keys `[0, p]`.
+/// Query row `i` is the token at position `p = kv_len - q_len + i` and sees keys `[0, p]`, or
+/// with a sliding window of W keys its last W, `(p − W, p]` (see `cpu::reference_attention`).
 /// Three launches:
 ///  1. `S_h = scale · Q_h K_hᵀ` for every head h (K/V head h / group_size), all `[q_len, kv_len]`
 ///     entries, masked ones included, into a scratch buffer of num_heads · q_len · kv_len floats
@@ -95,19 +100,21 @@ __global__ void masked_softmax_kernel(float* scores, int q_len, int kv_len) {
 /// \param v         values,  [kv_len, num_kv_heads * head_dim]
 /// \param out       output,  [q_len, num_heads * head_dim]; must not overlap the inputs
 /// \param counters  if not null, receives the work done: the counts of `cpu::naive_attention`
+/// \param window    W >= 1: each query sees its last W keys; 0 (default): all up to itself
 /// \param options   stream and scratch memory (the score matrix); partitions are not used
-/// \throws InvalidArgument for any shape that does not fit the above; CudaError if a CUDA call
-///         fails.
+/// \throws InvalidArgument for any shape that does not fit the above, or a negative window;
+///         CudaError if a CUDA call fails.
 template <typename T>
 void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<T> k,
                      DeviceInput<T> v, DeviceMatrix<T> out, CostCounters* counters = nullptr,
-                     const LaunchOptions& options = {}) {
+                     int window = 0, const LaunchOptions& options = {}) {
   static_assert(is_storage_type<T>,
                 "kvlab::cuda::naive_attention stores float, __half or __nv_bfloat16");
   constexpr const char* kWhere = "kvlab::cuda::naive_attention";
   using kvlab::detail::fail;
   using kvlab::detail::require_equal;
   kvlab::detail::require_at_least(kWhere, "q.rows", q.rows, 1);
+  kvlab::detail::require_at_least(kWhere, "window", window, 0);
   require_equal(kWhere, "q.cols", q.cols, shape.q_width(), "num_heads * head_dim");
   require_equal(kWhere, "k.cols", k.cols, shape.kv_width(), "num_kv_heads * head_dim");
   require_equal(kWhere, "v.rows", v.rows, k.rows, "k.rows");
@@ -147,12 +154,13 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
   qk.alpha = static_cast<float>(shape.scale());
   detail::matmul(qk, heads, options.stream);
 
-  // 2. Softmax of each row's visible scores; the masked ones become 0.
+  // 2. Softmax of each row's visible scores (its band with a window); the masked ones become 0.
   if (heads > 65535) fail(kWhere, "shape.num_heads()", "at most 65535", heads);
   detail::launch_kernel("kvlab::cuda::detail::masked_softmax_kernel",
                         detail::masked_softmax_kernel<>,
                         dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)),
-                        dim3(detail::kSoftmaxThreads), 0, options.stream, scores, q_len, kv_len);
+                        dim3(detail::kSoftmaxThreads), 0, options.stream, scores, q_len, kv_len,
+                        window);
 
   // 3. O_h = P_h V_{h / group}.
   detail::MatmulArgs<float, T, T> pv{};

@@ -19,10 +19,12 @@
 #include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/core/paged_view.hpp"
+#include "kvlab/core/quant_blocks.hpp"
 #include "kvlab/cuda/cache_kernels.cuh"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/launch.cuh"
+#include "kvlab/cuda/numeric.cuh"
 
 namespace kvlab::cuda {
 
@@ -80,9 +82,16 @@ class DeviceBlockTables {
 /// the pool through `view(layer, tables)` with tables from `tables(seqs)` copied to the device
 /// (`DeviceBlockTables`). A copy on write copies the whole shared block (all layers, K and V)
 /// on the default stream.
+///
+/// `T` is the stored element: float, `__half`, `__nv_bfloat16`, or `BlockQ8_0` / `BlockQ4_0`,
+/// whose rows are written as floats and quantized on the device exactly as the CPU cache
+/// quantizes them (`detail::quantize_block`), without looking at the values.
 template <typename T>
 class PagedKVCache {
  public:
+  /// What `write` takes: rows of T, or of floats for an int8/int4 pool.
+  using Input = StorageInput<T>;
+
   /// An empty cache (device memory, uninitialised).
   /// \param num_layers    layers, >= 1
   /// \param num_kv_heads  K/V heads per layer, >= 1
@@ -90,8 +99,8 @@ class PagedKVCache {
   /// \param block_size    tokens per block, >= 1
   /// \param num_blocks    blocks in the pool, >= 1
   /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
-  /// \throws InvalidArgument if any size is below 1 or the pool overflows; CudaError if the
-  ///         allocation fails.
+  /// \throws InvalidArgument if any size is below 1, `head_dim` is not a multiple of 32 for
+  ///         int8/int4, or the pool overflows; CudaError if the allocation fails.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
                KVLayout layout = KVLayout::NHD)
       : num_layers_(num_layers),
@@ -152,8 +161,8 @@ class PagedKVCache {
   /// \param v       [n, num_kv_heads * head_dim], device memory
   /// \param stream  the stream to run on
   /// \throws InvalidArgument for a wrong layer or shape; CudaError if the launch fails.
-  void write(int layer, const std::int64_t* slots, DeviceMatrix<const T> k, DeviceMatrix<const T> v,
-             cudaStream_t stream = nullptr) {
+  void write(int layer, const std::int64_t* slots, DeviceMatrix<const Input> k,
+             DeviceMatrix<const Input> v, cudaStream_t stream = nullptr) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::write";
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
@@ -162,7 +171,8 @@ class PagedKVCache {
       kvlab::detail::fail(kWhere, "slots", "a device pointer", "a null pointer");
     detail::launch_kernel(
         "kvlab::cuda::detail::write_slots_kernel", detail::write_slots_kernel<T>,
-        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ * head_dim_)),
+        dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ *
+                                  (head_dim_ / StorageUnit<T>::kValues))),
         dim3(detail::kWriteThreads), 0, stream, k.data, v.data, slots, k.rows,
         layer_data(k_, layer), layer_data(v_, layer), layout_view(layer));
   }
@@ -176,8 +186,8 @@ class PagedKVCache {
   /// \param stream  the stream to run on
   /// \throws InvalidArgument for a wrong layer, shape or slot (nothing is written); CudaError if
   ///         a copy or the launch fails.
-  void write(int layer, const std::vector<std::int64_t>& slots, DeviceMatrix<const T> k,
-             DeviceMatrix<const T> v, cudaStream_t stream = nullptr) {
+  void write(int layer, const std::vector<std::int64_t>& slots, DeviceMatrix<const Input> k,
+             DeviceMatrix<const Input> v, cudaStream_t stream = nullptr) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache::write";
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 0);
@@ -243,11 +253,18 @@ class PagedKVCache {
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     kvlab::detail::require_at_least(kWhere, "block_size", block_size, 1);
+    if (head_dim % StorageUnit<T>::kValues != 0) {
+      kvlab::detail::fail(kWhere, "head_dim",
+                          std::string("a multiple of 32 (whole ") + storage_name<T>() + " blocks)",
+                          head_dim);
+    }
     if (num_kv_heads > INT_MAX / head_dim) {
       kvlab::detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
                           1LL * num_kv_heads * head_dim);
     }
-    const std::size_t token = kvlab::detail::elements(num_kv_heads, head_dim);
+    // stored elements per token
+    const std::size_t token =
+        kvlab::detail::elements(num_kv_heads, head_dim / StorageUnit<T>::kValues);
     const std::size_t limit = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(T) /
                               static_cast<std::size_t>(num_layers) / token;
     const std::size_t tokens = kvlab::detail::elements(block_size, num_blocks);
@@ -263,7 +280,7 @@ class PagedKVCache {
     }
   }
   std::size_t block_elements() const {
-    return kvlab::detail::elements(block_size(), num_kv_heads_, head_dim_);
+    return kvlab::detail::elements(block_size(), num_kv_heads_, head_dim_ / StorageUnit<T>::kValues);
   }
   T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
     const std::size_t per_layer =
@@ -301,7 +318,7 @@ class PagedKVCache {
   int head_dim_;
   KVLayout layout_;
   PagedSequences book_;  // which blocks each sequence holds; the allocator (host)
-  // [num_layers, num_blocks * block_size * num_kv_heads * head_dim], in layout_
+  // [num_layers, num_blocks * block_size * num_kv_heads * row units], in layout_
   DeviceBuffer<T> k_;
   DeviceBuffer<T> v_;                 // the same for V
   DeviceBuffer<std::int64_t> slots_;  // scratch for the host-slots write: [at least n]
