@@ -246,8 +246,8 @@ TEST_CASE("a quantization scale rounds up to the next fp16 value, bit for bit") 
     if (!smallest_at_least(x, h)) FAIL("x = " << x << " (bits " << bits << "): fp16 bits " << h);
   }
   CHECK(half_bits_up(0.f) == 0);
-  CHECK(half_bits_up(1e-45f) == 1);         // a float subnormal: fp16's smallest step, 2^-24
-  CHECK(half_bits_up(70000.f) == 0x7C00);   // beyond fp16: +Inf
+  CHECK(half_bits_up(1e-45f) == 1);        // a float subnormal: fp16's smallest step, 2^-24
+  CHECK(half_bits_up(70000.f) == 0x7C00);  // beyond fp16: +Inf
 }
 
 TEST_CASE("bf16 storage rounds to nearest even, bit for bit against an independent rounding") {

@@ -21,7 +21,7 @@
 #include "kvlab/store/recompute_store.hpp"
 
 // The caches and stores of values computed in T, stored as S.
-#define KVLAB_STORAGE_INSTANCES(T, S)                 \
+#define KVLAB_STORAGE_INSTANCES(T, S)                  \
   KVLAB_INSTANCE class kvlab::ContiguousKVCache<T, S>; \
   KVLAB_INSTANCE class kvlab::PagedKVCache<T, S>;      \
   KVLAB_INSTANCE class kvlab::ContiguousStore<T, S>;   \
@@ -29,20 +29,20 @@
 
 // Everything of one compute type T: every storage type (T itself for full precision), the store
 // without a cache, the toy model and its three decoders.
-#define KVLAB_COMPUTE_INSTANCES(T)                                                   \
-  KVLAB_STORAGE_INSTANCES(T, T)                                                      \
-  KVLAB_STORAGE_INSTANCES(T, Eigen::half)                                            \
-  KVLAB_STORAGE_INSTANCES(T, Eigen::bfloat16)                                        \
-  KVLAB_STORAGE_INSTANCES(T, kvlab::BlockQ8_0)                                       \
-  KVLAB_STORAGE_INSTANCES(T, kvlab::BlockQ4_0)                                       \
-  KVLAB_INSTANCE class kvlab::RecomputeStore<T>;                                     \
-  KVLAB_INSTANCE class kvlab::AttentionLayer<T>;                                     \
-  KVLAB_INSTANCE class kvlab::AttentionStack<T>;                                     \
-  KVLAB_INSTANCE class kvlab::StoreDecoder<T, kvlab::RecomputeStore<T>>;             \
-  KVLAB_INSTANCE class kvlab::StoreDecoder<T, kvlab::ContiguousStore<T>>;            \
-  KVLAB_INSTANCE class kvlab::StoreDecoder<T, kvlab::PagedStore<T>>;                 \
-  KVLAB_INSTANCE class kvlab::NaiveDecoder<T>;                                       \
-  KVLAB_INSTANCE class kvlab::CachedDecoder<T>;                                      \
+#define KVLAB_COMPUTE_INSTANCES(T)                                        \
+  KVLAB_STORAGE_INSTANCES(T, T)                                           \
+  KVLAB_STORAGE_INSTANCES(T, Eigen::half)                                 \
+  KVLAB_STORAGE_INSTANCES(T, Eigen::bfloat16)                             \
+  KVLAB_STORAGE_INSTANCES(T, kvlab::BlockQ8_0)                            \
+  KVLAB_STORAGE_INSTANCES(T, kvlab::BlockQ4_0)                            \
+  KVLAB_INSTANCE class kvlab::RecomputeStore<T>;                          \
+  KVLAB_INSTANCE class kvlab::AttentionLayer<T>;                          \
+  KVLAB_INSTANCE class kvlab::AttentionStack<T>;                          \
+  KVLAB_INSTANCE class kvlab::StoreDecoder<T, kvlab::RecomputeStore<T>>;  \
+  KVLAB_INSTANCE class kvlab::StoreDecoder<T, kvlab::ContiguousStore<T>>; \
+  KVLAB_INSTANCE class kvlab::StoreDecoder<T, kvlab::PagedStore<T>>;      \
+  KVLAB_INSTANCE class kvlab::NaiveDecoder<T>;                            \
+  KVLAB_INSTANCE class kvlab::CachedDecoder<T>;                           \
   KVLAB_INSTANCE class kvlab::PagedDecoder<T>;
 
 // Here, declarations of both compute types; kvlab_instances_<type>.cpp defines KVLAB_INSTANCE as

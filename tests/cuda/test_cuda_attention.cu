@@ -386,7 +386,8 @@ struct WindowedBatch {
     view.window = window;
     indices.assign(view.indices, view.indices + view.indptr[view.batch]);
     for (int s = 0; s < view.batch; ++s) {
-      const int q_len = qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
+      const int q_len =
+          qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
       const int first = kvlab::first_visible_key(view.seq_len(s) - q_len, window);
       for (int page = 0; page < first / block_size; ++page) {
         auto& entry = indices[static_cast<std::size_t>(view.indptr[s] + page)];
@@ -405,9 +406,10 @@ struct WindowedBatch {
   }
 };
 
-TEMPLATE_TEST_CASE("with a sliding window every CUDA kernel equals its CPU twin, and reads only "
-                   "the window",
-                   "", float, __half) {
+TEMPLATE_TEST_CASE(
+    "with a sliding window every CUDA kernel equals its CPU twin, and reads only "
+    "the window",
+    "", float, __half) {
   // Windows of 1 key, shorter than a block, a block and one more, and longer than two blocks;
   // sequences shorter than, equal to and one longer than the window, and long ones.
   const AttentionShape shape(8, 2, 64);
@@ -415,8 +417,8 @@ TEMPLATE_TEST_CASE("with a sliding window every CUDA kernel equals its CPU twin,
   for (int window : {1, 5, 16, 17, 40}) {
     kvlab::Rng rng(seed++);
     const int long_len = kContext.prefill_long;
-    const std::vector<int> lengths{1, std::max(1, window - 1), window, window + 1, 2 * window + 5,
-                                   long_len};
+    const std::vector<int> lengths{1,          std::max(1, window - 1), window,
+                                   window + 1, 2 * window + 5,          long_len};
     SECTION("naive_attention, window " + std::to_string(window)) {
       for (const std::pair<int, int>& lens : {std::pair<int, int>{1, 40}, {17, 17}, {33, 100}}) {
         CAPTURE(window, lens.first, lens.second);
@@ -479,9 +481,9 @@ TEMPLATE_TEST_CASE("with a sliding window every CUDA kernel equals its CPU twin,
             kc::LaunchOptions options;
             options.partitions = partitions;
             kvlab::CostCounters got_counts;
-            check_close<TestType>(kc::paged_decode_attention<TestType>(shape, q, decode.view,
-                                                                      &got_counts, options),
-                                  want);
+            check_close<TestType>(
+                kc::paged_decode_attention<TestType>(shape, q, decode.view, &got_counts, options),
+                want);
             CHECK(got_counts.qk_dots == want_counts.qk_dots);
             CHECK(got_counts.macs == want_counts.macs);
           }
@@ -520,21 +522,23 @@ TEST_CASE("the CUDA kernels refuse a window that reaches a released block, as th
   wider.window = 30;  // position 10 is visible: page 0, released
   const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
   CHECK_NOTHROW(kc::paged_decode_attention(shape, q, batch.view));
-  CHECK_THROWS_MATCHES(kc::paged_decode_attention(shape, q, wider), kvlab::InvalidArgument,
-                       kvlab_test::names("cache.indices[0]", "a block of the pool", "kReleasedBlock"));
+  CHECK_THROWS_MATCHES(
+      kc::paged_decode_attention(shape, q, wider), kvlab::InvalidArgument,
+      kvlab_test::names("cache.indices[0]", "a block of the pool", "kReleasedBlock"));
   const std::vector<std::int32_t> qo_indptr{0, 1};
-  CHECK_THROWS_MATCHES(kc::paged_prefill_attention(shape, q, qo_indptr, wider),
-                       kvlab::InvalidArgument,
-                       kvlab_test::names("cache.indices[0]", "a block of the pool", "kReleasedBlock"));
+  CHECK_THROWS_MATCHES(
+      kc::paged_prefill_attention(shape, q, qo_indptr, wider), kvlab::InvalidArgument,
+      kvlab_test::names("cache.indices[0]", "a block of the pool", "kReleasedBlock"));
   kvlab::PagedKVView<float> negative = batch.view;
   negative.window = -1;
   CHECK_THROWS_MATCHES(kc::paged_decode_attention(shape, q, negative), kvlab::InvalidArgument,
                        kvlab_test::names("cache.window", ">= 0", "-1"));
 }
 
-TEMPLATE_TEST_CASE("int8 and int4 caches: the CUDA kernels decode the blocks as they read them "
-                   "and equal the CPU kernels on the same blocks",
-                   "", kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
+TEMPLATE_TEST_CASE(
+    "int8 and int4 caches: the CUDA kernels decode the blocks as they read them "
+    "and equal the CPU kernels on the same blocks",
+    "", kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
   // The CPU caches quantize the rows (KVStorage); the device gets the very same blocks. Both
   // decode a value as d·q (exact in float) and compute in fp32, so they differ only by the order
   // of fp32 additions: fp32 tolerance (cuda_compare.hpp), not the quantization error. The
@@ -623,11 +627,11 @@ TEST_CASE("an int8 or int4 cache needs whole blocks per head: head_dim a multipl
   kc::DeviceBuffer<kvlab::BlockQ8_0> k(8), v(8);
   q.fill_bytes(0);
   const kvlab::ContiguousKVView<kvlab::BlockQ8_0> cache{k.data(), v.data(), 1, 48, 4, 1};
-  CHECK_THROWS_MATCHES(kc::decode_attention(shape, kc::DeviceMatrix<const float>(q.data(), 1, 96),
-                                            cache, kc::DeviceMatrix<float>(out.data(), 1, 96)),
-                       kvlab::InvalidArgument,
-                       kvlab_test::names("shape.head_dim()", "a multiple of 32 (whole int8 blocks)",
-                                         "48"));
+  CHECK_THROWS_MATCHES(
+      kc::decode_attention(shape, kc::DeviceMatrix<const float>(q.data(), 1, 96), cache,
+                           kc::DeviceMatrix<float>(out.data(), 1, 96)),
+      kvlab::InvalidArgument,
+      kvlab_test::names("shape.head_dim()", "a multiple of 32 (whole int8 blocks)", "48"));
 }
 
 TEST_CASE("cuda decode counters equal the CPU's for a decode step") {

@@ -189,12 +189,23 @@ RowMatrix<float> adversarial_rows(int n, int width, kvlab::Rng& rng) {
     for (int b = 0; b < width / kvlab::kQuantBlock; ++b) {
       float* block = m.row(r).data() + b * kvlab::kQuantBlock;
       switch ((r + b) % 6) {
-        case 0: break;                                                     // uniform in [-1, 1)
-        case 1: block[(r * 7 + b) % kvlab::kQuantBlock] = 1000.f; break;  // one outlier
-        case 2: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = -0.75f; break;
-        case 3: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = 0.f; break;
-        case 4: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] *= 1e-9f; break;  // tiny
-        default: for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = 0.5f * (i - 16); break;
+        case 0:
+          break;  // uniform in [-1, 1)
+        case 1:
+          block[(r * 7 + b) % kvlab::kQuantBlock] = 1000.f;
+          break;  // one outlier
+        case 2:
+          for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = -0.75f;
+          break;
+        case 3:
+          for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = 0.f;
+          break;
+        case 4:
+          for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] *= 1e-9f;
+          break;  // tiny
+        default:
+          for (int i = 0; i < kvlab::kQuantBlock; ++i) block[i] = 0.5f * (i - 16);
+          break;
       }
     }
   return m;
@@ -207,9 +218,10 @@ bool same_block(const S& a, const S& b) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("an int8 or int4 device cache quantizes each appended row exactly as the CPU "
-                   "cache does, bit for bit",
-                   "", kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
+TEMPLATE_TEST_CASE(
+    "an int8 or int4 device cache quantizes each appended row exactly as the CPU "
+    "cache does, bit for bit",
+    "", kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
   using S = TestType;
   const AttentionShape shape(8, 2, 64);
   kvlab::Rng rng(11);

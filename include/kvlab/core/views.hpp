@@ -42,9 +42,9 @@ inline std::uint64_t visible_keys(int first_position, int q_len, int window) {
 /// its last W keys, so only the last rows need be kept: the cache is a ring of `capacity` slots,
 /// row `pos` in slot `pos % capacity`, and `length` counts every token of the sequence (it may
 /// exceed `capacity`). A step of q queries needs the W − 1 rows before its first one as well as
-/// its own q: `q + W − 1 <= capacity`. Without a window (0) row `pos` is in slot `pos`. Each head's keys are one contiguous
-/// `[capacity, head_dim]` block, so a decode step streams them front to back, and the query
-/// heads of a GQA group read the same block once.
+/// its own q: `q + W − 1 <= capacity`. Without a window (0) row `pos` is in slot `pos`. Each
+/// head's keys are one contiguous `[capacity, head_dim]` block, so a decode step streams them
+/// front to back, and the query heads of a GQA group read the same block once.
 template <typename T>
 struct ContiguousKVView {
   const T* k = nullptr;  ///< keys:   [num_kv_heads, capacity, head_dim]
@@ -82,14 +82,14 @@ void check_contiguous_length(const char* where, const char* q_rows_name, long lo
   require_at_least(where, "cache.window", cache.window, 0);
   if (cache.window == 0 && (cache.length < q_rows || cache.length > cache.capacity)) {
     fail(where, "cache.length",
-         std::string("in [") + q_rows_name + " (" + std::to_string(q_rows) +
-             "), cache.capacity (" + std::to_string(cache.capacity) + ")]",
+         std::string("in [") + q_rows_name + " (" + std::to_string(q_rows) + "), cache.capacity (" +
+             std::to_string(cache.capacity) + ")]",
          cache.length);
   }
   if (cache.window > 0) {  // a ring: the queries and the W - 1 keys before them in its slots
     if (cache.length < q_rows) {
-      fail(where, "cache.length", std::string(">= ") + q_rows_name + " (" + std::to_string(q_rows) + ")",
-           cache.length);
+      fail(where, "cache.length",
+           std::string(">= ") + q_rows_name + " (" + std::to_string(q_rows) + ")", cache.length);
     }
     if (cache.length > cache.capacity && q_rows + cache.window - 1 > cache.capacity) {
       fail(where, q_rows_name,

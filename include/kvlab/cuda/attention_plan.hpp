@@ -119,7 +119,8 @@ KVLAB_HOST_DEVICE inline int sequence_of_row(const std::int32_t* qo_indptr, int 
 /// What one query row reads: its sequence and which of that sequence's keys it sees.
 struct QueryRow {
   int seq;    ///< sequence (0 for a contiguous cache)
-  int first;  ///< it sees keys [first, keys): 0, or with a window W its last W (`first_visible_key`)
+  int first;  ///< it sees keys [first, keys): 0, or with a window W its last W
+              ///< (`first_visible_key`)
   int keys;   ///< one past its last key: its own position + 1
 };
 
@@ -290,8 +291,8 @@ inline std::size_t partial_bytes(const AttentionShape& shape, int rows, const At
 /// once for up to 8 query heads). For one query per sequence and groups of at most 8 query
 /// heads these are the counts of `cpu::decode_attention` and `cpu::paged_decode_attention`.
 /// `row_bytes`: bytes of one head's K (or V) row as stored (`storage_row_bytes`).
-inline void count_attention(const AttentionShape& shape, std::size_t row_bytes,
-                            std::uint64_t keys, CostCounters& counters) {
+inline void count_attention(const AttentionShape& shape, std::size_t row_bytes, std::uint64_t keys,
+                            CostCounters& counters) {
   add_attention_counts(shape, row_bytes, keys,
                        keys * static_cast<std::uint64_t>(group_tiles(shape.group_size())),
                        counters);

@@ -67,8 +67,9 @@ __global__ void append_rows_kernel(const StorageInput<S>* k, const StorageInput<
     const int t = static_cast<int>(i / width);
     const int h = static_cast<int>(i % width) / units;
     const int u = static_cast<int>(i % width) % units;
-    const std::ptrdiff_t src = (static_cast<std::ptrdiff_t>(t) * layout.num_kv_heads + h) *
-                                   layout.head_dim + u * StorageUnit<S>::kValues;
+    const std::ptrdiff_t src =
+        (static_cast<std::ptrdiff_t>(t) * layout.num_kv_heads + h) * layout.head_dim +
+        u * StorageUnit<S>::kValues;
     const std::ptrdiff_t dst = layout.offset(h, first + t) + u;
     store_unit(k + src, k_cache[dst]);
     store_unit(v + src, v_cache[dst]);

@@ -99,10 +99,10 @@ __device__ inline float warp_sum(float x) {
 /// share one K/V row, thread `i` of them holding values [8 i, 8 i + 8) in registers, so a warp
 /// reads 32 / lanes rows at once and the block 128 / lanes ("key slots"). Each thread keeps its
 /// 8 values of every served query head (registers `q`) and of every head's running output
-/// (registers `acc`). The block walks its partition's keys in tiles of `kKeyTile`:
-/// A block serves one query row, so the keys it sees are one range: [first visible key, own
-/// position] (`locate_row`; the band of a sliding window), cut into split-K partitions from the
-/// block that holds its first key (`row_partition_keys`).
+/// (registers `acc`). A block serves one query row, so the keys it sees are one range: [first
+/// visible key, own position] (`locate_row`; the band of a sliding window), cut into split-K
+/// partitions from the block that holds its first key (`row_partition_keys`). The block walks
+/// its partition's keys in tiles of `kKeyTile`:
 ///  0. translate: each key's position to the offset of its row (`row_offset`: through the
 ///     block table for a paged cache), into shared memory — one table read per key and block;
 ///  1. scores: each key slot loads key rows (`kRowsInFlight` at a time), each thread multiplies
@@ -160,9 +160,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int g = 0; g < kGroupTile; ++g) {
     if (holds && g < heads) {
-      unpack8(load8(a.q + static_cast<std::ptrdiff_t>(row) * q_width + (head0 + g) * a.head_dim,
-                    chunk),
-              q[g]);
+      unpack8(
+          load8(a.q + static_cast<std::ptrdiff_t>(row) * q_width + (head0 + g) * a.head_dim, chunk),
+          q[g]);
     } else {
 #pragma unroll
       for (int i = 0; i < kValuesPerThread; ++i) q[g][i] = 0.f;
@@ -484,9 +484,9 @@ std::uint64_t paged_keys_seen(const PagedKVView<S>& cache, const std::int32_t* q
   host.last_page_len = last.data();
   std::uint64_t keys = 0;
   for (int s = 0; s < cache.batch; ++s) {  // the last q_len tokens of each sequence attend
-    const int q_len = qo_indptr == nullptr ? 1
-                                           : qo[static_cast<std::size_t>(s) + 1] -
-                                                 qo[static_cast<std::size_t>(s)];
+    const int q_len = qo_indptr == nullptr
+                          ? 1
+                          : qo[static_cast<std::size_t>(s) + 1] - qo[static_cast<std::size_t>(s)];
     keys += visible_keys(host.seq_len(s) - q_len, q_len, cache.window);
   }
   return keys;

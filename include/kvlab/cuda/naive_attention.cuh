@@ -12,8 +12,8 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
-#include "kvlab/core/views.hpp"
 #include "kvlab/core/shape.hpp"
+#include "kvlab/core/views.hpp"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/launch.cuh"
@@ -156,11 +156,10 @@ void naive_attention(const AttentionShape& shape, DeviceInput<T> q, DeviceInput<
 
   // 2. Softmax of each row's visible scores (its band with a window); the masked ones become 0.
   if (heads > 65535) fail(kWhere, "shape.num_heads()", "at most 65535", heads);
-  detail::launch_kernel("kvlab::cuda::detail::masked_softmax_kernel",
-                        detail::masked_softmax_kernel<>,
-                        dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)),
-                        dim3(detail::kSoftmaxThreads), 0, options.stream, scores, q_len, kv_len,
-                        window);
+  detail::launch_kernel(
+      "kvlab::cuda::detail::masked_softmax_kernel", detail::masked_softmax_kernel<>,
+      dim3(static_cast<unsigned>(q_len), static_cast<unsigned>(heads)),
+      dim3(detail::kSoftmaxThreads), 0, options.stream, scores, q_len, kv_len, window);
 
   // 3. O_h = P_h V_{h / group}.
   detail::MatmulArgs<float, T, T> pv{};

@@ -32,20 +32,20 @@ constexpr bool is_quantized_storage =
 /// True for a K/V cache of `S` read with queries (and output) of `T`: the same number type, or
 /// a quantized cache with fp32 queries.
 template <typename T, typename S>
-constexpr bool is_cache_pairing =
-    is_storage_type<T> && (std::is_same<T, S>::value ||
-                           (std::is_same<T, float>::value && is_quantized_storage<S>));
+constexpr bool is_cache_pairing = is_storage_type<T> &&
+                                  (std::is_same<T, S>::value ||
+                                   (std::is_same<T, float>::value && is_quantized_storage<S>));
 
 /// Name of a storage type: "fp32", "fp16", "bf16", "int8" or "int4" (`KVStorage`'s names).
 template <typename T>
 constexpr const char* storage_name() {
   static_assert(is_storage_type<T> || is_quantized_storage<T>,
                 "kvlab's CUDA kernels store float, __half, __nv_bfloat16, BlockQ8_0 or BlockQ4_0");
-  return std::is_same<T, float>::value             ? "fp32"
-         : std::is_same<T, __half>::value          ? "fp16"
-         : std::is_same<T, __nv_bfloat16>::value   ? "bf16"
-         : std::is_same<T, BlockQ8_0>::value       ? "int8"
-                                                   : "int4";
+  return std::is_same<T, float>::value           ? "fp32"
+         : std::is_same<T, __half>::value        ? "fp16"
+         : std::is_same<T, __nv_bfloat16>::value ? "bf16"
+         : std::is_same<T, BlockQ8_0>::value     ? "int8"
+                                                 : "int4";
 }
 
 /// `x` as a float (exact for every storage type). Host and device.

@@ -280,7 +280,8 @@ class PagedKVCache {
     }
   }
   std::size_t block_elements() const {
-    return kvlab::detail::elements(block_size(), num_kv_heads_, head_dim_ / StorageUnit<T>::kValues);
+    return kvlab::detail::elements(block_size(), num_kv_heads_,
+                                   head_dim_ / StorageUnit<T>::kValues);
   }
   T* layer_data(const DeviceBuffer<T>& buffer, int layer) const {
     const std::size_t per_layer =
