@@ -332,10 +332,18 @@ struct KVStorage<BlockQ8_0> {
   template <typename T>
   static void decode(const BlockQ8_0* in, int n, T* out) {
     for (int b = 0; b < n / kValues; ++b) {
-      const float d = detail::half_value(in[b].d);
+      float x[kValues];  // [32]: the block's levels
+      const float d = levels(in[b], x);
       T* o = out + b * kValues;
-      for (int i = 0; i < kValues; ++i) o[i] = static_cast<T>(d * static_cast<float>(in[b].q[i]));
+      for (int i = 0; i < kValues; ++i) o[i] = static_cast<T>(d * x[i]);
     }
+  }
+  /// The block's levels q[i] as floats into `x` ([32]), and its scale d returned: value i is
+  /// d · x[i] (exact in float). What the attention kernels read, one block at a time, to take
+  /// the product by d out of the sum over the block (`cpu/quantized_rows.hpp`).
+  static float levels(const BlockQ8_0& block, float* x) {
+    for (int i = 0; i < kValues; ++i) x[i] = static_cast<float>(block.q[i]);
+    return detail::half_value(block.d);
   }
   /// The first value that is NaN or ±Inf, or the first of a block whose scale would overflow
   /// fp16 (max|x| > 127 · 65504), or -1.
@@ -382,15 +390,22 @@ struct KVStorage<BlockQ4_0> {
   /// d·(n − 8) for every value.
   template <typename T>
   static void decode(const BlockQ4_0* in, int n, T* out) {
-    constexpr int kHalf = kValues / 2;
     for (int b = 0; b < n / kValues; ++b) {
-      const float d = detail::half_value(in[b].d);
+      float x[kValues];  // [32]: the block's levels
+      const float d = levels(in[b], x);
       T* o = out + b * kValues;
-      const std::uint8_t* q = in[b].q;
-      // low nibbles: values [0, 16); high nibbles: values [16, 32) (two loops: each vectorises)
-      for (int j = 0; j < kHalf; ++j) o[j] = static_cast<T>(d * static_cast<float>((q[j] & 0x0F) - 8));
-      for (int j = 0; j < kHalf; ++j) o[j + kHalf] = static_cast<T>(d * static_cast<float>((q[j] >> 4) - 8));
+      for (int i = 0; i < kValues; ++i) o[i] = static_cast<T>(d * x[i]);
     }
+  }
+  /// The block's levels n_i − 8 as floats into `x` ([32]), and its scale d returned: value i is
+  /// d · x[i] (exact in float). What the attention kernels read, one block at a time
+  /// (`cpu/quantized_rows.hpp`).
+  static float levels(const BlockQ4_0& block, float* x) {
+    constexpr int kHalf = kValues / 2;
+    // low nibbles: values [0, 16); high nibbles: values [16, 32)
+    for (int j = 0; j < kHalf; ++j) x[j] = static_cast<float>((block.q[j] & 0x0F) - 8);
+    for (int j = 0; j < kHalf; ++j) x[j + kHalf] = static_cast<float>((block.q[j] >> 4) - 8);
+    return detail::half_value(block.d);
   }
   /// The first value that is NaN or ±Inf, or the first of a block whose scale would overflow
   /// fp16 (max|x| > 8 · 65504), or -1.

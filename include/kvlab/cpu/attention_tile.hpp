@@ -19,6 +19,7 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/views.hpp"
+#include "kvlab/cpu/quantized_rows.hpp"
 #include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
 
@@ -115,7 +116,7 @@ struct TileScratch {
   /// [heads * rows * group]: max and Σ exp(score - max) of each query
   std::vector<SoftmaxState<T>> state;
   /// [heads * head_dim]: one token's rows of the tile's heads, decoded (a cache that stores
-  /// its rows in another type than T; unused otherwise)
+  /// its rows as fp16 or bf16; unused otherwise)
   std::vector<T> row;
 };
 
@@ -189,16 +190,16 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // decoded into scratch.row (heads * head_dim values, head j at j * head_dim). Only that one
   // token's rows are ever decoded: never a copy of the cache.
   using S = typename Source::Stored;
-  constexpr bool kDecoded = !std::is_same<S, T>::value;
+  constexpr bool kDecoded = !std::is_same<S, T>::value && !kQuantizedStorage<S>;
   const std::ptrdiff_t head_stride = kDecoded ? hd : source.head_stride();  // in the rows as T
   scratch.row.resize(kDecoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
   const auto as_t = [&](const S* stored) -> const T* {
-    if constexpr (kDecoded) {
+    if constexpr (std::is_same<S, T>::value) {
+      return stored;
+    } else {  // fp16, bf16 (rows of quantized blocks are not decoded: see steps 1 and 3)
       for (int j = 0; j < heads; ++j)
         KVStorage<S>::decode(stored + j * source.head_stride(), hd, scratch.row.data() + j * hd);
       return scratch.row.data();
-    } else {
-      return stored;
     }
   };
   RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
@@ -231,12 +232,19 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // 1. Scores: each key row is read once and met by every query of its group that sees it.
   probs.resize(m, padded_span<T>(span - key_lo));
   source.keys(key_lo, span, [&](int pos, const S* stored) {
-    const T* row = as_t(stored);
     const int first = first_seeing(pos), last = last_seeing(pos);
-    for (int j = 0; j < heads; ++j) {
-      const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
-      for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
-        probs(qi, pos - key_lo) = scale * queries.row(qi).dot(key);
+    if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded
+      for (int j = 0; j < heads && first < last; ++j)
+        score_quantized_row(stored + j * source.head_stride(), hd, &queries(j * per_head + first, 0),
+                            last - first, scale, &probs(j * per_head + first, pos - key_lo),
+                            probs.cols());
+    } else {
+      const T* row = as_t(stored);
+      for (int j = 0; j < heads; ++j) {
+        const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
+        for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
+          probs(qi, pos - key_lo) = scale * queries.row(qi).dot(key);
+      }
     }
   });
   // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their
@@ -254,12 +262,18 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
   source.values(key_lo, span, [&](int pos, const S* stored) {
-    const T* row = as_t(stored);
     const int first = first_seeing(pos), last = last_seeing(pos);
-    for (int j = 0; j < heads; ++j) {
-      const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
-      for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
-        acc.row(qi) += probs(qi, pos - key_lo) * value;
+    if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded
+      for (int j = 0; j < heads && first < last; ++j)
+        add_quantized_row(stored + j * source.head_stride(), hd, &probs(j * per_head + first, pos - key_lo),
+                          probs.cols(), last - first, &acc(j * per_head + first, 0));
+    } else {
+      const T* row = as_t(stored);
+      for (int j = 0; j < heads; ++j) {
+        const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
+        for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
+          acc.row(qi) += probs(qi, pos - key_lo) * value;
+      }
     }
   });
 }
