@@ -5,7 +5,8 @@
 /// `BlockQ8_0` and `BlockQ4_0` quantized per block of 32 values with an fp16 scale — with the
 /// bound on what each loses, derived below and checked exhaustively in
 /// `tests/test_kv_storage.cpp`. The caches encode a row when it is appended; the attention
-/// kernels decode the rows they read, one at a time (never a decoded copy of the cache).
+/// kernels decode the rows they read, one at a time (never a decoded copy of the cache), and read
+/// int8 and int4 rows block by block without decoding them (`levels`, `cpu/quantized_rows.hpp`).
 ///
 /// Beside `matrix.hpp`, below every folder: the caches (`cache/`) and the kernels (`cpu/`) both
 /// read it.

@@ -2,8 +2,9 @@
 /// \brief The inner loop shared by `cpu::decode_attention` (contiguous cache) and
 /// `cpu::paged_decode_attention` / `cpu::paged_prefill_attention` (paged cache): a tile of
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
-/// rows are stored and in whatever type (`KVStorage`: a row stored as fp16, bf16, int8 or int4
-/// is decoded as it is read, one token's rows at a time). It computes what
+/// rows are stored and in whatever type (`KVStorage`: a row stored as fp16 or bf16 is decoded as
+/// it is read, one token's rows at a time; a row of int8 or int4 blocks is read block by block
+/// without being decoded, `quantized_rows.hpp`). It computes what
 /// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
 /// Internal (`cpu::detail`); tested through the public kernels.
 #pragma once
@@ -153,7 +154,8 @@ struct AttentionTile {
 /// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
 /// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows stored in another type than `T`
-/// are decoded as they are read, `KVStorage::decode`). Leaves in `scratch`, for query `qi`
+/// are decoded as they are read, `KVStorage::decode`, or read block by block when they are int8 or
+/// int4, `score_quantized_row` and `add_quantized_row`). Leaves in `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
 /// in which partial results over disjoint key ranges merge (`merge_softmax_states`).
@@ -188,7 +190,8 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const int key_lo = std::max(key_begin, kvlab::first_visible_key(first_position, window));
   // A token's rows of the tile's heads, as T: where they are stored when stored as T, else
   // decoded into scratch.row (heads * head_dim values, head j at j * head_dim). Only that one
-  // token's rows are ever decoded: never a copy of the cache.
+  // token's rows are ever decoded: never a copy of the cache. (Rows of quantized blocks are not
+  // decoded at all: steps 1 and 3 read them block by block.)
   using S = typename Source::Stored;
   constexpr bool kDecoded = !std::is_same<S, T>::value && !kQuantizedStorage<S>;
   const std::ptrdiff_t head_stride = kDecoded ? hd : source.head_stride();  // in the rows as T

@@ -79,7 +79,8 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// to rounding). With a window (`cache.window` = W >= 1) each query sees its last W keys, read
 /// from the cache's ring of slots (`ContiguousKVView`), as `reference_attention` with that window
 /// computes them. A cache that stores its rows in another type than `T` (fp16, bf16, int8, int4:
-/// `KVStorage<S>`) has each row decoded as the kernel reads it, and the result is that attention
+/// `KVStorage<S>`) has each row decoded as the kernel reads it (int8 and int4 rows block by block,
+/// each block's scale taken out of its sum: `cpu/quantized_rows.hpp`), and the result is that attention
 /// over the decoded rows.
 ///
 /// For each K/V head, the queries of its group (and of up to `kDecodeQueryTile` query rows)
