@@ -26,8 +26,10 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDACC__)
 #include <immintrin.h>
+/// 1: this build reads quantized rows with AVX2 and FMA (the compiler targets both; not nvcc).
 #define KVLAB_QUANTIZED_ROWS_AVX2 1
 #else
+/// 0: this build reads quantized rows with plain loops (no AVX2 with FMA targeted, or nvcc).
 #define KVLAB_QUANTIZED_ROWS_AVX2 0
 #endif
 
