@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
@@ -56,6 +57,33 @@ float largest_storable<BlockQ4_0>() {
   return 8.f * 65504.f;
 }
 
+// A row stored as S, and what it holds, decoded in double.
+template <typename S>
+struct Stored {
+  std::vector<S> row;           // [head_dim / 32] blocks
+  std::vector<double> decoded;  // [head_dim]
+  explicit Stored(const std::vector<float>& values)
+      : row(values.size() / 32), decoded(values.size()) {
+    const int head_dim = static_cast<int>(values.size());
+    KVStorage<S>::encode(values.data(), head_dim, row.data());
+    KVStorage<S>::decode(row.data(), head_dim, decoded.data());
+  }
+};
+
+// Calls f(head_dim, count, stored) for every row of test_rows at each head_dim, stored as S, and
+// every number of queries from 1 to 9 (groups of four and the rest).
+template <typename S, typename F>
+void for_each_case(std::initializer_list<int> head_dims, kvlab::Rng& rng, F&& f) {
+  for (int head_dim : head_dims)
+    for (const std::vector<float>& values : test_rows(head_dim, largest_storable<S>(), rng)) {
+      const Stored<S> stored(values);
+      for (int count = 1; count <= 9; ++count) {
+        CAPTURE(head_dim, count);
+        f(head_dim, count, stored);
+      }
+    }
+}
+
 }  // namespace
 
 TEST_CASE("this build reads quantized rows in the form its flags select") {
@@ -85,32 +113,24 @@ TEMPLATE_TEST_CASE("a quantized key row scores every query as its decoded row do
   constexpr double u = 0x1p-24;
   const auto gamma = [&](int k) { return k * u / (1 - k * u); };
   kvlab::Rng rng(17);
-  for (int head_dim : {32, 64, 128}) {
-    for (const std::vector<float>& values : test_rows(head_dim, largest_storable<S>(), rng)) {
-      std::vector<S> row(static_cast<std::size_t>(head_dim / 32));
-      KVStorage<S>::encode(values.data(), head_dim, row.data());
-      std::vector<double> decoded(static_cast<std::size_t>(head_dim));
-      KVStorage<S>::decode(row.data(), head_dim, decoded.data());
-      for (int count = 1; count <= 9; ++count) {
-        CAPTURE(head_dim, count);
-        const RowMatrix<float> queries = kvlab::random_matrix<float>(count, head_dim, rng, -2, 2);
-        const float scale = 0.125f;
-        std::vector<float> out(static_cast<std::size_t>(2 * count), -7.f);  // every other entry written
-        kvlab::cpu::detail::score_quantized_row(row.data(), head_dim, queries.data(), count, scale,
-                                                out.data(), 2);
-        for (int c = 0; c < count; ++c) {
-          double exact = 0, magnitude = 0;
-          for (int i = 0; i < head_dim; ++i) {
-            exact += double(queries(c, i)) * decoded[static_cast<std::size_t>(i)];
-            magnitude += std::fabs(double(queries(c, i)) * decoded[static_cast<std::size_t>(i)]);
-          }
-          const double got = out[static_cast<std::size_t>(2 * c)];
-          CHECK(std::fabs(got - scale * exact) <= gamma(head_dim + 3) * scale * magnitude);
-          CHECK(out[static_cast<std::size_t>(2 * c + 1)] == -7.f);  // the stride is followed
-        }
+  for_each_case<S>({32, 64, 128}, rng, [&](int head_dim, int count, const Stored<S>& stored) {
+    const RowMatrix<float> queries = kvlab::random_matrix<float>(count, head_dim, rng, -2, 2);
+    const float scale = 0.125f;
+    std::vector<float> out(static_cast<std::size_t>(2 * count), -7.f);  // every other entry written
+    kvlab::cpu::detail::score_quantized_row(stored.row.data(), head_dim, queries.data(), count, scale,
+                                            out.data(), 2);
+    for (int c = 0; c < count; ++c) {
+      double exact = 0, magnitude = 0;
+      for (int i = 0; i < head_dim; ++i) {
+        const double product = double(queries(c, i)) * stored.decoded[static_cast<std::size_t>(i)];
+        exact += product;
+        magnitude += std::fabs(product);
       }
+      const double got = out[static_cast<std::size_t>(2 * c)];
+      CHECK(std::fabs(got - scale * exact) <= gamma(head_dim + 3) * scale * magnitude);
+      CHECK(out[static_cast<std::size_t>(2 * c + 1)] == -7.f);  // the stride is followed
     }
-  }
+  });
 }
 
 TEMPLATE_TEST_CASE("a quantized value row adds to every query's sum as its decoded row does", "",
@@ -119,28 +139,19 @@ TEMPLATE_TEST_CASE("a quantized value row adds to every query's sum as its decod
   constexpr double u = 0x1p-24;
   const double gamma3 = 3 * u / (1 - 3 * u);
   kvlab::Rng rng(19);
-  for (int head_dim : {32, 96}) {
-    for (const std::vector<float>& values : test_rows(head_dim, largest_storable<S>(), rng)) {
-      std::vector<S> row(static_cast<std::size_t>(head_dim / 32));
-      KVStorage<S>::encode(values.data(), head_dim, row.data());
-      std::vector<double> decoded(static_cast<std::size_t>(head_dim));
-      KVStorage<S>::decode(row.data(), head_dim, decoded.data());
-      for (int count = 1; count <= 9; ++count) {
-        CAPTURE(head_dim, count);
-        const RowMatrix<float> weights = kvlab::random_matrix<float>(count, 3, rng, 0, 1);  // column 1 used
-        RowMatrix<float> acc = kvlab::random_matrix<float>(count, head_dim, rng, -4, 4);
-        const RowMatrix<float> before = acc;
-        kvlab::cpu::detail::add_quantized_row(row.data(), head_dim, weights.data() + 1, 3, count,
-                                              acc.data());
-        for (int c = 0; c < count; ++c)
-          for (int i = 0; i < head_dim; ++i) {
-            const double term = double(weights(c, 1)) * decoded[static_cast<std::size_t>(i)];
-            const double want = double(before(c, i)) + term;
-            CHECK(std::fabs(acc(c, i) - want) <= gamma3 * (std::fabs(before(c, i)) + std::fabs(term)));
-          }
+  for_each_case<S>({32, 96}, rng, [&](int head_dim, int count, const Stored<S>& stored) {
+    const RowMatrix<float> weights = kvlab::random_matrix<float>(count, 3, rng, 0, 1);  // column 1 used
+    RowMatrix<float> acc = kvlab::random_matrix<float>(count, head_dim, rng, -4, 4);
+    const RowMatrix<float> before = acc;
+    kvlab::cpu::detail::add_quantized_row(stored.row.data(), head_dim, weights.data() + 1, 3, count,
+                                          acc.data());
+    for (int c = 0; c < count; ++c)
+      for (int i = 0; i < head_dim; ++i) {
+        const double term = double(weights(c, 1)) * stored.decoded[static_cast<std::size_t>(i)];
+        const double want = double(before(c, i)) + term;
+        CHECK(std::fabs(acc(c, i) - want) <= gamma3 * (std::fabs(before(c, i)) + std::fabs(term)));
       }
-    }
-  }
+  });
 }
 
 // Through the kernels: decode steps and a prefill chunk, GQA groups of 1, 4 and 6 queries (a
