@@ -31,17 +31,20 @@ namespace {
 std::vector<std::vector<float>> test_rows(int head_dim, float largest, kvlab::Rng& rng) {
   std::vector<std::vector<float>> rows;
   const RowMatrix<float> random = kvlab::random_matrix<float>(6, head_dim, rng);
-  for (int r = 0; r < 6; ++r) rows.emplace_back(random.row(r).data(), random.row(r).data() + head_dim);
+  for (int r = 0; r < 6; ++r)
+    rows.emplace_back(random.row(r).data(), random.row(r).data() + head_dim);
   std::vector<float> outlier(head_dim, 1e-3f);
   outlier[static_cast<std::size_t>(head_dim / 3)] = -50.f;
   rows.push_back(outlier);
   rows.emplace_back(head_dim, 0.75f);
   rows.emplace_back(head_dim, 0.f);
   std::vector<float> tiny(head_dim);
-  for (int i = 0; i < head_dim; ++i) tiny[static_cast<std::size_t>(i)] = (i % 2 ? 1 : -1) * 1e-40f * float(i);
+  for (int i = 0; i < head_dim; ++i)
+    tiny[static_cast<std::size_t>(i)] = (i % 2 ? 1 : -1) * 1e-40f * float(i);
   rows.push_back(tiny);
   std::vector<float> large(head_dim);
-  for (int i = 0; i < head_dim; ++i) large[static_cast<std::size_t>(i)] = (i % 3 ? largest : -largest) / float(1 + i % 5);
+  for (int i = 0; i < head_dim; ++i)
+    large[static_cast<std::size_t>(i)] = (i % 3 ? largest : -largest) / float(1 + i % 5);
   rows.push_back(large);
   return rows;
 }
@@ -95,7 +98,8 @@ TEST_CASE("this build reads quantized rows in the form its flags select") {
     WARN("this CPU has no AVX2 with FMA: the portable form is tested");
   }
 #endif
-  INFO("quantized rows read with " << (kvlab::cpu::detail::kQuantizedRowsAvx2 ? "AVX2" : "plain loops"));
+  INFO("quantized rows read with "
+       << (kvlab::cpu::detail::kQuantizedRowsAvx2 ? "AVX2" : "plain loops"));
   CHECK(kvlab::cpu::detail::kQuantizedRowsAvx2 == (KVLAB_QUANTIZED_ROWS_AVX2 != 0));
 }
 
@@ -117,8 +121,8 @@ TEMPLATE_TEST_CASE("a quantized key row scores every query as its decoded row do
     const RowMatrix<float> queries = kvlab::random_matrix<float>(count, head_dim, rng, -2, 2);
     const float scale = 0.125f;
     std::vector<float> out(static_cast<std::size_t>(2 * count), -7.f);  // every other entry written
-    kvlab::cpu::detail::score_quantized_row(stored.row.data(), head_dim, queries.data(), count, scale,
-                                            out.data(), 2);
+    kvlab::cpu::detail::score_quantized_row(stored.row.data(), head_dim, queries.data(), count,
+                                            scale, out.data(), 2);
     for (int c = 0; c < count; ++c) {
       double exact = 0, magnitude = 0;
       for (int i = 0; i < head_dim; ++i) {
@@ -140,7 +144,8 @@ TEMPLATE_TEST_CASE("a quantized value row adds to every query's sum as its decod
   const double gamma3 = 3 * u / (1 - 3 * u);
   kvlab::Rng rng(19);
   for_each_case<S>({32, 96}, rng, [&](int head_dim, int count, const Stored<S>& stored) {
-    const RowMatrix<float> weights = kvlab::random_matrix<float>(count, 3, rng, 0, 1);  // column 1 used
+    const RowMatrix<float> weights =
+        kvlab::random_matrix<float>(count, 3, rng, 0, 1);  // column 1 used
     RowMatrix<float> acc = kvlab::random_matrix<float>(count, head_dim, rng, -4, 4);
     const RowMatrix<float> before = acc;
     kvlab::cpu::detail::add_quantized_row(stored.row.data(), head_dim, weights.data() + 1, 3, count,
@@ -158,8 +163,9 @@ TEMPLATE_TEST_CASE("a quantized value row adds to every query's sum as its decod
 // group of four and two left over), contiguous and paged (NHD: the rows of all heads of a token
 // at once), against the reference over the decoded rows. Tolerance 1e-5 relative to the row's
 // largest value, the rule of every float comparison (test_support.hpp).
-TEMPLATE_TEST_CASE("decode and paged attention over quantized rows equal the reference over the decoded rows",
-                   "", BlockQ8_0, BlockQ4_0) {
+TEMPLATE_TEST_CASE(
+    "decode and paged attention over quantized rows equal the reference over the decoded rows", "",
+    BlockQ8_0, BlockQ4_0) {
   using S = TestType;
   for (int group : {1, 4, 6}) {
     const kvlab::AttentionShape shape(2 * group, 2, 64);
@@ -183,8 +189,8 @@ TEMPLATE_TEST_CASE("decode and paged attention over quantized rows equal the ref
       const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
       const RowMatrix<float> want =
           kvlab::cpu::reference_attention(shape, q, k_back, v_back, kv_len - q_len);
-      CHECK(kvlab_test::max_row_relative_error(kvlab::cpu::decode_attention(shape, q, cache.view(0)),
-                                               want) <= 1e-5);
+      CHECK(kvlab_test::max_row_relative_error(
+                kvlab::cpu::decode_attention(shape, q, cache.view(0)), want) <= 1e-5);
       const kvlab::BlockTables tables = pool.tables({seq});
       const RowMatrix<float> paged =
           kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len}, pool.view(0, tables));

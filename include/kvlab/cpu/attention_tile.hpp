@@ -238,9 +238,9 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
     const int first = first_seeing(pos), last = last_seeing(pos);
     if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded
       for (int j = 0; j < heads && first < last; ++j)
-        score_quantized_row(stored + j * source.head_stride(), hd, &queries(j * per_head + first, 0),
-                            last - first, scale, &probs(j * per_head + first, pos - key_lo),
-                            probs.cols());
+        score_quantized_row(stored + j * source.head_stride(), hd,
+                            &queries(j * per_head + first, 0), last - first, scale,
+                            &probs(j * per_head + first, pos - key_lo), probs.cols());
     } else {
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
@@ -268,8 +268,9 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
     const int first = first_seeing(pos), last = last_seeing(pos);
     if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded
       for (int j = 0; j < heads && first < last; ++j)
-        add_quantized_row(stored + j * source.head_stride(), hd, &probs(j * per_head + first, pos - key_lo),
-                          probs.cols(), last - first, &acc(j * per_head + first, 0));
+        add_quantized_row(stored + j * source.head_stride(), hd,
+                          &probs(j * per_head + first, pos - key_lo), probs.cols(), last - first,
+                          &acc(j * per_head + first, 0));
     } else {
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {

@@ -105,7 +105,7 @@ inline __m256 levels(const BlockQ8_0& block, __m256 (&x)[4]) {
 inline __m256 levels(const BlockQ4_0& block, __m256 (&x)[4]) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.q));  // 16 bytes
   const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-  const __m128i low = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);                     // n − 8
+  const __m128i low = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);                      // n − 8
   const __m128i high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), eight);  // n − 8
   x[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(low));
   x[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(low, 8)));
@@ -135,8 +135,10 @@ void score_queries(const S* row, int head_dim, const float* queries, float scale
     const __m256 d = levels(row[b], x);
     for (int c = 0; c < Q; ++c) {
       const float* qb = queries + static_cast<std::ptrdiff_t>(c) * head_dim + b * kQuantBlock;
-      const __m256 p0 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 8), x[1], _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]));
-      const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 24), x[3], _mm256_mul_ps(_mm256_loadu_ps(qb + 16), x[2]));
+      const __m256 p0 =
+          _mm256_fmadd_ps(_mm256_loadu_ps(qb + 8), x[1], _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]));
+      const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 24), x[3],
+                                        _mm256_mul_ps(_mm256_loadu_ps(qb + 16), x[2]));
       sum[c] = _mm256_fmadd_ps(d, _mm256_add_ps(p0, p1), sum[c]);
     }
   }
@@ -173,9 +175,11 @@ void score_quantized_row(const S* row, int head_dim, const T* queries, int count
     const std::ptrdiff_t step = head_dim;  // one query row
     int c = 0;
     for (; c + 4 <= count; c += 4)
-      avx2::score_queries<4>(row, head_dim, queries + c * step, scale, out + c * out_stride, out_stride);
+      avx2::score_queries<4>(row, head_dim, queries + c * step, scale, out + c * out_stride,
+                             out_stride);
     for (; c < count; ++c)
-      avx2::score_queries<1>(row, head_dim, queries + c * step, scale, out + c * out_stride, out_stride);
+      avx2::score_queries<1>(row, head_dim, queries + c * step, scale, out + c * out_stride,
+                             out_stride);
     return;
   }
 #endif
