@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -21,6 +22,9 @@
 #include "cuda_compare.hpp"
 #include "kvlab/cache/contiguous_kv_cache.hpp"
 #include "kvlab/cache/paged_kv_cache.hpp"
+#include "kvlab/core/random.hpp"
+#include "kvlab/cpu/decode_attention.hpp"
+#include "kvlab/cpu/paged_attention.hpp"
 #include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/decoders.cuh"
 #include "kvlab/cuda/host_api.cuh"
@@ -289,6 +293,149 @@ TEMPLATE_TEST_CASE(
   }
   CHECK_THROWS_MATCHES(kc::ContiguousKVCache<S>(1, 2, 48, 4), kvlab::InvalidArgument,
                        kvlab_test::names("head_dim", "a multiple of 32", "48"));
+}
+
+// A device cache with a sliding window keeps the ring the CPU cache keeps: chunks of 1 to
+// capacity - W + 1 tokens wrap the ring of 12 slots four times, and after each chunk every slot
+// that holds a position still in the ring equals the CPU cache's, bit for bit; the chunk's
+// queries attend over the device ring as cpu::decode_attention does over the CPU's (fp32
+// tolerance, cuda_compare.hpp). A chunk too large for the ring and a truncation below the
+// window's reach are refused as the CPU cache refuses them, and change nothing.
+TEMPLATE_TEST_CASE("a windowed cuda::ContiguousKVCache keeps the CPU cache's ring, bit for bit", "",
+                   float, kvlab::BlockQ8_0) {
+  using S = TestType;
+  const AttentionShape shape(4, 2, 32);
+  const int capacity = 12, window = 5;
+  kvlab::Rng rng(29);
+  kvlab::ContiguousKVCache<float, S> cpu(2, shape.num_kv_heads(), shape.head_dim(), capacity, window);
+  kc::ContiguousKVCache<S> gpu(2, shape.num_kv_heads(), shape.head_dim(), capacity, window);
+  REQUIRE(gpu.window() == window);
+  REQUIRE(gpu.max_chunk(0) == cpu.max_chunk(0));
+  for (int n : {1, 3, 8, 1, 8, 2, 7, 1, 1, 8}) {
+    CAPTURE(n, cpu.length(0));
+    RowMatrix<float> q;
+    for (int layer = 0; layer < 2; ++layer) {
+      const RowMatrix<float> k = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
+      const RowMatrix<float> v = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
+      cpu.append(layer, k, v);
+      const kc::DeviceBuffer<float> dk = kc::to_device<float>(k), dv = kc::to_device<float>(v);
+      gpu.append(layer, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+      REQUIRE(gpu.length(layer) == cpu.length(layer));
+    }
+    for (int layer = 0; layer < 2; ++layer) {
+      const kvlab::ContiguousKVView<S> want = cpu.view(layer), got = gpu.view(layer);
+      REQUIRE(got.window == window);
+      const std::size_t size = static_cast<std::size_t>(got.num_kv_heads) * capacity * got.row_units();
+      const std::vector<S> keys = download(got.k, size), values = download(got.v, size);
+      long mismatches = 0;
+      for (int h = 0; h < shape.num_kv_heads(); ++h)
+        for (int pos = std::max(0, want.length - capacity); pos < want.length; ++pos)
+          for (int u = 0; u < want.row_units(); ++u) {
+            const auto at = static_cast<std::size_t>(got.offset(h, pos) + u);
+            mismatches += !same_block(keys[at], want.key(h, pos)[u]);
+            mismatches += !same_block(values[at], want.value(h, pos)[u]);
+          }
+      CHECK(mismatches == 0);
+    }
+    q = kvlab::random_matrix<float>(n, shape.q_width(), rng);  // the chunk's queries
+    const kc::DeviceBuffer<float> d_q = kc::to_device<float>(q);
+    kc::DeviceBuffer<float> d_out(static_cast<std::size_t>(n) * shape.q_width());
+    kc::decode_attention(shape, d_q.matrix(n, shape.q_width()), gpu.view(0),
+                         d_out.matrix(n, shape.q_width()));
+    check_close<float>(kc::to_host(d_out, n, shape.q_width()),
+                       kvlab::cpu::decode_attention(shape, q, cpu.view(0)));
+  }
+  REQUIRE(cpu.length(0) == 40);  // the ring of 12 slots has wrapped three times
+  // A chunk of 9 would overwrite keys its first query sees: refused, as by the CPU cache.
+  const kc::DeviceBuffer<float> nine(static_cast<std::size_t>(9) * shape.kv_width());
+  CHECK_THROWS_MATCHES(gpu.append(0, nine.matrix(9, shape.kv_width()), nine.matrix(9, shape.kv_width())),
+                       kvlab::CapacityError,
+                       kvlab_test::names("k.rows", "at most capacity - window + 1 = 8", "9"));
+  // The ring holds positions 28 .. 39: the next token after 31 would need position 27.
+  CHECK_THROWS_MATCHES(gpu.truncate(31), kvlab::InvalidArgument, kvlab_test::names("length", "at least 32", "31"));
+  CHECK(gpu.length(0) == 40);
+  gpu.truncate(32);
+  CHECK(gpu.length(1) == 32);
+  CHECK_THROWS_MATCHES(kc::ContiguousKVCache<S>(1, 2, 32, 4, 5), kvlab::InvalidArgument,
+                       kvlab_test::names("window", "at most capacity (4)", "5"));
+}
+
+// A device pool with a sliding window gives back the blocks the CPU pool gives back: after each
+// chunk both release the blocks before the next token's window, and their tables, held blocks
+// and free lists agree; the blocks still held equal the CPU's bit for bit; a decode query over
+// the device pool equals cpu::paged_decode_attention (fp32 tolerance, cuda_compare.hpp); the
+// sequence never holds more than ceil((W - 1 + C) / block_size) + 1 blocks while a chunk of C
+// runs; and a truncation whose window reaches a block given back is refused by both.
+TEMPLATE_TEST_CASE("a windowed cuda::PagedKVCache releases the blocks the CPU pool releases", "",
+                   float, kvlab::BlockQ4_0) {
+  using S = TestType;
+  const AttentionShape shape(4, 2, 32);
+  const int block_size = 4, window = 6;
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+    CAPTURE(kvlab::to_string(layout));
+    kvlab::Rng rng(31);
+    kvlab::PagedKVCache<float, S> cpu(1, shape.num_kv_heads(), shape.head_dim(), block_size, 16,
+                                      layout, window);
+    kc::PagedKVCache<S> gpu(1, shape.num_kv_heads(), shape.head_dim(), block_size, 16, layout,
+                            window);
+    REQUIRE(gpu.window() == window);
+    const int seq = cpu.add_sequence();
+    REQUIRE(gpu.add_sequence() == seq);
+    for (int n : {3, 1, 5, 1, 1, 4, 2, 6, 1, 9, 1}) {
+      CAPTURE(n, cpu.length(seq));
+      const RowMatrix<float> k = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
+      const RowMatrix<float> v = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
+      const std::vector<std::int64_t> slots = cpu.append(seq, k, v);
+      REQUIRE(gpu.reserve(seq, n) == slots);
+      const kc::DeviceBuffer<float> dk = kc::to_device<float>(k), dv = kc::to_device<float>(v);
+      gpu.write(0, slots, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+      CHECK(gpu.held_blocks(seq) <= (window - 1 + n + block_size - 1) / block_size + 1);
+      // the blocks held: the same ids, the same bytes from the window's first key on
+      const kvlab::BlockTables tables = cpu.tables({seq});
+      const kc::DeviceBlockTables device_tables(gpu.tables({seq}));
+      const kvlab::PagedKVView<S> want = cpu.view(0, tables);
+      const kvlab::PagedKVView<S> got = gpu.view(0, device_tables);
+      REQUIRE(got.window == window);
+      const std::size_t pool = static_cast<std::size_t>(got.num_blocks) * block_size *
+                               static_cast<std::size_t>(got.num_kv_heads * got.row_units());
+      const std::vector<S> keys = download(got.k, pool), values = download(got.v, pool);
+      long mismatches = 0;
+      const int length = cpu.length(seq);
+      for (int pos = kvlab::first_visible_key(length - n, window); pos < length; ++pos)
+        for (int h = 0; h < shape.num_kv_heads(); ++h)
+          for (int u = 0; u < want.row_units(); ++u) {
+            const auto at = static_cast<std::size_t>(want.offset(0, pos, h) + u);
+            mismatches += !same_block(keys[at], want.key(0, pos, h)[u]);
+            mismatches += !same_block(values[at], want.value(0, pos, h)[u]);
+          }
+      CHECK(mismatches == 0);
+      // the last token's query, over each pool
+      const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+      const kc::DeviceBuffer<float> d_q = kc::to_device<float>(q);
+      kc::DeviceBuffer<float> d_out(static_cast<std::size_t>(shape.q_width()));
+      kc::paged_decode_attention(shape, d_q.matrix(1, shape.q_width()), got,
+                                 d_out.matrix(1, shape.q_width()));
+      check_close<float>(kc::to_host(d_out, 1, shape.q_width()),
+                         kvlab::cpu::paged_decode_attention(shape, q, want));
+      // the blocks before the next token's window go back to each pool
+      const int released = cpu.release_out_of_window(seq);
+      CHECK(gpu.release_out_of_window(seq) == released);
+      CHECK(gpu.blocks(seq) == cpu.blocks(seq));
+      CHECK(gpu.held_blocks(seq) == cpu.held_blocks(seq));
+      CHECK(gpu.allocator().num_free() == cpu.allocator().num_free());
+    }
+    REQUIRE(cpu.length(seq) == 34);  // the blocks of positions 0 .. 27 are back in the pool
+    CHECK(cpu.held_blocks(seq) == 2);
+    CHECK_THROWS_MATCHES(cpu.truncate(seq, 30), kvlab::InvalidArgument,
+                         kvlab_test::names("length", "at least 33", "30"));
+    CHECK_THROWS_MATCHES(gpu.truncate(seq, 30), kvlab::InvalidArgument,
+                         kvlab_test::names("length", "at least 33", "30"));
+    CHECK(gpu.length(seq) == 34);
+    gpu.truncate(seq, 33);
+    CHECK(gpu.length(seq) == 33);
+  }
+  CHECK_THROWS_MATCHES(kc::PagedKVCache<S>(1, 2, 32, 4, 4, KVLayout::NHD, -1), kvlab::InvalidArgument,
+                       kvlab_test::names("window", ">= 0", "-1"));
 }
 
 TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {

@@ -65,13 +65,7 @@ class ContiguousKVCache {
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     detail::require_at_least(kWhere, "capacity", capacity, 1);
-    detail::require_at_least(kWhere, "window", window, 0);
-    if (window > capacity) {
-      detail::fail(kWhere, "window",
-                   "at most capacity (" + std::to_string(capacity) +
-                       "): a decode step needs its W keys in the ring",
-                   window);
-    }
+    detail::check_ring_window(kWhere, capacity, window);
     detail::require_storage_head_dim<S>(kWhere, head_dim);
     if (num_kv_heads > INT_MAX / head_dim) {
       detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
@@ -143,28 +137,7 @@ class ContiguousKVCache {
     detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), static_cast<long>(width),
                           "num_kv_heads * head_dim");
     const std::size_t l = at(layer);
-    const long new_length = length_[l] + static_cast<long>(k.rows());
-    if (window_ > 0 && k.rows() > capacity_ - window_ + 1) {
-      detail::fail<CapacityError>(
-          kWhere, "k.rows()",
-          "at most capacity - window + 1 = " + std::to_string(capacity_ - window_ + 1) +
-              " (a ring of " + std::to_string(capacity_) +
-              " slots holds a chunk and the window's keys before it)",
-          k.rows());
-    }
-    if (window_ > 0 && new_length > INT_MAX) {
-      detail::fail<CapacityError>(kWhere, "k.rows()",
-                                  "at most " + std::to_string(INT_MAX - length_[l]) +
-                                      " (positions fit in an int)",
-                                  k.rows());
-    }
-    if (window_ == 0 && new_length > capacity_) {
-      detail::fail<CapacityError>(kWhere, "k.rows()",
-                                  "at most " + std::to_string(capacity_ - length_[l]) +
-                                      " (capacity " + std::to_string(capacity_) + ", length " +
-                                      std::to_string(length_[l]) + ")",
-                                  k.rows());
-    }
+    detail::check_contiguous_append(kWhere, "k.rows()", k.rows(), capacity_, window_, length_[l]);
     detail::require_storable<S>(kWhere, "k", k);
     detail::require_storable<S>(kWhere, "v", v);
     // Encode each token's row, head by head, into the head-major blocks.
@@ -177,9 +150,9 @@ class ContiguousKVCache {
         KVStorage<S>::encode(v.row(t).data() + kv_head * head_dim_, head_dim_, v_[l].data() + dst);
       }
     }
-    length_[l] = static_cast<int>(new_length);
+    length_[l] += static_cast<int>(k.rows());
     // the rows overwritten in the ring are gone
-    if (window_ > 0) valid_from_[l] = std::max(valid_from_[l], length_[l] - capacity_);
+    valid_from_[l] = detail::ring_valid_from(valid_from_[l], length_[l], capacity_, window_);
   }
 
   /// Forgets every token at position `length` and after, in every layer (for example to undo
@@ -189,21 +162,8 @@ class ContiguousKVCache {
   ///         window below the oldest row kept plus W − 1.
   void truncate(int length) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::truncate";
-    detail::require_at_least(kWhere, "length", length, 0);
-    for (int l = 0; l < num_layers_; ++l) {
-      if (length > length_[at(l)]) {
-        detail::fail(kWhere, "length",
-                     "at most the length of layer " + std::to_string(l) + " (" +
-                         std::to_string(length_[at(l)]) + ")",
-                     length);
-      }
-      if (window_ > 0 && first_visible_key(length, window_) < valid_from_[at(l)]) {
-        detail::fail(kWhere, "length",
-                     "at least " + std::to_string(valid_from_[at(l)] + window_ - 1) +
-                         " (the next token's window would reach rows the ring has overwritten)",
-                     length);
-      }
-    }
+    for (int l = 0; l < num_layers_; ++l)
+      detail::check_contiguous_truncate(kWhere, length, l, length_[at(l)], window_, valid_from_[at(l)]);
     for (int& len : length_) len = length;
   }
 

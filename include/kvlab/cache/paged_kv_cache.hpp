@@ -157,19 +157,7 @@ class PagedKVCacheBase {
   ///         window reaches a released block.
   void truncate(int seq, int length) {
     if (book_.contains(seq) && length >= 0 && length <= book_.length(seq)) {
-      const std::vector<std::int32_t>& blocks = book_.blocks(seq);
-      const int page = first_visible_key(length, window_) / block_size();
-      if (window_ > 0 && static_cast<std::size_t>(page) < blocks.size() &&
-          blocks[at(page)] == kReleasedBlock) {
-        int first_kept = page;  // the first page still held
-        while (static_cast<std::size_t>(first_kept) < blocks.size() &&
-               blocks[at(first_kept)] == kReleasedBlock)
-          ++first_kept;
-        detail::fail("kvlab::PagedKVCache::truncate", "length",
-                     "at least " + std::to_string(first_kept * block_size() + window_ - 1) +
-                         " (the next token's window would reach blocks already back in the pool)",
-                     length);
-      }
+      book_.check_window_truncate(seq, length, window_);
       release_slots(seq, length);
     }
     book_.truncate(seq, length);

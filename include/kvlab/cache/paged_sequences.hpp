@@ -16,6 +16,7 @@
 #include "kvlab/cache/block_allocator.hpp"
 #include "kvlab/cache/block_tables.hpp"
 #include "kvlab/config.hpp"
+#include "kvlab/core/views.hpp"
 
 namespace kvlab {
 
@@ -187,6 +188,26 @@ class PagedSequences {
       ++released;
     }
     return released;
+  }
+
+  /// Throws unless the next token after truncating `seq` to `length` could still see its window
+  /// of `window` keys (from `length − window + 1`, `first_visible_key`): their first block must
+  /// not have been given back (`release_front`). Nothing to check without a window, or for a
+  /// `length` outside [0, length(seq)] (which `truncate` refuses). The check of
+  /// `PagedKVCache::truncate` and `cuda::PagedKVCache::truncate`, before they change anything.
+  /// \throws InvalidArgument if `seq` is not live, or naming `length` (with the smallest length
+  ///         that would do) if the window reaches a block given back.
+  void check_window_truncate(int seq, int length, int window) const {
+    const Sequence& s = find("truncate", seq);
+    if (window == 0 || length < 0 || length > s.length) return;
+    const auto page = static_cast<std::size_t>(first_visible_key(length, window) / block_size_);
+    if (page >= s.blocks.size() || s.blocks[page] != kReleasedBlock) return;
+    std::size_t first_kept = page;  // the first page still held
+    while (first_kept < s.blocks.size() && s.blocks[first_kept] == kReleasedBlock) ++first_kept;
+    detail::fail(where("truncate").c_str(), "length",
+                 "at least " + std::to_string(static_cast<long long>(first_kept) * block_size_ + window - 1) +
+                     " (the next token's window would reach blocks already back in the pool)",
+                 length);
   }
 
   /// Blocks of `seq` that it still holds (its table's entries other than `kReleasedBlock`).

@@ -3,6 +3,7 @@
 /// as plain pointers and sizes that host and device code read the same way.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -98,6 +99,76 @@ void check_contiguous_length(const char* where, const char* q_rows_name, long lo
                " (a ring holds the queries and the window's keys before them)",
            q_rows);
     }
+  }
+}
+
+/// The window of a contiguous cache, checked by the constructors of `ContiguousKVCache` and
+/// `cuda::ContiguousKVCache`: W >= 0 (0: no window), and at most `capacity`, since a decode step
+/// needs its W keys in the ring.
+/// \throws InvalidArgument naming `window`.
+inline void check_ring_window(const char* where, int capacity, int window) {
+  require_at_least(where, "window", window, 0);
+  if (window > capacity) {
+    fail(where, "window",
+         "at most capacity (" + std::to_string(capacity) + "): a decode step needs its W keys in the ring",
+         window);
+  }
+}
+
+/// The capacity checks of appending `rows` tokens to a contiguous cache that holds `length`,
+/// shared by `ContiguousKVCache::append` and `cuda::ContiguousKVCache::append`. Without a window,
+/// length + rows <= capacity. With one (a ring of `capacity` slots), rows <= capacity − W + 1:
+/// the chunk's first query sees the W − 1 keys before it, which the chunk's writes must not
+/// overwrite; and positions must fit in an int. `rows_name` is the caller's name for rows.
+/// \throws CapacityError naming `rows_name`.
+inline void check_contiguous_append(const char* where, const char* rows_name, long long rows,
+                                    int capacity, int window, int length) {
+  if (window > 0 && rows > capacity - window + 1) {
+    fail<CapacityError>(where, rows_name,
+                        "at most capacity - window + 1 = " + std::to_string(capacity - window + 1) +
+                            " (a ring of " + std::to_string(capacity) +
+                            " slots holds a chunk and the window's keys before it)",
+                        rows);
+  }
+  if (window > 0 && length + rows > INT_MAX) {
+    fail<CapacityError>(where, rows_name,
+                        "at most " + std::to_string(INT_MAX - length) + " (positions fit in an int)",
+                        rows);
+  }
+  if (window == 0 && length + rows > capacity) {
+    fail<CapacityError>(where, rows_name,
+                        "at most " + std::to_string(capacity - length) + " (capacity " +
+                            std::to_string(capacity) + ", length " + std::to_string(length) + ")",
+                        rows);
+  }
+}
+
+/// The oldest position a contiguous cache still holds once its sequence has reached `length`,
+/// given the oldest it held before (`valid_from`): without a window 0; with one, the rows of a
+/// ring of `capacity` slots that have not been overwritten, from length − capacity on.
+inline int ring_valid_from(int valid_from, int length, int capacity, int window) {
+  if (window == 0) return 0;
+  return valid_from > length - capacity ? valid_from : length - capacity;
+}
+
+/// The check of truncating a contiguous cache's layer `layer` (holding `layer_length` tokens, its
+/// ring holding positions from `valid_from` on) to `length`, shared by `ContiguousKVCache::truncate`
+/// and `cuda::ContiguousKVCache::truncate`: 0 <= length <= layer_length, and with a window the
+/// next token's W keys (from length − W + 1) still in the ring.
+/// \throws InvalidArgument naming `length`.
+inline void check_contiguous_truncate(const char* where, int length, int layer, int layer_length,
+                                      int window, int valid_from) {
+  require_at_least(where, "length", length, 0);
+  if (length > layer_length) {
+    fail(where, "length",
+         "at most the length of layer " + std::to_string(layer) + " (" + std::to_string(layer_length) + ")",
+         length);
+  }
+  if (window > 0 && first_visible_key(length, window) < valid_from) {
+    fail(where, "length",
+         "at least " + std::to_string(valid_from + window - 1) +
+             " (the next token's window would reach rows the ring has overwritten)",
+         length);
   }
 }
 

@@ -33,23 +33,34 @@ namespace kvlab::cuda {
 /// block by block, exactly as `kvlab::ContiguousKVCache<float, BlockQ8_0>` quantizes them:
 /// `detail::quantize_block`). Unlike the CPU cache it does not look at the values (they are in
 /// device memory): a NaN or an out-of-range value is stored as the encoding makes it.
+///
+/// **Sliding window** (`window` = W >= 1), as in the CPU cache: the rows are kept in a ring of
+/// `capacity` slots (row `pos` in slot `pos % capacity`, `ContiguousKVView::slot`), the sequence
+/// may grow past `capacity`, a chunk may add at most `capacity − W + 1` tokens, and `truncate`
+/// refuses a length whose window reaches overwritten rows — the same checks, in one place
+/// (`detail::check_contiguous_append`, `detail::check_contiguous_truncate`).
 template <typename T>
 class ContiguousKVCache {
  public:
   /// What `append` takes: rows of T, or of floats for an int8/int4 cache.
   using Input = StorageInput<T>;
 
-  /// An empty cache for `capacity` tokens (device memory, uninitialised).
-  /// \throws InvalidArgument if any argument is below 1, `head_dim` is not a multiple of 32 for
-  ///         int8/int4, or the sizes overflow; CudaError if the allocation fails.
-  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity)
+  /// An empty cache for `capacity` tokens, or with a sliding window of `window` keys a ring of
+  /// `capacity` slots (`capacity >= window`: W − 1 + C for steps of up to C tokens); device
+  /// memory, uninitialised.
+  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`,
+  ///         `head_dim` is not a multiple of 32 for int8/int4, or the sizes overflow; CudaError
+  ///         if the allocation fails.
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         capacity_(capacity),
-        k_(elements(num_layers, num_kv_heads, head_dim, capacity)),
+        window_(window),
+        k_(elements(num_layers, num_kv_heads, head_dim, capacity, window)),
         v_(k_.size()),
-        length_(at(num_layers), 0) {}
+        length_(at(num_layers), 0),
+        valid_from_(at(num_layers), 0) {}
 
   /// Number of layers.
   int num_layers() const { return num_layers_; }
@@ -57,9 +68,18 @@ class ContiguousKVCache {
   int num_kv_heads() const { return num_kv_heads_; }
   /// Values per head.
   int head_dim() const { return head_dim_; }
-  /// Tokens reserved per layer.
+  /// Tokens reserved per layer (slots of the ring, with a window).
   int capacity() const { return capacity_; }
-  /// Tokens stored in `layer`.
+  /// The sliding window: each query sees its last `window()` keys; 0 for none.
+  int window() const { return window_; }
+  /// The most tokens one `append` may add: `capacity() − window() + 1` with a window, the free
+  /// capacity without (as `kvlab::ContiguousKVCache::max_chunk`).
+  /// \throws InvalidArgument if `layer` is out of range.
+  int max_chunk(int layer) const {
+    check_layer("kvlab::cuda::ContiguousKVCache::max_chunk", layer);
+    return window_ > 0 ? capacity_ - window_ + 1 : capacity_ - length_[at(layer)];
+  }
+  /// Tokens of the sequence in `layer` (with a window, possibly more than the ring keeps).
   /// \throws InvalidArgument if `layer` is out of range.
   int length(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::length", layer);
@@ -73,22 +93,16 @@ class ContiguousKVCache {
   /// \param v       values of the new tokens, [n, num_kv_heads * head_dim], device memory
   /// \param stream  the stream to run on
   /// \throws InvalidArgument for a wrong shape or layer; CapacityError if the layer would hold
-  ///         more than `capacity()` tokens (either way nothing is written); CudaError if the
-  ///         launch fails.
+  ///         more than `capacity()` tokens, or with a window if `n` exceeds `max_chunk` (either
+  ///         way nothing is written); CudaError if the launch fails.
   void append(int layer, DeviceMatrix<const Input> k, DeviceMatrix<const Input> v,
               cudaStream_t stream = nullptr) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::append";
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
     const std::size_t l = at(layer);
-    if (k.rows > capacity_ - length_[l]) {
-      kvlab::detail::fail<CapacityError>(kWhere, "k.rows",
-                                         "at most " + std::to_string(capacity_ - length_[l]) +
-                                             " (capacity " + std::to_string(capacity_) +
-                                             ", length " + std::to_string(length_[l]) + ")",
-                                         k.rows);
-    }
-    const ContiguousKVView<T> layout = view(layer);
+    kvlab::detail::check_contiguous_append(kWhere, "k.rows", k.rows, capacity_, window_, length_[l]);
+    const ContiguousKVView<T> layout = view(layer);  // with a window, slots in the ring
     detail::launch_kernel(
         "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
         dim3(detail::write_blocks(static_cast<std::int64_t>(k.rows) * num_kv_heads_ *
@@ -96,33 +110,34 @@ class ContiguousKVCache {
         dim3(detail::kWriteThreads), 0, stream, k.data, v.data, k.rows, layer_data(k_, layer),
         layer_data(v_, layer), layout, length_[l]);
     length_[l] += k.rows;
+    // the rows overwritten in the ring are gone
+    valid_from_[l] = kvlab::detail::ring_valid_from(valid_from_[l], length_[l], capacity_, window_);
   }
 
-  /// Forgets every token at position `length` and after, in every layer.
-  /// \throws InvalidArgument if `length` is negative or above a layer's current length.
+  /// Forgets every token at position `length` and after, in every layer. With a window, the next
+  /// token's window (the keys from `length − W + 1`) must still be in the ring.
+  /// \throws InvalidArgument if `length` is negative, above a layer's current length, or with a
+  ///         window below the oldest row kept plus W − 1.
   void truncate(int length) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::truncate";
-    kvlab::detail::require_at_least(kWhere, "length", length, 0);
-    for (int l = 0; l < num_layers_; ++l) {
-      if (length > length_[at(l)]) {
-        kvlab::detail::fail(kWhere, "length",
-                            "at most the length of layer " + std::to_string(l) + " (" +
-                                std::to_string(length_[at(l)]) + ")",
-                            length);
-      }
-    }
+    for (int l = 0; l < num_layers_; ++l)
+      kvlab::detail::check_contiguous_truncate(kWhere, length, l, length_[at(l)], window_,
+                                               valid_from_[at(l)]);
     for (int& len : length_) len = length;
   }
   /// Empties every layer; the memory stays reserved.
-  void clear() { truncate(0); }
+  void clear() {
+    for (int& len : length_) len = 0;
+    for (int& from : valid_from_) from = 0;
+  }
 
   /// A view of `layer` holding device pointers, valid until the cache is destroyed.
   /// \throws InvalidArgument if `layer` is out of range.
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
-    return ContiguousKVView<T>{
-        layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, capacity_,
-        length_[at(layer)]};
+    return ContiguousKVView<T>{layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_,
+                               head_dim_,             capacity_,             length_[at(layer)],
+                               window_};
   }
 
   /// Bytes reserved for K and V in all layers.
@@ -131,12 +146,15 @@ class ContiguousKVCache {
  private:
   // A layer (or a size, >= 0) as an index (or a size) of the per-layer arrays.
   static std::size_t at(int i) { return static_cast<std::size_t>(i); }
-  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity) {
+  // Checks the arguments; the elements of K (or V) in all layers.
+  static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity,
+                              int window) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache";
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     kvlab::detail::require_at_least(kWhere, "capacity", capacity, 1);
+    kvlab::detail::check_ring_window(kWhere, capacity, window);
     if (head_dim % StorageUnit<T>::kValues != 0) {
       kvlab::detail::fail(kWhere, "head_dim",
                           std::string("a multiple of 32 (whole ") + storage_name<T>() + " blocks)",
@@ -169,9 +187,11 @@ class ContiguousKVCache {
   int num_kv_heads_;
   int head_dim_;
   int capacity_;
+  int window_;  // 0, or W: a ring of capacity_ slots
   DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, row units]
   DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, row units]
-  std::vector<int> length_;  // [num_layers]
+  std::vector<int> length_;      // [num_layers]: tokens of the sequence
+  std::vector<int> valid_from_;  // [num_layers]: the oldest position the ring still holds
 };
 
 }  // namespace kvlab::cuda

@@ -99,16 +99,21 @@ class PagedKVCache {
   /// \param block_size    tokens per block, >= 1
   /// \param num_blocks    blocks in the pool, >= 1
   /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
-  /// \throws InvalidArgument if any size is below 1, `head_dim` is not a multiple of 32 for
-  ///         int8/int4, or the pool overflows; CudaError if the allocation fails.
+  /// \param window        a sliding window of that many keys (0: none): the views carry it and
+  ///                      `release_out_of_window` gives the blocks before it back, as in
+  ///                      `PagedKVCache`
+  /// \throws InvalidArgument if any size is below 1, `window` is negative, `head_dim` is not a
+  ///         multiple of 32 for int8/int4, or the pool overflows; CudaError if the allocation
+  ///         fails.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD)
+               KVLayout layout = KVLayout::NHD, int window = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         layout_(layout),
+        window_(window),
         book_(block_size, num_blocks, "kvlab::cuda::PagedKVCache"),
-        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks)),
+        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks, window)),
         v_(k_.size()) {}
 
   /// Layers.
@@ -213,9 +218,31 @@ class PagedKVCache {
   /// \throws InvalidArgument if `seq` is not live.
   int fork(int seq) { return book_.fork(seq); }
 
-  /// Shortens `seq` to its first `length` tokens, as `PagedKVCache::truncate`.
-  /// \throws InvalidArgument if `seq` is not live or `length` is not in [0, length(seq)].
-  void truncate(int seq, int length) { book_.truncate(seq, length); }
+  /// Shortens `seq` to its first `length` tokens, as `PagedKVCache::truncate` (with a window,
+  /// the next token's window must not reach a block already given back).
+  /// \throws InvalidArgument if `seq` is not live, `length` is not in [0, length(seq)], or its
+  ///         window reaches a released block.
+  void truncate(int seq, int length) {
+    book_.check_window_truncate(seq, length, window_);
+    book_.truncate(seq, length);
+  }
+
+  /// The sliding window of the pool's attention (0: none), as `PagedKVCache::window`.
+  int window() const { return window_; }
+
+  /// With a window, gives back the blocks of `seq` wholly before the next token's window and
+  /// returns how many went back now, as `PagedKVCache::release_out_of_window` (the same
+  /// `PagedSequences::release_front`). Without a window it does nothing.
+  /// \throws InvalidArgument if `seq` is not live.
+  int release_out_of_window(int seq) {
+    const int length = book_.length(seq);
+    if (window_ == 0) return 0;
+    return book_.release_front(seq, first_visible_key(length, window_));
+  }
+
+  /// Blocks that `seq` holds: its table's entries less those given back out of the window.
+  /// \throws InvalidArgument if `seq` is not live.
+  int held_blocks(int seq) const { return book_.held_blocks(seq); }
 
   /// Ends `seq`: its blocks lose a holder, and those with none left return to the pool.
   /// \throws InvalidArgument if `seq` is not live.
@@ -237,8 +264,10 @@ class PagedKVCache {
                                  allocator().num_blocks(), "num_blocks");
     kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(),
                                  block_size(), "block_size");
-    return tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_,
-                          layout_);
+    PagedKVView<T> view =
+        tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, layout_);
+    view.window = window_;
+    return view;
   }
 
   /// A view of temporary device tables would point into device memory freed at the end of the
@@ -246,9 +275,11 @@ class PagedKVCache {
   PagedKVView<T> view(int layer, const DeviceBlockTables&& tables) const = delete;
 
  private:
+  // Checks the arguments; the elements of K (or V) in all layers.
   static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size,
-                              int num_blocks) {
+                              int num_blocks, int window) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache";
+    kvlab::detail::require_at_least(kWhere, "window", window, 0);
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
@@ -318,6 +349,7 @@ class PagedKVCache {
   int num_kv_heads_;
   int head_dim_;
   KVLayout layout_;
+  int window_;           // 0, or the window of the pool's attention
   PagedSequences book_;  // which blocks each sequence holds; the allocator (host)
   // [num_layers, num_blocks * block_size * num_kv_heads * row units], in layout_
   DeviceBuffer<T> k_;
