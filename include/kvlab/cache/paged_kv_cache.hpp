@@ -173,11 +173,7 @@ class PagedKVCacheBase {
   /// `kReleasedBlock`). A sequence then holds at most `ceil((W − 1 + C) / block_size) + 1`
   /// blocks while a step of C tokens runs. Without a window it does nothing.
   /// \throws InvalidArgument if `seq` is not live.
-  int release_out_of_window(int seq) {
-    const int length = book_.length(seq);
-    if (window_ == 0) return 0;
-    return book_.release_front(seq, first_visible_key(length, window_));
-  }
+  int release_out_of_window(int seq) { return book_.release_out_of_window(seq, window_); }
 
   /// Blocks that `seq` holds: its table's entries less those given back out of the window.
   /// \throws InvalidArgument if `seq` is not live.

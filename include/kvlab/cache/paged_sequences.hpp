@@ -190,6 +190,16 @@ class PagedSequences {
     return released;
   }
 
+  /// With a sliding window of `window` keys, gives back the blocks of `seq` wholly before the
+  /// next token's window (`release_front` from `first_visible_key(length(seq), window)`) and
+  /// returns how many went back now; without one (0) does nothing. What
+  /// `PagedKVCache::release_out_of_window` and its CUDA twin do.
+  /// \throws InvalidArgument if `seq` is not live.
+  int release_out_of_window(int seq, int window) {
+    const int length = find("release_out_of_window", seq).length;
+    return window == 0 ? 0 : release_front(seq, first_visible_key(length, window));
+  }
+
   /// Throws unless the next token after truncating `seq` to `length` could still see its window
   /// of `window` keys (from `length − window + 1`, `first_visible_key`): their first block must
   /// not have been given back (`release_front`). Nothing to check without a window, or for a

@@ -229,18 +229,11 @@ class PagedKVCache {
 
   /// The sliding window of the pool's attention (0: none), as `PagedKVCache::window`.
   int window() const { return window_; }
-
-  /// With a window, gives back the blocks of `seq` wholly before the next token's window and
-  /// returns how many went back now, as `PagedKVCache::release_out_of_window` (the same
-  /// `PagedSequences::release_front`). Without a window it does nothing.
+  /// As `PagedKVCache::release_out_of_window` (`PagedSequences::release_out_of_window`): with a
+  /// window, the blocks of `seq` before the next token's window go back; returns how many.
   /// \throws InvalidArgument if `seq` is not live.
-  int release_out_of_window(int seq) {
-    const int length = book_.length(seq);
-    if (window_ == 0) return 0;
-    return book_.release_front(seq, first_visible_key(length, window_));
-  }
-
-  /// Blocks that `seq` holds: its table's entries less those given back out of the window.
+  int release_out_of_window(int seq) { return book_.release_out_of_window(seq, window_); }
+  /// Blocks that `seq` holds, less those given back out of the window.
   /// \throws InvalidArgument if `seq` is not live.
   int held_blocks(int seq) const { return book_.held_blocks(seq); }
 
