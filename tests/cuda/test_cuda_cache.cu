@@ -225,7 +225,8 @@ bool same_block(const S& a, const S& b) {
 template <typename S>
 long contiguous_mismatches(const kvlab::ContiguousKVView<S>& got,
                            const kvlab::ContiguousKVView<S>& want, int from) {
-  const std::size_t size = static_cast<std::size_t>(got.num_kv_heads) * got.capacity * got.row_units();
+  const std::size_t size =
+      static_cast<std::size_t>(got.num_kv_heads) * got.capacity * got.row_units();
   const std::vector<S> keys = download(got.k, size), values = download(got.v, size);
   long mismatches = 0;
   for (int h = 0; h < want.num_kv_heads; ++h)
@@ -322,7 +323,8 @@ TEMPLATE_TEST_CASE("a windowed cuda::ContiguousKVCache keeps the CPU cache's rin
   const AttentionShape shape(4, 2, 32);
   const int capacity = 12, window = 5;
   kvlab::Rng rng(29);
-  kvlab::ContiguousKVCache<float, S> cpu(2, shape.num_kv_heads(), shape.head_dim(), capacity, window);
+  kvlab::ContiguousKVCache<float, S> cpu(2, shape.num_kv_heads(), shape.head_dim(), capacity,
+                                         window);
   kc::ContiguousKVCache<S> gpu(2, shape.num_kv_heads(), shape.head_dim(), capacity, window);
   REQUIRE(gpu.window() == window);
   REQUIRE(gpu.max_chunk(0) == cpu.max_chunk(0));
@@ -353,11 +355,12 @@ TEMPLATE_TEST_CASE("a windowed cuda::ContiguousKVCache keeps the CPU cache's rin
   REQUIRE(cpu.length(0) == 40);  // the ring of 12 slots has wrapped three times
   // A chunk of 9 would overwrite keys its first query sees: refused, as by the CPU cache.
   const kc::DeviceBuffer<float> nine(static_cast<std::size_t>(9) * shape.kv_width());
-  CHECK_THROWS_MATCHES(gpu.append(0, nine.matrix(9, shape.kv_width()), nine.matrix(9, shape.kv_width())),
-                       kvlab::CapacityError,
-                       kvlab_test::names("k.rows", "at most capacity - window + 1 = 8", "9"));
+  CHECK_THROWS_MATCHES(
+      gpu.append(0, nine.matrix(9, shape.kv_width()), nine.matrix(9, shape.kv_width())),
+      kvlab::CapacityError, kvlab_test::names("k.rows", "at most capacity - window + 1 = 8", "9"));
   // The ring holds positions 28 .. 39: the next token after 31 would need position 27.
-  CHECK_THROWS_MATCHES(gpu.truncate(31), kvlab::InvalidArgument, kvlab_test::names("length", "at least 32", "31"));
+  CHECK_THROWS_MATCHES(gpu.truncate(31), kvlab::InvalidArgument,
+                       kvlab_test::names("length", "at least 32", "31"));
   CHECK(gpu.length(0) == 40);
   gpu.truncate(32);
   CHECK(gpu.length(1) == 32);
@@ -428,8 +431,8 @@ TEMPLATE_TEST_CASE("a windowed cuda::PagedKVCache releases the blocks the CPU po
     gpu.truncate(seq, 33);
     CHECK(gpu.length(seq) == 33);
   }
-  CHECK_THROWS_MATCHES(kc::PagedKVCache<S>(1, 2, 32, 4, 4, KVLayout::NHD, -1), kvlab::InvalidArgument,
-                       kvlab_test::names("window", ">= 0", "-1"));
+  CHECK_THROWS_MATCHES(kc::PagedKVCache<S>(1, 2, 32, 4, 4, KVLayout::NHD, -1),
+                       kvlab::InvalidArgument, kvlab_test::names("window", ">= 0", "-1"));
 }
 
 TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {

@@ -163,7 +163,8 @@ class ContiguousKVCache {
   void truncate(int length) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::truncate";
     for (int l = 0; l < num_layers_; ++l)
-      detail::check_contiguous_truncate(kWhere, length, l, length_[at(l)], window_, valid_from_[at(l)]);
+      detail::check_contiguous_truncate(kWhere, length, l, length_[at(l)], window_,
+                                        valid_from_[at(l)]);
     for (int& len : length_) len = length;
   }
 

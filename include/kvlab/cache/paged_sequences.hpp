@@ -215,7 +215,8 @@ class PagedSequences {
     std::size_t first_kept = page;  // the first page still held
     while (first_kept < s.blocks.size() && s.blocks[first_kept] == kReleasedBlock) ++first_kept;
     detail::fail(where("truncate").c_str(), "length",
-                 "at least " + std::to_string(static_cast<long long>(first_kept) * block_size_ + window - 1) +
+                 "at least " +
+                     std::to_string(static_cast<long long>(first_kept) * block_size_ + window - 1) +
                      " (the next token's window would reach blocks already back in the pool)",
                  length);
   }

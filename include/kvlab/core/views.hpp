@@ -110,7 +110,8 @@ inline void check_ring_window(const char* where, int capacity, int window) {
   require_at_least(where, "window", window, 0);
   if (window > capacity) {
     fail(where, "window",
-         "at most capacity (" + std::to_string(capacity) + "): a decode step needs its W keys in the ring",
+         "at most capacity (" + std::to_string(capacity) +
+             "): a decode step needs its W keys in the ring",
          window);
   }
 }
@@ -131,9 +132,9 @@ inline void check_contiguous_append(const char* where, const char* rows_name, lo
                         rows);
   }
   if (window > 0 && length + rows > INT_MAX) {
-    fail<CapacityError>(where, rows_name,
-                        "at most " + std::to_string(INT_MAX - length) + " (positions fit in an int)",
-                        rows);
+    fail<CapacityError>(
+        where, rows_name,
+        "at most " + std::to_string(INT_MAX - length) + " (positions fit in an int)", rows);
   }
   if (window == 0 && length + rows > capacity) {
     fail<CapacityError>(where, rows_name,
@@ -152,16 +153,17 @@ inline int ring_valid_from(int valid_from, int length, int capacity, int window)
 }
 
 /// The check of truncating a contiguous cache's layer `layer` (holding `layer_length` tokens, its
-/// ring holding positions from `valid_from` on) to `length`, shared by `ContiguousKVCache::truncate`
-/// and `cuda::ContiguousKVCache::truncate`: 0 <= length <= layer_length, and with a window the
-/// next token's W keys (from length − W + 1) still in the ring.
+/// ring holding positions from `valid_from` on) to `length`, shared by
+/// `ContiguousKVCache::truncate` and `cuda::ContiguousKVCache::truncate`: 0 <= length <=
+/// layer_length, and with a window the next token's W keys (from length − W + 1) still in the ring.
 /// \throws InvalidArgument naming `length`.
 inline void check_contiguous_truncate(const char* where, int length, int layer, int layer_length,
                                       int window, int valid_from) {
   require_at_least(where, "length", length, 0);
   if (length > layer_length) {
     fail(where, "length",
-         "at most the length of layer " + std::to_string(layer) + " (" + std::to_string(layer_length) + ")",
+         "at most the length of layer " + std::to_string(layer) + " (" +
+             std::to_string(layer_length) + ")",
          length);
   }
   if (window > 0 && first_visible_key(length, window) < valid_from) {

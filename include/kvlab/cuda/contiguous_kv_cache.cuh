@@ -101,7 +101,8 @@ class ContiguousKVCache {
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
     const std::size_t l = at(layer);
-    kvlab::detail::check_contiguous_append(kWhere, "k.rows", k.rows, capacity_, window_, length_[l]);
+    kvlab::detail::check_contiguous_append(kWhere, "k.rows", k.rows, capacity_, window_,
+                                           length_[l]);
     const ContiguousKVView<T> layout = view(layer);  // with a window, slots in the ring
     detail::launch_kernel(
         "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
@@ -135,8 +136,12 @@ class ContiguousKVCache {
   /// \throws InvalidArgument if `layer` is out of range.
   ContiguousKVView<T> view(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::view", layer);
-    return ContiguousKVView<T>{layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_,
-                               head_dim_,             capacity_,             length_[at(layer)],
+    return ContiguousKVView<T>{layer_data(k_, layer),
+                               layer_data(v_, layer),
+                               num_kv_heads_,
+                               head_dim_,
+                               capacity_,
+                               length_[at(layer)],
                                window_};
   }
 
@@ -187,10 +192,10 @@ class ContiguousKVCache {
   int num_kv_heads_;
   int head_dim_;
   int capacity_;
-  int window_;  // 0, or W: a ring of capacity_ slots
+  int window_;               // 0, or W: a ring of capacity_ slots
   DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, row units]
   DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, row units]
-  std::vector<int> length_;      // [num_layers]: tokens of the sequence
+  std::vector<int> length_;  // [num_layers]: tokens of the sequence
   std::vector<int> valid_from_;  // [num_layers]: the oldest position the ring still holds
 };
 

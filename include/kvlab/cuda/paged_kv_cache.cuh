@@ -257,8 +257,8 @@ class PagedKVCache {
                                  allocator().num_blocks(), "num_blocks");
     kvlab::detail::require_equal(kWhere, "tables.block_size()", tables.host().block_size(),
                                  block_size(), "block_size");
-    PagedKVView<T> view =
-        tables.view<T>(layer_data(k_, layer), layer_data(v_, layer), num_kv_heads_, head_dim_, layout_);
+    PagedKVView<T> view = tables.view<T>(layer_data(k_, layer), layer_data(v_, layer),
+                                         num_kv_heads_, head_dim_, layout_);
     view.window = window_;
     return view;
   }
