@@ -1,7 +1,8 @@
 // How the attention kernels read rows stored as q8_0 / q4_0 blocks without decoding them
-// (cpu/quantized_rows.hpp): the scores of a key row and the sums of a value row equal those
-// computed from the decoded row, within float's rounding (bounds derived below), on random and
-// adversarial blocks and for every number of queries up to 9 (groups of four and the rest); and
+// (cpu/quantized_rows.hpp): the scores of a run of key rows and the sums of a run of value rows
+// equal those computed from the decoded rows, within float's rounding (bounds derived below), on
+// random and adversarial blocks, for runs shorter than, equal to and longer than the run the
+// kernels hand over, and for every number of queries up to 9 (groups of four and the rest); and
 // the kernels that use them equal the reference attention over the decoded rows.
 //
 // Built twice: test_quantized_rows with the test suite's flags (the portable loops, unless those
@@ -10,6 +11,7 @@
 // must get the AVX2 form: the test fails if it does not.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -60,33 +62,46 @@ float largest_storable<BlockQ4_0>() {
   return 8.f * 65504.f;
 }
 
-// A row stored as S, and what it holds, decoded in double.
+// Rows stored as S, and what they hold, decoded in double.
 template <typename S>
-struct Stored {
-  std::vector<S> row;           // [head_dim / 32] blocks
-  std::vector<double> decoded;  // [head_dim]
-  explicit Stored(const std::vector<float>& values)
-      : row(values.size() / 32), decoded(values.size()) {
-    const int head_dim = static_cast<int>(values.size());
-    KVStorage<S>::encode(values.data(), head_dim, row.data());
-    KVStorage<S>::decode(row.data(), head_dim, decoded.data());
+struct StoredRows {
+  std::vector<std::vector<S>> stored;        // [rows][head_dim / 32] blocks
+  std::vector<std::vector<double>> decoded;  // [rows][head_dim]
+  std::vector<const S*> rows;                // [rows]: stored[r].data()
+  explicit StoredRows(const std::vector<std::vector<float>>& values) {
+    for (const std::vector<float>& row : values) {
+      const int head_dim = static_cast<int>(row.size());
+      stored.emplace_back(row.size() / 32);
+      decoded.emplace_back(row.size());
+      KVStorage<S>::encode(row.data(), head_dim, stored.back().data());
+      KVStorage<S>::decode(stored.back().data(), head_dim, decoded.back().data());
+    }
+    for (const std::vector<S>& row : stored) rows.push_back(row.data());
   }
 };
 
-// Calls f(head_dim, count, stored) for every row of test_rows at each head_dim, stored as S, and
-// every number of queries from 1 to 9 (groups of four and the rest).
+// Calls f(head_dim, count, rows, begin, run) at each head_dim for runs [begin, begin + run) of the
+// rows of test_rows taken twice (22 rows) stored as S, cut into runs of 1, 2, 4, 5, 16 (the run
+// the kernels hand over), 17 and 22 rows, and every number of queries from 1 to 9 (groups of four
+// and the rest).
 template <typename S, typename F>
 void for_each_case(std::initializer_list<int> head_dims, kvlab::Rng& rng, F&& f) {
-  for (int head_dim : head_dims)
-    for (const std::vector<float>& values : test_rows(head_dim, largest_storable<S>(), rng)) {
-      const Stored<S> stored(values);
-      for (int count = 1; count <= 9; ++count) {
-        CAPTURE(head_dim, count);
-        f(head_dim, count, stored);
-      }
-    }
+  static_assert(kvlab::cpu::detail::kQuantizedRowRun == 16, "the runs below cross it");
+  for (int head_dim : head_dims) {
+    std::vector<std::vector<float>> values = test_rows(head_dim, largest_storable<S>(), rng);
+    const std::vector<std::vector<float>> again = test_rows(head_dim, largest_storable<S>(), rng);
+    values.insert(values.end(), again.begin(), again.end());
+    const StoredRows<S> rows(values);
+    const int total = static_cast<int>(values.size());
+    for (int run : {1, 2, 4, 5, 16, 17, 22})
+      for (int begin = 0; begin < total; begin += run)
+        for (int count = 1; count <= 9; ++count) {
+          const int length = std::min(run, total - begin);
+          CAPTURE(head_dim, count, begin, length);
+          f(head_dim, count, rows, begin, length);
+        }
+  }
 }
-
 }  // namespace
 
 TEST_CASE("this build reads quantized rows in the form its flags select") {
@@ -103,98 +118,119 @@ TEST_CASE("this build reads quantized rows in the form its flags select") {
   CHECK(kvlab::cpu::detail::kQuantizedRowsAvx2 == (KVLAB_QUANTIZED_ROWS_AVX2 != 0));
 }
 
-// Bounds. Both functions compute, in float, sums of the products that the decoded row would give
+// Bounds. Both functions compute, in float, sums of the products that the decoded rows would give
 // (each product q_i · d x_i exact up to one rounding), in some order. A float sum of n terms, each
 // carrying at most m roundings, is within γ_{n+m} · Σ|terms| of the exact sum, with γ_k = k u /
 // (1 − k u) and u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, §3.1). For a
 // score: n = head_dim products, m = 3 (the product by the level, by d, by the scale), so
 //   |score − exact| <= γ_{head_dim+3} · scale · Σ_i |q_i · x̂_i|.
-// For a value row added to a sum a: two roundings per element (w·d, then the fused multiply-add;
-// three without FMA), so |a' − (a + w x̂)| <= γ_3 (|a| + |w x̂|).
-TEMPLATE_TEST_CASE("a quantized key row scores every query as its decoded row does", "", BlockQ8_0,
-                   BlockQ4_0) {
+// For a run of R value rows added to a sum a: R + 1 terms, each product with two roundings (w·d,
+// then the product by the level, inside the fused multiply-add or not), so
+//   |a' − (a + Σ_r w_r x̂_r)| <= γ_{R+2} (|a| + Σ_r |w_r x̂_r|).
+TEMPLATE_TEST_CASE("a run of quantized key rows scores every query as the decoded rows do", "",
+                   BlockQ8_0, BlockQ4_0) {
   using S = TestType;
   constexpr double u = 0x1p-24;
   const auto gamma = [&](int k) { return k * u / (1 - k * u); };
   kvlab::Rng rng(17);
-  for_each_case<S>({32, 64, 128}, rng, [&](int head_dim, int count, const Stored<S>& stored) {
-    const RowMatrix<float> queries = kvlab::random_matrix<float>(count, head_dim, rng, -2, 2);
-    const float scale = 0.125f;
-    std::vector<float> out(static_cast<std::size_t>(2 * count), -7.f);  // every other entry written
-    kvlab::cpu::detail::score_quantized_row(stored.row.data(), head_dim, queries.data(), count,
-                                            scale, out.data(), 2);
-    for (int c = 0; c < count; ++c) {
-      double exact = 0, magnitude = 0;
-      for (int i = 0; i < head_dim; ++i) {
-        const double product = double(queries(c, i)) * stored.decoded[static_cast<std::size_t>(i)];
-        exact += product;
-        magnitude += std::fabs(product);
-      }
-      const double got = out[static_cast<std::size_t>(2 * c)];
-      CHECK(std::fabs(got - scale * exact) <= gamma(head_dim + 3) * scale * magnitude);
-      CHECK(out[static_cast<std::size_t>(2 * c + 1)] == -7.f);  // the stride is followed
-    }
-  });
+  for_each_case<S>(
+      {32, 64, 128}, rng,
+      [&](int head_dim, int count, const StoredRows<S>& rows, int begin, int run) {
+        const RowMatrix<float> queries = kvlab::random_matrix<float>(count, head_dim, rng, -2, 2);
+        const float scale = 0.125f;
+        const int stride = run + 3;  // the entries past the run must stay untouched
+        std::vector<float> out(static_cast<std::size_t>(count * stride), -7.f);
+        kvlab::cpu::detail::score_quantized_rows(rows.rows.data() + begin, run, head_dim,
+                                                 queries.data(), count, scale, out.data(), stride);
+        for (int c = 0; c < count; ++c) {
+          for (int r = 0; r < run; ++r) {
+            const std::vector<double>& decoded = rows.decoded[static_cast<std::size_t>(begin + r)];
+            double exact = 0, magnitude = 0;
+            for (int i = 0; i < head_dim; ++i) {
+              const double product = double(queries(c, i)) * decoded[static_cast<std::size_t>(i)];
+              exact += product;
+              magnitude += std::fabs(product);
+            }
+            const double got = out[static_cast<std::size_t>(c * stride + r)];
+            CHECK(std::fabs(got - scale * exact) <= gamma(head_dim + 3) * scale * magnitude);
+          }
+          for (int r = run; r < stride; ++r)
+            CHECK(out[static_cast<std::size_t>(c * stride + r)] == -7.f);  // the stride is followed
+        }
+      });
 }
 
-TEMPLATE_TEST_CASE("a quantized value row adds to every query's sum as its decoded row does", "",
-                   BlockQ8_0, BlockQ4_0) {
+TEMPLATE_TEST_CASE("a run of quantized value rows adds to every query's sum as the decoded rows do",
+                   "", BlockQ8_0, BlockQ4_0) {
   using S = TestType;
   constexpr double u = 0x1p-24;
-  const double gamma3 = 3 * u / (1 - 3 * u);
+  const auto gamma = [&](int k) { return k * u / (1 - k * u); };
   kvlab::Rng rng(19);
-  for_each_case<S>({32, 96}, rng, [&](int head_dim, int count, const Stored<S>& stored) {
-    const RowMatrix<float> weights =
-        kvlab::random_matrix<float>(count, 3, rng, 0, 1);  // column 1 used
-    RowMatrix<float> acc = kvlab::random_matrix<float>(count, head_dim, rng, -4, 4);
-    const RowMatrix<float> before = acc;
-    kvlab::cpu::detail::add_quantized_row(stored.row.data(), head_dim, weights.data() + 1, 3, count,
-                                          acc.data());
-    for (int c = 0; c < count; ++c)
-      for (int i = 0; i < head_dim; ++i) {
-        const double term = double(weights(c, 1)) * stored.decoded[static_cast<std::size_t>(i)];
-        const double want = double(before(c, i)) + term;
-        CHECK(std::fabs(acc(c, i) - want) <= gamma3 * (std::fabs(before(c, i)) + std::fabs(term)));
-      }
-  });
+  for_each_case<S>(
+      {32, 96}, rng, [&](int head_dim, int count, const StoredRows<S>& rows, int begin, int run) {
+        // [count, run + 2]: columns 1 .. run are the weights (the stride is followed)
+        const RowMatrix<float> weights = kvlab::random_matrix<float>(count, run + 2, rng, 0, 1);
+        RowMatrix<float> acc = kvlab::random_matrix<float>(count, head_dim, rng, -4, 4);
+        const RowMatrix<float> before = acc;
+        kvlab::cpu::detail::add_quantized_rows(rows.rows.data() + begin, run, head_dim,
+                                               weights.data() + 1, run + 2, count, acc.data());
+        for (int c = 0; c < count; ++c)
+          for (int i = 0; i < head_dim; ++i) {
+            double want = before(c, i), magnitude = std::fabs(before(c, i));
+            for (int r = 0; r < run; ++r) {
+              const double term =
+                  double(weights(c, 1 + r)) *
+                  rows.decoded[static_cast<std::size_t>(begin + r)][static_cast<std::size_t>(i)];
+              want += term;
+              magnitude += std::fabs(term);
+            }
+            CHECK(std::fabs(acc(c, i) - want) <= gamma(run + 2) * magnitude);
+          }
+      });
 }
 
 // Through the kernels: decode steps and a prefill chunk, GQA groups of 1, 4 and 6 queries (a
 // group of four and two left over), contiguous and paged (NHD: the rows of all heads of a token
-// at once), against the reference over the decoded rows. Tolerance 1e-5 relative to the row's
-// largest value, the rule of every float comparison (test_support.hpp).
+// at once), without a window and with one (W = 20: the rows that a prefill chunk's queries see
+// change from key to key, which cuts the kernels' runs of rows), against the reference over the
+// decoded rows. Tolerance 1e-5 relative to the row's largest value, the rule of every float
+// comparison (test_support.hpp).
 TEMPLATE_TEST_CASE(
     "decode and paged attention over quantized rows equal the reference over the decoded rows", "",
     BlockQ8_0, BlockQ4_0) {
   using S = TestType;
-  for (int group : {1, 4, 6}) {
-    const kvlab::AttentionShape shape(2 * group, 2, 64);
-    const int kv_len = 90, hd = shape.head_dim();
-    kvlab::Rng rng(23);
-    const RowMatrix<float> k = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng, -2, 2);
-    const RowMatrix<float> v = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng);
-    kvlab::ContiguousKVCache<float, S> cache(1, shape.num_kv_heads(), hd, kv_len);
-    cache.append(0, k, v);
-    RowMatrix<float> k_back(kv_len, shape.kv_width()), v_back(kv_len, shape.kv_width());
-    for (int t = 0; t < kv_len; ++t)
-      for (int h = 0; h < shape.num_kv_heads(); ++h) {
-        KVStorage<S>::decode(cache.view(0).key(h, t), hd, &k_back(t, h * hd));
-        KVStorage<S>::decode(cache.view(0).value(h, t), hd, &v_back(t, h * hd));
+  for (int group : {1, 4, 6})
+    for (int window : {0, 20}) {
+      const kvlab::AttentionShape shape(2 * group, 2, 64);
+      const int kv_len = 90, hd = shape.head_dim();
+      kvlab::Rng rng(23);
+      const RowMatrix<float> k = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng, -2, 2);
+      const RowMatrix<float> v = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng);
+      // a ring of kv_len + W slots takes the kv_len keys in one chunk, without wrapping
+      kvlab::ContiguousKVCache<float, S> cache(1, shape.num_kv_heads(), hd, kv_len + window,
+                                               window);
+      cache.append(0, k, v);
+      RowMatrix<float> k_back(kv_len, shape.kv_width()), v_back(kv_len, shape.kv_width());
+      for (int t = 0; t < kv_len; ++t)
+        for (int h = 0; h < shape.num_kv_heads(); ++h) {
+          KVStorage<S>::decode(cache.view(0).key(h, t), hd, &k_back(t, h * hd));
+          KVStorage<S>::decode(cache.view(0).value(h, t), hd, &v_back(t, h * hd));
+        }
+      kvlab::PagedKVCache<float, S> pool(1, shape.num_kv_heads(), hd, 7, 16, kvlab::KVLayout::NHD,
+                                         window);
+      const int seq = pool.add_sequence();
+      pool.append(seq, k, v);
+      for (int q_len : {1, 7}) {
+        CAPTURE(group, window, q_len);
+        const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
+        const RowMatrix<float> want =
+            kvlab::cpu::reference_attention(shape, q, k_back, v_back, kv_len - q_len, window);
+        CHECK(kvlab_test::max_row_relative_error(
+                  kvlab::cpu::decode_attention(shape, q, cache.view(0)), want) <= 1e-5);
+        const kvlab::BlockTables tables = pool.tables({seq});
+        const RowMatrix<float> paged =
+            kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len}, pool.view(0, tables));
+        CHECK(kvlab_test::max_row_relative_error(paged, want) <= 1e-5);
       }
-    kvlab::PagedKVCache<float, S> pool(1, shape.num_kv_heads(), hd, 7, 16, kvlab::KVLayout::NHD);
-    const int seq = pool.add_sequence();
-    pool.append(seq, k, v);
-    for (int q_len : {1, 7}) {
-      CAPTURE(group, q_len);
-      const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
-      const RowMatrix<float> want =
-          kvlab::cpu::reference_attention(shape, q, k_back, v_back, kv_len - q_len);
-      CHECK(kvlab_test::max_row_relative_error(
-                kvlab::cpu::decode_attention(shape, q, cache.view(0)), want) <= 1e-5);
-      const kvlab::BlockTables tables = pool.tables({seq});
-      const RowMatrix<float> paged =
-          kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len}, pool.view(0, tables));
-      CHECK(kvlab_test::max_row_relative_error(paged, want) <= 1e-5);
     }
-  }
 }

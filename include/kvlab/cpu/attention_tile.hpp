@@ -136,6 +136,44 @@ int padded_span(int span) {
   return lines * kLine;
 }
 
+/// Up to `kQuantizedRowRun` consecutive rows, at positions pos, pos + 1, …, that the same queries
+/// of each head see: [first, last) of each head's queries.
+template <typename S>
+struct RowRun {
+  int pos = 0;                      ///< position of the first row
+  int count = 0;                    ///< rows in the run
+  int first = 0;                    ///< first query of a head that sees them
+  int last = 0;                     ///< one past the last
+  const S* rows[kQuantizedRowRun];  ///< [count]: the rows of the tile's first K/V head
+};
+
+/// Hands the rows at positions [begin, end) to `on_run` in runs, in order: each run as long as
+/// possible, up to `kQuantizedRowRun` rows seen by the same queries (`first_seeing(pos)`,
+/// `last_seeing(pos)`); rows that no query sees are skipped. `walk(b, e, f)` calls f(pos, row)
+/// for the rows at positions [b, e) (`ContiguousRows::keys`, `PagedRows::values`, ...).
+template <typename S, typename Walk, typename First, typename Last, typename OnRun>
+void for_each_row_run(const Walk& walk, int begin, int end, const First& first_seeing,
+                      const Last& last_seeing, const OnRun& on_run) {
+  RowRun<S> run;
+  for (int pos = begin; pos < end; pos += run.count) {
+    run.pos = pos;
+    run.first = first_seeing(pos);
+    run.last = last_seeing(pos);
+    const int limit = std::min(end, pos + kQuantizedRowRun);
+    // Both bounds grow with pos: if the run's last candidate is seen by the same queries as its
+    // first, so is every row between them (the common case: a decode step, or keys before the
+    // causal corner and after a window's edge). Otherwise the run stops where they change.
+    const bool same_to_limit =
+        first_seeing(limit - 1) == run.first && last_seeing(limit - 1) == run.last;
+    int stop = same_to_limit ? limit : pos + 1;  // one past the run's last row
+    while (stop < limit && first_seeing(stop) == run.first && last_seeing(stop) == run.last) ++stop;
+    run.count = stop - pos;
+    if (run.first >= run.last) continue;  // no query sees these rows
+    walk(pos, stop, [&](int at, const S* row) { run.rows[at - pos] = row; });
+    on_run(run);
+  }
+}
+
 /// The queries and keys of one call of `attend_partial` or `attend_tile`: query rows [row0,
 /// row0 + rows) of `q` — consecutive tokens of one sequence, row `row0` at `first_position` —
 /// with the query heads of K/V heads [hk0, hk0 + heads), over keys [key_begin, key_end), each
@@ -155,7 +193,8 @@ struct AttentionTile {
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
 /// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows stored in another type than `T`
 /// are decoded as they are read, `KVStorage::decode`, or read block by block when they are int8 or
-/// int4, `score_quantized_row` and `add_quantized_row`). Leaves in `scratch`, for query `qi`
+/// int4, in runs of up to `kQuantizedRowRun` rows, `score_quantized_rows` and
+/// `add_quantized_rows`). Leaves in `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
 /// in which partial results over disjoint key ranges merge (`merge_softmax_states`).
@@ -231,25 +270,39 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const auto last_seeing = [&](int pos) {
     return window > 0 ? std::min(per_head, (pos + window - first_position) * group) : per_head;
   };
+  // Rows of quantized blocks are read in runs of consecutive rows seen by the same queries
+  // (`for_each_row_run`): f(j, rows, run) for each run and K/V head j, with head j's rows of it.
+  const auto for_each_head_run = [&](const auto& walk, const auto& f) {
+    for_each_row_run<S>(walk, key_lo, span, first_seeing, last_seeing, [&](const RowRun<S>& run) {
+      for (int j = 0; j < heads; ++j) {
+        const S* rows_of_j[kQuantizedRowRun];  // [run.count]: head j's rows of the run
+        for (int r = 0; r < run.count; ++r) rows_of_j[r] = run.rows[r] + j * source.head_stride();
+        f(j, rows_of_j, run);
+      }
+    });
+  };
 
   // 1. Scores: each key row is read once and met by every query of its group that sees it.
   probs.resize(m, padded_span<T>(span - key_lo));
-  source.keys(key_lo, span, [&](int pos, const S* stored) {
-    const int first = first_seeing(pos), last = last_seeing(pos);
-    if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded
-      for (int j = 0; j < heads && first < last; ++j)
-        score_quantized_row(stored + j * source.head_stride(), hd,
-                            &queries(j * per_head + first, 0), last - first, scale,
-                            &probs(j * per_head + first, pos - key_lo), probs.cols());
-    } else {
+  if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded, in runs of rows
+    for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); },
+                      [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
+                        score_quantized_rows(
+                            rows_of_j, run.count, hd, &queries(j * per_head + run.first, 0),
+                            run.last - run.first, scale,
+                            &probs(j * per_head + run.first, run.pos - key_lo), probs.cols());
+                      });
+  } else {
+    source.keys(key_lo, span, [&](int pos, const S* stored) {
+      const int first = first_seeing(pos), last = last_seeing(pos);
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
         const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
         for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
           probs(qi, pos - key_lo) = scale * queries.row(qi).dot(key);
       }
-    }
-  });
+    });
+  }
   // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their
   // sum.
   scratch.state.resize(static_cast<std::size_t>(m));
@@ -264,22 +317,25 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   }
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
-  source.values(key_lo, span, [&](int pos, const S* stored) {
-    const int first = first_seeing(pos), last = last_seeing(pos);
-    if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded
-      for (int j = 0; j < heads && first < last; ++j)
-        add_quantized_row(stored + j * source.head_stride(), hd,
-                          &probs(j * per_head + first, pos - key_lo), probs.cols(), last - first,
-                          &acc(j * per_head + first, 0));
-    } else {
+  if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded, in runs of rows
+    for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); },
+                      [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
+                        add_quantized_rows(rows_of_j, run.count, hd,
+                                           &probs(j * per_head + run.first, run.pos - key_lo),
+                                           probs.cols(), run.last - run.first,
+                                           &acc(j * per_head + run.first, 0));
+                      });
+  } else {
+    source.values(key_lo, span, [&](int pos, const S* stored) {
+      const int first = first_seeing(pos), last = last_seeing(pos);
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
         const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
         for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
           acc.row(qi) += probs(qi, pos - key_lo) * value;
       }
-    }
-  });
+    });
+  }
 }
 
 /// Attention of the query rows of `tile` over all the keys each sees (the tile's key range is
