@@ -38,6 +38,8 @@ template class kvlab::CachedDecoder<float>;
 template class kvlab::CachedDecoder<double>;
 template class kvlab::PagedDecoder<float>;
 template class kvlab::PagedDecoder<double>;
+template class kvlab::CachedDecoder<float, kvlab::BlockQ4_0>;
+template class kvlab::PagedDecoder<float, Eigen::half>;
 
 namespace {
 

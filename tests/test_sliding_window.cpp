@@ -284,9 +284,10 @@ TEST_CASE("a windowed contiguous store, a ring of W - 1 + C slots, gives the win
   CHECK(ring.bytes_reserved() == 2 * 3 * 2 * static_cast<std::size_t>(capacity) * 8 * sizeof(double));
   // a step larger than the ring allows changes nothing
   const RowMatrix<double> too_many = x.topRows(chunk + 1);
-  CHECK_THROWS_MATCHES(kvlab::run_stack(*stack, ring, {a}, {0, chunk + 1}, too_many),
-                       kvlab::CapacityError,
-                       names("new tokens of sequence 0", "at most " + std::to_string(chunk), std::to_string(chunk + 1)));
+  CHECK_THROWS_MATCHES(
+      kvlab::run_stack(*stack, ring, {a}, {0, chunk + 1}, too_many), kvlab::CapacityError,
+      names("new tokens of sequence 0", "at most capacity - window + 1 = " + std::to_string(chunk),
+            std::to_string(chunk + 1)));
   CHECK(ring.length(a) == fed);
   // truncating so far back that the next token's window reaches overwritten rows is refused
   const int oldest = fed - capacity;  // the ring holds positions [fed - capacity, fed)

@@ -7,16 +7,20 @@
 //  - linear (the projections) against Eigen;
 //  - cuda::NaiveDecoder, CachedDecoder and PagedDecoder against the CPU decoders at every step
 //    (per element, |gpu - cpu| <= 1e-5 + 1e-5 |cpu|: fp32 GEMMs and attention in another order,
-//    through two layers), and their counters.
+//    through two layers), and their counters; and with K/V stored as fp16, bf16, int8 and int4
+//    and with a sliding window, against the CPU decoders of the same storage and window.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp); the CPU emulator
 // (tests/cuda_emulation) runs them unchanged.
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda_compare.hpp"
@@ -541,4 +545,87 @@ TEST_CASE("the GPU decoders equal the CPU decoders at every step, with the same 
   check_close(gpu_paged.prefill(tokens.middleRows(38, 1)),
               cpu_paged.prefill(tokens.middleRows(38, 1)), kTol, kTol);
   CHECK(gpu_paged.cache().allocator().num_free() == cpu_paged.cache().allocator().num_free());
+}
+
+namespace {
+
+// The CPU storage whose rows a device cache of S holds bit for bit: the same type, or Eigen's
+// half and bfloat16 for CUDA's.
+template <typename S>
+struct CpuStorage {
+  using type = S;
+};
+template <>
+struct CpuStorage<__half> {
+  using type = Eigen::half;
+};
+template <>
+struct CpuStorage<__nv_bfloat16> {
+  using type = Eigen::bfloat16;
+};
+
+// [rows, cols] multiples of 1 / scale in [-1, 1) * range: sums of a few dozen products of two such
+// matrices are exact in float, whatever the order.
+RowMatrix<float> exact_matrix(int rows, int cols, float range, float scale, kvlab::Rng& rng) {
+  RowMatrix<float> m = kvlab::random_matrix<float>(rows, cols, rng);
+  for (Eigen::Index i = 0; i < m.size(); ++i)
+    m.data()[i] = std::round(m.data()[i] * range * scale) / scale;
+  return m;
+}
+
+}  // namespace
+
+// Every storage and a sliding window through the GPU decoders, against their CPU twins with the
+// same storage and window (W = 6: a ring of 12 slots that wraps, blocks of 4 that go back to the
+// pool) over a 25-token generation. One layer whose weights (multiples of 1/16 in [-0.5, 0.5))
+// and inputs (multiples of 1/8 in [-1, 1)) make every projection exact on both sides: K and V are
+// then the same floats, stored as the same fp16 values or the same int8/int4 blocks, and the
+// outputs differ by the order of fp32 sums only (|gpu - cpu| <= 1e-5 + 1e-5 |cpu|). The decode
+// steps' counts and the blocks each paged decoder holds agree too.
+TEMPLATE_TEST_CASE(
+    "the GPU decoders keep K/V in every storage and with a window as the CPU "
+    "decoders do",
+    "", float, __half, __nv_bfloat16, kvlab::BlockQ8_0, kvlab::BlockQ4_0) {
+  using S = TestType;
+  using CpuS = typename CpuStorage<S>::type;
+  constexpr double kTol = 1e-5;
+  const AttentionShape shape(4, 2, 32);
+  const int d_model = 48;
+  kvlab::Rng rng(8);
+  std::vector<kvlab::AttentionLayer<float>> layers;
+  layers.emplace_back(shape, d_model, exact_matrix(shape.q_width(), d_model, 0.5f, 16, rng),
+                      exact_matrix(shape.kv_width(), d_model, 0.5f, 16, rng),
+                      exact_matrix(shape.kv_width(), d_model, 0.5f, 16, rng),
+                      exact_matrix(d_model, shape.q_width(), 0.5f, 16, rng));
+  const auto stack = std::make_shared<const kvlab::AttentionStack<float>>(std::move(layers));
+  const RowMatrix<float> tokens = exact_matrix(25, d_model, 1.f, 8, rng);
+  for (int window : {0, 6}) {
+    CAPTURE(window);
+    const int capacity = window > 0 ? 12 : 25;
+    kvlab::CachedDecoder<float, CpuS> cpu_cached(stack, capacity, window);
+    kvlab::PagedDecoder<float, CpuS> cpu_paged(stack, 4, 12, KVLayout::NHD, window);
+    kc::CachedDecoder<float, S> gpu_cached(stack, capacity, window);
+    kc::PagedDecoder<float, S> gpu_paged(stack, 4, 12, KVLayout::NHD, window);
+    REQUIRE(gpu_cached.cache().window() == window);
+    REQUIRE(gpu_paged.cache().window() == window);
+    for (int t = 0; t < 25; t = t == 0 ? 5 : t + 1) {
+      CAPTURE(t);
+      const RowMatrix<float> x = tokens.middleRows(t, t == 0 ? 5 : 1);
+      check_close(gpu_cached.prefill(x), cpu_cached.prefill(x), kTol, kTol);
+      check_close(gpu_paged.prefill(x), cpu_paged.prefill(x), kTol, kTol);
+      if (t > 0) {  // a decode step reads what the CPU's does
+        CHECK(gpu_cached.last_step().kv_bytes_read == cpu_cached.last_step().kv_bytes_read);
+        CHECK(gpu_paged.last_step().kv_bytes_read == cpu_paged.last_step().kv_bytes_read);
+        CHECK(gpu_cached.last_step().qk_dots == cpu_cached.last_step().qk_dots);
+      }
+      CHECK(gpu_paged.cache().held_blocks(gpu_paged.sequence()) ==
+            cpu_paged.cache().held_blocks(cpu_paged.sequence()));
+    }
+    if (std::is_same<S, float>::value) {  // the windowed naive decoders agree too
+      kvlab::NaiveDecoder<float> cpu_naive(stack, window);
+      kc::NaiveDecoder<float> gpu_naive(stack, window);
+      check_close(gpu_naive.prefill(tokens), cpu_naive.prefill(tokens), kTol, kTol);
+      CHECK(gpu_naive.last_step().qk_dots == cpu_naive.last_step().qk_dots);
+    }
+  }
 }

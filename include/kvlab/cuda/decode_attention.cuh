@@ -55,8 +55,8 @@ template <typename T, typename Cache>
 struct AttentionArgs {
   const T* q;  ///< [rows, num_heads * head_dim]
   T* out;      ///< [rows, num_heads * head_dim]
-  /// `ContiguousKVView<S>` or `PagedKVView<S>`, device pointers; S is T, or a quantized block
-  /// (`is_cache_pairing`)
+  /// `ContiguousKVView<S>` or `PagedKVView<S>`, device pointers; S is T, or any storage with
+  /// float queries (`is_cache_pairing`)
   Cache cache;
   const std::int32_t* qo_indptr;       ///< [batch + 1]: ragged prefill rows (paged only), else null
   int rows;                            ///< query rows
@@ -353,7 +353,8 @@ void check_attention_args(const char* where, const AttentionShape& shape, Device
                           DeviceMatrix<T> out, int cache_kv_heads, int cache_head_dim) {
   static_assert(is_cache_pairing<T, S>,
                 "kvlab's CUDA attention reads a cache of float, __half or __nv_bfloat16 with "
-                "queries of the same type, or of BlockQ8_0 or BlockQ4_0 with float queries");
+                "queries of the same type, or a cache of any of them or of BlockQ8_0 or "
+                "BlockQ4_0 with float queries");
   using kvlab::detail::require_equal;
   if (!head_dim_supported(shape.head_dim())) {
     kvlab::detail::fail(where, "shape.head_dim()", "a multiple of 8 in [8, 256]", shape.head_dim());

@@ -5,8 +5,10 @@
 /// kernels of this folder), behind the same `Decoder<float>` interface and with the same cost
 /// counters, so the naive-vs-cached gap can be measured on a GPU. Checked step by step against
 /// the CPU decoders in tests/cuda. The three share one step (`detail::device_step`, the GPU twin
-/// of the CPU's `attention_step`) and differ only in how they keep K and V. Includes Eigen (host
-/// side only: the `Decoder` interface takes and returns host matrices).
+/// of the CPU's `attention_step`) and differ only in how they keep K and V — in a cache of any
+/// storage (fp32, fp16, bf16, int8, int4) and with or without a sliding window, as their CPU
+/// twins. Includes Eigen (host side only: the `Decoder` interface takes and returns host
+/// matrices).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,12 +23,16 @@
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
 #include "kvlab/core/paged_view.hpp"
+#include "kvlab/core/views.hpp"
 #include "kvlab/cuda/attention_plan.hpp"
+#include "kvlab/cuda/cache_kernels.cuh"
 #include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/decode_attention.cuh"
 #include "kvlab/cuda/device_memory.cuh"
+#include "kvlab/cuda/launch.cuh"
 #include "kvlab/cuda/matmul.cuh"
 #include "kvlab/cuda/naive_attention.cuh"
+#include "kvlab/cuda/numeric.cuh"
 #include "kvlab/cuda/paged_kv_cache.cuh"
 #include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_layer.hpp"
@@ -111,6 +117,32 @@ inline RowMatrix<float> download_rows(const float* data, int rows, int cols) {
   return out;
 }
 
+/// Converts `n` floats at `x` to `S` (fp16 or bf16, `from_float`: round to nearest even) at
+/// `out`, one thread per value (grid-stride loop).
+template <typename S>
+__global__ void convert_kernel(const float* x, std::int64_t n, S* out) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    out[i] = from_float<S>(x[i]);
+}
+
+/// The rows `x` ([rows, cols] floats) as a cache of `S` takes them (`StorageInput<S>`): `x`
+/// itself for float, int8 and int4 (the cache quantizes floats), else converted into `buffer`.
+template <typename S>
+DeviceMatrix<StorageInput<S>> storage_rows(DeviceMatrix<float> x,
+                                           DeviceBuffer<StorageInput<S>>& buffer) {
+  if constexpr (std::is_same<StorageInput<S>, float>::value) {
+    return x;
+  } else {
+    const std::int64_t n = static_cast<std::int64_t>(x.rows) * x.cols;
+    buffer = DeviceBuffer<S>(static_cast<std::size_t>(n));
+    launch_kernel("kvlab::cuda::detail::convert_kernel", convert_kernel<S>, dim3(write_blocks(n)),
+                  dim3(kWriteThreads), 0, nullptr, x.data, n, buffer.data());
+    return buffer.matrix(x.rows, x.cols);
+  }
+}
+
 /// How a GPU decoder keeps the keys and values of a step's rows and attends over them: the part
 /// in which `NaiveDecoder`, `CachedDecoder` and `PagedDecoder` differ (the device side of
 /// `RecomputeStore`, `ContiguousStore` and `PagedStore`).
@@ -182,17 +214,23 @@ inline RowMatrix<float> device_step(const DeviceAttentionStack& w, DeviceBuffer<
 
 /// `NaiveDecoder` on the GPU (`T` = float): keeps only its inputs (in device memory) and
 /// recomputes K and V of the whole prefix at every step, with `cuda::naive_attention` (the
-/// score matrix materialised). The same steps and the same counts as `kvlab::NaiveDecoder`.
+/// score matrix materialised, masked to a `window` if it has one). The same steps and the same
+/// counts as `kvlab::NaiveDecoder`.
 template <typename T>
 class NaiveDecoder : public Decoder<T> {
   static_assert(std::is_same<T, float>::value, "the GPU decoders run float models");
 
  public:
-  /// A decoder running `stack`, its weights copied to the device.
-  /// \throws InvalidArgument if `stack` is null; CudaError if a copy fails.
-  explicit NaiveDecoder(std::shared_ptr<const AttentionStack<float>> stack)
+  /// A decoder running `stack`, its weights copied to the device, each query seeing its last
+  /// `window` keys (0: all).
+  /// \throws InvalidArgument if `stack` is null or `window` is negative; CudaError if a copy
+  ///         fails.
+  explicit NaiveDecoder(std::shared_ptr<const AttentionStack<float>> stack, int window = 0)
       : Decoder<T>(std::move(stack)),
-        weights_(std::make_shared<const DeviceAttentionStack>(this->stack())) {}
+        weights_(std::make_shared<const DeviceAttentionStack>(this->stack())),
+        window_(window) {
+    kvlab::detail::require_at_least("kvlab::cuda::NaiveDecoder", "window", window, 0);
+  }
 
  protected:
   /// One step: `detail::device_step` over every token so far, K and V held for one layer.
@@ -206,7 +244,7 @@ class NaiveDecoder : public Decoder<T> {
                                 cudaMemcpyHostToDevice));
     DeviceBuffer<float> h(kvlab::detail::elements(t, d_model));  // [t, d_model]: every input
     KVLAB_CUDA_CHECK(cudaMemcpy(h.data(), inputs_.data(), h.bytes(), cudaMemcpyDeviceToDevice));
-    Recompute keeper(weights_->shape(), workspace_);
+    Recompute keeper(weights_->shape(), window_, workspace_);
     return detail::device_step(*weights_, std::move(h), t, p, keeper, counters);
   }
 
@@ -217,8 +255,8 @@ class NaiveDecoder : public Decoder<T> {
   // Holds each layer's K and V of the whole sequence for its attention only.
   class Recompute : public detail::DeviceKeeper {
    public:
-    Recompute(const AttentionShape& shape, Workspace& workspace)
-        : shape_(shape), workspace_(workspace) {}
+    Recompute(const AttentionShape& shape, int window, Workspace& workspace)
+        : shape_(shape), window_(window), workspace_(workspace) {}
     void keep(int, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
       k_ = k;
       v_ = v;
@@ -227,11 +265,12 @@ class NaiveDecoder : public Decoder<T> {
                 CostCounters& counters) override {
       LaunchOptions options;
       options.workspace = &workspace_;
-      naive_attention<float>(shape_, q, k_, v_, attn, &counters, /*window=*/0, options);
+      naive_attention<float>(shape_, q, k_, v_, attn, &counters, window_, options);
     }
 
    private:
     const AttentionShape& shape_;
+    int window_;  // W >= 1: each query sees its last W keys; 0: all
     Workspace& workspace_;
     DeviceMatrix<float> k_, v_;  // [t, kv_width]: this layer's keys and values
   };
@@ -251,6 +290,7 @@ class NaiveDecoder : public Decoder<T> {
   }
 
   std::shared_ptr<const DeviceAttentionStack> weights_;
+  int window_;                  // W >= 1: each query sees its last W keys; 0: all
   DeviceBuffer<float> inputs_;  // [rows reserved, d_model]: every token fed so far, then room
   Workspace workspace_;         // the score matrices
 };
@@ -259,35 +299,34 @@ class NaiveDecoder : public Decoder<T> {
 /// `cuda::ContiguousKVCache`; each step projects q, k, v of the new tokens only, appends k and
 /// v, and runs `cuda::decode_attention`. The same steps and counts as `kvlab::CachedDecoder`
 /// (for a prefill of p > 1 tokens, `kv_bytes_read` counts what the GPU kernel reads: K/V once
-/// per query row).
-template <typename T>
+/// per query row). `S` is the device storage (float, `__half`, `__nv_bfloat16`, `BlockQ8_0`,
+/// `BlockQ4_0`: the twin of `kvlab::CachedDecoder<float, S>` with `Eigen::half`,
+/// `Eigen::bfloat16` or the same blocks), and a `window` keeps the last W keys in a ring, as there.
+template <typename T, typename S = float>
 class CachedDecoder : public Decoder<T> {
   static_assert(std::is_same<T, float>::value, "the GPU decoders run float models");
 
  public:
-  /// A decoder running `stack` with device room for `capacity` tokens.
-  /// \throws InvalidArgument if `capacity < 1`; CudaError if an allocation or copy fails.
-  CachedDecoder(std::shared_ptr<const AttentionStack<float>> stack, int capacity)
+  /// A decoder running `stack` with device room for `capacity` tokens, or with a sliding window
+  /// of `window` keys a ring of `capacity` slots.
+  /// \throws InvalidArgument if `capacity < 1` or the window or head_dim does not suit the cache
+  ///         (`cuda::ContiguousKVCache`); CudaError if an allocation or copy fails.
+  CachedDecoder(std::shared_ptr<const AttentionStack<float>> stack, int capacity, int window = 0)
       : Decoder<T>(std::move(stack)),
         weights_(std::make_shared<const DeviceAttentionStack>(this->stack())),
         cache_(this->stack().num_layers(), this->stack().shape().num_kv_heads(),
-               this->stack().shape().head_dim(), capacity) {}
+               this->stack().shape().head_dim(), capacity, window) {}
 
   /// The cache in device memory (read-only).
-  const ContiguousKVCache<float>& cache() const { return cache_; }
+  const ContiguousKVCache<S>& cache() const { return cache_; }
 
  protected:
   /// One step: `detail::device_step` over the new tokens, K and V appended to the cache.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
     const int p = static_cast<int>(x.rows());
-    if (p > cache_.capacity() - this->position()) {  // checked before any layer is touched
-      kvlab::detail::fail<CapacityError>("kvlab::Decoder::prefill", "new tokens of sequence 0",
-                                         "at most " +
-                                             std::to_string(cache_.capacity() - this->position()) +
-                                             " (capacity " + std::to_string(cache_.capacity()) +
-                                             ", length " + std::to_string(this->position()) + ")",
-                                         p);
-    }
+    // the cache's own check, as the CPU decoder's store makes it, before any layer is touched
+    kvlab::detail::check_contiguous_append("kvlab::Decoder::prefill", "new tokens of sequence 0", p,
+                                           cache_.capacity(), cache_.window(), this->position());
     Contiguous keeper(weights_->shape(), cache_, workspace_);
     try {
       return detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
@@ -304,10 +343,11 @@ class CachedDecoder : public Decoder<T> {
   // Appends each layer's k and v to the cache and attends with decode_attention.
   class Contiguous : public detail::DeviceKeeper {
    public:
-    Contiguous(const AttentionShape& shape, ContiguousKVCache<float>& cache, Workspace& workspace)
+    Contiguous(const AttentionShape& shape, ContiguousKVCache<S>& cache, Workspace& workspace)
         : shape_(shape), cache_(cache), workspace_(workspace) {}
     void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
-      cache_.append(layer, k, v);
+      DeviceBuffer<StorageInput<S>> k_rows, v_rows;  // fp16 / bf16 copies (unused otherwise)
+      cache_.append(layer, detail::storage_rows<S>(k, k_rows), detail::storage_rows<S>(v, v_rows));
     }
     void attend(int layer, DeviceMatrix<float> q, DeviceMatrix<float> attn,
                 CostCounters& counters) override {
@@ -318,12 +358,12 @@ class CachedDecoder : public Decoder<T> {
 
    private:
     const AttentionShape& shape_;
-    ContiguousKVCache<float>& cache_;
+    ContiguousKVCache<S>& cache_;
     Workspace& workspace_;
   };
 
   std::shared_ptr<const DeviceAttentionStack> weights_;
-  ContiguousKVCache<float> cache_;
+  ContiguousKVCache<S> cache_;
   Workspace workspace_;  // split-K partial results
 };
 
@@ -331,29 +371,33 @@ class CachedDecoder : public Decoder<T> {
 /// `cuda::PagedKVCache` (possibly shared with other decoders); each step makes room
 /// (`reserve`), then per layer writes k and v to the new slots and runs
 /// `cuda::paged_prefill_attention` through the sequence's block table. The same steps and counts
-/// as `kvlab::PagedDecoder` (for p > 1, `kv_bytes_read` as `cuda::CachedDecoder`).
-template <typename T>
+/// as `kvlab::PagedDecoder` (for p > 1, `kv_bytes_read` as `cuda::CachedDecoder`). `S` as for
+/// `cuda::CachedDecoder`; with a `window`, the blocks wholly before it go back to the pool after
+/// each step, as `kvlab::PagedDecoder`'s do.
+template <typename T, typename S = float>
 class PagedDecoder : public Decoder<T> {
   static_assert(std::is_same<T, float>::value, "the GPU decoders run float models");
 
  public:
-  /// A decoder with a device pool of its own: `num_blocks` blocks of `block_size` tokens.
-  /// \throws InvalidArgument if `block_size` or `num_blocks` is below 1; CudaError if an
-  ///         allocation or copy fails.
+  /// A decoder with a device pool of its own: `num_blocks` blocks of `block_size` tokens, each
+  /// query seeing its last `window` keys (0: all).
+  /// \throws InvalidArgument if `block_size` or `num_blocks` is below 1, or the window or
+  ///         head_dim does not suit the pool (`cuda::PagedKVCache`); CudaError if an allocation
+  ///         or copy fails.
   PagedDecoder(std::shared_ptr<const AttentionStack<float>> stack, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD)
+               KVLayout layout = KVLayout::NHD, int window = 0)
       : Decoder<T>(std::move(stack)),
         weights_(std::make_shared<const DeviceAttentionStack>(this->stack())),
-        pool_(std::make_shared<PagedKVCache<float>>(
+        pool_(std::make_shared<PagedKVCache<S>>(
             this->stack().num_layers(), this->stack().shape().num_kv_heads(),
-            this->stack().shape().head_dim(), block_size, num_blocks, layout)),
+            this->stack().shape().head_dim(), block_size, num_blocks, layout, window)),
         seq_(pool_->add_sequence()) {}
 
   /// A decoder that adds its sequence to `pool`, shared with other decoders of the same stack.
   /// \throws InvalidArgument if `pool` is null or its layers, K/V heads or head_dim differ from
   ///         the stack's; CudaError if a copy fails.
   PagedDecoder(std::shared_ptr<const AttentionStack<float>> stack,
-               std::shared_ptr<PagedKVCache<float>> pool)
+               std::shared_ptr<PagedKVCache<S>> pool)
       : Decoder<T>(std::move(stack)),
         weights_(std::make_shared<const DeviceAttentionStack>(this->stack())),
         pool_(checked(std::move(pool), this->stack())),
@@ -369,7 +413,7 @@ class PagedDecoder : public Decoder<T> {
   }
 
   /// The device pool (read-only).
-  const PagedKVCache<float>& cache() const { return *pool_; }
+  const PagedKVCache<S>& cache() const { return *pool_; }
   /// This decoder's sequence id in `cache()`.
   int sequence() const { return seq_; }
 
@@ -383,7 +427,10 @@ class PagedDecoder : public Decoder<T> {
     try {
       Paged keeper(weights_->shape(), *pool_, slots, DeviceBlockTables(pool_->tables({seq_})), p,
                    workspace_);
-      return detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
+      RowMatrix<float> out =
+          detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
+      pool_->release_out_of_window(seq_);  // with a window: the blocks before it go back
+      return out;
     } catch (...) {
       pool_->truncate(seq_, this->position());  // give back the slots
       throw;
@@ -397,7 +444,7 @@ class PagedDecoder : public Decoder<T> {
   // Writes each layer's k and v into the step's slots and attends through the block table.
   class Paged : public detail::DeviceKeeper {
    public:
-    Paged(const AttentionShape& shape, PagedKVCache<float>& pool,
+    Paged(const AttentionShape& shape, PagedKVCache<S>& pool,
           const std::vector<std::int64_t>& slots, DeviceBlockTables tables, int new_rows,
           Workspace& workspace)
         : shape_(shape),
@@ -407,7 +454,9 @@ class PagedDecoder : public Decoder<T> {
           qo_indptr_(std::vector<std::int32_t>{0, new_rows}),
           workspace_(workspace) {}
     void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
-      pool_.write(layer, slots_, k, v);
+      DeviceBuffer<StorageInput<S>> k_rows, v_rows;  // fp16 / bf16 copies (unused otherwise)
+      pool_.write(layer, slots_, detail::storage_rows<S>(k, k_rows),
+                  detail::storage_rows<S>(v, v_rows));
     }
     void attend(int layer, DeviceMatrix<float> q, DeviceMatrix<float> attn,
                 CostCounters& counters) override {
@@ -417,13 +466,13 @@ class PagedDecoder : public Decoder<T> {
                                      nullptr, options);
       // Counted on the host (the device tables would have to be copied back).
       const int len = tables_.host().seq_len(0);
-      count_attention(shape_, storage_row_bytes<float>(shape_.head_dim()),
-                      visible_keys(len - q.rows, q.rows, /*window=*/0), counters);
+      count_attention(shape_, storage_row_bytes<S>(shape_.head_dim()),
+                      visible_keys(len - q.rows, q.rows, pool_.window()), counters);
     }
 
    private:
     const AttentionShape& shape_;
-    PagedKVCache<float>& pool_;
+    PagedKVCache<S>& pool_;
     const std::vector<std::int64_t>& slots_;  // [new rows]: this step's slots
     DeviceBlockTables tables_;                // the sequence's block table, on the device
     DeviceBuffer<std::int32_t> qo_indptr_;    // [2]: all queries are this sequence's
@@ -439,8 +488,8 @@ class PagedDecoder : public Decoder<T> {
     this->continue_from(parent);
   }
 
-  static std::shared_ptr<PagedKVCache<float>> checked(std::shared_ptr<PagedKVCache<float>> pool,
-                                                      const AttentionStack<float>& stack) {
+  static std::shared_ptr<PagedKVCache<S>> checked(std::shared_ptr<PagedKVCache<S>> pool,
+                                                  const AttentionStack<float>& stack) {
     constexpr const char* kWhere = "kvlab::cuda::PagedDecoder";
     if (!pool) kvlab::detail::fail(kWhere, "pool", "a non-null pool", "nullptr");
     kvlab::detail::require_equal(kWhere, "pool->num_layers()", pool->num_layers(),
@@ -453,7 +502,7 @@ class PagedDecoder : public Decoder<T> {
   }
 
   std::shared_ptr<const DeviceAttentionStack> weights_;
-  std::shared_ptr<PagedKVCache<float>> pool_;
+  std::shared_ptr<PagedKVCache<S>> pool_;
   int seq_;              // this decoder's sequence in pool_
   Workspace workspace_;  // split-K partial results
 };

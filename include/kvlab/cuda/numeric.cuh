@@ -30,11 +30,13 @@ constexpr bool is_quantized_storage =
     std::is_same<S, BlockQ8_0>::value || std::is_same<S, BlockQ4_0>::value;
 
 /// True for a K/V cache of `S` read with queries (and output) of `T`: the same number type, or
-/// a quantized cache with fp32 queries.
+/// fp32 queries with a cache of any storage (fp16, bf16, int8 or int4 rows are made floats as
+/// they are read, as the CPU kernels read them).
 template <typename T, typename S>
 constexpr bool is_cache_pairing = is_storage_type<T> &&
                                   (std::is_same<T, S>::value ||
-                                   (std::is_same<T, float>::value && is_quantized_storage<S>));
+                                   (std::is_same<T, float>::value &&
+                                    (is_storage_type<S> || is_quantized_storage<S>)));
 
 /// Name of a storage type: "fp32", "fp16", "bf16", "int8" or "int4" (`KVStorage`'s names).
 template <typename T>

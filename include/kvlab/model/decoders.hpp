@@ -88,20 +88,23 @@ class StoreDecoder : public Decoder<T> {
 /// So a one-layer model costs t K/V projections and t scores per query head per step: over n
 /// steps n(n+1)/2 of each, Θ(n²). A deeper model also recomputes t positions in each lower
 /// layer: t² scores per head per lower layer per step, Θ(n³) in total. Memory: the inputs,
-/// [t, d_model].
+/// [t, d_model]. With a `window` of W keys each query sees its last W keys only (the oracle of
+/// the windowed `CachedDecoder` and `PagedDecoder`): the scores outside the band are masked,
+/// still computed.
 template <typename T>
 class NaiveDecoder : public StoreDecoder<T, RecomputeStore<T>> {
  public:
-  /// A decoder running `stack`, with no token yet.
-  /// \throws InvalidArgument if `stack` is null.
-  explicit NaiveDecoder(std::shared_ptr<const AttentionStack<T>> stack)
-      : StoreDecoder<T, RecomputeStore<T>>(stack, store_for(stack.get())) {}
+  /// A decoder running `stack`, with no token yet, each query seeing its last `window` keys (0:
+  /// all).
+  /// \throws InvalidArgument if `stack` is null or `window` is negative.
+  explicit NaiveDecoder(std::shared_ptr<const AttentionStack<T>> stack, int window = 0)
+      : StoreDecoder<T, RecomputeStore<T>>(stack, store_for(stack.get(), window)) {}
 
  private:
-  static std::shared_ptr<RecomputeStore<T>> store_for(const AttentionStack<T>* s) {
+  static std::shared_ptr<RecomputeStore<T>> store_for(const AttentionStack<T>* s, int window) {
     if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
     return std::make_shared<RecomputeStore<T>>(s->num_layers(), s->shape().num_kv_heads(),
-                                               s->shape().head_dim(), s->d_model());
+                                               s->shape().head_dim(), s->d_model(), window);
   }
 };
 
@@ -113,22 +116,29 @@ class NaiveDecoder : public StoreDecoder<T, RecomputeStore<T>> {
 /// So each step costs p K/V projections per K/V head per layer, Θ(1) for a decode step, and the
 /// scores still cost t per query head (every new query meets every cached key). Memory: the
 /// cache, reserved for `capacity` tokens.
-template <typename T>
-class CachedDecoder : public StoreDecoder<T, ContiguousStore<T>> {
+///
+/// `S` is the type K and V are stored as (`KVStorage`: `T`, fp16, bf16, int8 or int4 blocks),
+/// and with a `window` of W keys each query sees its last W keys only, kept in a ring of
+/// `capacity` slots (`ContiguousKVCache`): the same decoder, the cache of another variant.
+template <typename T, typename S = T>
+class CachedDecoder : public StoreDecoder<T, ContiguousStore<T, S>> {
  public:
-  /// A decoder running `stack` with room for `capacity` tokens.
-  /// \throws InvalidArgument if `stack` is null or `capacity < 1`.
-  CachedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int capacity)
-      : StoreDecoder<T, ContiguousStore<T>>(stack, store_for(stack.get(), capacity)) {}
+  /// A decoder running `stack` with room for `capacity` tokens, or with a sliding window of
+  /// `window` keys a ring of `capacity` slots (W − 1 + C for steps of up to C tokens).
+  /// \throws InvalidArgument if `stack` is null, `capacity < 1`, or the window or `head_dim`
+  ///         does not suit the cache (`ContiguousKVCache`).
+  CachedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int capacity, int window = 0)
+      : StoreDecoder<T, ContiguousStore<T, S>>(stack, store_for(stack.get(), capacity, window)) {}
 
   /// The cache (read-only), e.g. to print its contents or its size.
-  const ContiguousKVCache<T>& cache() const { return this->store().cache(this->sequence()); }
+  const ContiguousKVCache<T, S>& cache() const { return this->store().cache(this->sequence()); }
 
  private:
-  static std::shared_ptr<ContiguousStore<T>> store_for(const AttentionStack<T>* s, int capacity) {
+  static std::shared_ptr<ContiguousStore<T, S>> store_for(const AttentionStack<T>* s, int capacity,
+                                                          int window) {
     if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
-    return std::make_shared<ContiguousStore<T>>(s->num_layers(), s->shape().num_kv_heads(),
-                                                s->shape().head_dim(), capacity);
+    return std::make_shared<ContiguousStore<T, S>>(s->num_layers(), s->shape().num_kv_heads(),
+                                                   s->shape().head_dim(), capacity, window);
   }
 };
 
@@ -140,24 +150,27 @@ class CachedDecoder : public StoreDecoder<T, ContiguousStore<T>> {
 ///
 /// The work is exactly that of `CachedDecoder` (the same counts in every counter); what differs
 /// is the memory: blocks as the sequence grows instead of `capacity` tokens up front. `fork()`
-/// gives a second decoder that continues from the same tokens without copying them.
-template <typename T>
-class PagedDecoder : public StoreDecoder<T, PagedStore<T>> {
+/// gives a second decoder that continues from the same tokens without copying them. `S` and a
+/// `window` as for `CachedDecoder`: with a window, the blocks wholly before it go back to the pool
+/// after each step (`PagedStore`).
+template <typename T, typename S = T>
+class PagedDecoder : public StoreDecoder<T, PagedStore<T, S>> {
  public:
   /// A decoder with a pool of its own: `num_blocks` blocks of `block_size` tokens, their values
-  /// in `layout`.
-  /// \throws InvalidArgument if `stack` is null or `block_size` or `num_blocks` is below 1.
+  /// in `layout`, each query seeing its last `window` keys (0: all).
+  /// \throws InvalidArgument if `stack` is null, `block_size` or `num_blocks` is below 1, or the
+  ///         window or `head_dim` does not suit the pool (`PagedKVCache`).
   PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD)
-      : StoreDecoder<T, PagedStore<T>>(stack,
-                                       store_for(stack.get(), block_size, num_blocks, layout)) {}
+               KVLayout layout = KVLayout::NHD, int window = 0)
+      : StoreDecoder<T, PagedStore<T, S>>(
+            stack, store_for(stack.get(), block_size, num_blocks, layout, window)) {}
 
   /// A decoder that adds its sequence to `pool`, shared with other decoders of the same stack.
   /// \throws InvalidArgument if `pool` is null or its layers, K/V heads or head_dim differ from
   ///         the stack's.
   PagedDecoder(std::shared_ptr<const AttentionStack<T>> stack,
-               std::shared_ptr<PagedKVCache<T>> pool)
-      : StoreDecoder<T, PagedStore<T>>(stack, store_over(std::move(pool), stack.get())) {}
+               std::shared_ptr<PagedKVCache<T, S>> pool)
+      : StoreDecoder<T, PagedStore<T, S>>(stack, store_over(std::move(pool), stack.get())) {}
 
   /// A new decoder at the same position, continuing from the same tokens: it shares every
   /// block (no K/V is copied) until one of the two appends into the shared last block, which is
@@ -168,13 +181,14 @@ class PagedDecoder : public StoreDecoder<T, PagedStore<T>> {
   }
 
   /// The pool (read-only): blocks, reference counts, the block tables of every sequence.
-  const PagedKVCache<T>& cache() const { return this->store().cache(); }
+  const PagedKVCache<T, S>& cache() const { return this->store().cache(); }
 
  private:
-  PagedDecoder(const PagedDecoder& parent, int seq) : StoreDecoder<T, PagedStore<T>>(parent, seq) {}
+  PagedDecoder(const PagedDecoder& parent, int seq)
+      : StoreDecoder<T, PagedStore<T, S>>(parent, seq) {}
 
-  static std::shared_ptr<PagedStore<T>> store_over(std::shared_ptr<PagedKVCache<T>> pool,
-                                                   const AttentionStack<T>* s) {
+  static std::shared_ptr<PagedStore<T, S>> store_over(std::shared_ptr<PagedKVCache<T, S>> pool,
+                                                      const AttentionStack<T>* s) {
     constexpr const char* kWhere = "kvlab::PagedDecoder";
     if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
     if (!pool) detail::fail(kWhere, "pool", "a non-null pool", "nullptr");
@@ -184,13 +198,14 @@ class PagedDecoder : public StoreDecoder<T, PagedStore<T>> {
                           s->shape().num_kv_heads(), "stack's num_kv_heads");
     detail::require_equal(kWhere, "pool->head_dim()", pool->head_dim(), s->shape().head_dim(),
                           "stack's head_dim");
-    return std::make_shared<PagedStore<T>>(std::move(pool));
+    return std::make_shared<PagedStore<T, S>>(std::move(pool));
   }
-  static std::shared_ptr<PagedStore<T>> store_for(const AttentionStack<T>* s, int block_size,
-                                                  int num_blocks, KVLayout layout) {
+  static std::shared_ptr<PagedStore<T, S>> store_for(const AttentionStack<T>* s, int block_size,
+                                                     int num_blocks, KVLayout layout, int window) {
     if (s == nullptr) detail::fail("kvlab::Decoder", "stack", "a non-null stack", "nullptr");
-    return std::make_shared<PagedStore<T>>(s->num_layers(), s->shape().num_kv_heads(),
-                                           s->shape().head_dim(), block_size, num_blocks, layout);
+    return std::make_shared<PagedStore<T, S>>(s->num_layers(), s->shape().num_kv_heads(),
+                                              s->shape().head_dim(), block_size, num_blocks, layout,
+                                              window);
   }
 };
 

@@ -122,20 +122,10 @@ class ContiguousStore : public KVStore<T> {
     for (int i = 0; i < batch.size(); ++i) {
       const int seq = batch.seq(i);
       const int length = do_length(seq);
-      if (window_ == 0 && batch.new_tokens(i) > capacity_ - length) {
-        detail::fail<CapacityError>(caller, "new tokens of sequence " + std::to_string(seq),
-                                    "at most " + std::to_string(capacity_ - length) +
-                                        " (capacity " + std::to_string(capacity_) + ", length " +
-                                        std::to_string(length) + ")",
-                                    batch.new_tokens(i));
-      }
-      if (window_ > 0 && batch.new_tokens(i) > capacity_ - window_ + 1) {
-        detail::fail<CapacityError>(
-            caller, "new tokens of sequence " + std::to_string(seq),
-            "at most " + std::to_string(capacity_ - window_ + 1) + " (a ring of " +
-                std::to_string(capacity_) + " slots, window " + std::to_string(window_) + ")",
-            batch.new_tokens(i));
-      }
+      // the cache's own check (before any layer is touched)
+      const std::string name = "new tokens of sequence " + std::to_string(seq);
+      detail::check_contiguous_append(caller, name.c_str(), batch.new_tokens(i), capacity_, window_,
+                                      length);
       batch.first_position.push_back(length);
     }
     inputs = new_inputs;
