@@ -20,6 +20,23 @@
 
 namespace kvlab_test {
 
+/// Whether this build runs under AddressSanitizer (GCC's `__SANITIZE_ADDRESS__`, Clang's
+/// `__has_feature(address_sanitizer)`): scripts/test.sh's second build, at -O1 with every access
+/// checked, where the longest randomized and grid tests run 10 to 20 times slower. Those tests
+/// then run shorter cases through the same code paths (each says which); the Release build runs
+/// them whole.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 /// The tolerance of every float/double comparison between two kvlab paths (see
 /// `max_row_relative_error`): they compute the same sums in different orders, so they differ by
 /// rounding only — double 1e-12 (eps 1.1e-16, a few hundred roundings deep at most), float
