@@ -17,8 +17,8 @@
 //    paged kernels, against the CPU kernels on the same blocks, at fp32 tolerance.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
 // (tests/cuda_emulation, KVLAB_CUDA_EMULATION) the same tests run with shorter contexts, vLLM's
-// grid with a quarter of the heads in the same groups, and fp16 alternating the grid's pool
-// layouts: see `kContext` below.
+// grid and decode_attention with fewer heads in the same groups, and fp16 alternating the grid's
+// pool layouts: see `kContext` below.
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
@@ -134,10 +134,13 @@ constexpr bool kEveryLayoutInFp16 = false;  // vLLM's grid: fp16 alternates the 
 // the heads. The kernels' paths depend on the group, not on the count of heads (one more block of
 // threads per head), and the emulator spends its time in proportion to the heads.
 const Heads kGridHeads[3] = {{10, 10}, {16, 2}, {8, 2}};
+// decode_attention: groups of 1, 3, 8 and 12 with the fewest heads that make them
+const Heads kDecodeHeads[4] = {{2, 2}, {3, 1}, {8, 1}, {12, 1}};
 #else
 const ContextLengths kContext{3000, 4096, {32768, 1, 5000, 257, 256, 4096}, 32768, 600, 300};
 constexpr bool kEveryLayoutInFp16 = true;  // vLLM's grid: fp16 runs both pool layouts everywhere
 const Heads kGridHeads[3] = {{40, 40}, {64, 8}, {32, 8}};  // vLLM's grid: its head layouts
+const Heads kDecodeHeads[4] = {{4, 4}, {6, 2}, {8, 1}, {24, 2}};  // groups of 1, 3, 8 and 12
 #endif
 
 }  // namespace
@@ -169,8 +172,7 @@ TEMPLATE_TEST_CASE(
     "", float, __half, __nv_bfloat16) {
   kvlab::Rng rng(2);
   for (int head_dim : {8, 64, 80, 96, 112, 128, 200, 256})
-    // groups 1, 3, 8, 12
-    for (const Heads& heads : {Heads{4, 4}, Heads{6, 2}, Heads{8, 1}, Heads{24, 2}})
+    for (const Heads& heads : kDecodeHeads)  // groups 1, 3, 8, 12
       for (int length : {1, 257, kContext.decode_long})
         for (int partitions : {1, 0, 3}) {
           const AttentionShape shape(heads.num_heads, heads.num_kv_heads, head_dim);
