@@ -40,11 +40,13 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # own test runs here by default; KVLAB_SANITIZE_CUDA_EMULATION="test_cuda_attention" (a list of
 # tests/cuda tests) adds them. The programs of apps/ are built like everything else here (-O1), not
 # with the -O3 -march=native of their release builds (KVLAB_BENCH_NATIVE), which only slows the
-# instrumented compile.
+# instrumented compile. The programs, C++ tutorials and README examples are compiled at -O0
+# (KVLAB_PROGRAM_OPTIONS): half the compile time of -O1, and their stores come from the shared
+# instances, compiled at -O1 like the tests.
 cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
   -DCMAKE_CXX_FLAGS="-O1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
-  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF \
+  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_PROGRAM_OPTIONS=-O0 \
   -DKVLAB_CUDA_EMULATION_TESTS="${KVLAB_SANITIZE_CUDA_EMULATION:-}" >/dev/null
 cmake --build build-sanitize -j "$jobs"
 
