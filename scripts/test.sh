@@ -38,11 +38,11 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # The CUDA tests on the CPU emulator (tests/cuda_emulation) under ASan + UBSan: a CPU stand-in
 # for compute-sanitizer memcheck, ~10 min of CPU for test_cuda_attention, so only the emulator's
 # own test runs here by default; KVLAB_SANITIZE_CUDA_EMULATION="test_cuda_attention" (a list of
-# tests/cuda tests) adds them. The programs of apps/ are built like everything else here (-O1), not
-# with the -O3 -march=native of their release builds (KVLAB_BENCH_NATIVE), which only slows the
-# instrumented compile. The programs, C++ tutorials and README examples are compiled at -O0
-# (KVLAB_PROGRAM_OPTIONS): half the compile time of -O1, and their stores come from the shared
-# instances, compiled at -O1 like the tests.
+# tests/cuda tests) adds them. The programs of apps/ are not built with the -O3 -march=native of
+# their release builds (KVLAB_BENCH_NATIVE), which only slows the instrumented compile: they, the
+# C++ tutorials and the README examples are compiled at -O0 (KVLAB_PROGRAM_OPTIONS; about 0.6 of
+# their compile time at -O1), and their stores come from the shared instances, compiled at -O1
+# like the tests.
 cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
   -DCMAKE_CXX_FLAGS="-O1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
