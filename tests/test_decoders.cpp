@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -139,9 +140,9 @@ std::vector<Case> grid() {
                             {8, 2}, {8, 1}, {32, 32}, {32, 8}, {32, 1}};
   const int head_dims[] = {8, 64, 80, 96, 128, 256};
   int layers = 1;
-  for (int l = 0; l < 10; ++l) {
+  for (int l = 0; l < static_cast<int>(std::size(layouts)); ++l) {
     const auto& heads = layouts[l];
-    for (int d = 0; d < 6; ++d) {
+    for (int d = 0; d < static_cast<int>(std::size(head_dims)); ++d) {
       const int head_dim = head_dims[d];
       const bool skip = kSanitized && (l + d) % 2 != 0;
       const int layers_here = layers;
