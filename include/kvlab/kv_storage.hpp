@@ -6,7 +6,7 @@
 /// bound on what each loses, derived below and checked exhaustively in
 /// `tests/test_kv_storage.cpp`. The caches encode a row when it is appended; the attention
 /// kernels decode the rows they read, one at a time (never a decoded copy of the cache), and read
-/// int8 and int4 rows block by block without decoding them (`levels`, `cpu/quantized_rows.hpp`).
+/// int8 and int4 rows block by block without decoding them (`levels`, `cpu/row_runs.hpp`).
 ///
 /// Beside `matrix.hpp`, below every folder: the caches (`cache/`) and the kernels (`cpu/`) both
 /// read it.
@@ -341,7 +341,7 @@ struct KVStorage<BlockQ8_0> {
   }
   /// The block's levels q[i] as floats into `x` ([32]), and its scale d returned: value i is
   /// d · x[i] (exact in float). What the attention kernels read, one block at a time, to take
-  /// the product by d out of the sum over the block (`cpu/quantized_rows.hpp`).
+  /// the product by d out of the sum over the block (`cpu/row_runs.hpp`).
   static float levels(const BlockQ8_0& block, float* x) {
     for (int i = 0; i < kValues; ++i) x[i] = static_cast<float>(block.q[i]);
     return detail::half_value(block.d);
@@ -400,7 +400,7 @@ struct KVStorage<BlockQ4_0> {
   }
   /// The block's levels n_i − 8 as floats into `x` ([32]), and its scale d returned: value i is
   /// d · x[i] (exact in float). What the attention kernels read, one block at a time
-  /// (`cpu/quantized_rows.hpp`).
+  /// (`cpu/row_runs.hpp`).
   static float levels(const BlockQ4_0& block, float* x) {
     constexpr int kHalf = kValues / 2;
     // low nibbles: values [0, 16); high nibbles: values [16, 32)

@@ -2,9 +2,10 @@
 /// \brief The inner loop shared by `cpu::decode_attention` (contiguous cache) and
 /// `cpu::paged_decode_attention` / `cpu::paged_prefill_attention` (paged cache): a tile of
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
-/// rows are stored and in whatever type (`KVStorage`: a row stored as fp16 or bf16 is decoded as
-/// it is read, one token's rows at a time; a row of int8 or int4 blocks is read block by block
-/// without being decoded, `quantized_rows.hpp`). It computes what
+/// rows are stored and in whatever type (`KVStorage`: rows of int8 or int4 blocks, and of fp16 or
+/// bf16 values where the build has their vector form, are read in runs of consecutive rows,
+/// never decoded into memory, `row_runs.hpp`; other rows one token's rows at a time, decoded as
+/// they are read when not stored as the queries' type). It computes what
 /// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
 /// Internal (`cpu::detail`); tested through the public kernels.
 #pragma once
@@ -20,7 +21,7 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/views.hpp"
-#include "kvlab/cpu/quantized_rows.hpp"
+#include "kvlab/cpu/row_runs.hpp"
 #include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
 
@@ -136,7 +137,7 @@ int padded_span(int span) {
   return lines * kLine;
 }
 
-/// Up to `kQuantizedRowRun` consecutive rows, at positions pos, pos + 1, …, that the same queries
+/// Up to `kRowRun` consecutive rows, at positions pos, pos + 1, …, that the same queries
 /// of each head see: [first, last) of each head's queries.
 template <typename S>
 struct RowRun {
@@ -144,22 +145,22 @@ struct RowRun {
   int count = 0;                    ///< rows in the run
   int first = 0;                    ///< first query of a head that sees them
   int last = 0;                     ///< one past the last
-  const S* rows[kQuantizedRowRun];  ///< [count]: the rows of the tile's first K/V head
+  const S* rows[kRowRun];           ///< [count]: the rows of the tile's first K/V head
 };
 
 /// Hands the rows at positions [begin, end) to `on_run` in runs, in order: each run as long as
-/// possible, up to `kQuantizedRowRun` rows seen by the same queries (`first_seeing(pos)`,
+/// possible, up to `max_run` (<= `kRowRun`) rows seen by the same queries (`first_seeing(pos)`,
 /// `last_seeing(pos)`); rows that no query sees are skipped. `walk(b, e, f)` calls f(pos, row)
 /// for the rows at positions [b, e) (`ContiguousRows::keys`, `PagedRows::values`, ...).
 template <typename S, typename Walk, typename First, typename Last, typename OnRun>
-void for_each_row_run(const Walk& walk, int begin, int end, const First& first_seeing,
+void for_each_row_run(const Walk& walk, int begin, int end, int max_run, const First& first_seeing,
                       const Last& last_seeing, const OnRun& on_run) {
   RowRun<S> run;
   for (int pos = begin; pos < end; pos += run.count) {
     run.pos = pos;
     run.first = first_seeing(pos);
     run.last = last_seeing(pos);
-    const int limit = std::min(end, pos + kQuantizedRowRun);
+    const int limit = std::min(end, pos + max_run);
     // Both bounds grow with pos: if the run's last candidate is seen by the same queries as its
     // first, so is every row between them (the common case: a decode step, or keys before the
     // causal corner and after a window's edge). Otherwise the run stops where they change.
@@ -191,10 +192,10 @@ struct AttentionTile {
 
 /// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
-/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows stored in another type than `T`
-/// are decoded as they are read, `KVStorage::decode`, or read block by block when they are int8 or
-/// int4, in runs of up to `kQuantizedRowRun` rows, `score_quantized_rows` and
-/// `add_quantized_rows`). Leaves in `scratch`, for query `qi`
+/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows of int8 or int4 blocks, and of fp16
+/// or bf16 values where the build has their vector form, in runs of up to `run_rows` rows,
+/// `score_row_run` and `add_row_run`; other rows stored in another type than `T` decoded one
+/// token at a time as they are read, `KVStorage::decode`). Leaves in `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
 /// in which partial results over disjoint key ranges merge (`merge_softmax_states`).
@@ -232,9 +233,16 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // token's rows are ever decoded: never a copy of the cache. (Rows of quantized blocks are not
   // decoded at all: steps 1 and 3 read them block by block.)
   using S = typename Source::Stored;
-  constexpr bool kDecoded = !std::is_same<S, T>::value && !kQuantizedStorage<S>;
-  const std::ptrdiff_t head_stride = kDecoded ? hd : source.head_stride();  // in the rows as T
-  scratch.row.resize(kDecoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
+  // Runs of rows (`row_runs.hpp`: each row loaded once for all the queries that see it, several
+  // rows in flight, the sums held in registers) are how rows stored in quantized blocks are
+  // always read, and fp16 and bf16 rows where this build has their vector form
+  // (`kVectorRows`) and head_dim is whole blocks of 32. Otherwise each token's rows are read on
+  // their own, decoded first when stored in another type than T.
+  constexpr bool kRuns = kQuantizedStorage<S> || kVectorRows<T, S>;
+  const bool by_runs = kQuantizedStorage<S> || (kRuns && hd % kQuantBlock == 0);
+  const bool decoded = !std::is_same<S, T>::value && !by_runs;
+  const std::ptrdiff_t head_stride = decoded ? hd : source.head_stride();  // in the rows as T
+  scratch.row.resize(decoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
   const auto as_t = [&](const S* stored) -> const T* {
     if constexpr (std::is_same<S, T>::value) {
       return stored;
@@ -270,29 +278,32 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const auto last_seeing = [&](int pos) {
     return window > 0 ? std::min(per_head, (pos + window - first_position) * group) : per_head;
   };
-  // Rows of quantized blocks are read in runs of consecutive rows seen by the same queries
+  // Runs of consecutive rows seen by the same queries
   // (`for_each_row_run`): f(j, rows, run) for each run and K/V head j, with head j's rows of it.
   const auto for_each_head_run = [&](const auto& walk, const auto& f) {
-    for_each_row_run<S>(walk, key_lo, span, first_seeing, last_seeing, [&](const RowRun<S>& run) {
-      for (int j = 0; j < heads; ++j) {
-        const S* rows_of_j[kQuantizedRowRun];  // [run.count]: head j's rows of the run
-        for (int r = 0; r < run.count; ++r) rows_of_j[r] = run.rows[r] + j * source.head_stride();
-        f(j, rows_of_j, run);
-      }
-    });
+    for_each_row_run<S>(walk, key_lo, span, run_rows<S>(hd), first_seeing, last_seeing,
+                        [&](const RowRun<S>& run) {
+                          for (int j = 0; j < heads; ++j) {
+                            const S* rows_of_j[kRowRun];  // [run.count]: head j's rows of the run
+                            for (int r = 0; r < run.count; ++r)
+                              rows_of_j[r] = run.rows[r] + j * source.head_stride();
+                            f(j, rows_of_j, run);
+                          }
+                        });
   };
 
   // 1. Scores: each key row is read once and met by every query of its group that sees it.
   probs.resize(m, padded_span<T>(span - key_lo));
-  if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded, in runs of rows
-    for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); },
-                      [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
-                        score_quantized_rows(
-                            rows_of_j, run.count, hd, &queries(j * per_head + run.first, 0),
-                            run.last - run.first, scale,
-                            &probs(j * per_head + run.first, run.pos - key_lo), probs.cols());
-                      });
-  } else {
+  if (by_runs) {
+    if constexpr (kRuns)
+      for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); },
+                        [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
+                          score_row_run(rows_of_j, run.count, hd,
+                                        &queries(j * per_head + run.first, 0), run.last - run.first,
+                                        scale, &probs(j * per_head + run.first, run.pos - key_lo),
+                                        probs.cols());
+                        });
+  } else if constexpr (!kQuantizedStorage<S>) {
     source.keys(key_lo, span, [&](int pos, const S* stored) {
       const int first = first_seeing(pos), last = last_seeing(pos);
       const T* row = as_t(stored);
@@ -317,15 +328,16 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   }
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
-  if constexpr (kQuantizedStorage<S>) {  // read block by block, never decoded, in runs of rows
-    for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); },
-                      [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
-                        add_quantized_rows(rows_of_j, run.count, hd,
-                                           &probs(j * per_head + run.first, run.pos - key_lo),
-                                           probs.cols(), run.last - run.first,
-                                           &acc(j * per_head + run.first, 0));
-                      });
-  } else {
+  if (by_runs) {
+    if constexpr (kRuns)
+      for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); },
+                        [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
+                          add_row_run(rows_of_j, run.count, hd,
+                                      &probs(j * per_head + run.first, run.pos - key_lo),
+                                      probs.cols(), run.last - run.first,
+                                      &acc(j * per_head + run.first, 0));
+                        });
+  } else if constexpr (!kQuantizedStorage<S>) {
     source.values(key_lo, span, [&](int pos, const S* stored) {
       const int first = first_seeing(pos), last = last_seeing(pos);
       const T* row = as_t(stored);

@@ -1,14 +1,15 @@
-// How the attention kernels read rows stored as q8_0 / q4_0 blocks without decoding them
-// (cpu/quantized_rows.hpp): the scores of a run of key rows and the sums of a run of value rows
-// equal those computed from the decoded rows, within float's rounding (bounds derived below), on
-// random and adversarial blocks, for runs shorter than, equal to and longer than the run the
-// kernels hand over, and for every number of queries up to 9 (groups of four and the rest); and
-// the kernels that use them equal the reference attention over the decoded rows.
+// How the attention kernels read runs of K/V rows (cpu/row_runs.hpp) stored as q8_0 / q4_0
+// blocks (without decoding them), fp32, fp16 and bf16: the scores of a run of key rows and the
+// sums of a run of value rows equal those computed from the decoded rows, within float's rounding
+// (bounds derived below), on random and adversarial rows, for runs shorter than, equal to and
+// longer than the run the kernels hand over, and for every number of queries up to 9 (groups of
+// four and the rest); and the kernels that use them equal the reference attention over the
+// decoded rows.
 //
-// Built twice: test_quantized_rows with the test suite's flags (the portable loops, unless those
-// flags target AVX2), and, where the compiler accepts -march=native, test_quantized_rows_native
+// Built twice: test_row_runs with the test suite's flags (the portable loops, unless those
+// flags target AVX2), and, where the compiler accepts -march=native, test_row_runs_native
 // with the flags of the benchmarks and apps (KVLAB_TEST_NATIVE), where a CPU with AVX2 and FMA
-// must get the AVX2 form: the test fails if it does not.
+// must get the AVX2 form (and fp16 rows too where it has F16C): the test fails if it does not.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -61,17 +62,30 @@ template <>
 float largest_storable<BlockQ4_0>() {
   return 8.f * 65504.f;
 }
+template <>
+float largest_storable<Eigen::half>() {
+  return 65504.f;
+}
+// fp32 and bf16 hold far more; 1e30 keeps a score's sum of 128 products of queries up to 2 finite
+template <>
+float largest_storable<Eigen::bfloat16>() {
+  return 1e30f;
+}
+template <>
+float largest_storable<float>() {
+  return 1e30f;
+}
 
 // Rows stored as S, and what they hold, decoded in double.
 template <typename S>
 struct StoredRows {
-  std::vector<std::vector<S>> stored;        // [rows][head_dim / 32] blocks
+  std::vector<std::vector<S>> stored;        // [rows][head_dim / KVStorage<S>::kValues]
   std::vector<std::vector<double>> decoded;  // [rows][head_dim]
   std::vector<const S*> rows;                // [rows]: stored[r].data()
   explicit StoredRows(const std::vector<std::vector<float>>& values) {
     for (const std::vector<float>& row : values) {
       const int head_dim = static_cast<int>(row.size());
-      stored.emplace_back(row.size() / 32);
+      stored.emplace_back(row.size() / static_cast<std::size_t>(KVStorage<S>::kValues));
       decoded.emplace_back(row.size());
       KVStorage<S>::encode(row.data(), head_dim, stored.back().data());
       KVStorage<S>::decode(stored.back().data(), head_dim, decoded.back().data());
@@ -86,7 +100,7 @@ struct StoredRows {
 // and the rest).
 template <typename S, typename F>
 void for_each_case(std::initializer_list<int> head_dims, kvlab::Rng& rng, F&& f) {
-  static_assert(kvlab::cpu::detail::kQuantizedRowRun == 16, "the runs below cross it");
+  static_assert(kvlab::cpu::detail::kRowRun == 16, "the runs below cross it");
   for (int head_dim : head_dims) {
     std::vector<std::vector<float>> values = test_rows(head_dim, largest_storable<S>(), rng);
     const std::vector<std::vector<float>> again = test_rows(head_dim, largest_storable<S>(), rng);
@@ -104,31 +118,42 @@ void for_each_case(std::initializer_list<int> head_dims, kvlab::Rng& rng, F&& f)
 }
 }  // namespace
 
-TEST_CASE("this build reads quantized rows in the form its flags select") {
+TEST_CASE("this build reads runs of rows in the form its flags select") {
+  using kvlab::cpu::detail::kVectorRows;
 #if defined(KVLAB_TEST_NATIVE) && (defined(__x86_64__) || defined(__i386__))
   // Built with -march=native: on a CPU with AVX2 and FMA the kernels must use them.
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    CHECK(kvlab::cpu::detail::kQuantizedRowsAvx2);
+    CHECK(kvlab::cpu::detail::kRowRunsAvx2);
+    if (__builtin_cpu_supports("f16c")) CHECK(kVectorRows<float, Eigen::half>);
   } else {
     WARN("this CPU has no AVX2 with FMA: the portable form is tested");
   }
 #endif
-  INFO("quantized rows read with "
-       << (kvlab::cpu::detail::kQuantizedRowsAvx2 ? "AVX2" : "plain loops"));
-  CHECK(kvlab::cpu::detail::kQuantizedRowsAvx2 == (KVLAB_QUANTIZED_ROWS_AVX2 != 0));
+  INFO("runs of rows read with " << (kvlab::cpu::detail::kRowRunsAvx2 ? "AVX2" : "plain loops"));
+  CHECK(kvlab::cpu::detail::kRowRunsAvx2 == (KVLAB_ROW_RUNS_AVX2 != 0));
+  // the vector form covers the stored types of float queries read in runs, and no double queries
+  const bool avx2 = kvlab::cpu::detail::kRowRunsAvx2;
+  CHECK_FALSE(kVectorRows<float, float>);  // fp32 rows are read one by one
+  CHECK(kVectorRows<float, Eigen::half> == (avx2 && kvlab::cpu::detail::kRowRunsF16c));
+  CHECK(kVectorRows<float, Eigen::bfloat16> == avx2);
+  CHECK(kVectorRows<float, BlockQ8_0> == avx2);
+  CHECK(kVectorRows<float, BlockQ4_0> == avx2);
+  CHECK_FALSE(kVectorRows<double, double>);
+  CHECK_FALSE(kVectorRows<double, BlockQ8_0>);
 }
 
 // Bounds. Both functions compute, in float, sums of the products that the decoded rows would give
 // (each product q_i · d x_i exact up to one rounding), in some order. A float sum of n terms, each
 // carrying at most m roundings, is within γ_{n+m} · Σ|terms| of the exact sum, with γ_k = k u /
 // (1 − k u) and u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, §3.1). For a
-// score: n = head_dim products, m = 3 (the product by the level, by d, by the scale), so
+// score: n = head_dim products, m = 3 (the product by the level, by d, by the scale; fp32, fp16
+// and bf16 rows have no d, so fewer), so
 //   |score − exact| <= γ_{head_dim+3} · scale · Σ_i |q_i · x̂_i|.
 // For a run of R value rows added to a sum a: R + 1 terms, each product with two roundings (w·d,
 // then the product by the level, inside the fused multiply-add or not), so
 //   |a' − (a + Σ_r w_r x̂_r)| <= γ_{R+2} (|a| + Σ_r |w_r x̂_r|).
-TEMPLATE_TEST_CASE("a run of quantized key rows scores every query as the decoded rows do", "",
-                   BlockQ8_0, BlockQ4_0) {
+TEMPLATE_TEST_CASE("a run of key rows scores every query as the decoded rows do", "", BlockQ8_0,
+                   BlockQ4_0, float, Eigen::half, Eigen::bfloat16) {
   using S = TestType;
   constexpr double u = 0x1p-24;
   const auto gamma = [&](int k) { return k * u / (1 - k * u); };
@@ -140,8 +165,8 @@ TEMPLATE_TEST_CASE("a run of quantized key rows scores every query as the decode
         const float scale = 0.125f;
         const int stride = run + 3;  // the entries past the run must stay untouched
         std::vector<float> out(static_cast<std::size_t>(count * stride), -7.f);
-        kvlab::cpu::detail::score_quantized_rows(rows.rows.data() + begin, run, head_dim,
-                                                 queries.data(), count, scale, out.data(), stride);
+        kvlab::cpu::detail::score_row_run(rows.rows.data() + begin, run, head_dim, queries.data(),
+                                          count, scale, out.data(), stride);
         for (int c = 0; c < count; ++c) {
           for (int r = 0; r < run; ++r) {
             const std::vector<double>& decoded = rows.decoded[static_cast<std::size_t>(begin + r)];
@@ -160,8 +185,8 @@ TEMPLATE_TEST_CASE("a run of quantized key rows scores every query as the decode
       });
 }
 
-TEMPLATE_TEST_CASE("a run of quantized value rows adds to every query's sum as the decoded rows do",
-                   "", BlockQ8_0, BlockQ4_0) {
+TEMPLATE_TEST_CASE("a run of value rows adds to every query's sum as the decoded rows do", "",
+                   BlockQ8_0, BlockQ4_0, float, Eigen::half, Eigen::bfloat16) {
   using S = TestType;
   constexpr double u = 0x1p-24;
   const auto gamma = [&](int k) { return k * u / (1 - k * u); };
@@ -172,8 +197,8 @@ TEMPLATE_TEST_CASE("a run of quantized value rows adds to every query's sum as t
         const RowMatrix<float> weights = kvlab::random_matrix<float>(count, run + 2, rng, 0, 1);
         RowMatrix<float> acc = kvlab::random_matrix<float>(count, head_dim, rng, -4, 4);
         const RowMatrix<float> before = acc;
-        kvlab::cpu::detail::add_quantized_rows(rows.rows.data() + begin, run, head_dim,
-                                               weights.data() + 1, run + 2, count, acc.data());
+        kvlab::cpu::detail::add_row_run(rows.rows.data() + begin, run, head_dim, weights.data() + 1,
+                                        run + 2, count, acc.data());
         for (int c = 0; c < count; ++c)
           for (int i = 0; i < head_dim; ++i) {
             double want = before(c, i), magnitude = std::fabs(before(c, i));
@@ -196,41 +221,48 @@ TEMPLATE_TEST_CASE("a run of quantized value rows adds to every query's sum as t
 // decoded rows. Tolerance 1e-5 relative to the row's largest value, the rule of every float
 // comparison (test_support.hpp).
 TEMPLATE_TEST_CASE(
-    "decode and paged attention over quantized rows equal the reference over the decoded rows", "",
-    BlockQ8_0, BlockQ4_0) {
+    "decode and paged attention over rows read in runs equal the reference over the decoded rows",
+    "", BlockQ8_0, BlockQ4_0, float, Eigen::half, Eigen::bfloat16) {
   using S = TestType;
-  for (int group : {1, 4, 6})
-    for (int window : {0, 20}) {
-      const kvlab::AttentionShape shape(2 * group, 2, 64);
-      const int kv_len = 90, hd = shape.head_dim();
-      kvlab::Rng rng(23);
-      const RowMatrix<float> k = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng, -2, 2);
-      const RowMatrix<float> v = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng);
-      // a ring of kv_len + W slots takes the kv_len keys in one chunk, without wrapping
-      kvlab::ContiguousKVCache<float, S> cache(1, shape.num_kv_heads(), hd, kv_len + window,
-                                               window);
-      cache.append(0, k, v);
-      RowMatrix<float> k_back(kv_len, shape.kv_width()), v_back(kv_len, shape.kv_width());
-      for (int t = 0; t < kv_len; ++t)
-        for (int h = 0; h < shape.num_kv_heads(); ++h) {
-          KVStorage<S>::decode(cache.view(0).key(h, t), hd, &k_back(t, h * hd));
-          KVStorage<S>::decode(cache.view(0).value(h, t), hd, &v_back(t, h * hd));
+  // fp16 and bf16 rows are read in runs when head_dim is whole blocks of 32 (and the build has
+  // their vector form), one by one otherwise (40); fp32 rows one by one (the portable form of the
+  // run functions reads them too, tested above)
+  const std::vector<int> head_dims =
+      kvlab::cpu::detail::kQuantizedStorage<S> ? std::vector<int>{64} : std::vector<int>{64, 40};
+  for (int head_dim : head_dims)
+    for (int group : {1, 4, 6})
+      for (int window : {0, 20}) {
+        const kvlab::AttentionShape shape(2 * group, 2, head_dim);
+        const int kv_len = 90, hd = shape.head_dim();
+        kvlab::Rng rng(23);
+        const RowMatrix<float> k =
+            kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng, -2, 2);
+        const RowMatrix<float> v = kvlab::random_matrix<float>(kv_len, shape.kv_width(), rng);
+        // a ring of kv_len + W slots takes the kv_len keys in one chunk, without wrapping
+        kvlab::ContiguousKVCache<float, S> cache(1, shape.num_kv_heads(), hd, kv_len + window,
+                                                 window);
+        cache.append(0, k, v);
+        RowMatrix<float> k_back(kv_len, shape.kv_width()), v_back(kv_len, shape.kv_width());
+        for (int t = 0; t < kv_len; ++t)
+          for (int h = 0; h < shape.num_kv_heads(); ++h) {
+            KVStorage<S>::decode(cache.view(0).key(h, t), hd, &k_back(t, h * hd));
+            KVStorage<S>::decode(cache.view(0).value(h, t), hd, &v_back(t, h * hd));
+          }
+        kvlab::PagedKVCache<float, S> pool(1, shape.num_kv_heads(), hd, 7, 16, kvlab::KVLayout::NHD,
+                                           window);
+        const int seq = pool.add_sequence();
+        pool.append(seq, k, v);
+        for (int q_len : {1, 7}) {
+          CAPTURE(head_dim, group, window, q_len);
+          const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
+          const RowMatrix<float> want =
+              kvlab::cpu::reference_attention(shape, q, k_back, v_back, kv_len - q_len, window);
+          CHECK(kvlab_test::max_row_relative_error(
+                    kvlab::cpu::decode_attention(shape, q, cache.view(0)), want) <= 1e-5);
+          const kvlab::BlockTables tables = pool.tables({seq});
+          const RowMatrix<float> paged =
+              kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len}, pool.view(0, tables));
+          CHECK(kvlab_test::max_row_relative_error(paged, want) <= 1e-5);
         }
-      kvlab::PagedKVCache<float, S> pool(1, shape.num_kv_heads(), hd, 7, 16, kvlab::KVLayout::NHD,
-                                         window);
-      const int seq = pool.add_sequence();
-      pool.append(seq, k, v);
-      for (int q_len : {1, 7}) {
-        CAPTURE(group, window, q_len);
-        const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
-        const RowMatrix<float> want =
-            kvlab::cpu::reference_attention(shape, q, k_back, v_back, kv_len - q_len, window);
-        CHECK(kvlab_test::max_row_relative_error(
-                  kvlab::cpu::decode_attention(shape, q, cache.view(0)), want) <= 1e-5);
-        const kvlab::BlockTables tables = pool.tables({seq});
-        const RowMatrix<float> paged =
-            kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len}, pool.view(0, tables));
-        CHECK(kvlab_test::max_row_relative_error(paged, want) <= 1e-5);
       }
-    }
 }

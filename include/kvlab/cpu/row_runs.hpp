@@ -1,0 +1,442 @@
+/// \file
+/// \brief How the CPU attention kernels read a run of consecutive K/V rows against several queries
+/// at once: `score_row_run` (a run of key rows scored against several queries) and `add_row_run`
+/// (a run of value rows added into several queries' sums). A row is read in blocks of 32 values
+/// (`kQuantBlock`):
+///  - rows stored in quantized blocks (`BlockQ8_0`, `BlockQ4_0`) are never decoded. Block b of a
+///    row holds the values d_b · x_b[i] (`KVStorage<S>::levels`), so
+///      q · k = Σ_b d_b · (Σ_i q[32 b + i] · x_b[i]),
+///    and the block's scale multiplies the block's sum, not each value;
+///  - rows of fp16 or bf16 values have no scale: a block is its 32 values, made floats as they
+///    are loaded (the portable form also reads fp32 rows; the kernels read those one by one).
+/// Both compute what the decoded rows (`KVStorage<S>::decode`) would give, summed in another
+/// order: equal to rounding.
+///
+/// Two forms of the same arithmetic, chosen when the header is compiled:
+///  - portable: plain loops, one row and one query at a time (the form to read);
+///  - AVX2 with FMA (compiled with `-mavx2 -mfma`, or `-march=native` on a CPU that has them,
+///    and not by nvcc; fp16 rows also need F16C): a block's values are made floats once in vector
+///    registers and used for up to four queries; the scores of four rows are computed side by
+///    side, and the value rows of a run are added block by block into sums that stay in registers
+///    for the whole run. This is what lets one decode step read its K and V at the memory's speed
+///    (`bench/bench_decode_bandwidth.cpp`, `bench/bench_kv_dtype.cpp`): each row is loaded once for
+///    all the queries of its GQA group, several rows are in flight, and no query's sum goes through
+///    memory between rows.
+/// `kRowRunsAvx2` says which form a build has, `kVectorRows<T, S>` whether it applies to queries
+/// of type T and rows stored as S. Internal (`cpu::detail`), used by `attention_tile.hpp`; tested
+/// against the decoded rows in `tests/test_row_runs.cpp`, built both ways.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kvlab/core/quant_blocks.hpp"
+#include "kvlab/kv_storage.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDACC__)
+#include <immintrin.h>
+/// 1: this build reads runs of rows with AVX2 and FMA (the compiler targets both; not nvcc).
+#define KVLAB_ROW_RUNS_AVX2 1
+#else
+/// 0: this build reads runs of rows with plain loops (no AVX2 with FMA targeted, or nvcc).
+#define KVLAB_ROW_RUNS_AVX2 0
+#endif
+
+namespace kvlab::cpu::detail {
+
+/// Whether `S` is a quantized block (`BlockQ8_0`, `BlockQ4_0`): its rows are read block by
+/// block with the scale taken out of each block's sum instead of being decoded.
+template <typename S>
+constexpr bool kQuantizedStorage = StorageUnit<S>::kValues == kQuantBlock;
+
+/// Whether this build reads runs of rows with AVX2 and FMA (true) or with plain loops (false).
+constexpr bool kRowRunsAvx2 = KVLAB_ROW_RUNS_AVX2 != 0;
+
+/// Whether this build converts fp16 with F16C (the compiler targets it).
+#if defined(__F16C__)
+constexpr bool kRowRunsF16c = true;
+#else
+constexpr bool kRowRunsF16c = false;
+#endif
+
+/// Whether this build has the AVX2 form for float queries over rows stored as `S`: int8, int4,
+/// bf16, and fp16 where the compiler also targets F16C (its conversion instruction). Not fp32:
+/// its rows are read one by one (`attend_partial`), which measured faster than runs of them on a
+/// decode step (`bench/results/README.md`, "fp16 and bf16 rows read in runs").
+template <typename T, typename S>
+constexpr bool kVectorRows = kRowRunsAvx2&& std::is_same<T, float>::value &&
+                             (kQuantizedStorage<S> || std::is_same<S, Eigen::bfloat16>::value ||
+                              (kRowRunsF16c && std::is_same<S, Eigen::half>::value));
+
+/// The most rows that the attention kernels hand to `score_row_run` and `add_row_run` at once
+/// (consecutive keys met by the same queries); the functions accept runs of any length.
+constexpr int kRowRun = 16;
+
+/// Rows per run for rows stored as `S` of `head_dim` values: `kRowRun` rows of quantized blocks;
+/// rows of fp16 or bf16 values as many as fill 1 KiB (4 at head_dim 128), at least 2. A run's
+/// value rows are read across, block by block from row to row, so a long run of large rows is
+/// read in strides that the memory's prefetch follows poorly: at head_dim 128, runs of 4 fp16
+/// rows made a decode step faster than runs of 16 where its cache lay beyond the L3
+/// (`bench/bench_kv_dtype.cpp`, `bench/results/README.md`).
+template <typename S>
+int run_rows(int head_dim) {
+  if constexpr (kQuantizedStorage<S>) {
+    return kRowRun;
+  } else {
+    const int rows = 1024 / (head_dim * static_cast<int>(sizeof(S)));
+    return rows < 2 ? 2 : rows > kRowRun ? kRowRun : rows;
+  }
+}
+
+/// Block `b` of a row stored as `S` as floats (x[i]: its value 32 b + i, before the scale), and
+/// the block's scale: d_b for quantized blocks (`KVStorage<S>::levels`), 1 for fp32, fp16 and bf16
+/// values (decoded exactly).
+template <typename T, typename S>
+T block_values(const S* row, int b, float (&x)[kQuantBlock]) {
+  if constexpr (kQuantizedStorage<S>) {
+    return static_cast<T>(KVStorage<S>::levels(row[b], x));
+  } else {
+    KVStorage<S>::decode(row + b * kQuantBlock, kQuantBlock, x);
+    return T(1);
+  }
+}
+
+/// Portable form of `score_row_run`: for each row, for each query, for each block, the sum of the
+/// query's 32 values times the block's values, times the block's scale.
+template <typename T, typename S>
+void score_row_run_portable(const S* const* rows, int run, int head_dim, const T* queries,
+                            int count, T scale, T* out, std::ptrdiff_t out_stride) {
+  for (int r = 0; r < run; ++r)
+    for (int c = 0; c < count; ++c) {
+      const T* query = queries + static_cast<std::ptrdiff_t>(c) * head_dim;  // [head_dim]
+      T dot = 0;
+      for (int b = 0; b < head_dim / kQuantBlock; ++b) {
+        float x[kQuantBlock];  // [32]: block b's values
+        const T d = block_values<T>(rows[r], b, x);
+        T part = 0;  // Σ_i q[32 b + i] · x_b[i]
+        for (int i = 0; i < kQuantBlock; ++i) part += query[b * kQuantBlock + i] * x[i];
+        dot += d * part;
+      }
+      out[c * out_stride + r] = scale * dot;
+    }
+}
+
+/// Portable form of `add_row_run`: for each row, for each block, each query's weight times the
+/// block's scale, times the block's values, added to the query's sum.
+template <typename T, typename S>
+void add_row_run_portable(const S* const* rows, int run, int head_dim, const T* weights,
+                          std::ptrdiff_t weight_stride, int count, T* acc) {
+  for (int r = 0; r < run; ++r)
+    for (int b = 0; b < head_dim / kQuantBlock; ++b) {
+      float x[kQuantBlock];  // [32]: block b's values
+      const T d = block_values<T>(rows[r], b, x);
+      for (int c = 0; c < count; ++c) {
+        const T w = weights[c * weight_stride + r] * d;  // the row's weight times the block's scale
+        T* a = acc + static_cast<std::ptrdiff_t>(c) * head_dim + b * kQuantBlock;  // [32]
+        for (int i = 0; i < kQuantBlock; ++i) a[i] += w * x[i];
+      }
+    }
+}
+
+#if KVLAB_ROW_RUNS_AVX2
+namespace avx2 {
+
+/// The scale of a block as a float (F16C's conversion where the build has it, exact like
+/// `half_value`).
+inline float scale_of(std::uint16_t bits) {
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return half_value(bits);
+#endif
+}
+
+/// The scales of block `b` of rows [0, run) (run <= `kRowRun`) as floats: d[r] for row r. With
+/// F16C, eight rows' scales are gathered in a register and converted at once (written one by one
+/// to memory and read back as a vector, they would stall the read until the writes land).
+template <typename S>
+void block_scales(const S* const* rows, int run, int b, float* d) {
+  int r = 0;
+#if defined(__F16C__)
+  for (; r + 8 <= run; r += 8) {
+    __m128i bits = _mm_cvtsi32_si128(rows[r][b].d);  // [8] fp16 bits
+    bits = _mm_insert_epi16(bits, rows[r + 1][b].d, 1);
+    bits = _mm_insert_epi16(bits, rows[r + 2][b].d, 2);
+    bits = _mm_insert_epi16(bits, rows[r + 3][b].d, 3);
+    bits = _mm_insert_epi16(bits, rows[r + 4][b].d, 4);
+    bits = _mm_insert_epi16(bits, rows[r + 5][b].d, 5);
+    bits = _mm_insert_epi16(bits, rows[r + 6][b].d, 6);
+    bits = _mm_insert_epi16(bits, rows[r + 7][b].d, 7);
+    _mm256_storeu_ps(d + r, _mm256_cvtph_ps(bits));
+  }
+#endif
+  for (; r < run; ++r) d[r] = scale_of(rows[r][b].d);
+}
+
+/// Levels [16 h, 16 h + 16) of a q8_0 block (h = 0 or 1) as floats: x[k] holds levels
+/// [16 h + 8 k, 16 h + 8 k + 8).
+inline void half_levels(const BlockQ8_0& block, int h, __m256 (&x)[2]) {
+  for (int k = 0; k < 2; ++k) {
+    const __m128i bytes =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block.q + 16 * h + 8 * k));
+    x[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  }
+}
+
+/// Levels [16 h, 16 h + 16) of a q4_0 block (h = 0: the low nibbles of its 16 bytes, h = 1: the
+/// high nibbles) as floats n − 8: x[k] holds levels [16 h + 8 k, 16 h + 8 k + 8).
+inline void half_levels(const BlockQ4_0& block, int h, __m256 (&x)[2]) {
+  const __m256i eight = _mm256_set1_epi32(8);
+  for (int k = 0; k < 2; ++k) {
+    // bytes [8 k, 8 k + 8), one per 32-bit lane
+    const __m256i bytes =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block.q + 8 * k)));
+    const __m256i n =
+        h == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
+    x[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(n, eight));
+  }
+}
+
+#if defined(__F16C__)
+/// Eight fp16 values from `at` as floats (F16C).
+inline __m256 eight_values(const Eigen::half* at) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+}
+#endif
+
+/// Eight bf16 values from `at` as floats: each one's 16 bits become the high half of a float.
+inline __m256 eight_values(const Eigen::bfloat16* at) {
+  const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+}
+
+/// Part h of block b of a row stored as `S`, as floats, before the block's scale: the block cut
+/// into P parts of 32 / P values (P = 1 or 2), x[k] holding its values [32 / P · h + 8 k, + 8).
+template <int P, typename S>
+inline void part_values(const S* row, int b, int h, __m256 (&x)[4 / P]) {
+  static_assert(P == 1 || P == 2, "a block is read whole or in halves");
+  if constexpr (kQuantizedStorage<S>) {
+    if constexpr (P == 1) {
+      __m256 low[2], high[2];  // levels [0, 16), [16, 32)
+      half_levels(row[b], 0, low);
+      half_levels(row[b], 1, high);
+      x[0] = low[0];
+      x[1] = low[1];
+      x[2] = high[0];
+      x[3] = high[1];
+    } else {
+      half_levels(row[b], h, x);
+    }
+  } else {
+    const S* at = row + b * kQuantBlock + h * (kQuantBlock / P);  // the part's first value
+    for (int k = 0; k < 4 / P; ++k) x[k] = eight_values(at + 8 * k);
+  }
+}
+
+/// The sum of the 8 lanes of `v`.
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/// The sums of the lanes of four vectors: lane i of the result is the sum of the 8 lanes of v[i].
+inline __m128 sum_lanes4(const __m256 (&v)[4]) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/// q · (the block's values) for a block's 32 query values `qb`: two chains of two products.
+inline __m256 block_dot(const float* qb, const __m256 (&x)[4]) {
+  const __m256 p0 =
+      _mm256_fmadd_ps(_mm256_loadu_ps(qb + 8), x[1], _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]));
+  const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 24), x[3],
+                                    _mm256_mul_ps(_mm256_loadu_ps(qb + 16), x[2]));
+  return _mm256_add_ps(p0, p1);
+}
+
+/// `sum` plus block b's `dot` (`block_dot`) of a row, times the block's scale where it has one.
+template <typename S>
+inline __m256 add_block(const S* row, int b, __m256 dot, __m256 sum) {
+  if constexpr (kQuantizedStorage<S>) {
+    return _mm256_fmadd_ps(_mm256_set1_ps(scale_of(row[b].d)), dot, sum);
+  } else {
+    return _mm256_add_ps(dot, sum);
+  }
+}
+
+/// The scores of rows [0, run) against one query (out[r]): four rows side by side (four
+/// independent chains), then the rows left over one at a time.
+template <typename S>
+void score_rows_one_query(const S* const* rows, int run, int head_dim, const float* query,
+                          float scale, float* out) {
+  int r0 = 0;
+  for (; r0 + 4 <= run; r0 += 4) {
+    __m256 sum[4];  // [4 rows]: 8 partial sums each
+    for (int r = 0; r < 4; ++r) sum[r] = _mm256_setzero_ps();
+    for (int b = 0; b < head_dim / kQuantBlock; ++b)
+      for (int r = 0; r < 4; ++r) {
+        __m256 x[4];  // row r0 + r's block b, 32 values
+        part_values<1>(rows[r0 + r], b, 0, x);
+        sum[r] = add_block(rows[r0 + r], b, block_dot(query + b * kQuantBlock, x), sum[r]);
+      }
+    _mm_storeu_ps(out + r0, _mm_mul_ps(sum_lanes4(sum), _mm_set1_ps(scale)));
+  }
+  for (; r0 < run; ++r0) {
+    __m256 sum = _mm256_setzero_ps();  // 8 partial sums
+    for (int b = 0; b < head_dim / kQuantBlock; ++b) {
+      __m256 x[4];  // block b's 32 values
+      part_values<1>(rows[r0], b, 0, x);
+      sum = add_block(rows[r0], b, block_dot(query + b * kQuantBlock, x), sum);
+    }
+    out[r0] = scale * sum_lanes(sum);
+  }
+}
+
+/// The scores of rows [0, run) against four queries (out[c · out_stride + r]), row by row: each
+/// block's values made floats once for all four queries.
+template <typename S>
+void score_rows_four_queries(const S* const* rows, int run, int head_dim, const float* queries,
+                             float scale, float* out, std::ptrdiff_t out_stride) {
+  for (int r = 0; r < run; ++r) {
+    __m256 sum[4];  // [4 queries]: 8 partial sums each
+    for (int c = 0; c < 4; ++c) sum[c] = _mm256_setzero_ps();
+    for (int b = 0; b < head_dim / kQuantBlock; ++b) {
+      __m256 x[4];  // block b's 32 values
+      part_values<1>(rows[r], b, 0, x);
+      for (int c = 0; c < 4; ++c)
+        sum[c] = add_block(
+            rows[r], b,
+            block_dot(queries + static_cast<std::ptrdiff_t>(c) * head_dim + b * kQuantBlock, x),
+            sum[c]);
+    }
+    alignas(16) float s[4];  // the four queries' scores
+    _mm_store_ps(s, _mm_mul_ps(sum_lanes4(sum), _mm_set1_ps(scale)));
+    for (int c = 0; c < 4; ++c) out[c * out_stride + r] = s[c];
+  }
+}
+
+/// `score_row_run` with vectors: groups of four queries row by row; a query left over, four rows
+/// at a time.
+template <typename S>
+void score_rows(const S* const* rows, int run, int head_dim, const float* queries, int count,
+                float scale, float* out, std::ptrdiff_t out_stride) {
+  int c = 0;
+  for (; c + 4 <= count; c += 4)
+    score_rows_four_queries(rows, run, head_dim,
+                            queries + static_cast<std::ptrdiff_t>(c) * head_dim, scale,
+                            out + c * out_stride, out_stride);
+  for (; c < count; ++c)
+    score_rows_one_query(rows, run, head_dim, queries + static_cast<std::ptrdiff_t>(c) * head_dim,
+                         scale, out + c * out_stride);
+}
+
+/// Adds up to `kRowRun` value rows to `Q` queries' sums (Q ≤ 4), a block part at a time: part h
+/// of a block is its values [32 / P · h, 32 / P · (h + 1)); the queries' sums over that part (Q · 4
+/// / P vectors, at most 8) stay in registers while every row of the run is added to them.
+template <int Q, int P, typename S>
+void add_rows_to(const S* const* rows, int run, int head_dim, const float* weights,
+                 std::ptrdiff_t weight_stride, float* acc) {
+  constexpr int V = 4 / P;  // vectors per part
+  static_assert(Q * V <= 8, "the sums of a part must fit in 8 registers");
+  float w[Q][kRowRun];  // [Q, run]: row r's weight for query c (times block b's scale)
+  for (int c = 0; c < Q; ++c)
+    for (int r = 0; r < run; ++r) w[c][r] = weights[c * weight_stride + r];
+  for (int b = 0; b < head_dim / kQuantBlock; ++b) {
+    if constexpr (kQuantizedStorage<S>) {
+      float d[kRowRun];  // [run]: block b's scale in each row
+      block_scales(rows, run, b, d);
+      for (int c = 0; c < Q; ++c)
+        for (int r = 0; r < run; ++r) w[c][r] = weights[c * weight_stride + r] * d[r];
+    }
+    for (int h = 0; h < P; ++h) {
+      const std::ptrdiff_t at = b * kQuantBlock + h * (kQuantBlock / P);  // part's first value
+      __m256 sum[Q][V];  // [Q, V]: the queries' sums over the part
+      for (int c = 0; c < Q; ++c)
+        for (int k = 0; k < V; ++k)
+          sum[c][k] = _mm256_loadu_ps(acc + c * static_cast<std::ptrdiff_t>(head_dim) + at + 8 * k);
+      for (int r = 0; r < run; ++r) {
+        __m256 x[V];  // row r's part h of block b
+        part_values<P>(rows[r], b, h, x);
+        for (int c = 0; c < Q; ++c) {
+          const __m256 wc = _mm256_broadcast_ss(&w[c][r]);
+          for (int k = 0; k < V; ++k) sum[c][k] = _mm256_fmadd_ps(wc, x[k], sum[c][k]);
+        }
+      }
+      for (int c = 0; c < Q; ++c)
+        for (int k = 0; k < V; ++k)
+          _mm256_storeu_ps(acc + c * static_cast<std::ptrdiff_t>(head_dim) + at + 8 * k, sum[c][k]);
+    }
+  }
+}
+
+/// `add_row_run` with vectors: runs of up to `kRowRun` rows, groups of up to four queries (one or
+/// two queries take whole blocks at a time, three or four half blocks).
+template <typename S>
+void add_rows(const S* const* rows, int run, int head_dim, const float* weights,
+              std::ptrdiff_t weight_stride, int count, float* acc) {
+  for (int r = 0; r < run; r += kRowRun) {
+    const int n = run - r < kRowRun ? run - r : kRowRun;
+    for (int c = 0; c < count;) {
+      const float* w = weights + c * weight_stride + r;
+      float* a = acc + static_cast<std::ptrdiff_t>(c) * head_dim;
+      switch (count - c) {
+        case 1:
+          add_rows_to<1, 1>(rows + r, n, head_dim, w, weight_stride, a);
+          c += 1;
+          break;
+        case 2:
+          add_rows_to<2, 1>(rows + r, n, head_dim, w, weight_stride, a);
+          c += 2;
+          break;
+        case 3:
+          add_rows_to<3, 2>(rows + r, n, head_dim, w, weight_stride, a);
+          c += 3;
+          break;
+        default:
+          add_rows_to<4, 2>(rows + r, n, head_dim, w, weight_stride, a);
+          c += 4;
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace avx2
+#endif
+
+/// The scores of a run of `run` key rows stored as `S` (`rows[r]`: `head_dim` values, in
+/// `head_dim` / 32 blocks when quantized; head_dim a multiple of 32) against `count` queries
+/// (`queries`: [count, head_dim], row-major): out[c · out_stride + r] = scale · (query c) · (row
+/// r's values), with a quantized block's scale taken out of the block's sum.
+template <typename T, typename S>
+void score_row_run(const S* const* rows, int run, int head_dim, const T* queries, int count,
+                   T scale, T* out, std::ptrdiff_t out_stride) {
+#if KVLAB_ROW_RUNS_AVX2
+  if constexpr (kVectorRows<T, S>) {
+    avx2::score_rows(rows, run, head_dim, queries, count, scale, out, out_stride);
+    return;
+  }
+#endif
+  score_row_run_portable(rows, run, head_dim, queries, count, scale, out, out_stride);
+}
+
+/// Adds a run of `run` value rows stored as `S` (`rows[r]`, as for `score_row_run`) to `count`
+/// queries' sums: acc row c ([count, head_dim], row-major) += Σ_r weights[c · weight_stride + r] ·
+/// (row r's values), the rows added in order, each weight multiplied by a quantized block's scale
+/// once per block.
+template <typename T, typename S>
+void add_row_run(const S* const* rows, int run, int head_dim, const T* weights,
+                 std::ptrdiff_t weight_stride, int count, T* acc) {
+#if KVLAB_ROW_RUNS_AVX2
+  if constexpr (kVectorRows<T, S>) {
+    avx2::add_rows(rows, run, head_dim, weights, weight_stride, count, acc);
+    return;
+  }
+#endif
+  add_row_run_portable(rows, run, head_dim, weights, weight_stride, count, acc);
+}
+
+}  // namespace kvlab::cpu::detail
