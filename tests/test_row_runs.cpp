@@ -133,7 +133,7 @@ TEST_CASE("this build reads runs of rows in the form its flags select") {
   CHECK(kvlab::cpu::detail::kRowRunsAvx2 == (KVLAB_ROW_RUNS_AVX2 != 0));
   // the vector form covers the stored types of float queries read in runs, and no double queries
   const bool avx2 = kvlab::cpu::detail::kRowRunsAvx2;
-  CHECK_FALSE(kVectorRows<float, float>);  // fp32 rows are read one by one
+  CHECK(kVectorRows<float, float> == avx2);
   CHECK(kVectorRows<float, Eigen::half> == (avx2 && kvlab::cpu::detail::kRowRunsF16c));
   CHECK(kVectorRows<float, Eigen::bfloat16> == avx2);
   CHECK(kVectorRows<float, BlockQ8_0> == avx2);
@@ -224,9 +224,8 @@ TEMPLATE_TEST_CASE(
     "decode and paged attention over rows read in runs equal the reference over the decoded rows",
     "", BlockQ8_0, BlockQ4_0, float, Eigen::half, Eigen::bfloat16) {
   using S = TestType;
-  // fp16 and bf16 rows are read in runs when head_dim is whole blocks of 32 (and the build has
-  // their vector form), one by one otherwise (40); fp32 rows one by one (the portable form of the
-  // run functions reads them too, tested above)
+  // fp32, fp16 and bf16 rows are read in runs when head_dim is whole blocks of 32 and the build
+  // has their vector form (fp32: for groups of 4 or 6, not 1), one by one otherwise (40)
   const std::vector<int> head_dims =
       kvlab::cpu::detail::kQuantizedStorage<S> ? std::vector<int>{64} : std::vector<int>{64, 40};
   for (int head_dim : head_dims)

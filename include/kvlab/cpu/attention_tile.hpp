@@ -3,7 +3,8 @@
 /// `cpu::paged_decode_attention` / `cpu::paged_prefill_attention` (paged cache): a tile of
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
 /// rows are stored and in whatever type (`KVStorage`: rows of int8 or int4 blocks, and of fp16 or
-/// bf16 values where the build has their vector form, are read in runs of consecutive rows,
+/// bf16 values (fp32 for GQA groups of 4 or more) where the build has their vector form, are read
+/// in runs of consecutive rows,
 /// never decoded into memory, `row_runs.hpp`; other rows one token's rows at a time, decoded as
 /// they are read when not stored as the queries' type). It computes what
 /// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
@@ -193,7 +194,8 @@ struct AttentionTile {
 /// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
 /// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows of int8 or int4 blocks, and of fp16
-/// or bf16 values where the build has their vector form, in runs of up to `run_rows` rows,
+/// or bf16 values (and fp32 for groups of 4 or more) where the build has their vector form, in
+/// runs of up to `run_rows` rows,
 /// `score_row_run` and `add_row_run`; other rows stored in another type than `T` decoded one
 /// token at a time as they are read, `KVStorage::decode`). Leaves in `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
@@ -235,11 +237,14 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   using S = typename Source::Stored;
   // Runs of rows (`row_runs.hpp`: each row loaded once for all the queries that see it, several
   // rows in flight, the sums held in registers) are how rows stored in quantized blocks are
-  // always read, and fp16 and bf16 rows where this build has their vector form
-  // (`kVectorRows`) and head_dim is whole blocks of 32. Otherwise each token's rows are read on
-  // their own, decoded first when stored in another type than T.
+  // always read, and fp32, fp16 and bf16 rows where this build has their vector form
+  // (`kVectorRows`) and head_dim is whole blocks of 32 — fp32 rows only for GQA groups of four
+  // queries or more: with fewer, each row read on its own measured faster (MHA: 1.7–2.4×; the
+  // runs' row-to-row strides cost more than they save when a row meets one query). Otherwise
+  // each token's rows are read on their own, decoded first when stored in another type than T.
   constexpr bool kRuns = kQuantizedStorage<S> || kVectorRows<T, S>;
-  const bool by_runs = kQuantizedStorage<S> || (kRuns && hd % kQuantBlock == 0);
+  const bool by_runs = kQuantizedStorage<S> || (kRuns && hd % kQuantBlock == 0 &&
+                                                (!std::is_same<S, T>::value || group >= 4));
   const bool decoded = !std::is_same<S, T>::value && !by_runs;
   const std::ptrdiff_t head_stride = decoded ? hd : source.head_stride();  // in the rows as T
   scratch.row.resize(decoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
@@ -281,7 +286,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // Runs of consecutive rows seen by the same queries
   // (`for_each_row_run`): f(j, rows, run) for each run and K/V head j, with head j's rows of it.
   const auto for_each_head_run = [&](const auto& walk, const auto& f) {
-    for_each_row_run<S>(walk, key_lo, span, run_rows<S>(hd), first_seeing, last_seeing,
+    for_each_row_run<S>(walk, key_lo, span, run_rows<S>(), first_seeing, last_seeing,
                         [&](const RowRun<S>& run) {
                           for (int j = 0; j < heads; ++j) {
                             const S* rows_of_j[kRowRun];  // [run.count]: head j's rows of the run

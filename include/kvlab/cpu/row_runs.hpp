@@ -7,8 +7,8 @@
 ///    row holds the values d_b · x_b[i] (`KVStorage<S>::levels`), so
 ///      q · k = Σ_b d_b · (Σ_i q[32 b + i] · x_b[i]),
 ///    and the block's scale multiplies the block's sum, not each value;
-///  - rows of fp16 or bf16 values have no scale: a block is its 32 values, made floats as they
-///    are loaded (the portable form also reads fp32 rows; the kernels read those one by one).
+///  - rows of fp32, fp16 or bf16 values have no scale: a block is its 32 values (fp16 and bf16
+///    made floats as they are loaded).
 /// Both compute what the decoded rows (`KVStorage<S>::decode`) would give, summed in another
 /// order: equal to rounding.
 ///
@@ -61,32 +61,26 @@ constexpr bool kRowRunsF16c = false;
 #endif
 
 /// Whether this build has the AVX2 form for float queries over rows stored as `S`: int8, int4,
-/// bf16, and fp16 where the compiler also targets F16C (its conversion instruction). Not fp32:
-/// its rows are read one by one (`attend_partial`), which measured faster than runs of them on a
-/// decode step (`bench/results/README.md`, "fp16 and bf16 rows read in runs").
+/// fp32, bf16, and fp16 where the compiler also targets F16C (its conversion instruction).
 template <typename T, typename S>
-constexpr bool kVectorRows = kRowRunsAvx2&& std::is_same<T, float>::value &&
-                             (kQuantizedStorage<S> || std::is_same<S, Eigen::bfloat16>::value ||
+constexpr bool kVectorRows = (kRowRunsAvx2 && std::is_same<T, float>::value) &&
+                             (kQuantizedStorage<S> || std::is_same<S, float>::value ||
+                              std::is_same<S, Eigen::bfloat16>::value ||
                               (kRowRunsF16c && std::is_same<S, Eigen::half>::value));
 
 /// The most rows that the attention kernels hand to `score_row_run` and `add_row_run` at once
 /// (consecutive keys met by the same queries); the functions accept runs of any length.
 constexpr int kRowRun = 16;
 
-/// Rows per run for rows stored as `S` of `head_dim` values: `kRowRun` rows of quantized blocks;
-/// rows of fp16 or bf16 values as many as fill 1 KiB (4 at head_dim 128), at least 2. A run's
-/// value rows are read across, block by block from row to row, so a long run of large rows is
-/// read in strides that the memory's prefetch follows poorly: at head_dim 128, runs of 4 fp16
-/// rows made a decode step faster than runs of 16 where its cache lay beyond the L3
-/// (`bench/bench_kv_dtype.cpp`, `bench/results/README.md`).
+/// Rows per run for rows stored as `S`: `kRowRun` rows of quantized blocks, 4 rows of fp32, fp16
+/// or bf16 values. A run's value rows are read across, block by block from row to row, and such
+/// strides over long runs of large rows are prefetched poorly by the memory: at head_dim 128,
+/// runs of 4 fp16 rows made a decode step faster than runs of 16 where its cache lay beyond the
+/// L3, and runs of 4 fp32 rows faster than runs of 2 (`bench/results/README.md`, "K/V rows read
+/// in runs").
 template <typename S>
-int run_rows(int head_dim) {
-  if constexpr (kQuantizedStorage<S>) {
-    return kRowRun;
-  } else {
-    const int rows = 1024 / (head_dim * static_cast<int>(sizeof(S)));
-    return rows < 2 ? 2 : rows > kRowRun ? kRowRun : rows;
-  }
+constexpr int run_rows() {
+  return kQuantizedStorage<S> ? kRowRun : 4;
 }
 
 /// Block `b` of a row stored as `S` as floats (x[i]: its value 32 b + i, before the scale), and
@@ -204,6 +198,9 @@ inline __m256 eight_values(const Eigen::half* at) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
 }
 #endif
+
+/// Eight fp32 values from `at`.
+inline __m256 eight_values(const float* at) { return _mm256_loadu_ps(at); }
 
 /// Eight bf16 values from `at` as floats: each one's 16 bits become the high half of a float.
 inline __m256 eight_values(const Eigen::bfloat16* at) {
