@@ -232,8 +232,8 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const int key_lo = std::max(key_begin, kvlab::first_visible_key(first_position, window));
   // A token's rows of the tile's heads, as T: where they are stored when stored as T, else
   // decoded into scratch.row (heads * head_dim values, head j at j * head_dim). Only that one
-  // token's rows are ever decoded: never a copy of the cache. (Rows of quantized blocks are not
-  // decoded at all: steps 1 and 3 read them block by block.)
+  // token's rows are ever decoded: never a copy of the cache. (Rows read in runs are not decoded
+  // into memory at all: steps 1 and 3 read them block by block.)
   using S = typename Source::Stored;
   // Runs of rows (`row_runs.hpp`: each row loaded once for all the queries that see it, several
   // rows in flight, the sums held in registers) are how rows stored in quantized blocks are
@@ -251,7 +251,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   const auto as_t = [&](const S* stored) -> const T* {
     if constexpr (std::is_same<S, T>::value) {
       return stored;
-    } else {  // fp16, bf16 (rows of quantized blocks are not decoded: see steps 1 and 3)
+    } else {  // fp16, bf16 read row by row (rows read in runs are not decoded: steps 1 and 3)
       for (int j = 0; j < heads; ++j)
         KVStorage<S>::decode(stored + j * source.head_stride(), hd, scratch.row.data() + j * hd);
       return scratch.row.data();

@@ -80,7 +80,8 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// from the cache's ring of slots (`ContiguousKVView`), as `reference_attention` with that window
 /// computes them. A cache that stores its rows in another type than `T` (fp16, bf16, int8, int4:
 /// `KVStorage<S>`) has each row decoded as the kernel reads it (int8 and int4 rows block by block,
-/// each block's scale taken out of its sum: `cpu/row_runs.hpp`), and the result is that
+/// each block's scale taken out of its sum; fp16 and bf16 rows eight values at a time in vector
+/// registers where the build has that form: `cpu/row_runs.hpp`), and the result is that
 /// attention over the decoded rows.
 ///
 /// For each K/V head, the queries of its group (and of up to `kDecodeQueryTile` query rows)
