@@ -239,9 +239,10 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // rows in flight, the sums held in registers) are how rows stored in quantized blocks are
   // always read, and fp32, fp16 and bf16 rows where this build has their vector form
   // (`kVectorRows`) and head_dim is whole blocks of 32 — fp32 rows only for GQA groups of four
-  // queries or more: with fewer, each row read on its own measured faster (MHA: 1.7–2.4×; the
-  // runs' row-to-row strides cost more than they save when a row meets one query). Otherwise
-  // each token's rows are read on their own, decoded first when stored in another type than T.
+  // queries or more: for MHA (one query per row) the runs measured 1.7–2.4× slower than reading
+  // each row on its own, and groups of 2 and 3 were not measured, so they keep that loop.
+  // Otherwise each token's rows are read on their own, decoded first when stored in another type
+  // than T.
   constexpr bool kRuns = kQuantizedStorage<S> || kVectorRows<T, S>;
   const bool by_runs = kQuantizedStorage<S> || (kRuns && hd % kQuantBlock == 0 &&
                                                 (!std::is_same<S, T>::value || group >= 4));
