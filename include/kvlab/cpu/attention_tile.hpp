@@ -4,9 +4,8 @@
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
 /// rows are stored and in whatever type (`KVStorage`: rows of int8 or int4 blocks, and of fp16 or
 /// bf16 values (fp32 for GQA groups of 4 or more) where the build has their vector form, are read
-/// in runs of consecutive rows,
-/// never decoded into memory, `row_runs.hpp`; other rows one token's rows at a time, decoded as
-/// they are read when not stored as the queries' type). It computes what
+/// in runs of consecutive rows, never decoded into memory, `row_runs.hpp`; other rows one token's
+/// rows at a time, decoded as they are read when not stored as the queries' type). It computes what
 /// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
 /// Internal (`cpu::detail`); tested through the public kernels.
 #pragma once
@@ -195,9 +194,9 @@ struct AttentionTile {
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
 /// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows of int8 or int4 blocks, and of fp16
 /// or bf16 values (and fp32 for groups of 4 or more) where the build has their vector form, in
-/// runs of up to `run_rows` rows,
-/// `score_row_run` and `add_row_run`; other rows stored in another type than `T` decoded one
-/// token at a time as they are read, `KVStorage::decode`). Leaves in `scratch`, for query `qi`
+/// runs of up to `run_rows` rows, `score_row_run` and `add_row_run`; other rows stored in another
+/// type than `T` decoded one token at a time as they are read, `KVStorage::decode`). Leaves in
+/// `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
 /// in which partial results over disjoint key ranges merge (`merge_softmax_states`).

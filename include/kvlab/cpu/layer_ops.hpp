@@ -11,8 +11,10 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDACC__)
-#include <immintrin.h>
+
+#include "kvlab/cpu/row_runs.hpp"  // KVLAB_ROW_RUNS_AVX2, detail::avx2::sum_lanes
+
+#if KVLAB_ROW_RUNS_AVX2
 /// 1: `cpu::linear` of one float row reads W with AVX2 and FMA (`detail::linear_one_row`).
 #define KVLAB_LINEAR_AVX2 1
 #else
@@ -56,11 +58,7 @@ inline void linear_one_row(const float* w, const float* x, Eigen::Index rows, Ei
     }
     for (; i + 8 <= in; i += 8)
       s0 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(x + i), s0);
-    const __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float dot = _mm_cvtss_f32(h);
+    float dot = avx2::sum_lanes(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < in; ++i) dot += row[i] * x[i];  // the last in % 8 values
     y[o] = dot;
   }
