@@ -225,9 +225,11 @@ TEMPLATE_TEST_CASE(
     "", BlockQ8_0, BlockQ4_0, float, Eigen::half, Eigen::bfloat16) {
   using S = TestType;
   // fp32, fp16 and bf16 rows are read in runs when head_dim is whole blocks of 32 and the build
-  // has their vector form (fp32: for groups of 4 or 6, not 1), one by one otherwise (40)
-  const std::vector<int> head_dims =
-      kvlab::cpu::detail::kQuantizedStorage<S> ? std::vector<int>{64} : std::vector<int>{64, 40};
+  // has their vector form (fp32: for groups of 4 or 6, not 1), one by one otherwise (40, and 12:
+  // the one-by-one loop's vectors of 8 and its rest of 4)
+  const std::vector<int> head_dims = kvlab::cpu::detail::kQuantizedStorage<S>
+                                         ? std::vector<int>{64}
+                                         : std::vector<int>{64, 40, 12};
   for (int head_dim : head_dims)
     for (int group : {1, 4, 6})
       for (int window : {0, 20}) {

@@ -137,6 +137,27 @@ int padded_span(int span) {
   return lines * kLine;
 }
 
+/// a · b over `n` values: one key of `attend_partial`'s row-by-row loop scored against one
+/// query. With AVX2, floats are read in order on four chains (`avx2::dot`); otherwise Eigen's
+/// dot product.
+template <typename T>
+T dot_row(const T* a, const T* b, int n) {
+#if KVLAB_ROW_RUNS_AVX2
+  if constexpr (std::is_same<T, float>::value) return avx2::dot(a, b, n);
+#endif
+  return Eigen::Map<const RowVector<T>>(a, n).dot(Eigen::Map<const RowVector<T>>(b, n));
+}
+
+/// acc += weight · row over `n` values: one value row of `attend_partial`'s row-by-row loop
+/// added to one query's sum (`avx2::add_scaled` with AVX2; otherwise Eigen's).
+template <typename T>
+void add_scaled_row(T weight, const T* row, int n, T* acc) {
+#if KVLAB_ROW_RUNS_AVX2
+  if constexpr (std::is_same<T, float>::value) return avx2::add_scaled(weight, row, n, acc);
+#endif
+  Eigen::Map<RowVector<T>>(acc, n) += weight * Eigen::Map<const RowVector<T>>(row, n);
+}
+
 /// Up to `kRowRun` consecutive rows, at positions pos, pos + 1, …, that the same queries
 /// of each head see: [first, last) of each head's queries.
 template <typename S>
@@ -313,9 +334,9 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
       const int first = first_seeing(pos), last = last_seeing(pos);
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
-        const Eigen::Map<const RowVector<T>> key(row + j * head_stride, hd);  // [head_dim]
+        const T* key = row + j * head_stride;  // [head_dim]
         for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
-          probs(qi, pos - key_lo) = scale * queries.row(qi).dot(key);
+          probs(qi, pos - key_lo) = scale * dot_row(&queries(qi, 0), key, hd);
       }
     });
   }
@@ -347,9 +368,9 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
       const int first = first_seeing(pos), last = last_seeing(pos);
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
-        const Eigen::Map<const RowVector<T>> value(row + j * head_stride, hd);  // [head_dim]
+        const T* value = row + j * head_stride;  // [head_dim]
         for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
-          acc.row(qi) += probs(qi, pos - key_lo) * value;
+          add_scaled_row(probs(qi, pos - key_lo), value, hd, &acc(qi, 0));
       }
     });
   }

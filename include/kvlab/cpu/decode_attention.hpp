@@ -47,18 +47,24 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 
   const bool parallel =
       1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
-  parallel_for(shape.num_kv_heads(), parallel, [&](int hk) {
+  // In parallel each K/V head is an item, and its tiles read one head's rows. A cache too small
+  // to be worth threads (it fits in the L2) is one item whose tiles take every head at once:
+  // each token's rows of all heads are read together, so the walk over the tokens is paid once,
+  // not once per head (`attend_partial` computes the same whatever its `heads`).
+  const int heads_per_item = parallel ? 1 : shape.num_kv_heads();
+  parallel_for(shape.num_kv_heads() / heads_per_item, parallel, [&](int item) {
     TileScratch<T> scratch;
-    const ContiguousRows<S> rows_of_head{cache, hk};  // rows pos at cache.key(hk, pos)
+    const int hk0 = item * heads_per_item;
+    const ContiguousRows<S> rows_of_heads{cache, hk0};  // rows pos at cache.key(hk0 + j, pos)
     for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
-      AttentionTile tile;  // rows [r0, r0 + rows) of q, the query heads of K/V head hk
+      AttentionTile tile;  // rows [r0, r0 + rows) of q, the query heads of the item's K/V heads
       tile.row0 = r0;
       tile.rows = std::min(kDecodeQueryTile, q_len - r0);
       tile.first_position = first_position + r0;
-      tile.hk0 = hk;
-      tile.heads = 1;
+      tile.hk0 = hk0;
+      tile.heads = heads_per_item;
       tile.window = cache.window;
-      attend_tile(shape, q, tile, rows_of_head, scratch, out);
+      attend_tile(shape, q, tile, rows_of_heads, scratch, out);
     }
   });
 

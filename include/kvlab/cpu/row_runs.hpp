@@ -239,6 +239,35 @@ inline float sum_lanes(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+/// a · b over `n` floats, read in order: blocks of 32 on four independent chains of
+/// multiply-adds, then blocks of 8, then the last n % 8 one by one. One row of `cpu::linear`
+/// (`detail::linear_one_row`) and one key of `attend_partial`'s row-by-row loop.
+inline float dot(const float* a, const float* b, std::ptrdiff_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  std::ptrdiff_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float sum = sum_lanes(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) sum += a[i] * b[i];  // the last n % 8 values
+  return sum;
+}
+
+/// acc += weight · row over `n` floats: one value row added to one query's sum.
+inline void add_scaled(float weight, const float* row, std::ptrdiff_t n, float* acc) {
+  const __m256 w = _mm256_set1_ps(weight);
+  std::ptrdiff_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i,
+                     _mm256_fmadd_ps(w, _mm256_loadu_ps(row + i), _mm256_loadu_ps(acc + i)));
+  for (; i < n; ++i) acc[i] += weight * row[i];  // the last n % 8 values
+}
+
 /// The sums of the lanes of four vectors: lane i of the result is the sum of the 8 lanes of v[i].
 inline __m128 sum_lanes4(const __m256 (&v)[4]) {
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
