@@ -6,13 +6,15 @@
 #pragma once
 
 #include <cmath>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
 
-#include "kvlab/cpu/row_runs.hpp"  // KVLAB_ROW_RUNS_AVX2, detail::avx2::sum_lanes
+#include "kvlab/cpu/row_runs.hpp"  // KVLAB_ROW_RUNS_AVX2, detail::avx2::dot
 
 #if KVLAB_ROW_RUNS_AVX2
 /// 1: `cpu::linear` of one float row reads W with AVX2 and FMA (`detail::linear_one_row`).
@@ -29,7 +31,7 @@
 namespace kvlab::cpu {
 
 /// Multiply-adds (rows times weight elements) below which `linear` runs on one thread.
-constexpr long long kLinearParallelMinMacs = 1 << 17;
+constexpr long long kLinearParallelMinMacs = 1 << 16;
 
 /// Whether this build computes `linear` of one float row with its own AVX2 loop
 /// (`detail::linear_one_row`) instead of Eigen's matrix-vector product.
@@ -46,22 +48,7 @@ namespace detail {
 /// the 15M model's weights 1.56–1.85× faster, as fast as a plain sum over the same arrays.
 inline void linear_one_row(const float* w, const float* x, Eigen::Index rows, Eigen::Index in,
                            float* y) {
-  for (Eigen::Index o = 0; o < rows; ++o) {
-    const float* row = w + o * in;  // [in]
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    Eigen::Index i = 0;
-    for (; i + 32 <= in; i += 32) {
-      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(x + i), s0);
-      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i + 8), _mm256_loadu_ps(x + i + 8), s1);
-      s2 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i + 16), _mm256_loadu_ps(x + i + 16), s2);
-      s3 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i + 24), _mm256_loadu_ps(x + i + 24), s3);
-    }
-    for (; i + 8 <= in; i += 8)
-      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(x + i), s0);
-    float dot = avx2::sum_lanes(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < in; ++i) dot += row[i] * x[i];  // the last in % 8 values
-    y[o] = dot;
-  }
+  for (Eigen::Index o = 0; o < rows; ++o) y[o] = avx2::dot(w + o * in, x, in);  // row o: [in]
 }
 #endif
 
@@ -82,37 +69,78 @@ void linear_rows(const RowMatrix<T>& x, const RowMatrix<T>& w, Eigen::Index r0, 
 
 }  // namespace detail
 
+/// One product of a `linear` call: `out = x · wᵀ`.
+template <typename T>
+struct LinearProduct {
+  const RowMatrix<T>& w;  ///< [out, in]
+  RowMatrix<T>& out;      ///< [rows, out] (resized); must not be x, w or another product's out
+};
+
+/// `products[i].out = x · products[i].wᵀ` for each i: the same rows through several weight
+/// matrices stored `[out, in]` (a layer's K and V projections, its gate and up projections) in
+/// one call. With OpenMP and enough work (all the products' multiply-adds, at least
+/// `kLinearParallelMinMacs`), one parallel region computes them all: each thread takes its
+/// share of every matrix's rows (as run.c splits them), so the threads meet once per call, not
+/// once per matrix. An exception in a thread is passed on after the region. One float row (a
+/// decode step) goes through `detail::linear_one_row` where the build has AVX2
+/// (`kLinearOneRowAvx2`).
+/// \param x         [rows, in]
+/// \param products  the matrices, each with the matrix its product goes to
+/// \throws InvalidArgument if a `w.cols() != x.cols()`, or an `out` is `x`, a `w` or another
+///         product's `out`. Nothing is resized then.
+template <typename T>
+void linear(const RowMatrix<T>& x, std::initializer_list<LinearProduct<T>> products) {
+  constexpr const char* kWhere = "kvlab::cpu::linear";
+  long long macs = 0;  // of all the products
+  int i = 0;
+  for (const LinearProduct<T>& p : products) {
+    const std::string name = products.size() == 1 ? "" : "products[" + std::to_string(i) + "].";
+    kvlab::detail::require_equal(kWhere, "x.cols()", static_cast<long>(x.cols()),
+                                 static_cast<long>(p.w.cols()), name + "w.cols()");
+    if (&p.out == &x || &p.out == &p.w)
+      kvlab::detail::fail(kWhere, name + "out", "a matrix other than x and w", "one of them");
+    int j = 0;
+    for (const LinearProduct<T>& other : products) {
+      if (j != i && (&p.out == &other.out || &p.out == &other.w))
+        kvlab::detail::fail(kWhere, name + "out", "a matrix of its own",
+                            "product " + std::to_string(j) + "'s");
+      ++j;
+    }
+    macs += 1LL * x.rows() * p.w.size();
+    ++i;
+  }
+  Eigen::Index fewest_rows = -1;  // of the matrices
+  for (const LinearProduct<T>& p : products) {
+    p.out.resize(x.rows(), p.w.rows());
+    if (fewest_rows < 0 || p.w.rows() < fewest_rows) fewest_rows = p.w.rows();
+  }
+  int threads = 1;
+#if defined(_OPENMP)
+  if (macs >= kLinearParallelMinMacs) threads = omp_get_max_threads();
+#endif
+  if (threads <= 1 || fewest_rows < threads) {
+    for (const LinearProduct<T>& p : products) detail::linear_rows(x, p.w, 0, p.w.rows(), p.out);
+    return;
+  }
+  // Chunk c of `threads` computes each W's rows [r0, r1) — its columns of that product's out.
+  detail::parallel_for(threads, true, [&](int c) {
+    for (const LinearProduct<T>& p : products) {
+      const Eigen::Index r0 = p.w.rows() * c / threads, r1 = p.w.rows() * (c + 1) / threads;
+      detail::linear_rows(x, p.w, r0, r1, p.out);
+    }
+  });
+}
+
 /// `out = x · Wᵀ`: every row of `x` through the weight matrix `w`, stored `[out, in]` as
-/// PyTorch's `Linear` and llama2.c store it. All rows of a step go through in one product, so
-/// the weights are read once per step whatever the batch. With OpenMP and enough work, W's rows
-/// are split between the threads (as run.c splits them), each thread computing its columns of
-/// `out`; an exception in a thread is passed on after the loop. One float row (a decode step)
-/// goes through `detail::linear_one_row` where the build has AVX2 (`kLinearOneRowAvx2`).
+/// PyTorch's `Linear` and llama2.c store it: `linear(x, {{w, out}})`. All rows of a step go
+/// through in one product, so the weights are read once per step whatever the batch.
 /// \param x    [rows, in]
 /// \param w    [out, in]
 /// \param out  [rows, out] (resized); must not be `x` or `w`
 /// \throws InvalidArgument if `x.cols() != w.cols()` or `out` is `x` or `w`.
 template <typename T>
 void linear(const RowMatrix<T>& x, const RowMatrix<T>& w, RowMatrix<T>& out) {
-  constexpr const char* kWhere = "kvlab::cpu::linear";
-  kvlab::detail::require_equal(kWhere, "x.cols()", static_cast<long>(x.cols()),
-                               static_cast<long>(w.cols()), "w.cols()");
-  if (&out == &x || &out == &w)
-    kvlab::detail::fail(kWhere, "out", "a matrix other than x and w", "one of them");
-  out.resize(x.rows(), w.rows());
-  int threads = 1;
-#if defined(_OPENMP)
-  if (1LL * x.rows() * w.size() >= kLinearParallelMinMacs) threads = omp_get_max_threads();
-#endif
-  if (threads <= 1 || w.rows() < threads) {
-    detail::linear_rows(x, w, 0, w.rows(), out);
-    return;
-  }
-  // Chunk c of `threads` computes W's rows [r0, r1) — its columns of out.
-  detail::parallel_for(threads, true, [&](int c) {
-    const Eigen::Index r0 = w.rows() * c / threads, r1 = w.rows() * (c + 1) / threads;
-    detail::linear_rows(x, w, r0, r1, out);
-  });
+  linear(x, {LinearProduct<T>{w, out}});
 }
 
 /// RMSNorm of every row, as run.c computes it: `out = weight ⊙ x / sqrt(mean(x²) + 1e-5)`.

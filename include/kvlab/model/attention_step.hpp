@@ -57,8 +57,9 @@ void new_token_rows(const StepBatch& batch, const RowMatrix<T>& x, RowMatrix<T>&
 
 /// One layer's attention over the rows of the step open in `store` — the only place where kvlab
 /// runs it (every model, every store):
-///  1. `k = xb Wkᵀ`, `v = xb Wvᵀ` for every row the step computes, and RoPE rotates each row of
-///     `k` to its position (when the model has RoPE);
+///  1. `k = xb Wkᵀ`, `v = xb Wvᵀ` for every row the step computes (with `q = xb Wqᵀ` in the
+///     same call when every row needs a query, see 3), and RoPE rotates each row of `k` to its
+///     position (when the model has RoPE);
 ///  2. the store keeps k and v (`KVStore::append`: a cache stores them for later steps; the
 ///     recompute store holds them for this layer only);
 ///  3. `q = xb Wqᵀ` for the rows whose outputs carry on — every row, except in the top layer of
@@ -87,23 +88,27 @@ void attention_step(const AttentionShape& shape, const AttentionWeights<T>& w,
   const StepBatch& batch = store.step();
   detail::require_equal("kvlab::attention_step", "xb.rows()", static_cast<long>(xb.rows()),
                         static_cast<long>(batch.rows()), "the step's rows");
-  // 1. K and V of every row the step computes, rotated to their positions.
-  cpu::linear(xb, w.wk, scratch.k);
-  cpu::linear(xb, w.wv, scratch.v);
+  // The rows whose outputs carry on, which need a query: every row, or in the top layer of a
+  // recomputing step each sequence's new tokens (its last rows).
+  const bool new_only = top && !batch.new_rows_only();
+  const std::vector<std::int32_t>& q_indptr = new_only ? batch.new_indptr : batch.row_indptr;
+  // 1. K and V of every row the step computes (and the queries, in the same call, when every
+  // row needs one), rotated to their positions.
+  if (new_only) {
+    cpu::linear(xb, {{w.wk, scratch.k}, {w.wv, scratch.v}});
+  } else {
+    cpu::linear(xb, {{w.wk, scratch.k}, {w.wv, scratch.v}, {w.wq, scratch.q}});
+  }
   for (int i = 0; rope != nullptr && i < batch.size(); ++i) {
     rope->apply(scratch.k.middleRows(batch.row_begin(i), batch.computed(i)), batch.first(i));
   }
   // 2. Keep them (or hold them for this layer).
   store.append(layer, scratch.k, scratch.v);
-  // 3. Queries of the rows whose outputs carry on: a sequence's last rows.
-  const bool new_only = top && !batch.new_rows_only();  // recomputing: the new tokens only
-  const std::vector<std::int32_t>& q_indptr = new_only ? batch.new_indptr : batch.row_indptr;
-  const RowMatrix<T>* xq = &xb;  // [query rows, d_model]
+  // 3. Queries of the rows whose outputs carry on, rotated the same way.
   if (new_only) {
-    new_token_rows(batch, xb, scratch.xq);
-    xq = &scratch.xq;
+    new_token_rows(batch, xb, scratch.xq);  // [query rows, d_model]
+    cpu::linear(scratch.xq, w.wq, scratch.q);
   }
-  cpu::linear(*xq, w.wq, scratch.q);
   for (int i = 0; rope != nullptr && i < batch.size(); ++i) {
     const auto s = static_cast<std::size_t>(i);
     const int n = q_indptr[s + 1] - q_indptr[s];  // the sequence's queries: its last n rows

@@ -398,8 +398,7 @@ class LlamaModel {
     // [rows, dim], [rows, hidden_dim], [rows, hidden_dim], [rows, dim]
     RowMatrix<float> xb, hb, hb2, out;
     cpu::rmsnorm(x, w.rms_ffn, xb);  // ffn RMSNorm
-    cpu::linear(xb, w.w1, hb);       // gate: xb W1^T
-    cpu::linear(xb, w.w3, hb2);      // up:   xb W3^T
+    cpu::linear(xb, {{w.w1, hb}, {w.w3, hb2}});  // gate: xb W1^T, up: xb W3^T
     hb.array() =
         hb.array() * (1.0f + (-hb.array()).exp()).inverse() * hb2.array();  // SiLU(gate) * up
     cpu::linear(hb, w.w2, out);                                             // down: W2
