@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Draws a decode step's speed against the memory's limit as SVG from bench_decode_bandwidth's
+JSON results (the file committed in bench/results): for 1 and for 2 threads, the K and V bytes a
+step reads per second (medians) against the context length, MHA and GQA, with the read bandwidth
+measured in the same run as a dashed line. Points whose K and V fit in twice the L3 are hollow:
+there the repeated steps partly read from the cache, and the dashed line is not their limit.
+Standard library only, so the docs build needs nothing more.
+
+usage: bandwidth_svg.py OUT.svg RESULTS.json [--machine TEXT]
+"""
+import argparse
+import json
+import math
+import re
+from xml.sax.saxutils import escape
+
+COLOUR = {"mha": "#4c78a8", "gqa": "#e45756"}
+NAME = {"mha": "MHA 32/32 heads", "gqa": "GQA 32/8 heads"}
+W, H, LEFT, TOP, GAP = 300, 220, 60, 50, 70  # one panel's plot area and the margins
+
+
+def results(path):
+    """{(shape, threads): [(n, GB/s, fraction, K+V MiB)]} from the medians, and the run's context."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    out = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        m = re.match(r"decode_bandwidth/(\w+)/n:(\d+)/threads:(\d+)/", b["name"])
+        if m:
+            key = (m.group(1), int(m.group(3)))
+            out.setdefault(key, []).append((int(m.group(2)), b["GB_per_s"], b["fraction"],
+                                            b["kv_MiB"]))
+    if not out:
+        raise SystemExit(f"{path}: no median of a decode_bandwidth benchmark "
+                         f"(run it with --benchmark_repetitions of 2 or more)")
+    return out, data["context"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("results")
+    p.add_argument("--machine", default="")
+    args = p.parse_args()
+    series, context = results(args.results)
+    l3 = float(context["l3_MiB"])
+    ns = sorted({n for rows in series.values() for n, *_ in rows})
+    lo, hi = math.log2(ns[0]), math.log2(ns[-1])
+    top = max(max(g for rows in series.values() for _, g, *_ in rows),
+              max(float(context[f"read_bandwidth_GBps_threads_{t}"]) for t in (1, 2)))
+    top = math.ceil(top / 10) * 10  # GB/s at the top of the axis
+
+    def x_of(x0, n):
+        return x0 + (math.log2(n) - lo) / (hi - lo) * W
+
+    def y_of(gbps):
+        return TOP + H - gbps / top * H
+
+    out = []
+    for panel, threads in enumerate((1, 2)):
+        x0 = LEFT + panel * (W + GAP)
+        limit = float(context[f"read_bandwidth_GBps_threads_{threads}"])
+        out.append(f'<text x="{x0}" y="{TOP - 14}" font-weight="bold">{threads} thread'
+                   f'{"s" if threads > 1 else ""}: K+V bytes read per second</text>')
+        for g in range(0, int(top) + 1, 10):
+            y = y_of(g)
+            out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + W}" y2="{y:.1f}" stroke="#e4e4e4"/>')
+            out.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{g}</text>')
+        out.append(f'<line x1="{x0}" y1="{TOP}" x2="{x0}" y2="{TOP + H}" stroke="black"/>')
+        out.append(f'<line x1="{x0}" y1="{TOP + H}" x2="{x0 + W}" y2="{TOP + H}" stroke="black"/>')
+        for n in ns:
+            out.append(f'<text x="{x_of(x0, n):.1f}" y="{TOP + H + 16}" '
+                       f'text-anchor="middle">{n}</text>')
+        out.append(f'<text x="{x0 + W / 2}" y="{TOP + H + 34}" text-anchor="middle">'
+                   f'context length (tokens)</text>')
+        out.append(f'<text x="{x0 - 40}" y="{TOP + H / 2}" text-anchor="middle" '
+                   f'transform="rotate(-90 {x0 - 40} {TOP + H / 2})">GB/s</text>')
+        y = y_of(limit)
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + W}" y2="{y:.1f}" stroke="#333" '
+                   f'stroke-dasharray="6,4"><title>read bandwidth, {threads} thread(s): '
+                   f'{limit:.1f} GB/s</title></line>')
+        out.append(f'<text x="{x0 + W - 4}" y="{y - 5:.1f}" text-anchor="end" fill="#333">'
+                   f'memory read, {limit:.1f} GB/s</text>')
+        for shape in ("mha", "gqa"):
+            rows = sorted(series.get((shape, threads), []))
+            if not rows:
+                continue
+            points = " ".join(f"{x_of(x0, n):.1f},{y_of(g):.1f}" for n, g, *_ in rows)
+            out.append(f'<polyline points="{points}" fill="none" stroke="{COLOUR[shape]}" '
+                       f'stroke-width="2"/>')
+            for n, g, fraction, mib in rows:
+                fill = "white" if mib < 2 * l3 else COLOUR[shape]  # hollow: partly from the L3
+                out.append(f'<circle cx="{x_of(x0, n):.1f}" cy="{y_of(g):.1f}" r="4" '
+                           f'fill="{fill}" stroke="{COLOUR[shape]}" stroke-width="2">'
+                           f'<title>{NAME[shape]}, n = {n} ({mib:g} MiB of K+V): {g:.1f} GB/s, '
+                           f'{fraction:.2f} of the read bandwidth</title></circle>')
+
+    # Legend and what was measured.
+    y = TOP + H + 60
+    x = LEFT
+    for shape, colour in COLOUR.items():
+        out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 20}" y2="{y - 4}" stroke="{colour}" '
+                   f'stroke-width="2"/><circle cx="{x + 10}" cy="{y - 4}" r="4" fill="{colour}"/>')
+        out.append(f'<text x="{x + 26}" y="{y}">{NAME[shape]}, fp32, head_dim 128</text>')
+        x += 230
+    out.append(f'<circle cx="{x + 7}" cy="{y - 4}" r="4" fill="white" stroke="#333" '
+               f'stroke-width="2"/><text x="{x + 16}" y="{y}">hollow: K+V under 2 × L3 '
+               f'({2 * l3:g} MiB)</text>')
+    caption = ("bench_decode_bandwidth, one layer's decode step, medians"
+               f"{'; ' + args.machine if args.machine else ''}")
+    out.append(f'<text x="{LEFT}" y="{y + 24}" fill="#555">{escape(caption)}</text>')
+
+    width, height = LEFT + 2 * W + GAP + 30, y + 40
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+                f'font-family="sans-serif" font-size="12">\n' + "\n".join(out) + "\n</svg>\n")
+
+
+if __name__ == "__main__":
+    main()
