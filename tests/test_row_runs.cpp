@@ -4,7 +4,8 @@
 // (bounds derived below), on random and adversarial rows, for runs shorter than, equal to and
 // longer than the run the kernels hand over, and for every number of queries up to 9 (groups of
 // four and the rest); and the kernels that use them equal the reference attention over the
-// decoded rows.
+// decoded rows, each case asserting which of attend_partial's three ways (runs, matrix products,
+// one row at a time) it took.
 //
 // Built twice: test_row_runs with the test suite's flags (the portable loops, unless those
 // flags target AVX2), and, where the compiler accepts -march=native, test_row_runs_native
@@ -13,9 +14,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
@@ -220,6 +224,31 @@ TEMPLATE_TEST_CASE("a run of value rows adds to every query's sum as the decoded
 // change from key to key, which cuts the kernels' runs of rows), against the reference over the
 // decoded rows. Tolerance 1e-5 relative to the row's largest value, the rule of every float
 // comparison (test_support.hpp).
+// The three ways attend_partial reads K/V rows (attention_tile.hpp), and the one it must take:
+// runs for quantized rows, and for fp32 (groups of 4 or more), fp16 and bf16 rows where the
+// build has their vector form and head_dim is whole blocks of 32; matrix products for other
+// fp32 rows under a tile of several query rows (a prefill); one row at a time otherwise.
+enum class Path { runs, products, rows };
+const char* path_name(Path p) {
+  return p == Path::runs ? "runs" : p == Path::products ? "products" : "rows";
+}
+template <typename S>
+Path expected_path(int head_dim, int group, int q_len) {
+  constexpr bool fp32 = std::is_same<S, float>::value;
+  if (kvlab::cpu::detail::kQuantizedStorage<S>) return Path::runs;
+  if (kvlab::cpu::detail::kVectorRows<float, S> && head_dim % 32 == 0 && (!fp32 || group >= 4))
+    return Path::runs;
+  return fp32 && q_len > 1 ? Path::products : Path::rows;
+}
+// Whether each path ran (its count grew) during f().
+std::array<bool, 3> paths_taken(const std::function<void()>& f) {
+  auto& c = kvlab::cpu::detail::attend_path_counts();
+  const std::array<std::uint64_t, 3> before = {c.runs.load(), c.products.load(), c.rows.load()};
+  f();
+  return {c.runs.load() > before[0], c.products.load() > before[1], c.rows.load() > before[2]};
+}
+std::array<bool, 3> only(Path p) { return {p == Path::runs, p == Path::products, p == Path::rows}; }
+
 TEMPLATE_TEST_CASE(
     "decode and paged attention over rows read in runs equal the reference over the decoded rows",
     "", BlockQ8_0, BlockQ4_0, float, Eigen::half, Eigen::bfloat16) {
@@ -258,12 +287,18 @@ TEMPLATE_TEST_CASE(
           const RowMatrix<float> q = kvlab::random_matrix<float>(q_len, shape.q_width(), rng);
           const RowMatrix<float> want =
               kvlab::cpu::reference_attention(shape, q, k_back, v_back, kv_len - q_len, window);
-          CHECK(kvlab_test::max_row_relative_error(
-                    kvlab::cpu::decode_attention(shape, q, cache.view(0)), want) <= 1e-5);
+          const Path path = expected_path<S>(head_dim, group, q_len);
+          CAPTURE(path_name(path));
+          RowMatrix<float> got;
+          CHECK(paths_taken([&] { got = kvlab::cpu::decode_attention(shape, q, cache.view(0)); }) ==
+                only(path));
+          CHECK(kvlab_test::max_row_relative_error(got, want) <= 1e-5);
           const kvlab::BlockTables tables = pool.tables({seq});
-          const RowMatrix<float> paged =
-              kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len}, pool.view(0, tables));
-          CHECK(kvlab_test::max_row_relative_error(paged, want) <= 1e-5);
+          CHECK(paths_taken([&] {
+                  got = kvlab::cpu::paged_prefill_attention(shape, q, {0, q_len},
+                                                            pool.view(0, tables));
+                }) == only(path));
+          CHECK(kvlab_test::max_row_relative_error(got, want) <= 1e-5);
         }
       }
 }

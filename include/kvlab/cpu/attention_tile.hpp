@@ -4,13 +4,16 @@
 /// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
 /// rows are stored and in whatever type (`KVStorage`: rows of int8 or int4 blocks, and of fp16 or
 /// bf16 values (fp32 for GQA groups of 4 or more) where the build has their vector form, are read
-/// in runs of consecutive rows, never decoded into memory, `row_runs.hpp`; other rows one token's
-/// rows at a time, decoded as they are read when not stored as the queries' type). It computes what
+/// in runs of consecutive rows, never decoded into memory, `row_runs.hpp`; other fp32 rows under a
+/// tile of several query rows (a prefill) as matrix products over spans of rows; other rows one
+/// token's rows at a time, decoded as they are read when not stored as the queries' type;
+/// `attend_path_counts` counts which). It computes what
 /// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
 /// Internal (`cpu::detail`); tested through the public kernels.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -32,6 +35,21 @@ constexpr int kDecodeQueryTile = 16;
 
 namespace detail {
 
+/// Calls of `attend_partial` (one per tile) since the program started, by how they read their
+/// K/V rows: in runs (`row_runs.hpp`), as matrix products over spans of rows, or one row at a
+/// time. The choice depends on the storage type, head_dim, the group and the tile's rows; the
+/// tests read these counts to assert which way a case went.
+struct AttendPathCounts {
+  std::atomic<std::uint64_t> runs{0};      ///< rows read in runs
+  std::atomic<std::uint64_t> products{0};  ///< scores and sums as matrix products
+  std::atomic<std::uint64_t> rows{0};      ///< one row at a time
+};
+/// The counts of every `attend_partial` call of the program.
+inline AttendPathCounts& attend_path_counts() {
+  static AttendPathCounts counts;
+  return counts;
+}
+
 /// The rows of a contiguous cache from K/V head `head` on: row `pos` of head `head + j` at
 /// `base + (j * capacity + slot(pos)) * row_units` elements (head-major: one head's rows are
 /// adjacent; `slot(pos)` is `pos`, or `pos % capacity` in the ring of a windowed cache). `S` is
@@ -52,19 +70,40 @@ struct ContiguousRows {
   void values(int begin, int end, F&& f) const {
     walk(cache.value(head, 0), begin, end, f);
   }
+  /// Calls `f(pos, count, row, stride)` for the key rows [begin, end) of head `head`, in order,
+  /// in spans of `count` rows evenly spaced in memory: row pos + i at `row + i * stride`.
+  template <typename F>
+  void key_spans(int begin, int end, F&& f) const {
+    spans(cache.key(head, 0), begin, end, f);
+  }
+  /// Calls `f(pos, count, row, stride)` for the value rows [begin, end) of head `head`, as
+  /// `key_spans`.
+  template <typename F>
+  void value_spans(int begin, int end, F&& f) const {
+    spans(cache.value(head, 0), begin, end, f);
+  }
   /// Elements from a row of head h to the same token's row of head h + 1.
   std::ptrdiff_t head_stride() const {
     return static_cast<std::ptrdiff_t>(cache.capacity) * cache.row_units();
   }
 
  private:
+  // One span, or two where the rows wrap around the ring of a windowed cache.
+  template <typename F>
+  void spans(const S* base, int begin, int end, F&& f) const {
+    for (int pos = begin; pos < end;) {
+      const int slot = cache.slot(pos);
+      const int count = std::min(end - pos, cache.capacity - slot);  // up to the ring's end
+      f(pos, count, base + static_cast<std::ptrdiff_t>(slot) * cache.row_units(),
+        static_cast<std::ptrdiff_t>(cache.row_units()));
+      pos += count;
+    }
+  }
   template <typename F>
   void walk(const S* base, int begin, int end, F& f) const {
-    int slot = cache.slot(begin);  // wraps to 0 at the ring's end (never reached without one)
-    for (int pos = begin; pos < end; ++pos) {
-      f(pos, base + static_cast<std::ptrdiff_t>(slot) * cache.row_units());
-      if (++slot == cache.capacity) slot = 0;
-    }
+    spans(base, begin, end, [&](int pos, int count, const S* row, std::ptrdiff_t stride) {
+      for (int i = 0; i < count; ++i) f(pos + i, row + i * stride);
+    });
   }
 };
 
@@ -90,18 +129,37 @@ struct PagedRows {
   void values(int begin, int end, F&& f) const {
     walk(cache.v, begin, end, f);
   }
+  /// Calls `f(pos, count, row, stride)` for the key rows [begin, end) of head `head`, in order,
+  /// a span per block: row pos + i at `row + i * stride`.
+  template <typename F>
+  void key_spans(int begin, int end, F&& f) const {
+    spans(cache.k, begin, end, f);
+  }
+  /// Calls `f(pos, count, row, stride)` for the value rows [begin, end) of head `head`, as
+  /// `key_spans`.
+  template <typename F>
+  void value_spans(int begin, int end, F&& f) const {
+    spans(cache.v, begin, end, f);
+  }
   /// Elements from a row of head h to the same token's row of head h + 1.
   std::ptrdiff_t head_stride() const { return cache.head_stride(); }
 
  private:
   template <typename F>
-  void walk(const S* pool, int begin, int end, F& f) const {
+  void spans(const S* pool, int begin, int end, F&& f) const {
     const std::ptrdiff_t stride = cache.token_stride();  // token to token within a block
     for (int pos = begin; pos < end;) {
       const S* row = pool + cache.offset(seq, pos, head);  // slot pos % block_size of this block
       const int last = std::min(end, (pos / cache.block_size + 1) * cache.block_size);
-      for (; pos < last; ++pos, row += stride) f(pos, row);
+      f(pos, last - pos, row, stride);
+      pos = last;
     }
+  }
+  template <typename F>
+  void walk(const S* pool, int begin, int end, F& f) const {
+    spans(pool, begin, end, [&](int pos, int count, const S* row, std::ptrdiff_t stride) {
+      for (int i = 0; i < count; ++i) f(pos + i, row + i * stride);
+    });
   }
 };
 
@@ -215,8 +273,11 @@ struct AttentionTile {
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
 /// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows of int8 or int4 blocks, and of fp16
 /// or bf16 values (and fp32 for groups of 4 or more) where the build has their vector form, in
-/// runs of up to `run_rows` rows, `score_row_run` and `add_row_run`; other rows stored in another
-/// type than `T` decoded one token at a time as they are read, `KVStorage::decode`). Leaves in
+/// runs of up to `run_rows` rows, `score_row_run` and `add_row_run`; other rows stored as `T`,
+/// for a tile of several rows, as matrix products over each span of evenly spaced rows
+/// (`key_spans`, `value_spans`: Eigen's GEMM, the tile's queries against the span's rows); other
+/// rows stored in another type than `T` decoded one token at a time as they are read,
+/// `KVStorage::decode`). Leaves in
 /// `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
@@ -266,7 +327,16 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   constexpr bool kRuns = kQuantizedStorage<S> || kVectorRows<T, S>;
   const bool by_runs = kQuantizedStorage<S> || (kRuns && hd % kQuantBlock == 0 &&
                                                 (!std::is_same<S, T>::value || group >= 4));
+  // A prefill tile (several query rows) over rows stored as T that runs do not read: the scores
+  // and the value sums are matrix products (Eigen's GEMM) over each span of evenly spaced rows
+  // (`key_spans`, `value_spans`). They compute every query's score with every key of the tile's
+  // range, seen or not; the unseen ones are set to 0 after step 2, so they add nothing in step 3.
+  // (Without a window that is the causal corner, at most rows·(rows−1)/2 scores per query head;
+  // the counters count the products of the keys each query sees, as for the other two ways.)
+  const bool by_products = std::is_same<S, T>::value && !by_runs && rows > 1;
   const bool decoded = !std::is_same<S, T>::value && !by_runs;
+  AttendPathCounts& paths = attend_path_counts();
+  (by_runs ? paths.runs : by_products ? paths.products : paths.rows).fetch_add(1);
   const std::ptrdiff_t head_stride = decoded ? hd : source.head_stride();  // in the rows as T
   scratch.row.resize(decoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
   const auto as_t = [&](const S* stored) -> const T* {
@@ -329,6 +399,17 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
                                         scale, &probs(j * per_head + run.first, run.pos - key_lo),
                                         probs.cols());
                         });
+  } else if (by_products) {
+    if constexpr (std::is_same<S, T>::value)
+      source.key_spans(key_lo, span, [&](int pos, int count, const T* row, std::ptrdiff_t stride) {
+        for (int j = 0; j < heads; ++j) {
+          // [count, head_dim]: head j's key rows of the span
+          const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> keys(
+              row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
+          probs.block(j * per_head, pos - key_lo, per_head, count).noalias() =
+              (queries.middleRows(j * per_head, per_head) * keys.transpose()) * scale;
+        }
+      });
   } else if constexpr (!kQuantizedStorage<S>) {
     source.keys(key_lo, span, [&](int pos, const S* stored) {
       const int first = first_seeing(pos), last = last_seeing(pos);
@@ -351,6 +432,12 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
     const T max = x.maxCoeff();
     x = (x - max).exp();
     scratch.state[static_cast<std::size_t>(qi)] = SoftmaxState<T>{max, x.sum()};
+    if (by_products) {  // the scores of keys the query does not see weigh nothing in step 3
+      probs.row(qi).head(start - key_lo).setZero();
+      probs.row(qi)
+          .segment(visible(qi % per_head) - key_lo, span - visible(qi % per_head))
+          .setZero();
+    }
   }
   // 3. Values: each value row is read once and added to every query's sum.
   acc.setZero(m, hd);
@@ -363,6 +450,18 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
                                       probs.cols(), run.last - run.first,
                                       &acc(j * per_head + run.first, 0));
                         });
+  } else if (by_products) {
+    if constexpr (std::is_same<S, T>::value)
+      source.value_spans(key_lo, span,
+                         [&](int pos, int count, const T* row, std::ptrdiff_t stride) {
+                           for (int j = 0; j < heads; ++j) {
+                             // [count, head_dim]: head j's value rows of the span
+                             const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> values(
+                                 row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
+                             acc.middleRows(j * per_head, per_head).noalias() +=
+                                 probs.block(j * per_head, pos - key_lo, per_head, count) * values;
+                           }
+                         });
   } else if constexpr (!kQuantizedStorage<S>) {
     source.values(key_lo, span, [&](int pos, const S* stored) {
       const int first = first_seeing(pos), last = last_seeing(pos);
