@@ -17,6 +17,12 @@
 // --read-mib buffer (main memory). Before timing counts, every backend's tokens are checked
 // against the cached backend's (greedy, so they must be identical); a mismatch exits non-zero.
 //
+// Prefill (--prefill P, default 512; 0 skips it; with the stories15M shape): the cached
+// backend's prefill of a P-token prompt (one `LlamaModel::prefill` call), median of --reps, as
+// multiply-adds per second (exact, kvlab::LlamaCounters), against Eigen's matrix product (GEMM)
+// timed in the same run on the same products at P rows — each layer's seven weight matrices —
+// the throughput the prefill would have if it were nothing but those products.
+//
 // Build and run (Release, from the repository root):
 //   cmake --build build-bench --target bench_generate
 //   build-bench/bench/bench_generate --json bench/results/cpu-generate.json
@@ -52,6 +58,7 @@ struct Options {
   std::string model_file;  // an extra checkpoint (e.g. a real stories15M.bin)
   int block_size = 16;
   int read_mib = 1024;
+  int prefill = 512;  // prompt tokens of the prefill measurement; 0: none
   std::string json;
 };
 
@@ -70,6 +77,16 @@ struct Result {
   kvlab::LlamaCounters work;   // of one generation
   // Cached only: decode bandwidth.
   double step_bytes = 0, gbps = 0, weights_read_gbps = 0, dram_read_gbps = 0;
+};
+
+// The prefill of a P-token prompt at one thread count, against Eigen's GEMM.
+struct PrefillResult {
+  std::string model;
+  int threads = 0, tokens = 0;
+  double seconds = 0;      // median over repetitions of one prefill call
+  std::uint64_t macs = 0;  // of one prefill (kvlab::LlamaCounters::macs)
+  double gemm_gmacs = 0;   // Eigen's GEMM on the layers' products at `tokens` rows, GMAC/s
+  double gmacs() const { return static_cast<double>(macs) / seconds * 1e-9; }
 };
 
 double median(std::vector<double> v) {
@@ -182,6 +199,74 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
   }
 }
 
+// Times the cached prefill of a `tokens`-token prompt on `weights` (whose seq_len allows it) at
+// `threads` threads, and Eigen's GEMM on the same layers' products, in turn, `reps` times each.
+PrefillResult run_prefill(const std::string& name,
+                          const std::shared_ptr<const kvlab::LlamaWeights>& weights, int tokens,
+                          int threads, int reps) {
+  using Clock = std::chrono::steady_clock;
+  kvlab_bench::set_threads(threads);
+  const kvlab::LlamaConfig& c = weights->config;
+  kvlab::Rng rng(7);
+  std::vector<int> prompt(static_cast<std::size_t>(tokens));  // [tokens]: ids in [2, vocab)
+  for (int& id : prompt) id = 2 + static_cast<int>(rng.next_u64() % (c.vocab_size - 2));
+  kvlab::LlamaModel model(weights, LlamaBackend::Cached, 16, tokens);
+  // The products a prefill runs through Eigen at `tokens` rows (the classifier, on the last
+  // row only, is left out of both sides' comparison: it is in `macs` but is one row).
+  const kvlab::RowMatrix<float> x = kvlab::random_matrix<float>(tokens, c.dim, rng);  // [P, dim]
+  const kvlab::RowMatrix<float> h =
+      kvlab::random_matrix<float>(tokens, c.hidden_dim, rng);  // [P, hidden]
+  kvlab::RowMatrix<float> out;                                 // [P, out]
+  std::uint64_t gemm_macs = 0;
+  const auto gemm_pass = [&] {
+    for (const kvlab::LlamaLayerWeights& l : weights->layers) {
+      for (const kvlab::RowMatrix<float>* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w3}) {
+        out.noalias() = x * w->transpose();
+        gemm_macs += static_cast<std::uint64_t>(tokens) * static_cast<std::uint64_t>(w->size());
+      }
+      out.noalias() = h * l.w2.transpose();
+      gemm_macs += static_cast<std::uint64_t>(tokens) * static_cast<std::uint64_t>(l.w2.size());
+    }
+  };
+  std::vector<double> prefill_seconds, gemm_seconds;
+  PrefillResult r;
+  for (int rep = 0; rep < reps; ++rep) {
+    std::fprintf(stderr, "bench_generate: prefill of %d tokens, %s, %d thread%s, rep %d ...\n",
+                 tokens, name.c_str(), threads, threads == 1 ? "" : "s", rep + 1);
+    model.reset();
+    auto start = Clock::now();
+    model.prefill(prompt);
+    prefill_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    r.macs = model.last_step().macs();
+    gemm_macs = 0;
+    start = Clock::now();
+    gemm_pass();
+    gemm_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  r.model = name;
+  r.threads = threads;
+  r.tokens = tokens;
+  r.seconds = median(prefill_seconds);
+  r.gemm_gmacs = static_cast<double>(gemm_macs) / median(gemm_seconds) * 1e-9;
+  return r;
+}
+
+void print_prefill(const std::vector<PrefillResult>& prefills, const Options& o) {
+  if (prefills.empty()) return;
+  std::printf(
+      "\nPrefill of a %d-token prompt (cached backend, one call), median of %d repetitions: "
+      "multiply-adds per second\n(all of the step's, exact) against Eigen's GEMM on the layers' "
+      "weight products at %d rows, timed in turn in the same run.\n",
+      o.prefill, o.reps, o.prefill);
+  std::printf("%-18s %3s | %10s %10s %11s | %11s %6s\n", "model", "thr", "ms", "tok/s", "GMAC/s",
+              "GEMM GMAC/s", "frac");
+  for (const PrefillResult& r : prefills) {
+    std::printf("%-18s %3d | %10.2f %10.1f %11.2f | %11.2f %6.2f\n", r.model.c_str(), r.threads,
+                r.seconds * 1e3, r.tokens / r.seconds, r.gmacs(), r.gemm_gmacs,
+                r.gmacs() / r.gemm_gmacs);
+  }
+}
+
 void print_table(const std::vector<Result>& results, const Options& o) {
   std::printf(
       "\nGreedy generation from BOS: %d tokens per run (prefill 1, then decode), median of %d "
@@ -225,7 +310,8 @@ void print_table(const std::vector<Result>& results, const Options& o) {
   std::printf("L3: %zu MiB.\n", kvlab_bench::l3_bytes() >> 20);
 }
 
-void write_json(const std::string& path, const std::vector<Result>& results, const Options& o,
+void write_json(const std::string& path, const std::vector<Result>& results,
+                const std::vector<PrefillResult>& prefills, const Options& o,
                 const std::vector<Model>& models) {
   std::ofstream f(path);
   if (!f) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
@@ -253,13 +339,23 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
     }
     f << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
+  f << "  ],\n  \"prefill\": [\n";
+  for (std::size_t i = 0; i < prefills.size(); ++i) {
+    const PrefillResult& r = prefills[i];
+    f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads
+      << ", \"tokens\": " << r.tokens << ", \"seconds\": " << r.seconds << ", \"macs\": " << r.macs
+      << ", \"GMAC_per_s\": " << r.gmacs() << ", \"gemm_GMAC_per_s\": " << r.gemm_gmacs << "}"
+      << (i + 1 < prefills.size() ? "," : "") << "\n";
+  }
   f << "  ]\n}\n";
 }
 
 const char* const kUsage =
     "usage: bench_generate [--steps N] [--reps R] [--threads T,...] [--models NAME,...] "
     "[--models-dir DIR]\n"
-    "                      [--model FILE] [--block-size B] [--read-mib M] [--json FILE] [--help]\n"
+    "                      [--model FILE] [--block-size B] [--read-mib M] [--prefill P] [--json "
+    "FILE]\n"
+    "                      [--help]\n"
     "  --steps N          greedy tokens per run (default 256)\n"
     "  --reps R           repetitions; medians are printed (default 5)\n"
     "  --threads T,...    OpenMP thread counts (default 1,2)\n"
@@ -272,6 +368,9 @@ const char* const kUsage =
     "  --model FILE       also run this llama2.c checkpoint (e.g. stories15M.bin)\n"
     "  --block-size B     block size of the paged backend (default 16)\n"
     "  --read-mib M       size of the main-memory read-bandwidth buffer in MiB (default 1024)\n"
+    "  --prefill P        also time the prefill of a P-token prompt on the stories15M shape "
+    "against\n"
+    "                     Eigen's GEMM (default 512; 0: skip)\n"
     "  --json FILE        also write the results as JSON\n"
     "  --help             print this and exit\n";
 
@@ -306,12 +405,15 @@ bool parse_options(int argc, char** argv, Options& o) {
       o.block_size = kvlab_bench::parse_int(arg, value, 1, 1 << 20);
     } else if (arg == "--read-mib") {
       o.read_mib = kvlab_bench::parse_int(arg, value, 1, 1 << 16);
+    } else if (arg == "--prefill") {
+      o.prefill = kvlab_bench::parse_int(arg, value, 0, 1 << 16);
     } else if (arg == "--json") {
       o.json = kvlab_bench::parse_file_name(arg, value);
     } else {
-      throw UsageError("unknown option '" + arg +
-                       "': expected one of --steps, --reps, --threads, --models, "
-                       "--models-dir, --model, --block-size, --read-mib, --json, --help");
+      throw UsageError(
+          "unknown option '" + arg +
+          "': expected one of --steps, --reps, --threads, --models, "
+          "--models-dir, --model, --block-size, --read-mib, --prefill, --json, --help");
     }
     ++i;
   }
@@ -375,8 +477,21 @@ int main(int argc, char** argv) {
     for (const Model& m : models)
       for (std::size_t t = 0; t < o.threads.size(); ++t)
         run_model(m, o.threads[t], o, dram_gbps[t], results);
+    // The prefill: the stories15M shape with a seq_len that holds the prompt.
+    std::vector<PrefillResult> prefills;
+    if (o.prefill > 0 &&
+        std::find(o.models.begin(), o.models.end(), "stories15M-shape") != o.models.end()) {
+      kvlab::LlamaConfig shape = kvlab::LlamaConfig::stories15m();
+      shape.shared_classifier = false;
+      shape.seq_len = std::max(shape.seq_len, o.prefill);
+      const auto weights =
+          std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
+      for (int t : o.threads)
+        prefills.push_back(run_prefill("stories15M-shape", weights, o.prefill, t, o.reps));
+    }
     print_table(results, o);
-    if (!o.json.empty()) write_json(o.json, results, o, models);
+    print_prefill(prefills, o);
+    if (!o.json.empty()) write_json(o.json, results, prefills, o, models);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_generate: %s\n", e.what());
     return 1;
