@@ -12,7 +12,8 @@ import argparse
 import json
 import math
 import re
-from xml.sax.saxutils import escape
+
+from svg_common import caption, write_svg
 
 COLOUR = {"mha": "#4c78a8", "gqa": "#e45756"}
 NAME = {"mha": "MHA 32/32 heads", "gqa": "GQA 32/8 heads"}
@@ -108,14 +109,9 @@ def main():
     out.append(f'<circle cx="{x + 7}" cy="{y - 4}" r="4" fill="white" stroke="#333" '
                f'stroke-width="2"/><text x="{x + 16}" y="{y}">hollow: K+V under 2 × L3 '
                f'({2 * l3:g} MiB)</text>')
-    caption = ("bench_decode_bandwidth, one layer's decode step, medians"
-               f"{'; ' + args.machine if args.machine else ''}")
-    out.append(f'<text x="{LEFT}" y="{y + 24}" fill="#555">{escape(caption)}</text>')
-
-    width, height = LEFT + 2 * W + GAP + 30, y + 40
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                f'font-family="sans-serif" font-size="12">\n' + "\n".join(out) + "\n</svg>\n")
+    out.append(caption(LEFT, y + 24, "bench_decode_bandwidth, one layer's decode step, medians"
+                       f"{'; ' + args.machine if args.machine else ''}"))
+    write_svg(args.out, LEFT + 2 * W + GAP + 30, y + 40, out)
 
 
 if __name__ == "__main__":

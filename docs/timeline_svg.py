@@ -10,6 +10,8 @@ import json
 import sys
 from xml.sax.saxutils import escape
 
+from svg_common import write_svg
+
 COLOURS = {"prefill": "#4c78a8", "decode": "#72b7b2", "padding": "#d9d9d9"}
 CELL, ROW, LEFT, TOP, GAP = 22, 22, 60, 34, 40
 
@@ -78,12 +80,7 @@ def main(argv):
         legend_x += 110
     body.append(f'<text x="{legend_x}" y="{y + 2}" fill="#c00">x preempted</text>')
     height = y + 20
-    with open(out_path, "w", encoding="utf-8") as f:
-        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                f'font-family="sans-serif" font-size="13">\n')
-        f.write(f'<rect width="{width}" height="{height}" fill="white"/>\n')
-        f.write("\n".join(body))
-        f.write("\n</svg>\n")
+    write_svg(out_path, width, height, body, font_size=13, background="white")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import json
 import math
 from xml.sax.saxutils import escape
 
+from svg_common import caption, write_svg
+
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8.5, "int4": 4.5}  # with the block scales
 COLOUR = {"fp32": "#4c78a8", "fp16": "#f58518", "bf16": "#54a24b", "int8": "#b279a2",
           "int4": "#e45756"}
@@ -104,14 +106,10 @@ def main():
     out.append(mark("mha", x + 10, y - 4, "#333", "MHA") + f'<text x="{x + 20}" y="{y}">MHA 32/32</text>')
     out.append(mark("gqa", x + 110, y - 4, "#333", "GQA") + f'<text x="{x + 120}" y="{y}">GQA 32/8</text>')
     out.append(f'<text x="{x + 200}" y="{y}">- - memory-bound</text>')
-    caption = (f"bench_kv_dtype, one layer, head_dim 128, {args.n} tokens, {args.threads} "
-               f"thread(s){'; ' + args.machine if args.machine else ''}")
-    out.append(f'<text x="{LEFT}" y="{y + 24}" fill="#555">{escape(caption)}</text>')
-
-    width, height = LEFT + 2 * W + GAP + 30, y + 40
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                f'font-family="sans-serif" font-size="12">\n' + "\n".join(out) + "\n</svg>\n")
+    out.append(caption(LEFT, y + 24,
+                       f"bench_kv_dtype, one layer, head_dim 128, {args.n} tokens, {args.threads} "
+                       f"thread(s){'; ' + args.machine if args.machine else ''}"))
+    write_svg(args.out, LEFT + 2 * W + GAP + 30, y + 40, out)
 
 
 if __name__ == "__main__":
