@@ -57,11 +57,9 @@ void check_product(const RowMatrix<float>& x, const RowMatrix<float>& w,
     }
 }
 
-// Input widths cover the loop's blocks of 32 and 8 and the scalar rest; 288 and 768 are the 15M
-// model's; 512 rows of 288 are enough work for two threads (kLinearParallelMinMacs).
-TEST_CASE(
-    "linear of one row and of several rows equals the product in double, on 1 and 2 threads") {
-  kvlab::Rng rng(29);
+// Runs f() on 1 thread and, with OpenMP, on 2, and restores the thread count.
+template <typename F>
+void on_1_and_2_threads(F&& f) {
   std::vector<int> thread_counts = {1};
 #if defined(_OPENMP)
   thread_counts.push_back(2);
@@ -71,20 +69,31 @@ TEST_CASE(
 #if defined(_OPENMP)
     omp_set_num_threads(threads);
 #endif
+    CAPTURE(threads);
+    f();
+  }
+#if defined(_OPENMP)
+  omp_set_num_threads(threads_before);
+#endif
+}
+
+// Input widths cover the loop's blocks of 32 and 8 and the scalar rest; 288 and 768 are the 15M
+// model's; 512 rows of 288 are enough work for two threads (kLinearParallelMinMacs).
+TEST_CASE(
+    "linear of one row and of several rows equals the product in double, on 1 and 2 threads") {
+  kvlab::Rng rng(29);
+  on_1_and_2_threads([&] {
     for (int rows : {1, 3})
       for (int in : {1, 7, 8, 31, 32, 33, 72, 288, 768})
         for (int out : {1, 5, 17, 512}) {
-          CAPTURE(threads, rows, in, out);
+          CAPTURE(rows, in, out);
           const RowMatrix<float> x = kvlab::random_matrix<float>(rows, in, rng, -2, 2);
           const RowMatrix<float> w = kvlab::random_matrix<float>(out, in, rng);
           RowMatrix<float> got;
           kvlab::cpu::linear(x, w, got);
           check_product(x, w, got);
         }
-  }
-#if defined(_OPENMP)
-  omp_set_num_threads(threads_before);
-#endif
+  });
 }
 
 // The 15M model's K, V and Q projections (288 × 288 each) and gate and up (768 × 288), with a
@@ -93,17 +102,9 @@ TEST_CASE(
 // checked as above.
 TEST_CASE("linear of several matrices in one call computes each product, on 1 and 2 threads") {
   kvlab::Rng rng(31);
-  std::vector<int> thread_counts = {1};
-#if defined(_OPENMP)
-  thread_counts.push_back(2);
-  const int threads_before = omp_get_max_threads();
-#endif
-  for (int threads : thread_counts) {
-#if defined(_OPENMP)
-    omp_set_num_threads(threads);
-#endif
+  on_1_and_2_threads([&] {
     for (int rows : {1, 3}) {
-      CAPTURE(threads, rows);
+      CAPTURE(rows);
       const int in = 288;
       const RowMatrix<float> x = kvlab::random_matrix<float>(rows, in, rng, -2, 2);
       const RowMatrix<float> wk = kvlab::random_matrix<float>(288, in, rng);
@@ -119,10 +120,7 @@ TEST_CASE("linear of several matrices in one call computes each product, on 1 an
       check_product(x, small, s);
       check_product(x, w1, h);
     }
-  }
-#if defined(_OPENMP)
-  omp_set_num_threads(threads_before);
-#endif
+  });
 }
 
 TEST_CASE("linear refuses a bad product by name and resizes nothing") {
