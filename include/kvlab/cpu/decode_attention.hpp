@@ -48,7 +48,8 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
   const bool parallel =
       1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
   // In parallel each K/V head is an item, and its tiles read one head's rows. A cache too small
-  // to be worth threads (it fits in the L2) is one item whose tiles take every head at once:
+  // to be worth threads (under kDecodeParallelMinElements per tensor: at most 512 KiB of fp32 K
+  // and V) is one item whose tiles take every head at once:
   // each token's rows of all heads are read together, so the walk over the tokens is paid once,
   // not once per head (`attend_partial` computes the same whatever its `heads`).
   const int heads_per_item = parallel ? 1 : shape.num_kv_heads();
