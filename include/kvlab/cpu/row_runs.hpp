@@ -359,6 +359,21 @@ void score_rows(const S* const* rows, int run, int head_dim, const float* querie
                          scale, out + c * out_stride);
 }
 
+/// Asks for every 64-byte line of rows [0, run) (each `head_dim` values stored as `S`) to be
+/// brought into the L1 cache, all at once. `add_rows_to` reads its rows across, a part of each row
+/// in turn; without this, each row's next line is asked for only when the loop reaches it, and a
+/// GQA decode step with its cache beyond the L3 spent most of its value pass waiting on those
+/// loads: asked for up front, the value pass of a fp32 GQA step took 0.7–0.8 of its time on
+/// machine A (`bench/results/README.md`, "The value rows asked for before they are read").
+template <typename S>
+inline void prefetch_rows(const S* const* rows, int run, int head_dim) {
+  const int bytes = static_cast<int>(storage_row_bytes<S>(head_dim));
+  for (int r = 0; r < run; ++r) {
+    const char* row = reinterpret_cast<const char*>(rows[r]);
+    for (int at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+  }
+}
+
 /// Adds up to `kRowRun` value rows to `Q` queries' sums (Q ≤ 4), a block part at a time: part h
 /// of a block is its values [32 / P · h, 32 / P · (h + 1)); the queries' sums over that part (Q · 4
 /// / P vectors, at most 8) stay in registers while every row of the run is added to them.
@@ -398,13 +413,15 @@ void add_rows_to(const S* const* rows, int run, int head_dim, const float* weigh
   }
 }
 
-/// `add_row_run` with vectors: runs of up to `kRowRun` rows, groups of up to four queries (one or
-/// two queries take whole blocks at a time, three or four half blocks).
+/// `add_row_run` with vectors: runs of up to `kRowRun` rows, each asked for first
+/// (`prefetch_rows`), then added to groups of up to four queries (one or two queries take whole
+/// blocks at a time, three or four half blocks).
 template <typename S>
 void add_rows(const S* const* rows, int run, int head_dim, const float* weights,
               std::ptrdiff_t weight_stride, int count, float* acc) {
   for (int r = 0; r < run; r += kRowRun) {
     const int n = run - r < kRowRun ? run - r : kRowRun;
+    prefetch_rows(rows + r, n, head_dim);
     for (int c = 0; c < count;) {
       const float* w = weights + c * weight_stride + r;
       float* a = acc + static_cast<std::ptrdiff_t>(c) * head_dim;
