@@ -363,8 +363,11 @@ void score_rows(const S* const* rows, int run, int head_dim, const float* querie
 /// brought into the L1 cache, all at once. `add_rows_to` reads its rows across, a part of each row
 /// in turn; without this, each row's next line is asked for only when the loop reaches it, and a
 /// GQA decode step with its cache beyond the L3 spent most of its value pass waiting on those
-/// loads: asked for up front, the value pass of a fp32 GQA step took 0.7–0.8 of its time on
-/// machine A (`bench/results/README.md`, "The value rows asked for before they are read").
+/// loads: asked for up front, a fp32 GQA step over a contiguous cache took 0.64–0.89 of its time
+/// on machine A (`bench/results/README.md`, "The value rows asked for before they are read").
+/// In the token-major (NHD) paged pool, whose rows of a token's heads are one contiguous read
+/// already, the same step measured likely slower (up to 1.47× in two of three rounds): to be
+/// measured with the prefetch left out there.
 template <typename S>
 inline void prefetch_rows(const S* const* rows, int run, int head_dim) {
   const int bytes = static_cast<int>(storage_row_bytes<S>(head_dim));
