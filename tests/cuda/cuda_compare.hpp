@@ -39,19 +39,23 @@ struct Tolerance<float> {
   static constexpr double atol = 1e-6;  ///< absolute
 };
 
-/// Checks every element: |got - want| <= atol + rtol * |want| (no NaN allowed anywhere). On
-/// failure reports how many elements fail and the first one.
+/// Checks every element: |got - want| <= atol + rtol * magnitude (no NaN allowed anywhere), where
+/// `magnitude` is the size the rounding error of that element scales with: |want| for most
+/// results, but Σ_k |x_k w_k| for a dot product whose terms cancel (its result can be far
+/// smaller than its rounding). On failure reports how many elements fail and the first one.
 inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatrix<float>& want,
-                        double rtol, double atol) {
+                        const kvlab::RowMatrix<float>& magnitude, double rtol, double atol) {
   REQUIRE(got.rows() == want.rows());
   REQUIRE(got.cols() == want.cols());
+  REQUIRE(magnitude.rows() == want.rows());
+  REQUIRE(magnitude.cols() == want.cols());
   long bad = 0;
   std::string first;
   double worst = 0;  // largest |diff| / (atol + rtol |want|)
   for (Eigen::Index r = 0; r < want.rows(); ++r)
     for (Eigen::Index c = 0; c < want.cols(); ++c) {
       const double g = got(r, c), w = want(r, c);
-      const double allowed = atol + rtol * std::abs(w);
+      const double allowed = atol + rtol * std::abs(static_cast<double>(magnitude(r, c)));
       const double diff = std::abs(g - w);
       if (!(diff <= allowed)) {  // NaN fails too
         if (bad++ == 0) {
@@ -67,6 +71,12 @@ inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatr
                                                    << " of " << want.size() << "; first " << first
                                                    << "; worst ratio " << worst);
   CHECK(bad == 0);
+}
+
+/// Checks every element: |got - want| <= atol + rtol * |want|.
+inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatrix<float>& want,
+                        double rtol, double atol) {
+  check_close(got, want, want.cwiseAbs(), rtol, atol);
 }
 
 /// `check_close` with the tolerances of storage type T.
