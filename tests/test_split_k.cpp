@@ -361,12 +361,18 @@ TEST_CASE("the shared-memory layout: aligned, disjoint, within 48 KiB") {
     }
 }
 
-TEST_CASE("plan_attention: single pass on request, enough blocks otherwise") {
+TEST_CASE("plan_attention: single pass on request, otherwise the most partitions within a wave") {
   using namespace kvlab::cuda;
   const AttentionShape gqa(32, 8, 128);
   CHECK(plan_attention(gqa, 1, 16, 132, 1).partitions == 1);
   CHECK(plan_attention(gqa, 1, 16, 132, 7).partitions == 7);
   CHECK(plan_attention(gqa, 1, 16, 132, 100000).partitions == kMaxPartitions);
+  // bench_cuda_decode's batches on an H100 (132 multiprocessors, target 4 × 132 = 528 blocks of
+  // 8 K/V heads × 1 group tile per row and partition)
+  CHECK(plan_attention(gqa, 1, 16, 132, 0).partitions == 66);  // 528 blocks
+  CHECK(plan_attention(gqa, 16, 16, 132, 0).partitions == 4);  // 512, not 640 (1.21 waves)
+  CHECK(plan_attention(gqa, 64, 16, 132, 0).partitions == 2);  // 1024: long ragged rows cut
+  CHECK(plan_attention(gqa, 66, 16, 132, 0).partitions == 1);  // 528 already
   for (int rows : {1, 2, 7, 64, 1000})
     for (int sms : {1, 108, 132})
       for (const AttentionShape& shape : {gqa, AttentionShape(40, 40, 64),
@@ -377,8 +383,16 @@ TEST_CASE("plan_attention: single pass on request, enough blocks otherwise") {
         const long long target = 1LL * kTargetBlocksPerSm * sms;
         CHECK(plan.partitions >= 1);
         CHECK(plan.partitions <= kMaxPartitions);
-        CHECK((plan.partitions == kMaxPartitions || per_partition * plan.partitions >= target));
-        CHECK((plan.partitions == 1 || per_partition * (plan.partitions - 1) < target));
+        if (per_partition >= target) {
+          CHECK(plan.partitions == 1);  // the batch fills the GPU alone
+        } else {
+          CHECK(plan.partitions >= 2);
+          // within one wave of the target, unless that leaves a single partition
+          CHECK((plan.partitions == 2 || per_partition * plan.partitions <= target));
+          // and the most partitions that stay within it
+          CHECK((plan.partitions == kMaxPartitions ||
+                 per_partition * (plan.partitions + 1) > target));
+        }
         CHECK(plan.lanes == lanes_per_row(shape.head_dim()));
         CHECK(plan.group_tile == group_tile(shape.group_size()));
         CHECK(plan.unit == split_k_unit(16));

@@ -252,10 +252,17 @@ struct AttentionPlan {
 /// `block_size` tokens (1 for a contiguous cache), on a GPU with `sm_count` multiprocessors.
 ///
 /// Split-K: `requested_partitions` = 1 gives a single pass (one block per row and head tile
-/// walks all the row's keys); n > 1 allows up to n partitions; 0 chooses: enough partitions
-/// that rows × num_kv_heads × group_tiles × partitions reaches `kTargetBlocksPerSm` blocks
-/// per multiprocessor — many for a batch of 1, one for a large batch. Each row then uses
-/// `partition_count(keys, partitions, unit)` of them: a short row keeps one partition.
+/// walks all the row's keys); n > 1 allows up to n partitions; 0 chooses from the blocks one
+/// partition makes, rows × num_kv_heads × group_tiles, against the target of
+/// `kTargetBlocksPerSm` blocks per multiprocessor (one wave of blocks, all resident at once):
+///  - the most partitions that keep the blocks within the target, if that is 2 or more
+///    (many for a batch of 1): one more would start a second, mostly idle wave;
+///  - else 2 while one partition leaves the target unfilled, so that the long rows of a ragged
+///    batch are still cut in two;
+///  - else 1 (a batch large enough to fill the GPU alone).
+/// (Rounding up instead, which made 5 partitions of 128 blocks for a batch of 16 on 132
+/// multiprocessors, 1.21 waves, was 1.4–1.6× slower there on an H100; bench/results/h100-cuda.md.)
+/// Each row then uses `partition_count(keys, partitions, unit)` of them: a short row keeps one.
 /// \pre `head_dim_supported(shape.head_dim())`, rows >= 1, block_size >= 1, sm_count >= 1
 inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int block_size,
                                     int sm_count, int requested_partitions) {
@@ -269,7 +276,8 @@ inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int b
   } else {
     const long long blocks = static_cast<long long>(rows) * shape.num_kv_heads() * plan.group_tiles;
     const long long target = static_cast<long long>(kTargetBlocksPerSm) * sm_count;
-    const long long parts = (target + blocks - 1) / blocks;
+    const long long within = target / blocks;  // partitions whose blocks fit the target
+    const long long parts = within >= 2 ? within : blocks < target ? 2 : 1;
     plan.partitions = static_cast<int>(parts < kMaxPartitions ? parts : kMaxPartitions);
   }
   plan.smem_bytes = attention_smem_layout(plan.group_tile, shape.head_dim()).bytes;
