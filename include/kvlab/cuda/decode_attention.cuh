@@ -34,7 +34,7 @@ namespace kvlab::cuda {
 namespace detail {
 
 /// K/V rows each group of threads loads before it uses any of them (memory-level parallelism).
-/// 8 rather than 4: 5–13 % faster in every case of bench_cuda_decode on an H100 (fp16 GQA,
+/// 8 rather than 4: 5–14 % faster in every case of bench_cuda_decode on an H100 (fp16 GQA,
 /// bench/results/h100-cuda.md), at 128 registers instead of 121 for a tile of 4 query heads
 /// (still 4 blocks per multiprocessor).
 constexpr int kRowsInFlight = 8;
