@@ -203,6 +203,11 @@ TEMPLATE_TEST_CASE("a run of value rows adds to every query's sum as the decoded
         const RowMatrix<float> before = acc;
         kvlab::cpu::detail::add_row_run(rows.rows.data() + begin, run, head_dim, weights.data() + 1,
                                         run + 2, count, acc.data());
+        // asking for the rows first (or not, as in the NHD pool) changes nothing in the sums
+        RowMatrix<float> unasked = before;
+        kvlab::cpu::detail::add_row_run(rows.rows.data() + begin, run, head_dim, weights.data() + 1,
+                                        run + 2, count, unasked.data(), /*prefetch=*/false);
+        CHECK(unasked == acc);
         for (int c = 0; c < count; ++c)
           for (int i = 0; i < head_dim; ++i) {
             double want = before(c, i), magnitude = std::fabs(before(c, i));

@@ -439,16 +439,21 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
           .setZero();
     }
   }
-  // 3. Values: each value row is read once and added to every query's sum.
+  // 3. Values: each value row is read once and added to every query's sum. A run's rows are
+  // asked for before they are read (`prefetch_rows`), except where the tile's heads of a token
+  // lie side by side (the NHD pool: one contiguous read per token), where that measured slower.
   acc.setZero(m, hd);
   if (by_runs) {
+    const bool heads_side_by_side =
+        heads > 1 &&
+        static_cast<std::size_t>(source.head_stride()) * sizeof(S) == storage_row_bytes<S>(hd);
     if constexpr (kRuns)
       for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); },
                         [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
                           add_row_run(rows_of_j, run.count, hd,
                                       &probs(j * per_head + run.first, run.pos - key_lo),
                                       probs.cols(), run.last - run.first,
-                                      &acc(j * per_head + run.first, 0));
+                                      &acc(j * per_head + run.first, 0), !heads_side_by_side);
                         });
   } else if (by_products) {
     if constexpr (std::is_same<S, T>::value)

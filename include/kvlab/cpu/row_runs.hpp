@@ -365,9 +365,9 @@ void score_rows(const S* const* rows, int run, int head_dim, const float* querie
 /// GQA decode step with its cache beyond the L3 spent most of its value pass waiting on those
 /// loads: asked for up front, a fp32 GQA step over a contiguous cache took 0.64–0.89 of its time
 /// on machine A (`bench/results/README.md`, "The value rows asked for before they are read").
-/// In the token-major (NHD) paged pool, whose rows of a token's heads are one contiguous read
-/// already, the same step measured likely slower (up to 1.47× in two of three rounds): to be
-/// measured with the prefetch left out there.
+/// Where the rows of a token's heads lie side by side (the token-major NHD paged pool) the same
+/// step measured slower (up to 1.47× in two of three rounds), so `attend_partial` leaves it out
+/// there (`add_row_run`'s `prefetch`).
 template <typename S>
 inline void prefetch_rows(const S* const* rows, int run, int head_dim) {
   const int bytes = static_cast<int>(storage_row_bytes<S>(head_dim));
@@ -417,14 +417,14 @@ void add_rows_to(const S* const* rows, int run, int head_dim, const float* weigh
 }
 
 /// `add_row_run` with vectors: runs of up to `kRowRun` rows, each asked for first
-/// (`prefetch_rows`), then added to groups of up to four queries (one or two queries take whole
-/// blocks at a time, three or four half blocks).
+/// (`prefetch_rows`) if `prefetch`, then added to groups of up to four queries (one or two queries
+/// take whole blocks at a time, three or four half blocks).
 template <typename S>
 void add_rows(const S* const* rows, int run, int head_dim, const float* weights,
-              std::ptrdiff_t weight_stride, int count, float* acc) {
+              std::ptrdiff_t weight_stride, int count, float* acc, bool prefetch) {
   for (int r = 0; r < run; r += kRowRun) {
     const int n = run - r < kRowRun ? run - r : kRowRun;
-    prefetch_rows(rows + r, n, head_dim);
+    if (prefetch) prefetch_rows(rows + r, n, head_dim);
     for (int c = 0; c < count;) {
       const float* w = weights + c * weight_stride + r;
       float* a = acc + static_cast<std::ptrdiff_t>(c) * head_dim;
@@ -472,16 +472,18 @@ void score_row_run(const S* const* rows, int run, int head_dim, const T* queries
 /// Adds a run of `run` value rows stored as `S` (`rows[r]`, as for `score_row_run`) to `count`
 /// queries' sums: acc row c ([count, head_dim], row-major) += Σ_r weights[c · weight_stride + r] ·
 /// (row r's values), the rows added in order, each weight multiplied by a quantized block's scale
-/// once per block.
+/// once per block. `prefetch`: ask for each run's rows before reading them (`prefetch_rows`; the
+/// vector form only, and no change to the result).
 template <typename T, typename S>
 void add_row_run(const S* const* rows, int run, int head_dim, const T* weights,
-                 std::ptrdiff_t weight_stride, int count, T* acc) {
+                 std::ptrdiff_t weight_stride, int count, T* acc, bool prefetch = true) {
 #if KVLAB_ROW_RUNS_AVX2
   if constexpr (kVectorRows<T, S>) {
-    avx2::add_rows(rows, run, head_dim, weights, weight_stride, count, acc);
+    avx2::add_rows(rows, run, head_dim, weights, weight_stride, count, acc, prefetch);
     return;
   }
 #endif
+  (void)prefetch;  // a hint for the vector form only
   add_row_run_portable(rows, run, head_dim, weights, weight_stride, count, acc);
 }
 
