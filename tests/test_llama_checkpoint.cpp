@@ -16,6 +16,7 @@
 
 #include "kvlab/kvlab.hpp"
 #include "model_files.hpp"
+#include "model_writers.hpp"
 #include "test_support.hpp"
 
 using kvlab::InvalidArgument;
@@ -23,6 +24,7 @@ using kvlab::LlamaConfig;
 using kvlab::LlamaLayerWeights;
 using kvlab::LlamaWeights;
 using kvlab_test::names;
+using kvlab_test::write_bytes;
 
 namespace {
 
@@ -33,55 +35,11 @@ struct TempFile {
   ~TempFile() { std::remove(path.c_str()); }
 };
 
-void put_i32(std::ofstream& out, std::int32_t v) {
-  out.write(reinterpret_cast<const char*>(&v), 4);
-}
-template <typename Matrix>
-// row-major floats, as serialize_fp32 writes them
-void put_tensor(std::ofstream& out, const Matrix& m) {
-  for (Eigen::Index r = 0; r < m.rows(); ++r)
-    for (Eigen::Index c = 0; c < m.cols(); ++c) {
-      const float v = m(r, c);
-      out.write(reinterpret_cast<const char*>(&v), 4);
-    }
-}
-
-// Writes `w` as llama2.c's legacy_export does: header (vocab_size negative for a separate
-// classifier), embedding, each kind of per-layer tensor for all layers, final norm, the RoPE
-// tables freq_cis_real / freq_cis_imag ([seq_len, head_dim / 2] each: cos and sin of
-// pos * 10000^(-2j / head_dim)), then wcls when not shared.
+// Writes `w` as llama2.c's legacy_export does (model_writers.hpp).
 void write_checkpoint(const std::string& path, const LlamaWeights& w) {
-  const LlamaConfig& c = w.config;
-  std::ofstream out(path, std::ios::binary);
-  for (int v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                c.shared_classifier ? c.vocab_size : -c.vocab_size, c.seq_len})
-    put_i32(out, v);
-  put_tensor(out, w.token_embedding);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.rms_att);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.wq);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.wk);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.wv);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.wo);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.rms_ffn);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.w1);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.w2);
-  for (const LlamaLayerWeights& l : w.layers) put_tensor(out, l.w3);
-  put_tensor(out, w.rms_final);
-  const int half = c.head_dim() / 2;
-  for (int part = 0; part < 2; ++part)  // freq_cis_real, then freq_cis_imag
-    for (int pos = 0; pos < c.seq_len; ++pos)
-      for (int j = 0; j < half; ++j) {
-        const double angle = pos / std::pow(10000.0, 2.0 * j / c.head_dim());
-        const float v = static_cast<float>(part == 0 ? std::cos(angle) : std::sin(angle));
-        out.write(reinterpret_cast<const char*>(&v), 4);
-      }
-  if (!c.shared_classifier) put_tensor(out, w.wcls);
+  kvlab_test::write_bytes(path, kvlab_test::checkpoint_bytes(w));
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -17,6 +17,7 @@
 
 #include "kvlab/kvlab.hpp"
 #include "model_files.hpp"
+#include "model_writers.hpp"
 #include "test_support.hpp"
 
 using kvlab::InvalidArgument;
@@ -66,34 +67,10 @@ std::vector<float> small_scores() {
 
 Tokenizer small_tokenizer() { return Tokenizer(small_pieces(), small_scores()); }
 
-// --- writing tokenizer.bin files --------------------------------------------------------------
-// The format, written here independently of the reader: int32 max_token_length, then per token
-// float32 score, int32 length, `length` bytes; all little-endian.
-void put_u32(std::string& out, std::uint32_t value) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFFu));
-}
-void put_i32(std::string& out, std::int32_t value) {
-  std::uint32_t u;
-  std::memcpy(&u, &value, 4);
-  put_u32(out, u);
-}
-void put_f32(std::string& out, float value) {
-  std::uint32_t u;
-  std::memcpy(&u, &value, 4);
-  put_u32(out, u);
-}
-
-std::string tokenizer_bin(std::int32_t max_token_length, const std::vector<std::string>& pieces,
-                          const std::vector<float>& scores) {
-  std::string out;
-  put_i32(out, max_token_length);
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    put_f32(out, scores[i]);
-    put_i32(out, static_cast<std::int32_t>(pieces[i].size()));
-    out += pieces[i];
-  }
-  return out;
-}
+// --- writing tokenizer.bin files (model_writers.hpp) ------------------------------------------
+using kvlab_test::put_f32;
+using kvlab_test::put_i32;
+using kvlab_test::tokenizer_bytes;
 
 /// Writes `bytes` to `name` in the working directory (the test's build folder) and returns the
 /// path.
@@ -288,7 +265,7 @@ TEST_CASE("decode of a sequence concatenates pieces and gives back the encoded t
 TEST_CASE("a tokenizer.bin written here loads back with the same pieces and scores") {
   const auto pieces = small_pieces();
   const auto scores = small_scores();
-  const std::string path = write_file("round_trip", tokenizer_bin(6, pieces, scores));
+  const std::string path = write_file("round_trip", tokenizer_bytes(6, pieces, scores));
   const Tokenizer tok = Tokenizer::load(path);
   CHECK(tok.vocab_size() == 270);
   CHECK(tok.max_token_length() == 6);
@@ -299,14 +276,14 @@ TEST_CASE("a tokenizer.bin written here loads back with the same pieces and scor
   CHECK(exact.pieces() == pieces);
   CHECK(exact.scores() == scores);
   // A header may declare more than the longest piece.
-  const std::string wide = write_file("round_trip_wide", tokenizer_bin(64, pieces, scores));
+  const std::string wide = write_file("round_trip_wide", tokenizer_bytes(64, pieces, scores));
   CHECK(Tokenizer::load(wide).max_token_length() == 64);
   std::remove(path.c_str());
   std::remove(wide.c_str());
 }
 
 TEST_CASE("a truncated tokenizer.bin names the file and the field where it ends") {
-  const std::string full = tokenizer_bin(6, kFourPieces, kFourScores);
+  const std::string full = tokenizer_bytes(6, kFourPieces, kFourScores);
   // Where each field starts: the header [0, 4); token i: score, length, bytes.
   std::vector<std::size_t> token_start;
   std::size_t offset = 4;
@@ -444,7 +421,7 @@ TEST_CASE("a tokenizer.bin with corrupt fields is rejected naming the file and t
 }
 
 TEST_CASE("load with a vocabulary size reads exactly that many tokens") {
-  const std::string path = write_file("vocab_size", tokenizer_bin(6, kFourPieces, kFourScores));
+  const std::string path = write_file("vocab_size", tokenizer_bytes(6, kFourPieces, kFourScores));
   CHECK(Tokenizer::load(path, 4).vocab_size() == 4);
   // Fewer tokens in the file than asked for.
   CHECK_THROWS_MATCHES(Tokenizer::load(path, 5), InvalidArgument,
