@@ -2,7 +2,8 @@
 # kvlab's whole test suite, as CI runs it: installs what is missing; builds everything
 # (library checks, tests, tutorials, benchmarks, CUDA targets when nvcc is present) with
 # warnings as errors and runs every test; builds the docs, failing on any Doxygen warning;
-# then builds the tests again with AddressSanitizer + UndefinedBehaviorSanitizer and runs them.
+# then builds the tests again with AddressSanitizer + UndefinedBehaviorSanitizer and runs them;
+# then builds the fuzz targets with Clang and runs each briefly on its seed corpus.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -53,5 +54,15 @@ cmake --build build-sanitize -j "$jobs"
 step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE consumer
+
+step "fuzz targets (Clang, libFuzzer, ASan + UBSan): a short run of each on its seed corpus"
+# tests/fuzz: the checkpoint loader and the tokenizer on arbitrary bytes, 20000 executions each
+# (KVLAB_FUZZ_RUNS); the long runs are the commands at the top of each target's source.
+CXX=clang++ cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DKVLAB_BUILD_FUZZERS=ON -DKVLAB_WARNINGS_AS_ERRORS=ON \
+  -DKVLAB_BUILD_TESTS=OFF -DKVLAB_BUILD_TUTORIALS=OFF -DKVLAB_BUILD_APPS=OFF \
+  -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BUILD_DOCS=OFF -DKVLAB_ENABLE_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j "$jobs"
+ctest --test-dir build-fuzz --output-on-failure -j "$jobs" -L fuzz
 
 step "done"

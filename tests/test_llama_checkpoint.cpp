@@ -1,6 +1,6 @@
 // llama2.c checkpoints (legacy version 0): LlamaConfig's checks and sizes, the header of
 // stories260K.bin, a write/read round trip of every tensor (shared and separate classifier,
-// written by this file's own writer, which follows run.c's layout independently of the
+// written by model_writers.hpp's writer, which follows run.c's layout independently of the
 // loader), and the documented error for every kind of bad file: missing, shorter than a header,
 // truncated, extended, absurd or overflowing header fields, the newer format's magic, NaN
 // weights, and garbage bytes.
