@@ -2,7 +2,10 @@
 //   <dir>/checkpoint: two whole small checkpoints (shared and separate classifier) and a
 //                     header alone;
 //   <dir>/tokenizer:  inputs of each of fuzz_tokenizer's three kinds (a small tokenizer.bin,
-//                     prompts in ASCII, UTF-8 and invalid UTF-8, a run of token ids).
+//                     prompts in ASCII, UTF-8 and invalid UTF-8, a run of token ids);
+//   <dir>/block_tables: two batches whose tables are accepted (NHD and HND), one with a
+//                     released block;
+//   <dir>/workload:   kvlab-serve workload files of every key.
 //
 //   make_seeds <dir>
 #include <sys/stat.h>
@@ -20,7 +23,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  for (const std::string& sub : {dir, dir + "/checkpoint", dir + "/tokenizer"})
+  for (const std::string& sub :
+       {dir, dir + "/checkpoint", dir + "/tokenizer", dir + "/block_tables", dir + "/workload"})
     mkdir(sub.c_str(), 0755);  // an existing folder is fine
 
   // Checkpoints: 2 query heads over 1 K/V head of 4 values, 1 layer, 8 tokens.
@@ -59,6 +63,25 @@ int main(int argc, char** argv) {
                           "\xFF\xC3 \x80\x80");
   kvlab_test::write_bytes(dir + "/tokenizer/ids.bin",
                           std::string("\x02\x01\x00\x05\x01\x10\x01\x02\x00", 9));
-  std::printf("seed corpora written to %s/checkpoint and %s/tokenizer\n", dir.c_str(), dir.c_str());
+  // Block tables (fuzz_block_tables' byte order): block_size 4 (byte 5), 6 blocks (byte 7), the
+  // layout, 3 indptr values and 3 indices, then indptr (0 1 3: byte = value + 2), indices (5 0
+  // 2 or a released block, -1), last_page_len (4 1: byte = value + 1).
+  const auto tables = [](char layout, char second_index) {
+    return std::string{5, 7, layout, 3, 3, 2, 3, 5, 7, 2, second_index, 5, 2};
+  };
+  kvlab_test::write_bytes(dir + "/block_tables/nhd.bin", tables(0, 4));
+  kvlab_test::write_bytes(dir + "/block_tables/hnd.bin", tables(1, 4));
+  kvlab_test::write_bytes(dir + "/block_tables/released.bin", tables(0, 1));
+
+  // Workloads.
+  kvlab_test::write_bytes(
+      dir + "/workload/every_key.jsonl",
+      "{\"id\": \"a\", \"prompt\": [1, 403, 9], \"max_new_tokens\": 32, \"arrival\": 0.5}\n"
+      "\n"
+      "{\"prompt\": [1, 22], \"max_new_tokens\": 8, \"stop_ids\": [2], \"temperature\": 0.8, "
+      "\"top_p\": 0.9, \"seed\": 7, \"id\": 3}\n");
+  kvlab_test::write_bytes(dir + "/workload/one.jsonl", "{\"prompt\": [1]}");
+  std::printf("seed corpora written to %s/{checkpoint,tokenizer,block_tables,workload}\n",
+              dir.c_str());
   return 0;
 }
