@@ -51,7 +51,7 @@ inline void check_close(const kvlab::RowMatrix<float>& got, const kvlab::RowMatr
   REQUIRE(magnitude.cols() == want.cols());
   long bad = 0;
   std::string first;
-  double worst = 0;  // largest |diff| / (atol + rtol |want|)
+  double worst = 0;  // largest |diff| / (atol + rtol · magnitude)
   for (Eigen::Index r = 0; r < want.rows(); ++r)
     for (Eigen::Index c = 0; c < want.cols(); ++c) {
       const double g = got(r, c), w = want(r, c);

@@ -261,7 +261,8 @@ struct AttentionPlan {
 ///    batch are still cut in two;
 ///  - else 1 (a batch large enough to fill the GPU alone).
 /// (Rounding up instead, which made 5 partitions of 128 blocks for a batch of 16 on 132
-/// multiprocessors, 1.21 waves, was 1.4–1.6× slower there on an H100; bench/results/h100-cuda.md.)
+/// multiprocessors, 1.21 waves, was 1.42–1.45× slower there on an H100 from 16384 tokens;
+/// bench/results/h100-cuda.md.)
 /// Each row then uses `partition_count(keys, partitions, unit)` of them: a short row keeps one.
 /// \pre `head_dim_supported(shape.head_dim())`, rows >= 1, block_size >= 1, sm_count >= 1
 inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int block_size,
