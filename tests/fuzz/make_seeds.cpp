@@ -5,7 +5,8 @@
 //                     prompts in ASCII, UTF-8 and invalid UTF-8, a run of token ids);
 //   <dir>/block_tables: two batches whose tables are accepted (NHD and HND), one with a
 //                     released block;
-//   <dir>/workload:   kvlab-serve workload files of every key.
+//   <dir>/workload:   kvlab-serve workload files of every key;
+//   <dir>/cli:        command lines (arguments separated by zero bytes) of the programs.
 //
 //   make_seeds <dir>
 #include <sys/stat.h>
@@ -23,8 +24,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  for (const std::string& sub :
-       {dir, dir + "/checkpoint", dir + "/tokenizer", dir + "/block_tables", dir + "/workload"})
+  for (const std::string& sub : {dir, dir + "/checkpoint", dir + "/tokenizer",
+                                 dir + "/block_tables", dir + "/workload", dir + "/cli"})
     mkdir(sub.c_str(), 0755);  // an existing folder is fine
 
   // Checkpoints: 2 query heads over 1 K/V head of 4 values, 1 layer, 8 tokens.
@@ -81,7 +82,25 @@ int main(int argc, char** argv) {
       "{\"prompt\": [1, 22], \"max_new_tokens\": 8, \"stop_ids\": [2], \"temperature\": 0.8, "
       "\"top_p\": 0.9, \"seed\": 7, \"id\": 3}\n");
   kvlab_test::write_bytes(dir + "/workload/one.jsonl", "{\"prompt\": [1]}");
-  std::printf("seed corpora written to %s/{checkpoint,tokenizer,block_tables,workload}\n",
+  // Command lines: options of the programs with good and bad values, arguments separated by
+  // zero bytes.
+  const std::vector<std::vector<std::string>> command_lines = {
+      {"--steps", "64", "--threads", "2", "--quiet"},
+      {"--temperature", "0.8", "--top-p", "0.9", "--seed", "7"},
+      {"--kv-dtype", "int8", "--backend", "paged", "--block-size", "16"},
+      {"--max-n", "4096", "--reps", "3", "--json", "out.json"},
+      {"--threads", "1,2", "--window", "-5", "--help"},
+  };
+  const auto joined = [](const std::vector<std::string>& args) {
+    std::string out;
+    for (std::size_t i = 0; i < args.size(); ++i)
+      out += (i == 0 ? "" : std::string(1, '\0')) + args[i];
+    return out;
+  };
+  for (std::size_t i = 0; i < command_lines.size(); ++i)
+    kvlab_test::write_bytes(dir + "/cli/line" + std::to_string(i) + ".bin",
+                            joined(command_lines[i]));
+  std::printf("seed corpora written to %s/{checkpoint,tokenizer,block_tables,workload,cli}\n",
               dir.c_str());
   return 0;
 }
