@@ -56,8 +56,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE consumer
 
 step "fuzz targets (Clang, libFuzzer, ASan + UBSan): a short run of each on its seed corpus"
-# tests/fuzz: the checkpoint loader and the tokenizer on arbitrary bytes, 20000 executions each
-# (KVLAB_FUZZ_RUNS); the long runs are the commands at the top of each target's source.
+# tests/fuzz: the checkpoint and tokenizer loaders, block tables, kvlab-serve's workload parser
+# and every program's option parser on arbitrary input, 20000 executions each (KVLAB_FUZZ_RUNS);
+# the long runs are the commands at the top of each target's source.
 CXX=clang++ cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DKVLAB_BUILD_FUZZERS=ON -DKVLAB_WARNINGS_AS_ERRORS=ON \
   -DKVLAB_BUILD_TESTS=OFF -DKVLAB_BUILD_TUTORIALS=OFF -DKVLAB_BUILD_APPS=OFF \
