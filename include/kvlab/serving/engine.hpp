@@ -11,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -52,6 +53,9 @@ struct EngineConfig {
   EngineClock clock = EngineClock::Wall;  ///< what time is
   bool keep_logits = false;   ///< keep the logits of every drawn token (`logits(id)`)
   bool check_invariants = false;  ///< run `Scheduler::check_invariants` after every step
+  /// Keep every step's record in `step_log` (off: only the last, `last_step`; the log grows by
+  /// one record per step, so a long-running engine turns it off to keep its memory flat).
+  bool keep_step_log = true;
   PrefixCache::HashFunction hash = PrefixCache::chain_hash;  ///< the prefix cache's block names
 };
 
@@ -88,8 +92,8 @@ class Engine {
   ///         others.
   int submit(const Request& r) {
     const int id = scheduler_.submit(r);
-    samplers_.emplace_back(model_.config().vocab_size, r.sampling.temperature, r.sampling.top_p,
-                           r.sampling.seed);
+    samplers_.emplace_back(std::in_place, model_.config().vocab_size, r.sampling.temperature,
+                           r.sampling.top_p, r.sampling.seed);
     logits_.emplace_back();
     return id;
   }
@@ -104,7 +108,7 @@ class Engine {
   }
 
   /// Runs one step, or, when nothing can run, waits for the next arrival (sleeps, or jumps with
-  /// `EngineClock::Steps`). Returns true if a step ran (its record is `step_log().back()`).
+  /// `EngineClock::Steps`). Returns true if a step ran (its record is `last_step()`).
   /// \throws InvalidArgument when every request has finished (nothing to wait for);
   ///         InvariantViolation if requests are unfinished and none can ever run (a bug).
   ///         Whatever the forward pass throws (host memory exhausted) propagates: the pool's
@@ -141,16 +145,20 @@ class Engine {
       const ScheduledChunk& c = plan.chunks[i];
       if (!c.samples || c.kind == ChunkKind::Padding) continue;
       const RowVector<float> row = logits.row(static_cast<Eigen::Index>(i));
-      drawn[i] = samplers_[static_cast<std::size_t>(c.request)].sample(row);
+      drawn[i] = samplers_[static_cast<std::size_t>(c.request)]->sample(row);
       if (config_.keep_logits) logits_[static_cast<std::size_t>(c.request)].push_back(row);
     }
     if (config_.clock == EngineClock::Steps) virtual_time_ += 1.0;
     const double end = now();
     StepRecord record = log_entry(plan, begin);
     record.finished = scheduler_.complete_step(drawn, end);
+    // A finished request draws no more: its sampler's buffers (vocab_size long) go.
+    for (int id : record.finished) samplers_[static_cast<std::size_t>(id)].reset();
     record.end = end;
     fill_memory(record);
-    log_.push_back(std::move(record));
+    ++steps_;
+    if (config_.keep_step_log) log_.push_back(record);
+    last_ = std::move(record);
     if (config_.check_invariants) scheduler_.check_invariants();
     return true;
   }
@@ -159,7 +167,7 @@ class Engine {
   /// record as it is logged.
   void run(const std::function<void(const StepRecord&)>& on_step = nullptr) {
     while (!done()) {
-      if (step() && on_step) on_step(log_.back());
+      if (step() && on_step) on_step(last_);
     }
   }
 
@@ -173,8 +181,12 @@ class Engine {
     scheduler_.request(id);  // checks the id
     return logits_[static_cast<std::size_t>(id)];
   }
-  /// One record per step that ran, in order.
+  /// One record per step that ran, in order (empty without `EngineConfig::keep_step_log`).
   const std::vector<StepRecord>& step_log() const { return log_; }
+  /// The record of the last step that ran (a default record before the first).
+  const StepRecord& last_step() const { return last_; }
+  /// Steps that ran.
+  int steps() const { return steps_; }
   /// The scheduler (read-only): requests, queues, pool, prefix cache, invariants.
   const Scheduler& scheduler() const { return scheduler_; }
   /// The model (read-only): its shape and counters.
@@ -203,7 +215,7 @@ class Engine {
 
   StepRecord log_entry(const StepPlan& plan, double begin) const {
     StepRecord r;
-    r.step = static_cast<int>(log_.size());
+    r.step = steps_;
     r.start = begin;
     for (const ScheduledChunk& c : plan.chunks)
       r.batch.push_back(StepEntry{c.request, static_cast<int>(c.tokens.size()), c.kind});
@@ -227,9 +239,11 @@ class Engine {
   PoolAndStore paged_;  // the blocks every request's K/V live in, and the model's store over them
   LlamaModel model_;
   Scheduler scheduler_;
-  std::vector<Sampler> samplers_;                      // [requests] each request's own
+  std::vector<std::optional<Sampler>> samplers_;  // [requests] each one's own, until it finishes
   std::vector<std::vector<RowVector<float>>> logits_;  // [requests][draws] with keep_logits
-  std::vector<StepRecord> log_;
+  std::vector<StepRecord> log_;                        // [steps] with keep_step_log
+  StepRecord last_;
+  int steps_ = 0;
   bool started_ = false;
   std::chrono::steady_clock::time_point start_;
   double virtual_time_ = 0.0;  // EngineClock::Steps

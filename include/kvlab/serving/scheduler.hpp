@@ -304,10 +304,13 @@ class Scheduler {
     const BlockAllocator& alloc = pool_->allocator();
     std::vector<int> holders(static_cast<std::size_t>(alloc.num_blocks()), 0);  // [num_blocks]
     int held = 0;
+    std::vector<int> owned;  // [requests holding a sequence] their sequences, sorted
+    for (const RequestState& r : requests_)
+      if (r.seq >= 0) owned.push_back(r.seq);
+    std::sort(owned.begin(), owned.end());
     for (int seq : pool_->sequences()) {
-      bool owned = false;
-      for (const RequestState& r : requests_) owned = owned || r.seq == seq;
-      if (!owned) broken("sequence " + std::to_string(seq) + " belongs to no request (leaked)");
+      if (!std::binary_search(owned.begin(), owned.end(), seq))
+        broken("sequence " + std::to_string(seq) + " belongs to no request (leaked)");
       for (std::int32_t b : pool_->blocks(seq))
         if (b != kReleasedBlock) ++holders[static_cast<std::size_t>(b)];  // skip the window's
     }
