@@ -137,16 +137,8 @@ bool parse(int argc, char** argv, Options& o) {
       if (o.builtin != "tiny" && o.builtin != "stories15M")
         throw UsageError(arg + ": expected tiny or stories15M, got '" + o.builtin + "'");
     } else if (arg == "--policy") {
-      const std::string p = need_value(arg, value);
-      if (p == "continuous") {
-        o.policy = kvlab::BatchingPolicy::Continuous;
-      } else if (p == "static") {
-        o.policy = kvlab::BatchingPolicy::Static;
-      } else if (p == "contiguous") {
-        o.policy = kvlab::BatchingPolicy::Contiguous;
-      } else {
-        throw UsageError(arg + ": expected continuous, static or contiguous, got '" + p + "'");
-      }
+      o.policy = kvlab::parse_batching_policy(
+          kvlab_bench::parse_choice(arg, value, {"continuous", "static", "contiguous"}));
     } else if (arg == "--block-size") {
       o.block_size = parse_int(arg, value, 1, 1 << 16);
     } else if (arg == "--kv-dtype") {

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "kvlab/config.hpp"
 
 namespace kvlab {
 
@@ -37,6 +40,17 @@ inline const char* to_string(BatchingPolicy policy) {
     case BatchingPolicy::Continuous: break;
   }
   return "continuous";
+}
+
+/// The policy named `name` ("continuous", "static" or "contiguous", as `to_string` names them).
+/// \throws InvalidArgument for any other name.
+inline BatchingPolicy parse_batching_policy(const std::string& name) {
+  for (BatchingPolicy p :
+       {BatchingPolicy::Continuous, BatchingPolicy::Static, BatchingPolicy::Contiguous}) {
+    if (name == to_string(p)) return p;
+  }
+  detail::fail("kvlab::parse_batching_policy", "name", "continuous, static or contiguous",
+               "'" + name + "'");
 }
 
 /// The scheduler's settings.
