@@ -2,13 +2,10 @@
 // number of holders, never leak or double-free a block, and fail without side effects.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
-#include <map>
-#include <set>
 #include <vector>
 
 #include "kvlab/cache/block_allocator.hpp"
-#include "kvlab/core/random.hpp"
+#include "stress/allocator_stress.hpp"
 #include "test_support.hpp"
 
 using kvlab::BlockAllocator;
@@ -59,57 +56,10 @@ TEST_CASE("exhaustion and misuse throw and change nothing") {
 }
 
 TEST_CASE("10^5 random operations agree with a model of who holds what") {
-  const int kBlocks = 37;
-  BlockAllocator pool(kBlocks);
-  kvlab::Rng rng(2024);
-  // The model: each holder (think: a sequence's block table) is a list of the blocks it holds.
-  std::vector<std::vector<std::int32_t>> holders;
-  const auto expected_refs = [&] {
-    std::vector<int> refs(kBlocks, 0);
-    for (const auto& h : holders)
-      for (std::int32_t b : h) ++refs[static_cast<std::size_t>(b)];
-    return refs;
-  };
-  int exhausted = 0;
-  for (int op = 0; op < 100000; ++op) {
-    const double u = rng.uniform();
-    if (u < 0.4 || holders.empty()) {  // a new holder takes 1..4 blocks
-      const int n = 1 + static_cast<int>(rng.next_u64() % 4);
-      const int free_before = pool.num_free();
-      if (n > free_before) {
-        REQUIRE_THROWS_AS(pool.allocate(n), kvlab::OutOfBlocks);
-        REQUIRE(pool.num_free() == free_before);
-        ++exhausted;
-      } else {
-        holders.push_back(pool.allocate(n));
-      }
-    } else if (u < 0.6) {  // a fork: a new holder shares all blocks of an existing one
-      const auto& source = holders[rng.next_u64() % holders.size()];
-      for (std::int32_t b : source) pool.share(b);
-      holders.push_back(source);
-    } else {  // a holder ends: it releases every block it holds
-      const std::size_t i = rng.next_u64() % holders.size();
-      for (std::int32_t b : holders[i]) pool.release(b);
-      holders.erase(holders.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    // Invariants after every step.
-    const std::vector<int> refs = expected_refs();
-    int in_use = 0;
-    for (std::int32_t b = 0; b < kBlocks; ++b) {
-      REQUIRE(pool.ref_count(b) == refs[static_cast<std::size_t>(b)]);
-      in_use += refs[static_cast<std::size_t>(b)] > 0;
-    }
-    REQUIRE(pool.num_used() == in_use);
-    REQUIRE(pool.num_free() + pool.num_used() == kBlocks);
-  }
-  CHECK(exhausted > 0);  // the pool did run dry, so the failure path was exercised
-  for (const auto& h : holders)
-    for (std::int32_t b : h) pool.release(b);
-  CHECK(pool.num_free() == kBlocks);
-  // No block is on the free list twice: allocating everything gives each id exactly once.
-  std::vector<std::int32_t> all = pool.allocate(kBlocks);
-  std::sort(all.begin(), all.end());
-  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
-  CHECK(all.front() == 0);
-  CHECK(all.back() == kBlocks - 1);
+  // Every invariant is checked after every operation (tests/stress/allocator_stress.hpp; a
+  // broken one throws); kvlab_stress runs the same for 10^7 operations.
+  const kvlab_stress::AllocatorRun run = kvlab_stress::allocator(100000, 2024);
+  CHECK(run.operations == 100000);
+  CHECK(run.exhausted > 0);  // the pool did run dry, so the failure path was exercised
+  CHECK(run.forks > 0);
 }

@@ -4,58 +4,18 @@
 // case runs on both pool layouts (NHD and HND), with two K/V heads so that the layouts differ.
 #include <catch2/catch.hpp>
 
-#include <map>
-#include <set>
 #include <vector>
 
 #include "kvlab/cache/paged_kv_cache.hpp"
+#include "stress/paged_cache_stress.hpp"
 #include "test_support.hpp"
 
 using kvlab::PagedKVCache;
 using kvlab::RowMatrix;
 using kvlab_test::names;
 
-namespace {
-
-// The key stored for token value `x` in head `h`, element `c`: distinct per head and element,
-// so a row written to or read from the wrong place shows (x < 1e6, head_dim <= 10).
-double key_of(double x, int h, int c) { return x + 1e7 * h + 1e6 * c; }
-
-// Appends `values.size()` tokens to `seq`; token i gets key `key_of(values[i], h, c)` and the
-// negated value in head h, element c, of every layer.
-void append_tokens(PagedKVCache<double>& cache, int seq, const std::vector<double>& values) {
-  const std::vector<std::int64_t> slots = cache.reserve(seq, static_cast<int>(values.size()));
-  const int width = cache.num_kv_heads() * cache.head_dim();
-  // [n, num_kv_heads * head_dim]
-  RowMatrix<double> k(static_cast<Eigen::Index>(values.size()), width);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    for (int h = 0; h < cache.num_kv_heads(); ++h)
-      for (int c = 0; c < cache.head_dim(); ++c)
-        k(static_cast<Eigen::Index>(i), h * cache.head_dim() + c) = key_of(values[i], h, c);
-  const RowMatrix<double> v = -k;
-  for (int l = 0; l < cache.num_layers(); ++l) cache.write(l, slots, k, v);
-}
-
-// Every token of `seq`, read back through the block tables (key of head 0, element 0, layer
-// `layer`), after checking that all heads, elements and the value agree with it.
-std::vector<double> read_tokens(const PagedKVCache<double>& cache, int seq, int layer = 0) {
-  const kvlab::BlockTables tables = cache.tables({seq});
-  const kvlab::PagedKVView<double> view = cache.view(layer, tables);
-  std::vector<double> out;
-  bool consistent = true;
-  for (int pos = 0; pos < view.seq_len(0); ++pos) {
-    const double key = view.key(0, pos, 0)[0];
-    for (int h = 0; h < view.num_kv_heads; ++h)
-      for (int c = 0; c < view.head_dim; ++c)
-        consistent = consistent && view.key(0, pos, h)[c] == key_of(key, h, c) &&
-                     view.value(0, pos, h)[c] == -key_of(key, h, c);
-    out.push_back(key);
-  }
-  REQUIRE(consistent);  // every head, element and the value agree with the key read
-  return out;
-}
-
-}  // namespace
+using kvlab_stress::append_tokens;  // token i's key and value in every head and layer
+using kvlab_stress::read_tokens;    // key of head 0, element 0, the others checked against it
 
 TEST_CASE("blocks are taken only on block boundaries") {
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
@@ -271,90 +231,19 @@ TEST_CASE(
 }
 
 TEST_CASE("10^5 random add / append / fork / truncate / free operations keep every invariant") {
+  // Every invariant is checked after every operation (tests/stress/paged_cache_stress.hpp; a
+  // broken one throws): lengths, block counts, reference counts, free + used, and every 97
+  // operations each sequence's tokens read back; kvlab_stress runs the same for 10^7.
   const kvlab::KVLayout layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   for (int block_size : {1, 3, 16}) {
     INFO("block_size " << block_size << ", layout " << kvlab::to_string(layout));
-    const int kBlocks = block_size == 16 ? 24 : 64;  // small enough to run dry now and then
-    PagedKVCache<double> cache(1, 2, 1, block_size, kBlocks, layout);
-    kvlab::Rng rng(static_cast<std::uint64_t>(block_size) * 7919);
-    std::map<int, std::vector<double>> model;  // sequence id -> its tokens' keys
-    double next_value = 1;
-    int out_of_blocks = 0, copies_checked = 0;
-    const int ops = block_size == 16 ? 100000 : 20000;
-    for (int op = 0; op < ops; ++op) {
-      const double u = rng.uniform();
-      auto pick = [&] {
-        auto it = model.begin();
-        std::advance(it, static_cast<long>(rng.next_u64() % model.size()));
-        return it->first;
-      };
-      // Adds and forks (20 %) are outnumbered by frees (20 % + whenever 40 sequences are
-      // live), so the population stays small and the pool runs dry now and then.
-      if (model.empty() || (u < 0.10 && model.size() < 40)) {
-        model[cache.add_sequence()] = {};
-      } else if (u < 0.70 && model.size() < 40) {
-        const int seq = pick();
-        const int n = 1 + static_cast<int>(rng.next_u64() % 5);
-        std::vector<double> values;
-        for (int i = 0; i < n; ++i) values.push_back(next_value++);
-        const auto blocks_before = cache.blocks(seq);
-        const int free_before = cache.allocator().num_free();
-        try {
-          append_tokens(cache, seq, values);
-          model[seq].insert(model[seq].end(), values.begin(), values.end());
-        } catch (const kvlab::OutOfBlocks&) {
-          ++out_of_blocks;
-          REQUIRE(cache.blocks(seq) == blocks_before);
-          REQUIRE(cache.allocator().num_free() == free_before);
-        }
-      } else if (u < 0.76 && model.size() < 40) {
-        const int seq = pick();
-        model[cache.fork(seq)] = model[seq];
-      } else if (u < 0.80) {  // truncate to a random shorter length (a rewind)
-        const int seq = pick();
-        const int length = static_cast<int>(rng.next_u64() % (model[seq].size() + 1));
-        cache.truncate(seq, length);
-        model[seq].resize(static_cast<std::size_t>(length));
-      } else {
-        const int seq = pick();
-        cache.free_sequence(seq);
-        model.erase(seq);
-      }
-      // Invariants: reference counts equal the number of tables holding each block; a block
-      // is in use exactly when some table holds it (no leak, no double free); each table has
-      // ceil(length / block_size) blocks; free + used = total.
-      std::vector<int> holders(kBlocks, 0);
-      bool tables_ok = true;
-      for (const auto& entry : model) {
-        const auto& blocks = cache.blocks(entry.first);
-        const auto length = static_cast<int>(entry.second.size());
-        tables_ok = tables_ok && cache.length(entry.first) == length &&
-                    static_cast<int>(blocks.size()) == (length + block_size - 1) / block_size;
-        for (std::int32_t b : blocks) ++holders[static_cast<std::size_t>(b)];
-      }
-      int used = 0;
-      bool counts_ok = true;
-      for (std::int32_t b = 0; b < kBlocks; ++b) {
-        counts_ok =
-            counts_ok && cache.allocator().ref_count(b) == holders[static_cast<std::size_t>(b)];
-        used += holders[static_cast<std::size_t>(b)] > 0;
-      }
-      INFO("operation " << op);
-      REQUIRE(tables_ok);
-      REQUIRE(counts_ok);
-      REQUIRE(cache.allocator().num_used() == used);
-      REQUIRE(cache.allocator().num_free() + used == kBlocks);
-      REQUIRE(cache.sequences().size() == model.size());
-      // Contents, every 97 operations: every sequence reads back exactly its own tokens.
-      if (op % 97 == 0) {
-        for (const auto& entry : model)
-          if (!entry.second.empty()) {
-            REQUIRE(read_tokens(cache, entry.first) == entry.second);
-            ++copies_checked;
-          }
-      }
-    }
-    CHECK(out_of_blocks > 0);
-    CHECK(copies_checked > 0);
+    const long ops = block_size == 16 ? 100000 : 20000;
+    const kvlab_stress::PagedCacheRun run = kvlab_stress::paged_cache(
+        ops, static_cast<std::uint64_t>(block_size) * 7919, layout, block_size);
+    CHECK(run.operations == ops);
+    CHECK(run.out_of_blocks > 0);  // the pool ran dry: the refused append was checked
+    CHECK(run.contents_checked > 0);
+    CHECK(run.forks > 0);
+    CHECK(run.truncations > 0);
   }
 }
