@@ -1,10 +1,10 @@
 // Fuzz target: the command-line parser of one of kvlab's programs (kvlab-gap, kvlab-generate,
-// kvlab-serve and the plain benchmarks that read their options with
+// kvlab-serve, kvlab_stress and the plain benchmarks that read their options with
 // `kvlab_bench::read_command_line`, the step benchmarks' shared parser among them), on arbitrary
-// arguments. This file is compiled once per
-// program (tests/fuzz/CMakeLists.txt): the program's source is included with its `main`
-// renamed, so that its own option parser (KVLAB_FUZZ_PARSE) is called on each input. An input
-// is split into arguments at its zero bytes (at most 16). The parser may accept the arguments,
+// arguments. This file is compiled once per program (tests/fuzz/CMakeLists.txt): the program's
+// source is included with its `main` renamed (and left out of the object code), so that its own
+// option parser (KVLAB_FUZZ_PARSE) is called on each input. An input is split into arguments at
+// its zero bytes (at most 16). The parser may accept the arguments,
 // print --help, or throw its UsageError; anything else (another exception, a crash, a sanitizer
 // report) is a finding.
 //
@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
-#define main kvlab_fuzz_program_main
+// main becomes a static function that nothing calls, so the compiler emits neither it nor what
+// only it uses: the parser's code alone is compiled (4 s instead of 20 for kvlab-generate).
+#define main static kvlab_fuzz_program_main
 #include KVLAB_FUZZ_PROGRAM_SOURCE
 #undef main
 
