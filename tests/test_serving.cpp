@@ -5,7 +5,8 @@
 // section asserts that the path it names ran: preemptions happened, chunks were split, prefixes
 // hit). The scheduler's invariants hold after every step of random workloads; admission is
 // FCFS; a resumed request is not preempted again before it draws a token (vLLM issue 25538);
-// bad requests are refused at submission while the others are served.
+// bad requests are refused at submission while the others are served; a taken output frees the
+// request's record (a static batch's member only when its batch ends).
 //
 // Tolerance (kLogitRtol = 3e-5, the rule of test_llama_model.cpp): a request's rows share matrix
 // products with other requests' rows (another row count changes the GEMM's blocking), and a
@@ -14,9 +15,9 @@
 // * max(1, max_i |b_i|). Measured (g++ 12 Release, 1 thread): at most 6.2e-7 over every section
 // here. A real error is far larger: with a cache that compares hashes only and a hash that always
 // collides, a 20-token prompt that differs from an earlier one in its third token took the other's
-// two blocks and its first logits moved by 9.4e-2 (relative). Greedy ids are compared for equality, and the alone run's
-// winning logit must lead the runner-up by more than 2 * kLogitRtol (relative), so that the
-// equality is not luck at a near-tie.
+// two blocks and its first logits moved by 9.4e-2 (relative). Greedy ids are compared for equality,
+// and the alone run's winning logit must lead the runner-up by more than 2 * kLogitRtol (relative),
+// so that the equality is not luck at a near-tie.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -508,6 +509,72 @@ TEST_CASE("complete_step refuses a drawn id outside the vocabulary and changes n
   scheduler.complete_step({7}, 1.0);
   CHECK(scheduler.request(0).output.tokens == std::vector<int>{7});
   CHECK(scheduler.request(0).computed == 3);
+}
+
+TEST_CASE("take_output hands over a finished request's output and forgets the request") {
+  EngineConfig c = test_config(8, 64);
+  Engine engine(tiny_weights(), c);
+  for (const Request& r : mixed_workload(3, 0, 0.0, 51)) engine.submit(r);
+  // Nothing has run: no output can be taken, and the refusal changes nothing.
+  CHECK_THROWS_MATCHES(engine.take_output(0), InvalidArgument,
+                       names("id", "a finished request", "0 (not finished)"));
+  CHECK(engine.scheduler().kept_records() == 3);
+  engine.run();
+  const kvlab::RequestOutput before = engine.output(1);
+  const std::size_t draws = engine.logits(1).size();
+  REQUIRE(draws > 0);
+  const kvlab::RequestOutput taken = engine.take_output(1);
+  CHECK(taken.tokens == before.tokens);
+  CHECK(taken.finish == before.finish);
+  CHECK(taken.token_times == before.token_times);
+  CHECK(engine.scheduler().forgotten(1));
+  CHECK_FALSE(engine.scheduler().forgotten(0));
+  const auto forgotten = names("id", "a request not forgotten", "1 (forgotten)");
+  CHECK_THROWS_MATCHES(engine.output(1), InvalidArgument, forgotten);
+  CHECK_THROWS_MATCHES(engine.logits(1), InvalidArgument, forgotten);
+  CHECK_THROWS_MATCHES(engine.take_output(1), InvalidArgument, forgotten);
+  CHECK_THROWS_MATCHES(engine.output(3), InvalidArgument, names("id", "in [0, 3)", "3"));
+  // Records are freed oldest first: request 0's still holds request 1's place.
+  CHECK(engine.scheduler().kept_records() == 3);
+  CHECK(kvlab::summarize(engine).requests == 2);  // the summary leaves taken requests out
+  const std::vector<int> tokens0 = engine.output(0).tokens;
+  CHECK(engine.take_output(0).tokens == tokens0);
+  CHECK(engine.scheduler().kept_records() == 1);                     // 0 and 1 gone
+  CHECK(engine.logits(2).size() >= engine.output(2).tokens.size());  // kept until taken
+  (void)engine.take_output(2);
+  CHECK(engine.scheduler().kept_records() == 0);
+  CHECK(engine.scheduler().num_requests() == 3);
+  // The engine goes on: ids go on from 3.
+  Request r = mixed_workload(1, 0, 0.0, 52)[0];
+  r.arrival = engine.now();
+  CHECK(engine.submit(r) == 3);
+  engine.run();
+  CHECK(engine.output(3).finish != kvlab::FinishReason::None);
+  engine.scheduler().check_invariants();
+}
+
+TEST_CASE("a request taken while its static batch runs keeps its record until the batch ends") {
+  std::vector<Request> requests = mixed_workload(2, 0, 0.0, 61);
+  requests[0].max_new_tokens = 1;  // finishes at the first draw, the other goes on
+  requests[0].stop_ids.clear();
+  requests[1].max_new_tokens = 8;
+  requests[1].stop_ids.clear();
+  EngineConfig c = test_config(8, 64);
+  c.scheduler.policy = BatchingPolicy::Static;
+  const auto alone = run_engine(c, requests);  // no output taken
+  Engine engine(tiny_weights(), c);
+  for (const Request& r : requests) engine.submit(r);
+  while (engine.output(0).finish == kvlab::FinishReason::None) engine.step();
+  REQUIRE(engine.output(1).finish == kvlab::FinishReason::None);
+  CHECK(engine.take_output(0).tokens == alone->output(0).tokens);
+  // Its pad rows still run on its sequence: the record stays (not readable) until the batch ends.
+  CHECK(engine.scheduler().kept_records() == 2);
+  CHECK_THROWS_AS(engine.output(0), InvalidArgument);
+  engine.run();                                   // check_invariants after every step
+  CHECK(engine.scheduler().kept_records() == 1);  // request 0's went with the batch
+  CHECK(engine.output(1).tokens == alone->output(1).tokens);
+  (void)engine.take_output(1);
+  CHECK(engine.scheduler().kept_records() == 0);
 }
 
 TEST_CASE("the step log: one record per step, prefill then decode, the memory after it") {

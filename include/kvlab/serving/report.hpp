@@ -72,8 +72,8 @@ inline void write_step_log(std::ostream& out, const Engine& engine) {
 /// Writes `engine`'s run as one JSON object: the policy and settings, the figures of
 /// `summarize(engine)` (latencies as `{"p50": ..., "p99": ...}` in seconds of the engine's
 /// clock) and `outputs`, one `{"id": i, "prompt": [ids], "output": [ids], "finish": "..."}` per
-/// request in submission order. `ids[i]`, when given, is request i's id in the output (a
-/// workload file's own ids); otherwise i.
+/// request in submission order (those whose output was taken left out). `ids[i]`, when given, is
+/// request i's id in the output (a workload file's own ids); otherwise i.
 inline void write_run_json(std::ostream& out, const Engine& engine,
                            const std::vector<std::string>& ids = {}) {
   const ServingSummary s = summarize(engine);
@@ -101,14 +101,17 @@ inline void write_run_json(std::ostream& out, const Engine& engine,
       << ",\"prefix_hit_tokens\":" << s.prefix_hit_tokens
       << ",\"prefix_hit_rate\":" << detail::json_number(s.prefix_hit_rate) << ",\"outputs\":[";
   const Scheduler& sched = engine.scheduler();
+  bool first = true;
   for (int id = 0; id < sched.num_requests(); ++id) {
+    if (sched.forgotten(id)) continue;  // its output was taken
     const RequestState& r = sched.request(id);
     const std::string name =
         static_cast<std::size_t>(id) < ids.size() ? ids[static_cast<std::size_t>(id)] : std::to_string(id);
-    out << (id == 0 ? "" : ",") << "\n{\"id\":" << name
+    out << (first ? "" : ",") << "\n{\"id\":" << name
         << ",\"prompt\":" << detail::json_array(r.request.prompt)
         << ",\"output\":" << detail::json_array(r.output.tokens) << ",\"finish\":\""
         << to_string(r.output.finish) << "\"}";
+    first = false;
   }
   out << "]}\n";
 }

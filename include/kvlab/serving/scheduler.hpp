@@ -45,6 +45,9 @@ struct RequestState {
   bool recomputing = false;    ///< preempted, and not yet back where it was
   std::vector<std::int64_t> chain;  ///< [full blocks cached] its prefix-cache entries, in order
   long queue_order = -1;       ///< when it first entered the waiting queue (FCFS order)
+  /// `Scheduler::forget` was called: the record is no longer readable, and its vectors are
+  /// freed once no static batch needs it.
+  bool forgotten = false;
 
   /// Tokens known and not yet in the sequence.
   int remaining() const { return static_cast<int>(tokens.size()) - computed; }
@@ -115,15 +118,44 @@ class Scheduler {
   /// The prefix cache (empty unless the continuous policy caches prefixes).
   const PrefixCache& prefix_cache() const { return cache_; }
   /// Request `id`.
-  /// \throws InvalidArgument if no request has that id.
+  /// \throws InvalidArgument if no request has that id, or it was forgotten.
   const RequestState& request(int id) const {
-    if (id < 0 || id >= static_cast<int>(requests_.size()))
-      detail::fail("kvlab::Scheduler::request", "id",
-                   "in [0, " + std::to_string(requests_.size()) + ")", id);
-    return requests_[static_cast<std::size_t>(id)];
+    check_id("kvlab::Scheduler::request", id);
+    if (forgotten(id))
+      detail::fail("kvlab::Scheduler::request", "id", "a request not forgotten",
+                   std::to_string(id) + " (forgotten)");
+    return state(id);
   }
-  /// Requests submitted.
-  int num_requests() const { return static_cast<int>(requests_.size()); }
+  /// True when request `id` was forgotten (`forget`).
+  /// \throws InvalidArgument if no request has that id.
+  bool forgotten(int id) const {
+    check_id("kvlab::Scheduler::forgotten", id);
+    return id < first_kept_ || state(id).forgotten;
+  }
+  /// Requests submitted (ids are 0 .. num_requests() - 1), forgotten ones included.
+  int num_requests() const { return first_kept_ + static_cast<int>(requests_.size()); }
+  /// Records the scheduler keeps: requests submitted and not forgotten, and forgotten ones whose
+  /// record waits for an older request to be forgotten too (records are freed oldest first).
+  int kept_records() const { return static_cast<int>(requests_.size()); }
+
+  /// Forgets finished request `id`: its record (prompt, tokens, output) is freed, and
+  /// `request(id)` refuses it from then on. A long-running server forgets every request once it
+  /// has its output, so that the scheduler's memory stays bounded by the requests in flight.
+  /// (A finished member of a running static batch keeps its sequence until the batch ends, and
+  /// its record until then.)
+  /// \throws InvalidArgument (nothing changes) if no request has that id, it is not finished,
+  ///         or it was forgotten already.
+  void forget(int id) {
+    constexpr const char* kWhere = "kvlab::Scheduler::forget";
+    check_id(kWhere, id);
+    if (forgotten(id))
+      detail::fail(kWhere, "id", "a request not forgotten", std::to_string(id) + " (forgotten)");
+    RequestState& r = state(id);
+    if (r.status != RequestStatus::Finished)
+      detail::fail(kWhere, "id", "a finished request", std::to_string(id) + " (not finished)");
+    r.forgotten = true;
+    if (r.seq < 0) drop(r);
+  }
   /// Running requests, in admission order.
   const std::vector<int>& running() const { return running_; }
   /// Arrived requests waiting, front first.
@@ -191,7 +223,7 @@ class Scheduler {
                        " policy)");
     }
     RequestState s;
-    s.id = static_cast<int>(requests_.size());
+    s.id = num_requests();
     s.request = r;
     s.tokens = r.prompt;
     s.output.arrival = r.arrival;
@@ -254,7 +286,7 @@ class Scheduler {
       const ScheduledChunk& c = plan_.chunks[i];
       // Every row the model ran counts, pad rows included (they cost the same).
       state(c.request).output.computed_tokens += static_cast<int>(c.tokens.size());
-      if (c.kind == ChunkKind::Padding && c.seq != request(c.request).seq) {
+      if (c.kind == ChunkKind::Padding && c.seq != state(c.request).seq) {
         // A member's prompt padding, on a scratch sequence: its blocks go back to the member.
         RequestState& member = state(c.request);
         const int blocks = blocks_for(static_cast<long>(c.tokens.size()));
@@ -271,9 +303,12 @@ class Scheduler {
     }
     if (config_.policy == BatchingPolicy::Static) {
       bool all_done = !running_.empty();
-      for (int id : running_) all_done = all_done && request(id).status == RequestStatus::Finished;
+      for (int id : running_) all_done = all_done && state(id).status == RequestStatus::Finished;
       if (all_done) {  // the batch ends: only now its memory is given back
-        for (int id : running_) release(state(id));
+        for (int id : running_) {
+          release(state(id));
+          if (state(id).forgotten) drop(state(id));  // forgotten while the batch ran
+        }
         running_.clear();
       }
     } else {
@@ -351,10 +386,8 @@ class Scheduler {
     if (static_cast<int>(running_.size()) > config_.max_running || running > config_.max_running)
       broken(std::to_string(running_.size()) + " requests running, max_running " +
              std::to_string(config_.max_running));
-    for (std::size_t i = 1; i < first_admissions_.size(); ++i) {
-      if (first_admissions_[i] < first_admissions_[i - 1])
-        broken("requests were first admitted out of arrival order (not FCFS)");
-    }
+    if (admitted_out_of_order_)
+      broken("requests were first admitted out of arrival order (not FCFS)");
     cache_.check(*pool_);
   }
 
@@ -387,7 +420,32 @@ class Scheduler {
     }
   }
 
-  RequestState& state(int id) { return requests_[static_cast<std::size_t>(id)]; }
+  // Request id's record, which must be kept (id >= first_kept_).
+  RequestState& state(int id) { return requests_[static_cast<std::size_t>(id - first_kept_)]; }
+  const RequestState& state(int id) const {
+    return requests_[static_cast<std::size_t>(id - first_kept_)];
+  }
+  void check_id(const char* where, int id) const {
+    if (id < 0 || id >= num_requests())
+      detail::fail(where, "id", "in [0, " + std::to_string(num_requests()) + ")", id);
+  }
+  // Notes r's first admission, for the FCFS check of check_invariants.
+  void first_admission(const RequestState& r) {
+    if (r.queue_order < last_first_admission_) admitted_out_of_order_ = true;
+    last_first_admission_ = r.queue_order;
+  }
+  // Frees forgotten request r's vectors; then the records at the front that are forgotten and
+  // freed go (ids stay: state(id) indexes from first_kept_).
+  void drop(RequestState& r) {
+    r.request = Request{};
+    r.output = RequestOutput{};
+    r.tokens = std::vector<int>{};
+    r.chain = std::vector<std::int64_t>{};
+    while (!requests_.empty() && requests_.front().forgotten && requests_.front().seq < 0) {
+      requests_.pop_front();
+      ++first_kept_;
+    }
+  }
   bool in_batch(int id) const {
     return std::find(running_.begin(), running_.end(), id) != running_.end();
   }
@@ -489,7 +547,7 @@ class Scheduler {
       r.status = RequestStatus::Running;
       if (r.output.first_scheduled < 0) {
         r.output.first_scheduled = now;
-        first_admissions_.push_back(r.queue_order);
+        first_admission(r);
       }
       r.output.prefix_hit_tokens += hit_tokens;
       if (config_.prefix_caching) r.output.prefix_lookup_tokens += static_cast<int>(r.tokens.size());
@@ -553,14 +611,14 @@ class Scheduler {
         r.promised = reserve;
         promised_total_ += reserve;
         r.output.first_scheduled = now;
-        first_admissions_.push_back(r.queue_order);
+        first_admission(r);
         plan_.admitted.push_back(r.id);
         running_.push_back(r.id);
       }
     }
     int longest_prompt = 0;
     for (int id : running_)
-      longest_prompt = std::max(longest_prompt, static_cast<int>(request(id).request.prompt.size()));
+      longest_prompt = std::max(longest_prompt, static_cast<int>(state(id).request.prompt.size()));
     for (int id : running_) {
       RequestState& r = state(id);
       if (r.status == RequestStatus::Finished) {  // a pad row, while the others finish
@@ -633,11 +691,13 @@ class Scheduler {
   int max_tokens_;
   int vocab_size_;
   PrefixCache cache_;
-  std::vector<RequestState> requests_;  // [submitted] by id
+  std::deque<RequestState> requests_;   // [kept records] request id at id - first_kept_
+  int first_kept_ = 0;                  // the oldest kept record's id
   std::deque<int> pending_;             // not arrived yet, by arrival time
   std::deque<int> waiting_;             // arrived or preempted, front first
   std::vector<int> running_;            // admission order (a static batch: its members)
-  std::vector<long> first_admissions_;  // queue_order of each first admission, in order
+  long last_first_admission_ = -1;      // queue_order of the latest first admission
+  bool admitted_out_of_order_ = false;  // a first admission came before an earlier one's
   StepPlan plan_;                       // the last step's plan
   bool open_ = false;                   // a planned step not completed yet
   int taken_ = 0;                       // blocks the open step takes from the free list

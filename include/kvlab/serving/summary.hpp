@@ -58,13 +58,15 @@ struct ServingSummary {
   double prefix_hit_rate = 0.0;
 };
 
-/// The figures of `engine`'s run so far (finished requests only for the latencies).
+/// The figures of `engine`'s run so far (finished requests only for the latencies; requests
+/// whose output was taken, `Engine::take_output`, are left out of the per-request figures).
 inline ServingSummary summarize(const Engine& engine) {
   ServingSummary s;
   const Scheduler& sched = engine.scheduler();
   std::vector<double> ttft, tpot;  // [finished requests]
   std::int64_t looked_up = 0;  // tokens looked up in the prefix cache
   for (int id = 0; id < sched.num_requests(); ++id) {
+    if (sched.forgotten(id)) continue;
     const RequestState& r = sched.request(id);
     s.computed_tokens += r.output.computed_tokens;
     s.prefix_hit_tokens += r.output.prefix_hit_tokens;
