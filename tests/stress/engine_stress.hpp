@@ -24,12 +24,16 @@ struct EngineStress {
       kvlab::BatchingPolicy::Continuous;  ///< prefix caching on if continuous
   int verify_every = 10;  ///< rerun every n-th finished greedy request alone (0: none)
   long sample_every = 0;  ///< call `on_sample` every n steps (0: never)
+  /// Take every finished request's output (`Engine::take_output`), as a long-running server
+  /// does; off, the engine keeps every request's record.
+  bool take_outputs = true;
 };
 
 /// A resident-memory sample of an engine run.
 struct EngineSample {
   long step = 0;      ///< steps run
-  long requests = 0;  ///< requests submitted (the engine keeps each one's record)
+  long requests = 0;  ///< requests submitted
+  long records = 0;   ///< request records the scheduler keeps (`Scheduler::kept_records`)
   long rss_kib = 0;   ///< the process's resident memory (-1: unknown)
 };
 
@@ -111,9 +115,11 @@ inline bool verify_alone(const kvlab::Engine& engine, int id, long step) {
 /// steps (1..12). One submission in 50 is malformed and must be refused with the engine
 /// unchanged. The scheduler's invariants (reference counts, promised blocks, budgets, FCFS, the
 /// prefix cache's own check) are checked after every step; every `verify_every`-th finished
-/// greedy request is rerun alone and must draw the same tokens; after the drain no sequence is
-/// left and every block is free or held by the prefix cache alone. The engine keeps no step log
-/// (`EngineConfig::keep_step_log`), so its memory grows only by each request's record.
+/// greedy request is rerun alone and must draw the same tokens; every finished request's output
+/// is taken (with `settings.take_outputs`) and must be what `output` gave; after the drain no
+/// sequence and no record is left and every block is free or held by the prefix cache alone.
+/// The engine keeps no step log (`EngineConfig::keep_step_log`), so with its outputs taken its
+/// memory is bounded by the requests in flight.
 inline EngineRun engine(const EngineStress& settings,
                         const std::function<void(const EngineSample&)>& on_sample = nullptr) {
   const auto weights = stress_weights();
@@ -201,6 +207,19 @@ inline EngineRun engine(const EngineStress& settings,
         else
           ++run.near_ties;
       }
+      if (settings.take_outputs) {
+        const std::vector<int> tokens = out.tokens;  // `out` goes with the record
+        const kvlab::RequestOutput taken = engine.take_output(id);
+        check(taken.tokens == tokens && taken.finish != kvlab::FinishReason::None, step,
+              "take_output handed over another output than output(" + std::to_string(id) + ")");
+        bool refused = false;
+        try {
+          (void)engine.output(id);
+        } catch (const kvlab::InvalidArgument&) {
+          refused = true;
+        }
+        check(refused, step, "request " + std::to_string(id) + "'s output is readable once taken");
+      }
       open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
     }
   };
@@ -239,7 +258,8 @@ inline EngineRun engine(const EngineStress& settings,
     step();
     collect(op);
     if (settings.sample_every > 0 && engine.steps() >= next_sample) {
-      const EngineSample s{engine.steps(), run.submitted, resident_kib()};
+      const EngineSample s{engine.steps(), run.submitted, engine.scheduler().kept_records(),
+                           resident_kib()};
       run.samples.push_back(s);
       if (on_sample) on_sample(s);
       next_sample += settings.sample_every;
@@ -257,6 +277,8 @@ inline EngineRun engine(const EngineStress& settings,
   const kvlab::BlockAllocator& alloc = engine.scheduler().pool().allocator();
   check(alloc.num_free() + engine.scheduler().prefix_cache().cached_blocks() == alloc.num_blocks(),
         end, "blocks held after the drain by someone other than the prefix cache");
+  if (settings.take_outputs)
+    check(engine.scheduler().kept_records() == 0, end, "records kept after every output was taken");
   return run;
 }
 

@@ -9,6 +9,7 @@
 //
 //   kvlab_stress --allocator-ops 10000000 --cache-ops 10000000 --engine-steps 100000
 //       --sample-every 1000 --rss-csv rss.csv
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -35,7 +36,8 @@ constexpr const char* kUsage =
     "memory)\n"
     "  --seed S           the generators' seed (default 1)\n"
     "  --sample-every N   sample the resident memory every N engine steps (default 1000)\n"
-    "  --rss-csv FILE     write the samples: policy,step,requests,rss_kib\n"
+    "  --keep-records     take no request's output: the engine keeps every request's record\n"
+    "  --rss-csv FILE     write the samples: policy,step,requests,records,rss_kib\n"
     "  --help             this text\n";
 
 struct Options {
@@ -47,6 +49,7 @@ struct Options {
                                                  kvlab::BatchingPolicy::Contiguous};
   long seed = 1;
   long sample_every = 1000;
+  bool keep_records = false;
   std::string rss_csv;
 };
 
@@ -81,6 +84,8 @@ bool parse_options(int argc, char** argv, Options& options) {
     } else if (arg == "--sample-every") {
       options.sample_every = kvlab_bench::parse_long(arg, value, 1, 1L << 30);
       ++i;
+    } else if (arg == "--keep-records") {
+      options.keep_records = true;
     } else if (arg == "--rss-csv") {
       options.rss_csv = kvlab_bench::parse_file_name(arg, value);
       ++i;
@@ -88,7 +93,7 @@ bool parse_options(int argc, char** argv, Options& options) {
       throw UsageError(
           "unknown option '" + arg +
           "': expected one of --allocator-ops, --cache-ops, --engine-steps, --policies, "
-          "--seed, "
+          "--seed, --keep-records, "
           "--sample-every, --rss-csv, --help");
     }
   }
@@ -151,7 +156,7 @@ int main(int argc, char** argv) {
       std::ofstream csv;
       if (!options.rss_csv.empty()) {
         csv.open(options.rss_csv);
-        csv << "policy,step,requests,rss_kib\n";
+        csv << "policy,step,requests,records,rss_kib\n";
       }
       for (kvlab::BatchingPolicy policy : options.policies) {
         const auto start = std::chrono::steady_clock::now();
@@ -163,13 +168,16 @@ int main(int argc, char** argv) {
         settings.seed = seed;
         settings.policy = policy;
         settings.sample_every = options.sample_every;
+        settings.take_outputs = !options.keep_records;
         const kvlab_stress::EngineRun r =
             kvlab_stress::engine(settings, [&](const kvlab_stress::EngineSample& s) {
-              std::fprintf(stderr, "kvlab_stress: %s: step %ld, %ld requests, resident %ld KiB\n",
-                           name.c_str(), s.step, s.requests, s.rss_kib);
+              std::fprintf(stderr,
+                           "kvlab_stress: %s: step %ld, %ld requests, %ld records kept, resident "
+                           "%ld KiB\n",
+                           name.c_str(), s.step, s.requests, s.records, s.rss_kib);
               if (csv.is_open())
                 csv << kvlab::to_string(policy) << ',' << s.step << ',' << s.requests << ','
-                    << s.rss_kib << '\n';
+                    << s.records << ',' << s.rss_kib << '\n';
             });
         std::printf(
             "%s: %ld steps, %ld requests served, %ld malformed refused, %ld preemptions, "
@@ -181,11 +189,14 @@ int main(int argc, char** argv) {
         if (r.samples.size() >= 2) {
           const kvlab_stress::EngineSample& first = r.samples.front();
           const kvlab_stress::EngineSample& last = r.samples.back();
+          const double per_request =
+              1024.0 * static_cast<double>(last.rss_kib - first.rss_kib) /
+              static_cast<double>(std::max(1L, last.requests - first.requests));
           std::printf(
-              "%s: resident memory %ld KiB at step %ld (%ld requests), %ld KiB at step "
-              "%ld (%ld requests)\n",
-              name.c_str(), first.rss_kib, first.step, first.requests, last.rss_kib, last.step,
-              last.requests);
+              "%s: resident memory %ld KiB at step %ld (%ld requests, %ld records kept), %ld KiB "
+              "at step %ld (%ld requests, %ld records kept): %+.0f bytes per request between\n",
+              name.c_str(), first.rss_kib, first.step, first.requests, first.records, last.rss_kib,
+              last.step, last.requests, last.records, per_request);
         }
         if (options.engine_steps >= 1000) {
           ok &= exercised(r.refused > 0 && r.verified > 0, name + ": refusals and alone reruns");
