@@ -213,8 +213,9 @@ TEST_CASE("stored bytes per token: int8 and int4 blocks count their fp16 scales"
   }
   // stories260K: heads of 8 values, no whole block of 32
   const ModelConfig stories{"stories260K", 5, 8, 4, 8};
-  CHECK_THROWS_MATCHES(kvlab::stored_bytes_per_token(stories, KVDtype::int8), InvalidArgument,
-                       names("config.head_dim", "a multiple of 32 (a int8 block of values)", "8"));
+  CHECK_THROWS_MATCHES(
+      kvlab::stored_bytes_per_token(stories, KVDtype::int8), InvalidArgument,
+      names("config.head_dim", "a multiple of 32 (the values of one int8 block)", "8"));
   CHECK(kvlab::stored_bytes_per_token(stories, KVDtype::fp16) == 640);
 }
 

@@ -413,15 +413,15 @@ TEST_CASE("a storage refuses what it cannot hold, and the cache is unchanged") {
                                "token 0 of sequence 0 of the tables reserved but never written"));
   }
   SECTION("a head_dim that is not a multiple of the block") {
-    CHECK_THROWS_MATCHES((kvlab::ContiguousKVCache<float, BlockQ8_0>(1, 2, 48, 4)),
-                         kvlab::InvalidArgument,
-                         names("head_dim", "a multiple of 32 (a int8 block of values)", "48"));
+    CHECK_THROWS_MATCHES(
+        (kvlab::ContiguousKVCache<float, BlockQ8_0>(1, 2, 48, 4)), kvlab::InvalidArgument,
+        names("head_dim", "a multiple of 32 (the values of one int8 block)", "48"));
     CHECK_THROWS_MATCHES((kvlab::PagedKVCache<float, BlockQ4_0>(1, 2, 8, 4, 4)),
                          kvlab::InvalidArgument,
-                         names("head_dim", "a multiple of 32 (a int4 block of values)", "8"));
-    CHECK_THROWS_MATCHES((kvlab::ContiguousStore<float, BlockQ8_0>(1, 2, 16, 4)),
-                         kvlab::InvalidArgument,
-                         names("head_dim", "a multiple of 32 (a int8 block of values)", "16"));
+                         names("head_dim", "a multiple of 32 (the values of one int4 block)", "8"));
+    CHECK_THROWS_MATCHES(
+        (kvlab::ContiguousStore<float, BlockQ8_0>(1, 2, 16, 4)), kvlab::InvalidArgument,
+        names("head_dim", "a multiple of 32 (the values of one int8 block)", "16"));
   }
 }
 

@@ -193,7 +193,7 @@ TEST_CASE("failed operations change nothing") {
   CHECK_THROWS_MATCHES(cache.tables({}), kvlab::InvalidArgument, names("seqs.size()", ">= 1", "0"));
   const int empty = cache.add_sequence();
   CHECK_THROWS_MATCHES(cache.tables({a, empty}), kvlab::InvalidArgument,
-                       names("seqs", "non-empty sequences", "sequence 2 (empty)"));
+                       names("seqs[1]", "a non-empty sequence", "2 (empty)"));
   CHECK(read_tokens(cache, a) == std::vector<double>{1, 2, 3, 4, 5, 6});
   CHECK_THROWS_MATCHES(PagedKVCache<double>(1, 1, 1, 0, 4), kvlab::InvalidArgument,
                        names("block_size", ">= 1", "0"));

@@ -467,8 +467,8 @@ template <typename S>
 void require_storage_head_dim(const char* where, int head_dim) {
   if (head_dim % KVStorage<S>::kValues != 0) {
     fail(where, "head_dim",
-         std::string("a multiple of ") + std::to_string(KVStorage<S>::kValues) + " (a " +
-             KVStorage<S>::name() + " block of values)",
+         std::string("a multiple of ") + std::to_string(KVStorage<S>::kValues) +
+             " (the values of one " + KVStorage<S>::name() + " block)",
          head_dim);
   }
 }

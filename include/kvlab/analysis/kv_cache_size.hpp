@@ -168,8 +168,8 @@ inline std::uint64_t stored_bytes_per_token(const ModelConfig& config, KVDtype d
   detail::check_model_config(kWhere, config);
   if (config.head_dim % kQuantBlock != 0) {
     detail::fail(kWhere, "config.head_dim",
-                 "a multiple of " + std::to_string(kQuantBlock) + " (a " + dtype_name(dtype) +
-                     " block of values)",
+                 "a multiple of " + std::to_string(kQuantBlock) + " (the values of one " +
+                     dtype_name(dtype) + " block)",
                  config.head_dim);
   }
   const std::uint64_t block = dtype == KVDtype::int8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);

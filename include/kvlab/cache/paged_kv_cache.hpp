@@ -206,16 +206,31 @@ class PagedKVCacheBase {
         head_dim_(head_dim),
         layout_(layout),
         window_(window),
-        book_(block_size, num_blocks, "kvlab::PagedKVCache") {
+        book_(checked_sizes(num_layers, num_kv_heads, head_dim, block_size, num_blocks, unit_bytes,
+                            unit_values, storage, window),
+              num_blocks, "kvlab::PagedKVCache") {
+    const std::size_t layers = at(num_layers), slots = at(num_blocks) * at(block_size);
+    written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
+    unwritten_.assign(layers, 0);
+  }
+  /// Checks every size of the constructor before anything is allocated (the pool's free list
+  /// included: a pool too large for the address space is refused, not allocated in part);
+  /// returns `block_size`.
+  /// \throws InvalidArgument as the constructor.
+  static int checked_sizes(int num_layers, int num_kv_heads, int head_dim, int block_size,
+                           int num_blocks, std::size_t unit_bytes, int unit_values,
+                           const char* storage, int window) {
     constexpr const char* kWhere = "kvlab::PagedKVCache";
+    detail::require_at_least(kWhere, "block_size", block_size, 1);
+    detail::require_at_least(kWhere, "num_blocks", num_blocks, 1);
     detail::require_at_least(kWhere, "window", window, 0);
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     if (head_dim % unit_values != 0) {
       detail::fail(kWhere, "head_dim",
-                   "a multiple of " + std::to_string(unit_values) + " (a " + storage +
-                       " block of values)",
+                   "a multiple of " + std::to_string(unit_values) + " (the values of one " +
+                       storage + " block)",
                    head_dim);
     }
     // The sizes, checked >= 1, as std::size_t once.
@@ -227,8 +242,7 @@ class PagedKVCacheBase {
       detail::fail(kWhere, "num_blocks * block_size",
                    "at most " + std::to_string(limit) + " tokens", slots);
     }
-    written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
-    unwritten_.assign(layers, 0);
+    return block_size;
   }
   /// A copy of the bookkeeping (the derived cache copies its values beside it).
   PagedKVCacheBase(const PagedKVCacheBase&) = default;

@@ -111,7 +111,9 @@ class PagedSequences {
     int needed = 0;
     std::map<std::int32_t, int> copies;  // shared partly filled last block -> batch holders
     for (std::size_t i = 0; i < seqs.size(); ++i) {
-      const ReservePlan plan = plan_reserve("blocks_needed", seqs[i], tokens[i]);
+      const std::string at = "[" + std::to_string(i) + "]";
+      const ReservePlan plan =
+          plan_reserve("blocks_needed", seqs[i], tokens[i], "seqs" + at, "tokens" + at);
       needed += plan.new_blocks;
       if (plan.copy_last) ++copies[find("blocks_needed", seqs[i]).blocks.back()];
     }
@@ -274,11 +276,12 @@ class PagedSequences {
     detail::require_at_least(at.c_str(), "seqs.size()", seqs.size(), std::size_t{1});
     std::vector<std::vector<std::int32_t>> lists;
     std::vector<int> lengths;
-    for (int seq : seqs) {
-      const Sequence& s = find("tables", seq);
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      const int seq = seqs[i];
+      const std::string name = "seqs[" + std::to_string(i) + "]";
+      const Sequence& s = find("tables", seq, name);
       if (s.length == 0)
-        detail::fail(at.c_str(), "seqs", "non-empty sequences",
-                     "sequence " + std::to_string(seq) + " (empty)");
+        detail::fail(at.c_str(), name, "a non-empty sequence", std::to_string(seq) + " (empty)");
       lists.push_back(s.blocks);
       lengths.push_back(s.length);
     }
@@ -293,9 +296,12 @@ class PagedSequences {
     int new_blocks = 0;      // blocks past the last one
     int needed() const { return new_blocks + (copy_last ? 1 : 0); }
   };
-  ReservePlan plan_reserve(const char* function, int seq, int n) const {
-    const Sequence& s = find(function, seq);
-    detail::require_at_least(where(function).c_str(), "n", n, 1);
+  // The plan of reserve(seq, n); errors name the arguments `seq_name` and `n_name`.
+  ReservePlan plan_reserve(const char* function, int seq, int n,
+                           const std::string& seq_name = "seq",
+                           const std::string& n_name = "n") const {
+    const Sequence& s = find(function, seq, seq_name);
+    detail::require_at_least(where(function).c_str(), n_name.c_str(), n, 1);
     ReservePlan plan;
     plan.filled = s.length % block_size_;
     plan.copy_last = plan.filled != 0 && allocator_.ref_count(s.blocks.back()) > 1;
@@ -314,16 +320,17 @@ class PagedSequences {
     return block_size;
   }
   std::string where(const char* function) const { return owner_ + "::" + function; }
-  Sequence& find(const char* function, int seq) {
+  // Live sequence `seq`; an error names the argument `name`.
+  Sequence& find(const char* function, int seq, const std::string& name = "seq") {
     const auto it = sequences_.find(seq);
     if (it == sequences_.end())
-      detail::fail(where(function).c_str(), "seq", "a live sequence id", seq);
+      detail::fail(where(function).c_str(), name, "a live sequence id", seq);
     return it->second;
   }
-  const Sequence& find(const char* function, int seq) const {
+  const Sequence& find(const char* function, int seq, const std::string& name = "seq") const {
     const auto it = sequences_.find(seq);
     if (it == sequences_.end())
-      detail::fail(where(function).c_str(), "seq", "a live sequence id", seq);
+      detail::fail(where(function).c_str(), name, "a live sequence id", seq);
     return it->second;
   }
 
