@@ -196,9 +196,10 @@ class PagedSequences {
   /// next token's window (`release_front` from `first_visible_key(length(seq), window)`) and
   /// returns how many went back now; without one (0) does nothing. What
   /// `PagedKVCache::release_out_of_window` and its CUDA twin do.
-  /// \throws InvalidArgument if `seq` is not live.
+  /// \throws InvalidArgument if `seq` is not live or `window < 0`.
   int release_out_of_window(int seq, int window) {
     const int length = find("release_out_of_window", seq).length;
+    detail::require_at_least(where("release_out_of_window").c_str(), "window", window, 0);
     return window == 0 ? 0 : release_front(seq, first_visible_key(length, window));
   }
 
@@ -207,10 +208,11 @@ class PagedSequences {
   /// not have been given back (`release_front`). Nothing to check without a window, or for a
   /// `length` outside [0, length(seq)] (which `truncate` refuses). The check of
   /// `PagedKVCache::truncate` and `cuda::PagedKVCache::truncate`, before they change anything.
-  /// \throws InvalidArgument if `seq` is not live, or naming `length` (with the smallest length
-  ///         that would do) if the window reaches a block given back.
+  /// \throws InvalidArgument if `seq` is not live, `window < 0`, or naming `length` (with the
+  ///         smallest length that would do) if the window reaches a block given back.
   void check_window_truncate(int seq, int length, int window) const {
     const Sequence& s = find("truncate", seq);
+    detail::require_at_least(where("truncate").c_str(), "window", window, 0);
     if (window == 0 || length < 0 || length > s.length) return;
     const auto page = static_cast<std::size_t>(first_visible_key(length, window) / block_size_);
     if (page >= s.blocks.size() || s.blocks[page] != kReleasedBlock) return;

@@ -17,7 +17,9 @@ namespace kvlab {
 
 /// The `q`-quantile (q in [0, 1]) of `values` by linear interpolation between the closest ranks
 /// (numpy's default): the value at rank q * (n - 1). 0 for no values.
+/// \throws InvalidArgument if `q` is not in [0, 1] (NaN included).
 inline double quantile(std::vector<double> values, double q) {
+  if (!(q >= 0.0 && q <= 1.0)) detail::fail("kvlab::quantile", "q", "in [0, 1]", q);
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
   const double rank = q * static_cast<double>(values.size() - 1);
