@@ -529,3 +529,456 @@ TEST_CASE("ContiguousKVCache: bad input is refused and changes nothing") {
   refuses<InvalidArgument>(
       truncate, input::kRange, state, [&] { cache.truncate(-2); }, names("length", ">= 0", "-2"));
 }
+
+TEST_CASE("PagedSequences: bad input is refused and changes nothing") {
+  const char* ctor =
+      "kvlab::PagedSequences::PagedSequences(int block_size, int num_blocks, std::string owner)";
+  refuses<InvalidArgument>(
+      ctor, input::kSize, no_state, [] { kvlab::PagedSequences s(0, 4, "x"); },
+      names("block_size", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      ctor, input::kSize, no_state, [] { kvlab::PagedSequences s(4, -1, "x"); },
+      names("num_blocks", ">= 1", "-1"));
+  kvlab::PagedSequences book(4, 6, "kvlab::Test");
+  const int live = book.add_sequence();
+  (void)book.reserve(live, 5, [](std::int32_t, std::int32_t, int) {});
+  const int empty = book.add_sequence();
+  const auto state = [&] {
+    std::vector<long> s;
+    for (int seq : book.sequences()) {
+      s.push_back(seq);
+      s.push_back(book.length(seq));
+      for (std::int32_t b : book.blocks(seq)) s.push_back(b);
+    }
+    for (int x : state_of(book.allocator())) s.push_back(x);
+    return s;
+  };
+  const std::vector<std::string> by_seq = {"kvlab::PagedSequences::length(int seq) const",
+                                           "kvlab::PagedSequences::blocks(int seq) const",
+                                           "kvlab::PagedSequences::held_blocks(int seq) const",
+                                           "kvlab::PagedSequences::free_sequence(int seq)",
+                                           "kvlab::PagedSequences::fork(int seq)"};
+  for (const std::string& e : by_seq) {
+    const auto call = [&](int seq) {
+      if (e.find("::length") != std::string::npos) (void)book.length(seq);
+      if (e.find("::blocks") != std::string::npos) (void)book.blocks(seq);
+      if (e.find("::held_blocks") != std::string::npos) (void)book.held_blocks(seq);
+      if (e.find("::free_sequence") != std::string::npos) book.free_sequence(seq);
+      if (e.find("::fork") != std::string::npos) (void)book.fork(seq);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, state, [&] { call(9); }, names("seq", "a live sequence id", "9"));
+  }
+  const char* reserve = "kvlab::PagedSequences::reserve(int seq, int n, CopyBlock &&copy_block)";
+  const auto no_copy = [](std::int32_t, std::int32_t, int) {};
+  refuses<InvalidArgument>(
+      reserve, input::kSize, state, [&] { (void)book.reserve(live, 0, no_copy); },
+      names("n", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      reserve, input::kRange, state, [&] { (void)book.reserve(-4, 1, no_copy); },
+      names("seq", "a live sequence id", "-4"));
+  refuses<kvlab::OutOfBlocks>(
+      reserve, input::kOverflow, state, [&] { (void)book.reserve(empty, 17, no_copy); },
+      names("free blocks", "at least 5 for 17 tokens of sequence 1", "4"));
+  const char* needed = "kvlab::PagedSequences::blocks_needed(int seq, int n) const";
+  refuses<InvalidArgument>(
+      needed, input::kSize, state, [&] { (void)book.blocks_needed(live, 0); },
+      names("n", ">= 1", "0"));
+  const char* needed_batch =
+      "kvlab::PagedSequences::blocks_needed(const std::vector< int > &seqs, const std::vector< int "
+      "> &tokens) const";
+  refuses<InvalidArgument>(
+      needed_batch, input::kShape, state,
+      [&] {
+        (void)book.blocks_needed(std::vector<int>{live}, std::vector<int>{1, 1});
+      },
+      names("tokens.size()", "1 (seqs.size())", "2"));
+  refuses<InvalidArgument>(
+      needed_batch, input::kRange, state,
+      [&] {
+        (void)book.blocks_needed(std::vector<int>{live, 7}, std::vector<int>{1, 1});
+      },
+      names("seqs[1]", "a live sequence id", "7"));
+  const char* truncate = "kvlab::PagedSequences::truncate(int seq, int length)";
+  refuses<InvalidArgument>(
+      truncate, input::kRange, state, [&] { book.truncate(live, 6); },
+      names("length", "in [0, 5]", "6"));
+  const char* tables = "kvlab::PagedSequences::tables(const std::vector< int > &seqs) const";
+  refuses<InvalidArgument>(
+      tables, input::kState, state,
+      [&] {
+        (void)book.tables({live, empty});
+      },
+      names("seqs[1]", "a non-empty sequence", "1 (empty)"));
+  refuses<InvalidArgument>(
+      tables, input::kEmpty, state, [&] { (void)book.tables({}); },
+      names("seqs.size()", ">= 1", "0"));
+  const char* add =
+      "kvlab::PagedSequences::add_sequence(const std::vector< std::int32_t > &blocks)";
+  refuses<InvalidArgument>(
+      add, input::kRange, state, [&] { (void)book.add_sequence({-2}); },
+      names("blocks[0]", "a block in use in [0, 6)", "-2"));
+  for (const std::string e : {"kvlab::PagedSequences::retain(std::int32_t block)",
+                              "kvlab::PagedSequences::release(std::int32_t block)"}) {
+    const bool retain = e.find("retain") != std::string::npos;
+    const auto call = [&](std::int32_t b) {
+      if (retain)
+        book.retain(b);
+      else
+        book.release(b);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, state, [&] { call(6); }, names("block", "in [0, 6)", "6"));
+    refuses<InvalidArgument>(
+        e, input::kState, state, [&] { call(5); }, names("block", "a block in use", "5 (free)"));
+  }
+  const char* front = "kvlab::PagedSequences::release_front(int seq, int keep_from)";
+  refuses<InvalidArgument>(
+      front, input::kRange, state, [&] { (void)book.release_front(live, 6); },
+      names("keep_from", "in [0, 5]", "6"));
+  refuses<InvalidArgument>(
+      front, input::kRange, state, [&] { (void)book.release_front(8, 0); },
+      names("seq", "a live sequence id", "8"));
+  const char* window = "kvlab::PagedSequences::release_out_of_window(int seq, int window)";
+  refuses<InvalidArgument>(
+      window, input::kSize, state, [&] { (void)book.release_out_of_window(live, -1); },
+      names("window", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      window, input::kRange, state, [&] { (void)book.release_out_of_window(8, 2); },
+      names("seq", "a live sequence id", "8"));
+  const char* check =
+      "kvlab::PagedSequences::check_window_truncate(int seq, int length, int window) const";
+  refuses<InvalidArgument>(
+      check, input::kRange, state, [&] { book.check_window_truncate(8, 0, 2); },
+      names("seq", "a live sequence id", "8"));
+  refuses<InvalidArgument>(
+      check, input::kSize, state, [&] { book.check_window_truncate(live, 0, -2); },
+      names("window", ">= 0", "-2"));
+}
+
+namespace {
+
+// The scheduler's observable state: requests, queues, the pool.
+std::vector<long> state_of(const kvlab::Scheduler& s) {
+  std::vector<long> out{s.num_requests(),
+                        s.unfinished(),
+                        s.kept_records(),
+                        static_cast<long>(s.waiting().size()),
+                        static_cast<long>(s.running().size()),
+                        s.promised_blocks(),
+                        s.preemptions()};
+  for (long x : state_of(s.pool())) out.push_back(x);
+  return out;
+}
+
+kvlab::Request request_of(std::vector<int> prompt, int max_new_tokens = 4) {
+  kvlab::Request r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("Scheduler and Engine: bad requests and calls are refused and change nothing") {
+  auto pool = std::make_shared<kvlab::PagedKVCache<float>>(1, 1, 2, 4, 8);
+  const char* ctor =
+      "kvlab::Scheduler::Scheduler(std::shared_ptr< PagedKVCacheBase > pool, SchedulerConfig "
+      "config, "
+      "int max_tokens, int vocab_size, PrefixCache::HashFunction hash=PrefixCache::chain_hash)";
+  refuses<InvalidArgument>(
+      ctor, input::kEmpty, no_state,
+      [] { kvlab::Scheduler s(nullptr, kvlab::SchedulerConfig{}, 32, 10); },
+      names("pool", "a non-null pool", "nullptr"));
+  refuses<InvalidArgument>(
+      ctor, input::kSize, no_state,
+      [&] { kvlab::Scheduler s(pool, kvlab::SchedulerConfig{}, 0, 10); },
+      names("max_tokens", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      ctor, input::kSize, no_state,
+      [&] {
+        kvlab::SchedulerConfig c;
+        c.max_running = 0;
+        kvlab::Scheduler s(pool, c, 32, 10);
+      },
+      names("config.max_running", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      ctor, input::kRange, no_state,
+      [&] {
+        kvlab::SchedulerConfig c;
+        c.max_len = 33;
+        kvlab::Scheduler s(pool, c, 32, 10);
+      },
+      names("config.max_len", "in [0, 32]", "33"));
+  refuses<InvalidArgument>(
+      ctor, input::kEmpty, no_state,
+      [&] { kvlab::Scheduler s(pool, kvlab::SchedulerConfig{}, 32, 10, nullptr); },
+      names("hash", "a function", "nullptr"));
+
+  kvlab::Scheduler scheduler(pool, kvlab::SchedulerConfig{}, 32, 10);
+  scheduler.submit(request_of({1, 2, 3}, 1));
+  const auto state = [&] { return state_of(scheduler); };
+  const char* submit = "kvlab::Scheduler::submit(const Request &r)";
+  refuses<InvalidArgument>(
+      submit, input::kEmpty, state, [&] { scheduler.submit(request_of({})); },
+      names("request.prompt.size()", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      submit, input::kRange, state,
+      [&] {
+        scheduler.submit(request_of({1, 10}));
+      },
+      names("request.prompt[1]", "an id in [0, 10)", "10"));
+  refuses<InvalidArgument>(
+      submit, input::kSize, state, [&] { scheduler.submit(request_of({1}, 0)); },
+      names("request.max_new_tokens", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      submit, input::kOverflow, state,
+      [&] { scheduler.submit(request_of(std::vector<int>(33, 1))); },
+      names("request.prompt.size()", "at most 32 (the model's context)", "33"));
+  refuses<InvalidArgument>(
+      submit, input::kValue, state,
+      [&] {
+        kvlab::Request r = request_of({1});
+        r.sampling.temperature = std::numeric_limits<float>::infinity();
+        scheduler.submit(r);
+      },
+      names("request.sampling.temperature", "a finite number >= 0", "inf"));
+  refuses<InvalidArgument>(
+      submit, input::kValue, state,
+      [&] {
+        kvlab::Request r = request_of({1});
+        r.arrival = -1.0;
+        scheduler.submit(r);
+      },
+      names("request.arrival", "a finite time >= 0", "-1"));
+  refuses<InvalidArgument>(
+      submit, input::kRange, state,
+      [&] {
+        kvlab::Request r = request_of({1});
+        r.stop_ids = {-1};
+        scheduler.submit(r);
+      },
+      names("request.stop_ids[0]", "an id in [0, 10)", "-1"));
+  const char* complete =
+      "kvlab::Scheduler::complete_step(const std::vector< int > &drawn, double now)";
+  refuses<InvalidArgument>(
+      complete, input::kState, state, [&] { (void)scheduler.complete_step({1}, 0.0); },
+      names("step", "a step open (schedule first)", "none"));
+  const kvlab::StepPlan plan = scheduler.schedule(0.0);
+  REQUIRE(plan.chunks.size() == 1);
+  refuses<InvalidArgument>(
+      complete, input::kShape, state,
+      [&] {
+        (void)scheduler.complete_step({1, 2}, 0.0);
+      },
+      names("drawn.size()", "1 (the plan's chunks)", "2"));
+  refuses<InvalidArgument>(
+      complete, input::kRange, state, [&] { (void)scheduler.complete_step({-1}, 0.0); },
+      names("drawn[0]", "an id in [0, 10)", "-1"));
+  pool->reserve(plan.chunks[0].seq, 3);
+  (void)scheduler.complete_step({4}, 1.0);
+  for (const char* e :
+       {"kvlab::Scheduler::request(int id) const", "kvlab::Scheduler::forgotten(int id) const",
+        "kvlab::Scheduler::forget(int id)"}) {
+    const std::string name = e;
+    const auto call = [&](int id) {
+      if (name.find("::request") != std::string::npos) (void)scheduler.request(id);
+      if (name.find("::forgotten") != std::string::npos) (void)scheduler.forgotten(id);
+      if (name.find("::forget(") != std::string::npos) scheduler.forget(id);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, state, [&] { call(1); }, names("id", "in [0, 1)", "1"));
+  }
+  scheduler.submit(request_of({5, 6}));
+  refuses<InvalidArgument>(
+      "kvlab::Scheduler::forget(int id)", input::kState, state, [&] { scheduler.forget(1); },
+      names("id", "a finished request", "1 (not finished)"));
+  scheduler.forget(0);
+  refuses<InvalidArgument>(
+      "kvlab::Scheduler::request(int id) const", input::kState, state,
+      [&] { (void)scheduler.request(0); }, names("id", "a request not forgotten", "0 (forgotten)"));
+  refuses<InvalidArgument>(
+      "kvlab::Scheduler::forget(int id)", input::kState, state, [&] { scheduler.forget(0); },
+      names("id", "a request not forgotten", "0 (forgotten)"));
+
+  const auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const char* engine_ctor =
+      "kvlab::Engine::Engine(std::shared_ptr< const LlamaWeights > weights, const EngineConfig "
+      "&config)";
+  refuses<InvalidArgument>(
+      engine_ctor, input::kEmpty, no_state, [] { kvlab::Engine e(nullptr, kvlab::EngineConfig{}); },
+      names("weights", "non-null weights", "nullptr"));
+  refuses<InvalidArgument>(
+      engine_ctor, input::kSize, no_state,
+      [&] {
+        kvlab::EngineConfig c;
+        c.num_blocks = 0;
+        kvlab::Engine e(weights, c);
+      },
+      names("num_blocks", ">= 1", "0"));
+  kvlab::EngineConfig c;
+  c.clock = kvlab::EngineClock::Steps;
+  kvlab::Engine engine(weights, c);
+  engine.submit(request_of({1, 2, 3}, 2));
+  const auto engine_state = [&] {
+    std::vector<long> s = state_of(engine.scheduler());
+    s.push_back(engine.steps());
+    return s;
+  };
+  refuses<InvalidArgument>(
+      "kvlab::Engine::submit(const Request &r)", input::kRange, engine_state,
+      [&] {
+        engine.submit(request_of({1, 256}));
+      },
+      names("request.prompt[1]", "an id in [0, 256)", "256"));
+  refuses<InvalidArgument>(
+      "kvlab::Engine::take_output(int id)", input::kState, engine_state,
+      [&] { (void)engine.take_output(0); }, names("id", "a finished request", "0 (not finished)"));
+  for (const char* e :
+       {"kvlab::Engine::output(int id) const", "kvlab::Engine::logits(int id) const",
+        "kvlab::Engine::take_output(int id)"}) {
+    const std::string name = e;
+    const auto call = [&](int id) {
+      if (name.find("::output") != std::string::npos) (void)engine.output(id);
+      if (name.find("::logits") != std::string::npos) (void)engine.logits(id);
+      if (name.find("::take_output") != std::string::npos) (void)engine.take_output(id);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, engine_state, [&] { call(1); }, names("id", "in [0, 1)", "1"));
+    refuses<InvalidArgument>(
+        e, input::kRange, engine_state, [&] { call(-1); }, names("id", "in [0, 1)", "-1"));
+  }
+}
+
+TEST_CASE("Sampler, Tokenizer, PrefixCache and the name parsers: bad input is refused") {
+  const char* ctor =
+      "kvlab::Sampler::Sampler(int vocab_size, float temperature, float top_p, std::uint64_t seed)";
+  refuses<InvalidArgument>(
+      ctor, input::kSize, no_state, [] { kvlab::Sampler s(0, 0.0f, 1.0f, 1); },
+      names("vocab_size", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      ctor, input::kValue, no_state, [] { kvlab::Sampler s(4, std::nanf(""), 1.0f, 1); },
+      names("temperature", "a finite value >= 0", "nan"));
+  refuses<InvalidArgument>(
+      ctor, input::kValue, no_state, [] { kvlab::Sampler s(4, 1.0f, 0.0f, 1); },
+      names("top_p", "a value in (0, 1]", "0"));
+  refuses<InvalidArgument>(
+      ctor, input::kValue, no_state, [] { kvlab::Sampler s(4, 1.0f, 1.5f, 1); },
+      names("top_p", "a value in (0, 1]", "1.5"));
+  kvlab::Sampler sampler(4, 1.0f, 0.9f, 7);
+  const kvlab::RowVector<float> logits = kvlab::RowVector<float>::LinSpaced(4, 0.0f, 1.0f);
+  // The state: the token the sampler draws next (a refused call must not have moved its
+  // generator).
+  const auto next_draw = [&] { return kvlab::Sampler(sampler).sample(logits); };
+  refuses<InvalidArgument>(
+      "kvlab::Sampler::sample(const RowVector< float > &logits)", input::kShape, next_draw,
+      [&] { (void)sampler.sample(kvlab::RowVector<float>::Zero(5)); },
+      names("logits.size()", "4 (vocab_size)", "5"));
+
+  const kvlab::Tokenizer tok({"<unk>", "<s>", "</s>", "a", "b", "ab"}, {0, 0, 0, -1, -1, 1});
+  const char* tok_ctor =
+      "kvlab::Tokenizer::Tokenizer(std::vector< std::string > pieces, std::vector< float > scores)";
+  refuses<InvalidArgument>(
+      tok_ctor, input::kShape, no_state,
+      [] {
+        kvlab::Tokenizer t({"<unk>", "<s>", "</s>"}, {0, 0});
+      },
+      names("scores.size()", "3 (one score per piece)", "2"));
+  refuses<InvalidArgument>(
+      tok_ctor, input::kSize, no_state,
+      [] {
+        kvlab::Tokenizer t({"<unk>", "<s>"}, {0, 0});
+      },
+      names("pieces.size()", "3 to 2^31-1 (ids 0, 1, 2 are <unk>, BOS, EOS)", "2"));
+  refuses<InvalidArgument>(
+      tok_ctor, input::kEmpty, no_state,
+      [] {
+        kvlab::Tokenizer t({"<unk>", "<s>", "</s>", ""}, {0, 0, 0, 0});
+      },
+      names("pieces[3]", "a non-empty string without NUL bytes", "an empty string"));
+  refuses<InvalidArgument>(
+      tok_ctor, input::kValue, no_state,
+      [] {
+        kvlab::Tokenizer t({"<unk>", "<s>", "</s>"}, {0, 0, INFINITY});
+      },
+      names("scores[2]", "a finite number", "inf"));
+  const char* tok_ctor3 =
+      "kvlab::Tokenizer::Tokenizer(std::vector< std::string > pieces, std::vector< float > scores, "
+      "int max_token_length)";
+  refuses<InvalidArgument>(
+      tok_ctor3, input::kShape, no_state,
+      [] {
+        kvlab::Tokenizer t({"<unk>", "<s>", "</s>"}, {0, 0, 0}, 3);
+      },
+      names("max_token_length", ">= 5 (the longest piece)", "3"));
+  for (const char* e :
+       {"kvlab::Tokenizer::piece(int id) const", "kvlab::Tokenizer::score(int id) const"}) {
+    const bool piece = std::string(e).find("piece") != std::string::npos;
+    const auto call = [&](int id) {
+      if (piece)
+        (void)tok.piece(id);
+      else
+        (void)tok.score(id);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, no_state, [&] { call(6); }, names("id", "an id in [0, 6)", "6"));
+    refuses<InvalidArgument>(
+        e, input::kRange, no_state, [&] { call(-1); }, names("id", "an id in [0, 6)", "-1"));
+  }
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::decode(int prev_token, int token) const", input::kRange, no_state,
+      [&] { (void)tok.decode(1, 6); }, names("token", "an id in [0, 6)", "6"));
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::decode(int prev_token, int token) const", input::kRange, no_state,
+      [&] { (void)tok.decode(-1, 3); }, names("prev_token", "an id in [0, 6)", "-1"));
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::decode(const std::vector< int > &tokens) const", input::kRange, no_state,
+      [&] {
+        (void)tok.decode(std::vector<int>{3, 9});
+      },
+      names("tokens[1]", "an id in [0, 6)", "9"));
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::encode(const std::string &text, bool bos, bool eos) const", input::kValue,
+      no_state, [&] { (void)tok.encode("c", false, false); },
+      names("byte fallback token of byte 32", "an id below vocab_size 6", "35"));
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::load(const std::string &path)", input::kEmpty, no_state,
+      [] { (void)kvlab::Tokenizer::load("/nonexistent/tokenizer.bin"); },
+      names("/nonexistent/tokenizer.bin", "an existing, readable tokenizer.bin file",
+            "a path that cannot be opened"));
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::load(const std::string &path, int vocab_size)", input::kSize, no_state,
+      [] { (void)kvlab::Tokenizer::load("/nonexistent/tokenizer.bin", 2); },
+      names("vocab_size", ">= 3 (ids 0, 1, 2 are <unk>, BOS, EOS)", "2"));
+
+  const char* cache_ctor =
+      "kvlab::PrefixCache::PrefixCache(int block_size, HashFunction hash=chain_hash)";
+  refuses<InvalidArgument>(
+      cache_ctor, input::kSize, no_state, [] { kvlab::PrefixCache c(0); },
+      names("block_size", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      cache_ctor, input::kEmpty, no_state, [] { kvlab::PrefixCache c(4, nullptr); },
+      names("hash", "a function", "nullptr"));
+
+  refuses<InvalidArgument>(
+      "kvlab::parse_kv_dtype(const std::string &name)", input::kValue, no_state,
+      [] { (void)kvlab::parse_kv_dtype("fp8"); },
+      names("name", "fp32, fp16, bf16, int8 or int4", "'fp8'"));
+  refuses<InvalidArgument>(
+      "kvlab::parse_batching_policy(const std::string &name)", input::kValue, no_state,
+      [] { (void)kvlab::parse_batching_policy(""); },
+      names("name", "continuous, static or contiguous", "''"));
+  refuses<InvalidArgument>(
+      "kvlab::parse_llama_backend(const std::string &name)", input::kValue, no_state,
+      [] { (void)kvlab::parse_llama_backend("Paged"); },
+      names("name", "naive, cached or paged", "'Paged'"));
+  refuses<InvalidArgument>(
+      "kvlab::quantile(std::vector< double > values, double q)", input::kValue, no_state,
+      [] {
+        (void)kvlab::quantile({1.0, 2.0, 3.0}, 2.0);
+      },
+      names("q", "in [0, 1]", "2"));
+  refuses<InvalidArgument>(
+      "kvlab::quantile(std::vector< double > values, double q)", input::kValue, no_state,
+      [] { (void)kvlab::quantile({1.0}, std::nan("")); }, names("q", "in [0, 1]", "nan"));
+}
