@@ -982,3 +982,221 @@ TEST_CASE("Sampler, Tokenizer, PrefixCache and the name parsers: bad input is re
       "kvlab::quantile(std::vector< double > values, double q)", input::kValue, no_state,
       [] { (void)kvlab::quantile({1.0}, std::nan("")); }, names("q", "in [0, 1]", "nan"));
 }
+
+TEST_CASE("The CPU attention functions refuse wrong shapes and leave the output unchanged") {
+  const kvlab::AttentionShape shape(4, 2, 2);  // q width 8, K/V width 4
+  kvlab::Rng rng(3);
+  const RowMatrix<double> q = kvlab::random_matrix<double>(3, 8, rng);
+  const RowMatrix<double> k = kvlab::random_matrix<double>(5, 4, rng), v = k;
+  RowMatrix<double> out = RowMatrix<double>::Constant(3, 8, 7.0);
+  const auto out_state = [&] { return std::vector<double>(out.data(), out.data() + out.size()); };
+  const RowMatrix<double> q_bad = RowMatrix<double>::Zero(3, 6);
+  const RowMatrix<double> k_bad = RowMatrix<double>::Zero(5, 5);
+  const char* naive_out =
+      "kvlab::cpu::naive_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > &q, "
+      "const Eigen::MatrixBase< K > &k, const Eigen::MatrixBase< V > &v, RowMatrix< T > &out, "
+      "CostCounters *counters=nullptr, int window=0)";
+  refuses<InvalidArgument>(
+      naive_out, input::kShape, out_state,
+      [&] { kvlab::cpu::naive_attention(shape, q_bad, k, v, out); },
+      names("q.cols()", "8 (num_heads * head_dim)", "6"));
+  refuses<InvalidArgument>(
+      naive_out, input::kShape, out_state,
+      [&] { kvlab::cpu::naive_attention(shape, q, k_bad, v, out); },
+      names("k.cols()", "4 (num_kv_heads * head_dim)", "5"));
+  refuses<InvalidArgument>(
+      naive_out, input::kShape, out_state,
+      [&] { kvlab::cpu::naive_attention(shape, q, k, RowMatrix<double>(v.topRows(4)), out); },
+      names("v.rows()", "5 (k.rows())", "4"));
+  refuses<InvalidArgument>(
+      naive_out, input::kSize, out_state,
+      [&] { kvlab::cpu::naive_attention(shape, q, k, v, out, nullptr, -1); },
+      names("window", ">= 0", "-1"));
+  const char* naive =
+      "kvlab::cpu::naive_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > &q, "
+      "const Eigen::MatrixBase< K > &k, const Eigen::MatrixBase< V > &v, CostCounters "
+      "*counters=nullptr, int window=0)";
+  refuses<InvalidArgument>(
+      naive, input::kShape, no_state,
+      [&] {
+        (void)kvlab::cpu::naive_attention(shape, q, RowMatrix<double>(k.topRows(2)),
+                                          RowMatrix<double>(v.topRows(2)));
+      },
+      names("k.rows()", ">= q.rows() (3)", "2"));
+  const char* ref4 =
+      "kvlab::cpu::reference_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > "
+      "&q, const Eigen::MatrixBase< K > &k, const Eigen::MatrixBase< V > &v)";
+  refuses<InvalidArgument>(
+      ref4, input::kShape, no_state,
+      [&] { (void)kvlab::cpu::reference_attention(shape, q_bad, k, v); },
+      names("q.cols()", "8 (num_heads * head_dim)", "6"));
+  const char* ref6 =
+      "kvlab::cpu::reference_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > "
+      "&q, const Eigen::MatrixBase< K > &k, const Eigen::MatrixBase< V > &v, int first_position, "
+      "int window=0)";
+  refuses<InvalidArgument>(
+      ref6, input::kRange, no_state,
+      [&] { (void)kvlab::cpu::reference_attention(shape, q, k, v, 3); },
+      names("first_position", "in [0, k.rows() - q.rows()] = [0, 2]", "3"));
+  refuses<InvalidArgument>(
+      ref6, input::kSize, no_state,
+      [&] { (void)kvlab::cpu::reference_attention(shape, q, k, v, 2, -3); },
+      names("window", ">= 0", "-3"));
+
+  kvlab::ContiguousKVCache<double> cache(1, 2, 2, 8);
+  cache.append(0, k, v);
+  const RowMatrix<double> q1 = q.topRows(1);
+  RowMatrix<double> out1 = RowMatrix<double>::Constant(1, 8, 7.0);
+  const auto out1_state = [&] {
+    return std::vector<double>(out1.data(), out1.data() + out1.size());
+  };
+  const char* decode_out =
+      "kvlab::cpu::decode_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > &q, "
+      "const ContiguousKVView< S > &cache, RowMatrix< T > &out, CostCounters *counters=nullptr)";
+  refuses<InvalidArgument>(
+      decode_out, input::kShape, out1_state,
+      [&] {
+        kvlab::cpu::decode_attention(shape, RowMatrix<double>(q_bad.topRows(1)), cache.view(0),
+                                     out1);
+      },
+      names("q.cols()", "8 (num_heads * head_dim)", "6"));
+  refuses<InvalidArgument>(
+      decode_out, input::kOverflow, out1_state,
+      [&] {
+        kvlab::cpu::decode_attention(shape, RowMatrix<double>::Zero(6, 8), cache.view(0), out1);
+      },
+      names("cache.length", "in [q.rows() (6), cache.capacity (8)]", "5"));
+  refuses<InvalidArgument>(
+      decode_out, input::kShape, out1_state,
+      [&] {
+        kvlab::cpu::decode_attention(kvlab::AttentionShape(4, 4, 2), q1, cache.view(0), out1);
+      },
+      names("cache.num_kv_heads", "4 (shape.num_kv_heads())", "2"));
+  const char* decode =
+      "kvlab::cpu::decode_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > &q, "
+      "const ContiguousKVView< S > &cache, CostCounters *counters=nullptr)";
+  kvlab::ContiguousKVCache<double> empty_cache(1, 2, 2, 8);
+  refuses<InvalidArgument>(
+      decode, input::kEmpty, no_state,
+      [&] { (void)kvlab::cpu::decode_attention(shape, q1, empty_cache.view(0)); },
+      names("cache.length", "in [q.rows() (1), cache.capacity (8)]", "0"));
+
+  const auto pool = small_paged_cache();
+  const kvlab::BlockTables tables = pool->tables({0, 1});
+  const kvlab::PagedKVView<double> view = pool->view(0, tables);
+  const RowMatrix<double> q2 = q.topRows(2);
+  const char* paged_decode =
+      "kvlab::cpu::paged_decode_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q "
+      "> &q, const PagedKVView< S > &cache, CostCounters *counters=nullptr)";
+  refuses<InvalidArgument>(
+      paged_decode, input::kShape, no_state,
+      [&] { (void)kvlab::cpu::paged_decode_attention(shape, q, view); },
+      names("q.rows()", "2 (cache.batch (one query per sequence))", "3"));
+  const char* paged_decode_out =
+      "kvlab::cpu::paged_decode_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q "
+      "> &q, const PagedKVView< S > &cache, RowMatrix< T > &out, CostCounters *counters=nullptr)";
+  RowMatrix<double> out2 = RowMatrix<double>::Constant(2, 8, 7.0);
+  const auto out2_state = [&] {
+    return std::vector<double>(out2.data(), out2.data() + out2.size());
+  };
+  refuses<InvalidArgument>(
+      paged_decode_out, input::kShape, out2_state,
+      [&] {
+        kvlab::cpu::paged_decode_attention(shape, RowMatrix<double>(q_bad.topRows(2)), view, out2);
+      },
+      names("q.cols()", "8 (num_heads * head_dim)", "6"));
+  const char* prefill =
+      "kvlab::cpu::paged_prefill_attention(const AttentionShape &shape, const Eigen::MatrixBase< "
+      "Q > &q, const std::vector< std::int32_t > &qo_indptr, const PagedKVView< S > &cache, "
+      "CostCounters *counters=nullptr)";
+  refuses<InvalidArgument>(
+      prefill, input::kShape, no_state,
+      [&] {
+        (void)kvlab::cpu::paged_prefill_attention(shape, q, {0, 3}, view);
+      },
+      names("qo_indptr.size()", "3 (cache.batch + 1)", "2"));
+  refuses<InvalidArgument>(
+      prefill, input::kShape, no_state,
+      [&] {
+        (void)kvlab::cpu::paged_prefill_attention(shape, q, {0, 1, 2}, view);
+      },
+      names("qo_indptr[batch]", "3 (q.rows())", "2"));
+  const char* prefill_out =
+      "kvlab::cpu::paged_prefill_attention(const AttentionShape &shape, const Eigen::MatrixBase< "
+      "Q > &q, const std::vector< std::int32_t > &qo_indptr, const PagedKVView< S > &cache, "
+      "RowMatrix< T > &out, CostCounters *counters=nullptr)";
+  refuses<InvalidArgument>(
+      prefill_out, input::kRange, out_state,
+      [&] {
+        kvlab::cpu::paged_prefill_attention(shape, q, {0, 4, 3}, view, out);
+      },
+      names("qo_indptr[2]", "in [qo_indptr[1] (4), that + the sequence's length (5)]", "3"));
+}
+
+TEST_CASE("LlamaConfig setters, the model and the decoders refuse bad sizes") {
+  const auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const char* model_ctor =
+      "kvlab::LlamaModel::LlamaModel(std::shared_ptr< const LlamaWeights > weights, LlamaBackend "
+      "backend, int block_size=16, int max_tokens=0, KVDtype kv_dtype=KVDtype::fp32, int window=0)";
+  refuses<InvalidArgument>(
+      model_ctor, input::kEmpty, no_state,
+      [] { kvlab::LlamaModel m(nullptr, kvlab::LlamaBackend::Cached); },
+      names("weights", "non-null weights", "nullptr"));
+  refuses<InvalidArgument>(
+      model_ctor, input::kRange, no_state,
+      [&] { kvlab::LlamaModel m(weights, kvlab::LlamaBackend::Cached, 16, 513); },
+      names("max_tokens", "in [0, seq_len (512)]", "513"));
+  refuses<InvalidArgument>(
+      model_ctor, input::kSize, no_state,
+      [&] { kvlab::LlamaModel m(weights, kvlab::LlamaBackend::Paged, 0); },
+      names("block_size", ">= 1", "0"));
+  kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, 8);
+  model.prefill({1, 2, 3});
+  const auto model_state = [&] { return model.tokens(); };
+  refuses<InvalidArgument>(
+      "kvlab::LlamaModel::decode(int token)", input::kRange, model_state,
+      [&] { (void)model.decode(256); }, names("tokens[0]", "an id in [0, 256)", "256"));
+  refuses<InvalidArgument>(
+      "kvlab::LlamaModel::forward(const std::vector< int > &tokens)", input::kEmpty, model_state,
+      [&] { (void)model.forward({}); }, names("tokens.size()", ">= 1", "0"));
+  refuses<kvlab::CapacityError>(
+      "kvlab::LlamaModel::forward(const std::vector< int > &tokens)", input::kOverflow, model_state,
+      [&] {
+        (void)model.forward({1, 2, 3, 4, 5, 6});
+      },
+      names("tokens.size()", "at most 5 (max_tokens 8, position 3)", "6"));
+  refuses<InvalidArgument>(
+      "kvlab::LlamaModel::prefill(const std::vector< int > &tokens)", input::kRange, model_state,
+      [&] { (void)model.prefill({-1}); }, names("tokens[0]", "an id in [0, 256)", "-1"));
+
+  const auto stack = kvlab::AttentionStack<double>::random(1, kvlab::AttentionShape(2, 1, 4), 8, 5);
+  refuses<InvalidArgument>(
+      "kvlab::CachedDecoder::CachedDecoder(std::shared_ptr< const AttentionStack< T > > stack, int "
+      "capacity, int window=0)",
+      input::kSize, no_state, [&] { kvlab::CachedDecoder<double> d(stack, 0); },
+      names("capacity", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::NaiveDecoder::NaiveDecoder(std::shared_ptr< const AttentionStack< T > > stack, int "
+      "window=0)",
+      input::kEmpty, no_state, [] { kvlab::NaiveDecoder<double> d(nullptr); },
+      names("stack", "a non-null stack", "nullptr"));
+  refuses<InvalidArgument>(
+      "kvlab::PagedDecoder::PagedDecoder(std::shared_ptr< const AttentionStack< T > > stack, int "
+      "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0)",
+      input::kSize, no_state, [&] { kvlab::PagedDecoder<double> d(stack, 4, 0); },
+      names("num_blocks", ">= 1", "0"));
+  kvlab::CachedDecoder<double> decoder(stack, 4);
+  decoder.prefill(RowMatrix<double>::Ones(2, 8));
+  const auto decoder_state = [&] { return decoder.position(); };
+  refuses<InvalidArgument>(
+      "kvlab::Decoder::decode(const RowVector< T > &x)", input::kShape, decoder_state,
+      [&] { (void)decoder.decode(kvlab::RowVector<double>::Ones(7)); },
+      names("x.cols()", "8 (d_model)", "7"));
+  refuses<kvlab::CapacityError>(
+      "kvlab::Decoder::prefill(const RowMatrix< T > &x)", input::kOverflow, decoder_state,
+      [&] { (void)decoder.prefill(RowMatrix<double>::Ones(3, 8)); },
+      names("new tokens of sequence 0", "at most 2 (capacity 4, length 2)", "3"));
+  refuses<InvalidArgument>(
+      "kvlab::Decoder::rewind(int position)", input::kRange, decoder_state,
+      [&] { decoder.rewind(3); }, names("position", "in [0, 2]", "3"));
+}
