@@ -38,6 +38,7 @@ struct CheckpointFile {
 /// Opens `path` for reading and measures it.
 inline CheckpointFile open_checkpoint(const char* where, const std::string& path) {
   CheckpointFile file{path, std::ifstream(path, std::ios::binary), 0};
+  if (path.empty()) detail::fail(where, "path", "the name of a llama2.c checkpoint", "''");
   if (!file.stream)
     detail::fail(where, path, "an existing, readable llama2.c checkpoint",
                  "a path that cannot be opened");

@@ -358,6 +358,7 @@ class Tokenizer {
   static Tokenizer read_file(const std::string& path, int vocab_size) {
     const char* where = "Tokenizer::load";
     std::ifstream file(path, std::ios::binary);
+    if (path.empty()) detail::fail(where, "path", "the name of a tokenizer.bin file", "''");
     if (!file)
       detail::fail(where, path, "an existing, readable tokenizer.bin file",
                    "a path that cannot be opened");
