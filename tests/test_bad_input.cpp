@@ -1200,3 +1200,169 @@ TEST_CASE("LlamaConfig setters, the model and the decoders refuse bad sizes") {
       "kvlab::Decoder::rewind(int position)", input::kRange, decoder_state,
       [&] { decoder.rewind(3); }, names("position", "in [0, 2]", "3"));
 }
+
+TEST_CASE(
+    "The analysis functions, the stores, RoPE, the loaders and the workload refuse bad input") {
+  refuses<InvalidArgument>(
+      "kvlab::blocks_needed(std::int64_t tokens, int block_size)", input::kSize, no_state,
+      [] { (void)kvlab::blocks_needed(-1, 16); }, names("tokens", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      "kvlab::blocks_needed(std::int64_t tokens, int block_size)", input::kSize, no_state,
+      [] { (void)kvlab::blocks_needed(5, 0); }, names("block_size", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::max_contiguous_sequences(std::uint64_t budget_bytes, std::int64_t max_len, "
+      "std::uint64_t bytes_per_token)",
+      input::kSize, no_state, [] { (void)kvlab::max_contiguous_sequences(1024, 0, 4); },
+      names("max_len", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::blocks_in_budget(std::uint64_t budget_bytes, int block_size, std::uint64_t "
+      "bytes_per_token)",
+      input::kSize, no_state, [] { (void)kvlab::blocks_in_budget(1024, 16, 0); },
+      names("bytes_per_token", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::paged_footprint(const std::vector< std::int64_t > &lengths, int block_size, "
+      "std::uint64_t bytes_per_token)",
+      input::kSize, no_state,
+      [] {
+        (void)kvlab::paged_footprint({3, -2}, 16, 4);
+      },
+      names("lengths[1]", ">= 0", "-2"));
+  refuses<InvalidArgument>(
+      "kvlab::contiguous_footprint(const std::vector< std::int64_t > &lengths, std::int64_t "
+      "max_len, std::uint64_t bytes_per_token)",
+      input::kRange, no_state,
+      [] {
+        (void)kvlab::contiguous_footprint({3, 9}, 8, 4);
+      },
+      names("lengths[1]", "in [0, max_len (8)]", "9"));
+  refuses<InvalidArgument>(
+      "kvlab::max_paged_sequences(const std::vector< std::int64_t > &lengths, int block_size, "
+      "std::uint64_t bytes_per_token, std::uint64_t budget_bytes)",
+      input::kSize, no_state, [] { (void)kvlab::max_paged_sequences({3}, 0, 4, 1024); },
+      names("block_size", ">= 1", "0"));
+  const kvlab::ModelConfig model = kvlab::to_model_config(kvlab::LlamaConfig::tiny());
+  refuses<InvalidArgument>(
+      "kvlab::kv_cache_bytes(const ModelConfig &config, std::int64_t tokens, std::int64_t batch, "
+      "KVDtype dtype, std::int64_t window=0)",
+      input::kSize, no_state,
+      [&] { (void)kvlab::kv_cache_bytes(model, -1, 1, kvlab::KVDtype::fp32); },
+      names("tokens", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      "kvlab::kv_cache_bytes(const ModelConfig &config, std::int64_t tokens, std::int64_t batch, "
+      "KVDtype dtype, std::int64_t window=0)",
+      input::kOverflow, no_state,
+      [&] { (void)kvlab::kv_cache_bytes(model, INT64_MAX, INT64_MAX, kvlab::KVDtype::fp32); },
+      names("tokens", "at most 48038396025285290 (so that the size fits in std::uint64_t)",
+            "9223372036854775807"));
+
+  const char* contiguous =
+      "kvlab::ContiguousStore::ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int "
+      "capacity, int window=0)";
+  refuses<InvalidArgument>(
+      contiguous, input::kSize, no_state, [] { kvlab::ContiguousStore<double> s(1, 1, 2, 0); },
+      names("capacity", ">= 1", "0"));
+  const char* paged =
+      "kvlab::PagedStore::PagedStore(int num_layers, int num_kv_heads, int head_dim, int "
+      "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0)";
+  refuses<InvalidArgument>(
+      paged, input::kSize, no_state, [] { kvlab::PagedStore<double> s(1, 1, 2, 4, 0); },
+      names("num_blocks", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::PagedStore::PagedStore(std::shared_ptr< PagedKVCache< T, S > > pool)", input::kEmpty,
+      no_state, [] { kvlab::PagedStore<double> s(nullptr); },
+      names("pool", "a non-null pool", "nullptr"));
+  const char* recompute =
+      "kvlab::RecomputeStore::RecomputeStore(int num_layers, int num_kv_heads, int head_dim, int "
+      "input_width, int window=0)";
+  refuses<InvalidArgument>(
+      recompute, input::kSize, no_state, [] { kvlab::RecomputeStore<double> s(1, 1, 2, 0); },
+      names("input_width", ">= 1", "0"));
+  kvlab::ContiguousStore<double> store(1, 1, 2, 8);
+  const int seq = store.add_sequence();
+  const auto store_state = [&] { return store.sequences(); };
+  refuses<InvalidArgument>(
+      "kvlab::ContiguousStore::cache(int seq) const", input::kRange, store_state,
+      [&] { (void)store.cache(seq + 1); },
+      names("seq", "a live sequence id", std::to_string(seq + 1)));
+  for (const char* e : {"kvlab::KVStore::length(int seq) const", "kvlab::KVStore::fork(int seq)",
+                        "kvlab::KVStore::free_sequence(int seq)"}) {
+    const std::string name = e;
+    kvlab::KVStore<double>& base = store;
+    const auto call = [&](int s) {
+      if (name.find("::length") != std::string::npos) (void)base.length(s);
+      if (name.find("::fork") != std::string::npos) (void)base.fork(s);
+      if (name.find("::free_sequence") != std::string::npos) base.free_sequence(s);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, store_state, [&] { call(7); }, names("seq", "a live sequence id", "7"));
+  }
+  refuses<InvalidArgument>(
+      "kvlab::KVStore::truncate(int seq, int length)", input::kRange, store_state,
+      [&] { store.truncate(seq, 1); }, names("length", "in [0, 0]", "1"));
+  refuses<InvalidArgument>(
+      "kvlab::KVStore::append(int layer, const RowMatrix< T > &k, const RowMatrix< T > &v)",
+      input::kState, store_state,
+      [&] { store.append(0, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)); },
+      names("step", "a step open (begin_step first)", "none"));
+
+  const char* rope = "kvlab::RotaryEmbedding::RotaryEmbedding(int head_dim, int max_positions)";
+  refuses<InvalidArgument>(
+      rope, input::kShape, no_state, [] { kvlab::RotaryEmbedding r(3, 8); },
+      names("head_dim", "an even number", "3"));
+  refuses<InvalidArgument>(
+      rope, input::kSize, no_state, [] { kvlab::RotaryEmbedding r(4, 0); },
+      names("max_positions", ">= 1", "0"));
+  const kvlab::RotaryEmbedding r(4, 8);
+  RowMatrix<float> x = RowMatrix<float>::Ones(2, 8);
+  const auto x_state = [&] { return std::vector<float>(x.data(), x.data() + x.size()); };
+  refuses<InvalidArgument>(
+      "kvlab::RotaryEmbedding::apply(Eigen::Ref< RowMatrix< float > > x, int first_position) const",
+      input::kRange, x_state, [&] { r.apply(x, 7); },
+      names("first_position", "positions within [0, 8)", "7 + 2 rows"));
+  RowMatrix<double> xd = RowMatrix<double>::Ones(2, 6);
+  const auto xd_state = [&] { return std::vector<double>(xd.data(), xd.data() + xd.size()); };
+  refuses<InvalidArgument>(
+      "kvlab::RotaryEmbedding::apply(Eigen::Ref< RowMatrix< double > > x, int first_position) "
+      "const",
+      input::kShape, xd_state, [&] { r.apply(xd, 0); },
+      names("x.cols()", "a multiple of head_dim (4)", "6"));
+
+  refuses<InvalidArgument>(
+      "kvlab::load_llama_checkpoint(const std::string &path)", input::kEmpty, no_state,
+      [] { (void)kvlab::load_llama_checkpoint("/nonexistent/model.bin"); },
+      names("/nonexistent/model.bin", "an existing, readable llama2.c checkpoint",
+            "a path that cannot be opened"));
+  refuses<InvalidArgument>(
+      "kvlab::read_llama_config(const std::string &path)", input::kEmpty, no_state,
+      [] { (void)kvlab::read_llama_config(""); },
+      names("path", "the name of a llama2.c checkpoint", "''"));
+  refuses<InvalidArgument>(
+      "kvlab::Tokenizer::load(const std::string &path)", input::kEmpty, no_state,
+      [] { (void)kvlab::Tokenizer::load(""); },
+      names("path", "the name of a tokenizer.bin file", "''"));
+  kvlab::WorkloadSpec spec;
+  spec.prompt_min = 5;
+  spec.prompt_max = 4;
+  refuses<InvalidArgument>(
+      "kvlab::make_workload(const WorkloadSpec &spec, int vocab_size)", input::kRange, no_state,
+      [&] { (void)kvlab::make_workload(spec, 256); },
+      names("spec.prompt_max", ">= spec.prompt_min (5)", "4"));
+  refuses<InvalidArgument>(
+      "kvlab::make_workload(const WorkloadSpec &spec, int vocab_size)", input::kSize, no_state,
+      [] { (void)kvlab::make_workload(kvlab::WorkloadSpec{}, 0); },
+      names("vocab_size", ">= 1", "0"));
+
+  const float probs[3] = {0.2f, 0.3f, 0.5f};
+  refuses<InvalidArgument>(
+      "kvlab::sample_argmax(const float *values, int n)", input::kSize, no_state,
+      [&] { (void)kvlab::sample_argmax(probs, 0); }, names("n", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::sample_mult(const float *probs, int n, float coin)", input::kSize, no_state,
+      [&] { (void)kvlab::sample_mult(probs, -1, 0.5f); }, names("n", ">= 1", "-1"));
+  std::vector<kvlab::ProbIndex> scratch;
+  refuses<InvalidArgument>(
+      "kvlab::sample_topp(const float *probs, int n, float top_p, float coin, std::vector< "
+      "ProbIndex > &scratch)",
+      input::kSize, no_state, [&] { (void)kvlab::sample_topp(probs, 0, 0.9f, 0.5f, scratch); },
+      names("n", ">= 1", "0"));
+}
