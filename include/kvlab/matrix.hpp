@@ -7,6 +7,7 @@
 
 #include <Eigen/Dense>
 
+#include "kvlab/config.hpp"
 #include "kvlab/core/random.hpp"
 
 namespace kvlab {
@@ -30,9 +31,12 @@ void fill_uniform(Eigen::DenseBase<Derived>& m, Rng& rng, double lo, double hi) 
 }
 
 /// A `[rows, cols]` matrix of values drawn uniformly from `[lo, hi)`.
+/// \throws InvalidArgument if `rows` or `cols` is negative.
 template <typename T>
 RowMatrix<T> random_matrix(Eigen::Index rows, Eigen::Index cols, Rng& rng, double lo = -1.0,
                            double hi = 1.0) {
+  detail::require_at_least("kvlab::random_matrix", "rows", rows, Eigen::Index{0});
+  detail::require_at_least("kvlab::random_matrix", "cols", cols, Eigen::Index{0});
   RowMatrix<T> m(rows, cols);
   fill_uniform(m, rng, lo, hi);
   return m;

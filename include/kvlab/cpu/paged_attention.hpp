@@ -53,10 +53,12 @@ struct PagedAttentionPlan {
 /// \param shape      the head layout
 /// \param cache      the pool and the batch's block tables
 /// \param qo_indptr  [cache.batch + 1]: the query rows of each sequence (as the kernels take)
-/// \param threads    the threads available
+/// \param threads    the threads available, >= 1
+/// \throws InvalidArgument if `threads < 1`.
 template <typename T>
 PagedAttentionPlan plan_paged_attention(const AttentionShape& shape, const PagedKVView<T>& cache,
                                         const std::int32_t* qo_indptr, int threads) {
+  kvlab::detail::require_at_least("kvlab::cpu::plan_paged_attention", "threads", threads, 1);
   PagedAttentionPlan plan;
   const int kv_heads = shape.num_kv_heads();
   long long elements = 0;  // K/V elements per tensor in the batch

@@ -54,8 +54,9 @@ struct Generation {
 /// \param steps       tokens to generate, >= 1
 /// \param on_token    if set, called with each generated token as soon as it is drawn
 /// \param stop_token  the token that ends generation (not included in the result), or -1
-/// \throws InvalidArgument if `prompt` is empty or has a bad id, `steps < 1`, or the model
-///         cannot hold `prompt.size() + steps - 1` more tokens (nothing is run then).
+/// \throws InvalidArgument if `prompt` is empty or has a bad id, `steps < 1`, `stop_token` is
+///         neither -1 nor an id of the vocabulary, or the model cannot hold
+///         `prompt.size() + steps - 1` more tokens (nothing is run then).
 inline Generation generate(LlamaModel& model, Sampler& sampler, const std::vector<int>& prompt,
                            int steps, const std::function<void(int)>& on_token = nullptr,
                            int stop_token = -1) {
@@ -63,6 +64,10 @@ inline Generation generate(LlamaModel& model, Sampler& sampler, const std::vecto
   using Clock = std::chrono::steady_clock;
   detail::require_at_least(kWhere, "prompt.size()", prompt.size(), std::size_t{1});
   detail::require_at_least(kWhere, "steps", steps, 1);
+  if (stop_token < -1 || stop_token >= model.config().vocab_size)
+    detail::fail(kWhere, "stop_token",
+                 "-1 (none) or an id in [0, " + std::to_string(model.config().vocab_size) + ")",
+                 stop_token);
   const long room = static_cast<long>(model.max_tokens()) - model.position() -
                     static_cast<long>(prompt.size()) + 1;
   if (steps > room) {

@@ -244,6 +244,8 @@ class Scheduler {
       detail::fail("kvlab::Scheduler::schedule", "step", "none open (complete_step first)",
                    "a step open");
     }
+    if (!std::isfinite(now))
+      detail::fail("kvlab::Scheduler::schedule", "now", "a finite time", now);
     plan_ = StepPlan{};
     taken_ = 0;
     while (!pending_.empty() && request(pending_.front()).request.arrival <= now) {
@@ -272,6 +274,7 @@ class Scheduler {
   std::vector<int> complete_step(const std::vector<int>& drawn, double now) {
     constexpr const char* kWhere = "kvlab::Scheduler::complete_step";
     if (!open_) detail::fail(kWhere, "step", "a step open (schedule first)", "none");
+    if (!std::isfinite(now)) detail::fail(kWhere, "now", "a finite time", now);
     detail::require_equal(kWhere, "drawn.size()", drawn.size(), plan_.chunks.size(),
                           "the plan's chunks");
     for (std::size_t i = 0; i < plan_.chunks.size(); ++i) {  // checked before anything changes
