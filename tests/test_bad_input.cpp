@@ -1594,9 +1594,6 @@ TEST_CASE("More of the library: layers, weights, stores, the model's batch, gene
       "kvlab::BlockTables::view(const T *k, const T *v, int num_kv_heads, int head_dim, KVLayout "
       "layout=KVLayout::NHD) const &";
   refuses<InvalidArgument>(
-      view, input::kEmpty, no_state, [&] { (void)tables.view<float>(nullptr, v.data(), 1, 2); },
-      names("k", "a pool's address", "nullptr"));
-  refuses<InvalidArgument>(
       view, input::kSize, no_state, [&] { (void)tables.view(k.data(), v.data(), 1, 0); },
       names("head_dim", ">= 1", "0"));
   const kvlab::PagedKVView<float> pool_view = tables.view(k.data(), v.data(), 1, 2);

@@ -168,13 +168,12 @@ class BlockTables {
   /// \param head_dim      values per head
   /// \param layout        `KVLayout::NHD`: `[num_blocks, block_size, num_kv_heads, head_dim]`;
   ///                      `KVLayout::HND`: `[num_blocks, num_kv_heads, block_size, head_dim]`
-  /// \throws InvalidArgument if `k` or `v` is null, or `num_kv_heads` or `head_dim` is below 1.
+  /// \throws InvalidArgument if `num_kv_heads` or `head_dim` is below 1. (Null `k` and `v` give a
+  ///         view of the tables alone: `seq_len` and `block_of` read no pool.)
   template <typename T>
   PagedKVView<T> view(const T* k, const T* v, int num_kv_heads, int head_dim,
                       KVLayout layout = KVLayout::NHD) const& {
     constexpr const char* kWhere = "kvlab::BlockTables::view";
-    if (k == nullptr || v == nullptr)
-      detail::fail(kWhere, k == nullptr ? "k" : "v", "a pool's address", "nullptr");
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     PagedKVView<T> out;
