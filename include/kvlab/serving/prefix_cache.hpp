@@ -129,6 +129,8 @@ class PrefixCache {
   /// \param parent  the entry of the block before it, `kRoot` or `kBroken`
   /// \param tokens  [block_size] the block's token ids
   /// \param block   the pool block that holds their keys and values
+  /// \throws InvalidArgument (nothing changes) if `block` is out of the pool's range, free, or
+  ///         cached already under another chain.
   template <typename Pool>
   std::int64_t insert(Pool& pool, std::int64_t parent, const int* tokens, std::int32_t block) {
     if (parent == kBroken || (parent != kRoot && entries_.count(parent) == 0)) return kBroken;
@@ -148,7 +150,13 @@ class PrefixCache {
   }
 
   /// Takes the blocks of a hit out of the LRU queue: a sequence is about to hold them.
+  /// \throws InvalidArgument (nothing changes) if a block is not cached.
   void take(const std::vector<std::int32_t>& blocks) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (!holds(blocks[i]))
+        detail::fail("kvlab::PrefixCache::take", "blocks[" + std::to_string(i) + "]",
+                     "a cached block", blocks[i]);
+    }
     for (std::int32_t b : blocks) unqueue(b);
   }
 
@@ -165,8 +173,10 @@ class PrefixCache {
 
   /// Evicts up to `n` evictable blocks, from the front of the LRU queue, and gives them back to
   /// `pool`. Returns how many were evicted.
+  /// \throws InvalidArgument if `n < 0`.
   template <typename Pool>
   int evict(Pool& pool, int n) {
+    detail::require_at_least("kvlab::PrefixCache::evict", "n", n, 0);
     int evicted = 0;
     for (; evicted < n && !lru_.empty(); ++evicted) {
       const std::int32_t b = lru_.front();
