@@ -1629,3 +1629,39 @@ TEST_CASE("More of the library: layers, weights, stores, the model's batch, gene
       },
       names("step", "a step open (begin_step first)", "none"));
 }
+
+TEST_CASE("PrefixCache: blocks it does not hold and negative counts are refused") {
+  kvlab::PagedKVCache<float> pool(1, 1, 2, 4, 8);
+  const int seq = pool.add_sequence();
+  (void)pool.reserve(seq, 8);
+  const std::vector<std::int32_t> blocks = pool.blocks(seq);  // [2]
+  kvlab::PrefixCache cache(4);
+  const int first[4] = {1, 2, 3, 4}, other[4] = {5, 6, 7, 8};
+  (void)cache.insert(pool, kvlab::PrefixCache::kRoot, first, blocks[0]);
+  const auto state = [&] {
+    std::vector<long> s = state_of(static_cast<const kvlab::PagedKVCacheBase&>(pool));
+    s.push_back(cache.cached_blocks());
+    s.push_back(cache.evictable_blocks());
+    return s;
+  };
+  const char* insert =
+      "kvlab::PrefixCache::insert(Pool &pool, std::int64_t parent, const int *tokens, std::int32_t "
+      "block)";
+  refuses<InvalidArgument>(
+      insert, input::kRange, state,
+      [&] { (void)cache.insert(pool, kvlab::PrefixCache::kRoot, other, 99); },
+      names("block", "in [0, 8)", "99"));
+  refuses<InvalidArgument>(
+      insert, input::kState, state,
+      [&] { (void)cache.insert(pool, kvlab::PrefixCache::kRoot, other, blocks[0]); },
+      names("block", "a block not cached yet", std::to_string(blocks[0])));
+  refuses<InvalidArgument>(
+      "kvlab::PrefixCache::evict(Pool &pool, int n)", input::kSize, state,
+      [&] { (void)cache.evict(pool, -1); }, names("n", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      "kvlab::PrefixCache::take(const std::vector< std::int32_t > &blocks)", input::kState, state,
+      [&] {
+        cache.take({blocks[0], blocks[1]});
+      },
+      names("blocks[1]", "a cached block", std::to_string(blocks[1])));
+}
