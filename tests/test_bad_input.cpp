@@ -11,6 +11,8 @@
 #include <climits>
 #include <cstdint>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "bad_input/bad_input.hpp"
@@ -1664,4 +1666,221 @@ TEST_CASE("PrefixCache: blocks it does not hold and negative counts are refused"
         cache.take({blocks[0], blocks[1]});
       },
       names("blocks[1]", "a cached block", std::to_string(blocks[1])));
+}
+
+TEST_CASE("The model's steps, the random numbers and the reports refuse bad input") {
+  // A layer of 1 head of 2 values over d_model 4, and a contiguous store with one step open:
+  // one sequence adding 2 tokens.
+  const kvlab::AttentionShape shape(1, 1, 2);
+  const auto stack = kvlab::AttentionStack<double>::random(1, shape, 4, 1);
+  const kvlab::AttentionLayer<double>& layer = stack->layer(0);
+  const RowMatrix<double> x = RowMatrix<double>::Ones(2, 4);
+  const RowMatrix<double> narrow = RowMatrix<double>::Ones(2, 3);
+  RowMatrix<double> k = RowMatrix<double>::Constant(1, 2, 5.0), v = k;
+  const auto kv_state = [&] { return std::vector<double>{k(0, 0), v(0, 0), double(k.rows())}; };
+  refuses<InvalidArgument>(
+      "kvlab::AttentionLayer::project_q(const RowMatrix< T > &x, CostCounters "
+      "*counters=nullptr) const",
+      input::kShape, no_state, [&] { (void)layer.project_q(narrow); },
+      names("x.cols()", "4 (d_model)", "3"));
+  const char* project_kv =
+      "kvlab::AttentionLayer::project_kv(const RowMatrix< T > &x, RowMatrix< T > &k, RowMatrix< T "
+      "> &v, CostCounters *counters=nullptr) const";
+  refuses<InvalidArgument>(
+      project_kv, input::kShape, kv_state, [&] { layer.project_kv(narrow, k, v); },
+      names("x.cols()", "4 (d_model)", "3"));
+  refuses<InvalidArgument>(
+      project_kv, input::kState, kv_state, [&] { layer.project_kv(x, k, k); },
+      names("k, v", "two matrices distinct from x and each other", "an alias"));
+  refuses<InvalidArgument>(
+      "kvlab::AttentionLayer::project_out(const RowMatrix< T > &attn, CostCounters "
+      "*counters=nullptr) const",
+      input::kShape, no_state, [&] { (void)layer.project_out(narrow); },
+      names("attn.cols()", "2 (num_heads * head_dim)", "3"));
+  refuses<InvalidArgument>(
+      "kvlab::Decoder::Decoder(std::shared_ptr< const AttentionStack< T > > stack)", input::kEmpty,
+      no_state, [] { kvlab::CachedDecoder<double> d(nullptr, 8); },
+      names("stack", "a non-null stack", "nullptr"));
+
+  // run_stack: a store of the wrong depth, inputs of the wrong width.
+  const char* run_stack =
+      "kvlab::run_stack(const AttentionStack< T > &stack, KVStore< T > &store, const std::vector< "
+      "int > &seqs, const std::vector< std::int32_t > &x_indptr, const RowMatrix< T > &x, "
+      "CostCounters *counters=nullptr, const char *caller=\"kvlab::run_stack\")";
+  kvlab::ContiguousStore<double> deep(2, 1, 2, 8);
+  const int deep_seq = deep.add_sequence();
+  refuses<InvalidArgument>(
+      run_stack, input::kShape, [&] { return deep.length(deep_seq); },
+      [&] { (void)kvlab::run_stack(*stack, deep, {deep_seq}, {0, 2}, x); },
+      names("store.num_layers()", "1 (the stack's num_layers)", "2"));
+  kvlab::ContiguousStore<double> store(1, 1, 2, 8);
+  const int seq = store.add_sequence();
+  refuses<InvalidArgument>(
+      run_stack, input::kShape, [&] { return store.length(seq); },
+      [&] { (void)kvlab::run_stack(*stack, store, {seq}, {0, 2}, narrow); },
+      names("x.cols()", "4 (d_model)", "3"));
+
+  // attention_step with a step open, and new_token_rows.
+  RowMatrix<double> inputs;
+  const kvlab::StepBatch& batch = store.begin_step({seq}, {0, 2}, x, inputs, nullptr);
+  RowMatrix<double> out = RowMatrix<double>::Constant(1, 4, 7.0);
+  const auto out_state = [&] {
+    std::vector<double> s(out.data(), out.data() + out.size());
+    s.push_back(store.length(seq));
+    return s;
+  };
+  kvlab::StepScratch<double> scratch;
+  kvlab::CostCounters counters;
+  refuses<InvalidArgument>(
+      "kvlab::attention_step(const AttentionShape &shape, const AttentionWeights< T > &w, const "
+      "RotaryEmbedding *rope, KVStore< T > &store, int layer, bool top, const RowMatrix< T > &xb, "
+      "RowMatrix< T > &out, StepScratch< T > &scratch, CostCounters &counters)",
+      input::kShape, out_state,
+      [&] {
+        kvlab::attention_step(shape, layer.weights(), nullptr, store, 0, true,
+                              RowMatrix<double>(RowMatrix<double>::Ones(3, 4)), out, scratch,
+                              counters);
+      },
+      names("xb.rows()", "2 (the step's rows)", "3"));
+  const char* new_token_rows =
+      "kvlab::new_token_rows(const StepBatch &batch, const RowMatrix< T > &x, RowMatrix< T > &out)";
+  refuses<InvalidArgument>(
+      new_token_rows, input::kShape, out_state,
+      [&] { kvlab::new_token_rows(batch, RowMatrix<double>(RowMatrix<double>::Ones(3, 4)), out); },
+      names("x.rows()", "2 (batch.rows())", "3"));
+  RowMatrix<double> rows = RowMatrix<double>::Ones(2, 4);
+  refuses<InvalidArgument>(
+      new_token_rows, input::kState, [&] { return rows.rows(); },
+      [&] { kvlab::new_token_rows(batch, rows, rows); }, names("out", "a matrix other than x", "x"));
+  // Every per-sequence member of the step's batch checks its index.
+  for (const char* e : {"kvlab::StepBatch::seq(int i) const", "kvlab::StepBatch::first(int i) const",
+                        "kvlab::StepBatch::row_begin(int i) const",
+                        "kvlab::StepBatch::new_begin(int i) const",
+                        "kvlab::StepBatch::new_tokens(int i) const",
+                        "kvlab::StepBatch::computed(int i) const"}) {
+    const std::string name = e;
+    const auto call = [&](int i) {
+      if (name.find("::seq(") != std::string::npos) (void)batch.seq(i);
+      if (name.find("::first(") != std::string::npos) (void)batch.first(i);
+      if (name.find("::row_begin(") != std::string::npos) (void)batch.row_begin(i);
+      if (name.find("::new_begin(") != std::string::npos) (void)batch.new_begin(i);
+      if (name.find("::new_tokens(") != std::string::npos) (void)batch.new_tokens(i);
+      if (name.find("::computed(") != std::string::npos) (void)batch.computed(i);
+    };
+    refuses<InvalidArgument>(
+        e, input::kRange, no_state, [&] { call(1); }, names("i", "in [0, 1)", "1"));
+    refuses<InvalidArgument>(
+        e, input::kRange, no_state, [&] { call(-1); }, names("i", "in [0, 1)", "-1"));
+  }
+  store.abort_step();
+
+  // cpu::linear with several products.
+  const RowMatrix<double> w3 = RowMatrix<double>::Ones(3, 4), w5 = RowMatrix<double>::Ones(3, 5);
+  RowMatrix<double> o1 = RowMatrix<double>::Constant(1, 1, 7.0), o2 = o1;
+  RowMatrix<double> xm = x;
+  const auto outs = [&] { return std::vector<double>{o1(0, 0), o2(0, 0), double(o1.size())}; };
+  const char* linear =
+      "kvlab::cpu::linear(const RowMatrix< T > &x, std::initializer_list< LinearProduct< T > > "
+      "products)";
+  refuses<InvalidArgument>(
+      linear, input::kShape, outs, [&] { kvlab::cpu::linear(x, {{w3, o1}, {w5, o2}}); },
+      names("x.cols()", "5 (products[1].w.cols())", "4"));
+  refuses<InvalidArgument>(
+      linear, input::kState, outs, [&] { kvlab::cpu::linear(x, {{w3, o1}, {w3, o1}}); },
+      names("products[0].out", "a matrix of its own", "product 1's"));
+  refuses<InvalidArgument>(
+      linear, input::kState, outs, [&] { kvlab::cpu::linear(xm, {{w3, o1}, {w3, xm}}); },
+      names("products[1].out", "a matrix other than x and w", "one of them"));
+
+  // Uniform draws: bounds that are not finite or not in order; nothing drawn.
+  kvlab::Rng rng(3);
+  RowMatrix<double> m = RowMatrix<double>::Constant(1, 2, 7.0);
+  const auto rng_state = [&] {
+    kvlab::Rng copy = rng;
+    return std::vector<double>{static_cast<double>(copy.next_u64()), m(0, 0), m(0, 1)};
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const char* e : {"kvlab::Rng::uniform(double lo, double hi)",
+                        "kvlab::fill_uniform(Eigen::DenseBase< Derived > &m, Rng &rng, double lo, "
+                        "double hi)"}) {
+    const bool fill = std::string(e).find("fill_uniform") != std::string::npos;
+    const auto call = [&](double lo, double hi) {
+      if (fill)
+        kvlab::fill_uniform(m, rng, lo, hi);
+      else
+        (void)rng.uniform(lo, hi);
+    };
+    refuses<InvalidArgument>(
+        e, input::kValue, rng_state, [&] { call(nan, 1.0); }, names("lo", "a finite number", "nan"));
+    refuses<InvalidArgument>(
+        e, input::kValue, rng_state, [&] { call(0.0, inf); }, names("hi", "a finite number", "inf"));
+    refuses<InvalidArgument>(
+        e, input::kValue, rng_state, [&] { call(1.0, 0.5); },
+        names("hi", "a number above lo (1)", "0.5"));
+    refuses<InvalidArgument>(
+        e, input::kValue, rng_state, [&] { call(2.0, 2.0); },
+        names("hi", "a number above lo (2)", "2"));
+  }
+
+  const char* visible = "kvlab::visible_keys(int first_position, int q_len, int window)";
+  refuses<InvalidArgument>(
+      visible, input::kRange, no_state, [] { (void)kvlab::visible_keys(-1, 2, 0); },
+      names("first_position", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      visible, input::kSize, no_state, [] { (void)kvlab::visible_keys(0, -2, 0); },
+      names("q_len", ">= 0", "-2"));
+  refuses<InvalidArgument>(
+      visible, input::kSize, no_state, [] { (void)kvlab::visible_keys(0, 2, -1); },
+      names("window", ">= 0", "-1"));
+
+  // The model's size functions and its size calculator's terms.
+  const kvlab::LlamaConfig huge = kvlab::LlamaConfig::tiny()
+                                      .with_dim(1 << 30)
+                                      .with_hidden_dim(1 << 30)
+                                      .with_vocab_size(1 << 30);
+  refuses<InvalidArgument>(
+      "kvlab::LlamaConfig::num_weights(const char *where=\"kvlab::LlamaConfig::num_weights\", "
+      "const std::string &prefix=\"\") const",
+      input::kOverflow, no_state, [&] { (void)huge.num_weights(); },
+      names("n_layers", "at most 1 (so that the size fits in std::int64_t)", "3"));
+  // 2^61 and more weights fit in std::int64_t, their 4-byte floats do not.
+  const kvlab::LlamaConfig wide =
+      kvlab::LlamaConfig::tiny().with_layers(1).with_dim(1 << 30).with_hidden_dim(1).with_vocab_size(1);
+  const std::uint64_t floats = wide.num_weights();
+  refuses<InvalidArgument>(
+      "kvlab::LlamaConfig::checkpoint_bytes(const char "
+      "*where=\"kvlab::LlamaConfig::checkpoint_bytes\", const std::string &prefix=\"\") const",
+      input::kOverflow, no_state, [&] { (void)wide.checkpoint_bytes(); },
+      names("weight count", "at most 2305843009213693951 (so that the size fits in std::int64_t)",
+            std::to_string(floats)));
+  refuses<InvalidArgument>(
+      "kvlab::to_model_config(const LlamaConfig &config, const std::string &name=\"llama\")",
+      input::kShape, no_state,
+      [] { (void)kvlab::to_model_config(kvlab::LlamaConfig::tiny().with_heads(6, 4)); },
+      names("n_heads", "a multiple of n_kv_heads (4)", "6"));
+
+  // The scheduler's block count, and the run report's ids.
+  auto pool = std::make_shared<kvlab::PagedKVCache<float>>(1, 1, 2, 4, 8);
+  kvlab::Scheduler scheduler(pool, kvlab::SchedulerConfig{}, 32, 10);
+  const char* blocks_for = "kvlab::Scheduler::blocks_for(long tokens) const";
+  refuses<InvalidArgument>(
+      blocks_for, input::kSize, no_state, [&] { (void)scheduler.blocks_for(-1); },
+      names("tokens", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      blocks_for, input::kOverflow, no_state, [&] { (void)scheduler.blocks_for(LONG_MAX); },
+      names("tokens", "at most " + std::to_string(4L * INT_MAX) + " (INT_MAX blocks of 4)",
+            std::to_string(LONG_MAX)));
+  kvlab::EngineConfig config;
+  config.clock = kvlab::EngineClock::Steps;
+  kvlab::Engine engine(std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin()),
+                       config);
+  engine.submit(request_of({1, 2, 3}, 2));
+  std::ostringstream json;
+  refuses<InvalidArgument>(
+      "kvlab::write_run_json(std::ostream &out, const Engine &engine, const std::vector< "
+      "std::string > &ids={})",
+      input::kShape, [&] { return json.str(); },
+      [&] { kvlab::write_run_json(json, engine, {"\"a\"", "\"b\""}); },
+      names("ids.size()", "0 or 1 (the requests)", "2"));
 }

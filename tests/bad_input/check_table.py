@@ -47,28 +47,35 @@ def public_functions(doxygen, include):
             "ENABLE_PREPROCESSING = YES", "MACRO_EXPANSION = NO"])
         subprocess.run([doxygen, "-"], input=config, text=True, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        found = {}
+        compounds = []
         for path in glob.glob(os.path.join(out, "xml", "*.xml")):
-            if os.path.basename(path) == "index.xml":
+            if os.path.basename(path) != "index.xml":
+                compounds += ET.parse(path).getroot().findall("compounddef")
+        # Classes declared in a private or protected section (a loader's file cursor) are not
+        # public API, whatever their own members' access: they and what they enclose are left out.
+        hidden = {inner.text for c in compounds for inner in c.findall("innerclass")
+                  if inner.get("prot") != "public"}
+        found = {}
+        for compound in compounds:
+            if compound.get("kind") not in ("class", "struct", "namespace"):
                 continue
-            for compound in ET.parse(path).getroot().findall("compounddef"):
-                if compound.get("kind") not in ("class", "struct", "namespace"):
+            scope = compound.findtext("compoundname")
+            if not (scope == "kvlab" or scope.startswith("kvlab::")):
+                continue
+            if any(scope == h or scope.startswith(h + "::") for h in hidden):
+                continue
+            if scope == "kvlab::cuda" or scope.startswith("kvlab::cuda::"):
+                continue
+            for member in compound.iter("memberdef"):
+                if member.get("kind") != "function" or member.get("prot") != "public":
                     continue
-                scope = compound.findtext("compoundname")
-                if not (scope == "kvlab" or scope.startswith("kvlab::")):
+                args = " ".join((member.findtext("argsstring") or "").split())
+                if args.startswith("()") or "=delete" in args.replace(" ", ""):
                     continue
-                if scope == "kvlab::cuda" or scope.startswith("kvlab::cuda::"):
+                header = member.find("location").get("file")
+                if "/kvlab/cuda/" in header or header.endswith(".cuh"):
                     continue
-                for member in compound.iter("memberdef"):
-                    if member.get("kind") != "function" or member.get("prot") != "public":
-                        continue
-                    args = " ".join((member.findtext("argsstring") or "").split())
-                    if args.startswith("()") or "=delete" in args.replace(" ", ""):
-                        continue
-                    header = member.find("location").get("file")
-                    if "/kvlab/cuda/" in header or header.endswith(".cuh"):
-                        continue
-                    found[f"{scope}::{member.findtext('name')}{args}"] = header
+                found[f"{scope}::{member.findtext('name')}{args}"] = header
         return found
 
 

@@ -3,12 +3,31 @@
 /// platform, so tutorials, tests and benchmarks print the same values everywhere; `shuffle`.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
 #include <utility>
 #include <vector>
 
+#include "kvlab/config.hpp"
+
 namespace kvlab {
+
+namespace detail {
+
+/// Checks the bounds of a uniform draw from `[lo, hi)`: both finite, `lo < hi`.
+inline void require_interval(const char* where, double lo, double hi) {
+  if (!std::isfinite(lo)) fail(where, "lo", "a finite number", lo);
+  if (!std::isfinite(hi)) fail(where, "hi", "a finite number", hi);
+  if (!(lo < hi)) {
+    std::ostringstream expected;
+    expected << "a number above lo (" << lo << ")";
+    fail(where, "hi", expected.str(), hi);
+  }
+}
+
+}  // namespace detail
 
 /// A seeded pseudo-random generator (SplitMix64) with portable output.
 ///
@@ -31,7 +50,11 @@ class Rng {
   double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
   /// A uniform double in [lo, hi).
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
+  /// \throws InvalidArgument (drawing nothing) unless `lo` and `hi` are finite and `lo < hi`.
+  double uniform(double lo, double hi) {
+    detail::require_interval("kvlab::Rng::uniform", lo, hi);
+    return lo + (hi - lo) * uniform();
+  }
 
  private:
   std::uint64_t state_;

@@ -23,7 +23,12 @@ KVLAB_HOST_DEVICE inline int first_visible_key(int position, int window) {
 /// each seeing every key up to itself, or its last `window` with a window:
 /// Σ_i (p_i + 1 − first_visible_key(p_i, window)). What the counters of every attention kernel
 /// count as q·k dots per query head.
+/// \throws InvalidArgument if an argument is negative.
 inline std::uint64_t visible_keys(int first_position, int q_len, int window) {
+  constexpr const char* kWhere = "kvlab::visible_keys";
+  detail::require_at_least(kWhere, "first_position", first_position, 0);
+  detail::require_at_least(kWhere, "q_len", q_len, 0);
+  detail::require_at_least(kWhere, "window", window, 0);
   std::uint64_t keys = 0;
   for (int i = 0; i < q_len; ++i) {
     const int p = first_position + i;

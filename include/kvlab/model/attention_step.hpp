@@ -45,8 +45,13 @@ struct StepScratch {
 /// \param batch  the step (see `StepBatch`)
 /// \param x      [batch.rows(), width]
 /// \param out    [batch.new_rows(), width] (resized); not `x`
+/// \throws InvalidArgument (`out` unchanged) if `x` has not one row per step row, or `out` is `x`.
 template <typename T>
 void new_token_rows(const StepBatch& batch, const RowMatrix<T>& x, RowMatrix<T>& out) {
+  constexpr const char* kWhere = "kvlab::new_token_rows";
+  detail::require_equal(kWhere, "x.rows()", static_cast<long>(x.rows()),
+                        static_cast<long>(batch.rows()), "batch.rows()");
+  if (&out == &x) detail::fail(kWhere, "out", "a matrix other than x", "x");
   out.resize(batch.new_rows(), x.cols());
   for (int i = 0; i < batch.size(); ++i) {
     const int n = batch.new_tokens(i);  // the sequence's last n rows

@@ -232,13 +232,15 @@ struct LlamaConfig {
 /// The attention dimensions of `config` in the size calculator's terms (`ModelConfig`), named
 /// `name`: `bytes_per_token(to_model_config(config), KVDtype::fp32)` is what one token of this
 /// model adds to its KV cache in float.
+/// \throws InvalidArgument if `config` is not a valid model (`LlamaConfig::validate`).
 inline ModelConfig to_model_config(const LlamaConfig& config, const std::string& name = "llama") {
+  config.validate("kvlab::to_model_config");
   ModelConfig out;
   out.name = name;
   out.num_layers = config.n_layers;
   out.num_heads = config.n_heads;
   out.num_kv_heads = config.n_kv_heads;
-  out.head_dim = config.n_heads > 0 ? config.dim / config.n_heads : 0;
+  out.head_dim = config.dim / config.n_heads;
   return out;
 }
 

@@ -73,9 +73,16 @@ inline void write_step_log(std::ostream& out, const Engine& engine) {
 /// `summarize(engine)` (latencies as `{"p50": ..., "p99": ...}` in seconds of the engine's
 /// clock) and `outputs`, one `{"id": i, "prompt": [ids], "output": [ids], "finish": "..."}` per
 /// request in submission order (those whose output was taken left out). `ids[i]`, when given, is
-/// request i's id in the output (a workload file's own ids); otherwise i.
+/// request i's id in the output (a workload file's own ids, written as they are: JSON values);
+/// otherwise i.
+/// \throws InvalidArgument (writing nothing) if `ids` is neither empty nor one per request.
 inline void write_run_json(std::ostream& out, const Engine& engine,
                            const std::vector<std::string>& ids = {}) {
+  if (!ids.empty() && ids.size() != static_cast<std::size_t>(engine.scheduler().num_requests())) {
+    detail::fail("kvlab::write_run_json", "ids.size()",
+                 "0 or " + std::to_string(engine.scheduler().num_requests()) + " (the requests)",
+                 ids.size());
+  }
   const ServingSummary s = summarize(engine);
   const SchedulerConfig& c = engine.scheduler().config();
   const auto pct = [](const Percentiles& p) {

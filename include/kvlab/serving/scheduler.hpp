@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -174,8 +175,18 @@ class Scheduler {
   int spared_recomputes() const { return spared_; }
 
   /// Blocks needed for a sequence of `tokens` tokens.
+  /// \throws InvalidArgument if `tokens` is negative or needs more blocks than an `int` counts.
   int blocks_for(long tokens) const {
-    return static_cast<int>((tokens + pool_->block_size() - 1) / pool_->block_size());
+    constexpr const char* kWhere = "kvlab::Scheduler::blocks_for";
+    const long block = pool_->block_size();
+    detail::require_at_least(kWhere, "tokens", tokens, 0L);
+    if (tokens > static_cast<long>(INT_MAX) * block) {
+      detail::fail(kWhere, "tokens",
+                   "at most " + std::to_string(static_cast<long>(INT_MAX) * block) +
+                       " (INT_MAX blocks of " + std::to_string(block) + ")",
+                   tokens);
+    }
+    return static_cast<int>((tokens + block - 1) / block);
   }
 
   /// Adds a request; it is seen from its arrival time on. Returns its id.

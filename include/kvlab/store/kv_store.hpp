@@ -47,21 +47,28 @@ struct StepBatch {
   /// Sequences in the step.
   int size() const { return static_cast<int>(seqs.size()); }
   /// The id of sequence `i` of the batch.
-  int seq(int i) const { return seqs[index(i)]; }
+  /// \throws InvalidArgument if `i` is not in [0, size()) (as the other per-sequence members).
+  int seq(int i) const { return seqs[index("kvlab::StepBatch::seq", i)]; }
   /// Position of the first row computed for sequence `i` of the batch.
-  int first(int i) const { return first_position[index(i)]; }
+  int first(int i) const { return first_position[index("kvlab::StepBatch::first", i)]; }
   /// First row of sequence `i` among the step's computed rows.
-  int row_begin(int i) const { return row_indptr[index(i)]; }
+  int row_begin(int i) const { return row_indptr[index("kvlab::StepBatch::row_begin", i)]; }
   /// First new token of sequence `i` among the step's new inputs.
-  int new_begin(int i) const { return new_indptr[index(i)]; }
+  int new_begin(int i) const { return new_indptr[index("kvlab::StepBatch::new_begin", i)]; }
   /// Rows the step computes, all sequences together.
   int rows() const { return row_indptr.empty() ? 0 : row_indptr.back(); }
   /// New tokens of the step, all sequences together.
   int new_rows() const { return new_indptr.empty() ? 0 : new_indptr.back(); }
   /// New tokens of sequence `i` of the batch.
-  int new_tokens(int i) const { return new_indptr[index(i + 1)] - new_indptr[index(i)]; }
+  int new_tokens(int i) const {
+    const std::size_t s = index("kvlab::StepBatch::new_tokens", i);
+    return new_indptr[s + 1] - new_indptr[s];
+  }
   /// Rows computed for sequence `i` of the batch.
-  int computed(int i) const { return row_indptr[index(i + 1)] - row_indptr[index(i)]; }
+  int computed(int i) const {
+    const std::size_t s = index("kvlab::StepBatch::computed", i);
+    return row_indptr[s + 1] - row_indptr[s];
+  }
   /// True when the step computes the new tokens only (a store that keeps K and V).
   bool new_rows_only() const { return rows() == new_rows(); }
 
@@ -70,7 +77,14 @@ struct StepBatch {
   std::vector<std::int32_t> query_indptr(bool top) const { return top ? new_indptr : row_indptr; }
 
  private:
-  static std::size_t index(int i) { return static_cast<std::size_t>(i); }
+  // `i` as an index of the per-sequence arrays, checked against the batch (the CSR arrays hold
+  // one more entry, `i + 1`, read by new_tokens and computed).
+  std::size_t index(const char* where, int i) const {
+    if (i < 0 || i >= size()) {
+      detail::fail(where, "i", "in [0, " + std::to_string(size()) + ")", i);
+    }
+    return static_cast<std::size_t>(i);
+  }
 };
 
 /// How a model keeps what it needs of past tokens between steps, for many sequences at once.
