@@ -43,12 +43,14 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # their release builds (KVLAB_BENCH_NATIVE), which only slows the instrumented compile: they, the
 # C++ tutorials and the README examples are compiled at -O0 (KVLAB_PROGRAM_OPTIONS; about 0.6 of
 # their compile time at -O1), and their stores come from the shared instances, compiled at -O1
-# like the tests.
+# like the tests; so are the unit tests whose runs stay short at -O0 (KVLAB_QUICK_TEST_OPTIONS,
+# QUICK in tests/CMakeLists.txt: 270 s of CPU to compile at -O1, 137 s at -O0, their runs 6 s
+# to at most 25 s).
 cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
   -DCMAKE_CXX_FLAGS="-O1 $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
   -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_PROGRAM_OPTIONS=-O0 \
-  -DKVLAB_CUDA_EMULATION_TESTS="test_cuda_core;test_cuda_attention;test_cuda_cache" >/dev/null
+  -DKVLAB_QUICK_TEST_OPTIONS=-O0 -DKVLAB_CUDA_EMULATION_TESTS="test_cuda_core;test_cuda_attention;test_cuda_cache" >/dev/null
 cmake --build build-sanitize -j "$jobs"
 
 step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"
@@ -57,13 +59,8 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 
 step "fuzz targets (Clang, libFuzzer, ASan + UBSan): a short run of each on its seed corpus"
 # tests/fuzz: the checkpoint and tokenizer loaders, block tables, kvlab-serve's workload parser
-# and every program's option parser on arbitrary input, 20000 executions each (KVLAB_FUZZ_RUNS);
-# the long runs are the commands at the top of each target's source.
-CXX=clang++ cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DKVLAB_BUILD_FUZZERS=ON -DKVLAB_WARNINGS_AS_ERRORS=ON \
-  -DKVLAB_BUILD_TESTS=OFF -DKVLAB_BUILD_TUTORIALS=OFF -DKVLAB_BUILD_APPS=OFF \
-  -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BUILD_DOCS=OFF -DKVLAB_ENABLE_CUDA=OFF >/dev/null
-cmake --build build-fuzz -j "$jobs"
-ctest --test-dir build-fuzz --output-on-failure -j "$jobs" -L fuzz
+# and every program's option parser on arbitrary input, 20000 executions each; the long runs
+# are `scripts/fuzz.sh 1000000`.
+scripts/fuzz.sh
 
 step "done"
