@@ -5,7 +5,8 @@
 # emulated tests), runs every test, then reads gcov's JSON for every object file and prints, per
 # header, the lines executed of the lines that hold code, worst first, and the total. A line
 # counts as covered when any test executed it in any template instance; a header that no test
-# compiles is not listed.
+# compiles is not listed. Built without the shared instances (KVLAB_SHARED_INSTANCES=OFF): gcov
+# does not count the lines that a test runs through a class the instances compiled once.
 #
 #   scripts/coverage.sh [--keep]        # --keep: reuse build-coverage as it is (no rebuild)
 #   writes build-coverage/coverage.txt (the table) and build-coverage/uncovered.txt (the lines)
@@ -18,7 +19,7 @@ if [ "${1:-}" != "--keep" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DCMAKE_CXX_FLAGS="--coverage" -DCMAKE_EXE_LINKER_FLAGS="--coverage" \
     -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BUILD_DOCS=OFF \
-    -DKVLAB_BUILD_HEADER_CHECK=OFF >/dev/null
+    -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_SHARED_INSTANCES=OFF >/dev/null
   cmake --build "$build" -j "$jobs"
   find "$build" -name '*.gcda' -delete
   ctest --test-dir "$build" -j "$jobs" -LE consumer --output-on-failure >"$build/ctest.log" || {
@@ -28,13 +29,21 @@ if [ "${1:-}" != "--keep" ]; then
 fi
 json="$build/gcov-json"
 rm -rf "$json" && mkdir -p "$json"
-find "$root/$build" -name '*.gcda' -print0 |
-  (cd "$json" && xargs -0 -n 64 gcov --json-format --preserve-paths >/dev/null 2>&1 || true)
+# One output folder per object directory (one per target): gcov names its output after the
+# source file, and two targets that compile the same source (a test and its native twin) would
+# otherwise overwrite each other's counts.
+n=0
+while IFS= read -r -d '' dir; do
+  n=$((n + 1))
+  mkdir -p "$json/$n"
+  find "$dir" -maxdepth 1 -name '*.gcda' -print0 |
+    (cd "$json/$n" && xargs -0 -n 64 gcov --json-format --preserve-paths >/dev/null 2>&1 || true)
+done < <(find "$root/$build" -name '*.gcda' -printf '%h\0' | sort -zu)
 python3 - "$json" "$root/include/kvlab" "$build" <<'EOF'
 import collections, glob, gzip, json, os, sys
 folder, include, build = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3]
 hits = collections.defaultdict(dict)  # file -> line -> executed in any instance
-for path in glob.glob(os.path.join(folder, "*.gcov.json.gz")):
+for path in glob.glob(os.path.join(folder, "*", "*.gcov.json.gz")):
     with gzip.open(path, "rt") as f:
         data = json.load(f)
     for entry in data["files"]:

@@ -6,7 +6,8 @@
 # kvlab_use_instances(<target> <instances library>): <target> gets kvlab_instances.hpp
 # force-included ahead of its sources and links the library. The library must be compiled with
 # the target's own options (kvlab_add_instances), or the target would run code compiled with
-# other flags. GCC and Clang only (-include); elsewhere it does nothing.
+# other flags. GCC and Clang only (-include); elsewhere, or with KVLAB_SHARED_INSTANCES off, it
+# does nothing.
 function(kvlab_add_instances name)
   add_library(${name} STATIC "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/kvlab_instances_float.cpp"
                              "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/kvlab_instances_double.cpp")
@@ -15,7 +16,7 @@ function(kvlab_add_instances name)
 endfunction()
 
 function(kvlab_use_instances target library)
-  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  if(KVLAB_SHARED_INSTANCES AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     target_compile_options(${target} PRIVATE
       "SHELL:-include ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/kvlab_instances.hpp")
     target_link_libraries(${target} PRIVATE ${library})
@@ -29,6 +30,9 @@ endfunction()
 # are called through the KVStore interface, so nothing that could be inlined into a program's
 # loops moves out of it. Without options the programs use the build's own instances.
 function(kvlab_use_program_instances target)
+  if(NOT KVLAB_SHARED_INSTANCES)
+    return()
+  endif()
   if(NOT ARGN)
     if(TARGET kvlab_instances)
       kvlab_use_instances(${target} kvlab_instances)
