@@ -1711,13 +1711,17 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
   const int deep_seq = deep.add_sequence();
   refuses<InvalidArgument>(
       run_stack, input::kShape, [&] { return deep.length(deep_seq); },
-      [&] { (void)kvlab::run_stack(*stack, deep, {deep_seq}, {0, 2}, x); },
+      [&] {
+        (void)kvlab::run_stack(*stack, deep, {deep_seq}, {0, 2}, x);
+      },
       names("store.num_layers()", "1 (the stack's num_layers)", "2"));
   kvlab::ContiguousStore<double> store(1, 1, 2, 8);
   const int seq = store.add_sequence();
   refuses<InvalidArgument>(
       run_stack, input::kShape, [&] { return store.length(seq); },
-      [&] { (void)kvlab::run_stack(*stack, store, {seq}, {0, 2}, narrow); },
+      [&] {
+        (void)kvlab::run_stack(*stack, store, {seq}, {0, 2}, narrow);
+      },
       names("x.cols()", "4 (d_model)", "3"));
 
   // attention_step with a step open, and new_token_rows.
@@ -1751,13 +1755,13 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
   RowMatrix<double> rows = RowMatrix<double>::Ones(2, 4);
   refuses<InvalidArgument>(
       new_token_rows, input::kState, [&] { return rows.rows(); },
-      [&] { kvlab::new_token_rows(batch, rows, rows); }, names("out", "a matrix other than x", "x"));
+      [&] { kvlab::new_token_rows(batch, rows, rows); },
+      names("out", "a matrix other than x", "x"));
   // Every per-sequence member of the step's batch checks its index.
-  for (const char* e : {"kvlab::StepBatch::seq(int i) const", "kvlab::StepBatch::first(int i) const",
-                        "kvlab::StepBatch::row_begin(int i) const",
-                        "kvlab::StepBatch::new_begin(int i) const",
-                        "kvlab::StepBatch::new_tokens(int i) const",
-                        "kvlab::StepBatch::computed(int i) const"}) {
+  for (const char* e :
+       {"kvlab::StepBatch::seq(int i) const", "kvlab::StepBatch::first(int i) const",
+        "kvlab::StepBatch::row_begin(int i) const", "kvlab::StepBatch::new_begin(int i) const",
+        "kvlab::StepBatch::new_tokens(int i) const", "kvlab::StepBatch::computed(int i) const"}) {
     const std::string name = e;
     const auto call = [&](int i) {
       if (name.find("::seq(") != std::string::npos) (void)batch.seq(i);
@@ -1783,13 +1787,22 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
       "kvlab::cpu::linear(const RowMatrix< T > &x, std::initializer_list< LinearProduct< T > > "
       "products)";
   refuses<InvalidArgument>(
-      linear, input::kShape, outs, [&] { kvlab::cpu::linear(x, {{w3, o1}, {w5, o2}}); },
+      linear, input::kShape, outs,
+      [&] {
+        kvlab::cpu::linear(x, {{w3, o1}, {w5, o2}});
+      },
       names("x.cols()", "5 (products[1].w.cols())", "4"));
   refuses<InvalidArgument>(
-      linear, input::kState, outs, [&] { kvlab::cpu::linear(x, {{w3, o1}, {w3, o1}}); },
+      linear, input::kState, outs,
+      [&] {
+        kvlab::cpu::linear(x, {{w3, o1}, {w3, o1}});
+      },
       names("products[0].out", "a matrix of its own", "product 1's"));
   refuses<InvalidArgument>(
-      linear, input::kState, outs, [&] { kvlab::cpu::linear(xm, {{w3, o1}, {w3, xm}}); },
+      linear, input::kState, outs,
+      [&] {
+        kvlab::cpu::linear(xm, {{w3, o1}, {w3, xm}});
+      },
       names("products[1].out", "a matrix other than x and w", "one of them"));
 
   // Uniform draws: bounds that are not finite or not in order; nothing drawn.
@@ -1812,9 +1825,11 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
         (void)rng.uniform(lo, hi);
     };
     refuses<InvalidArgument>(
-        e, input::kValue, rng_state, [&] { call(nan, 1.0); }, names("lo", "a finite number", "nan"));
+        e, input::kValue, rng_state, [&] { call(nan, 1.0); },
+        names("lo", "a finite number", "nan"));
     refuses<InvalidArgument>(
-        e, input::kValue, rng_state, [&] { call(0.0, inf); }, names("hi", "a finite number", "inf"));
+        e, input::kValue, rng_state, [&] { call(0.0, inf); },
+        names("hi", "a finite number", "inf"));
     refuses<InvalidArgument>(
         e, input::kValue, rng_state, [&] { call(1.0, 0.5); },
         names("hi", "a number above lo (1)", "0.5"));
@@ -1835,18 +1850,20 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
       names("window", ">= 0", "-1"));
 
   // The model's size functions and its size calculator's terms.
-  const kvlab::LlamaConfig huge = kvlab::LlamaConfig::tiny()
-                                      .with_dim(1 << 30)
-                                      .with_hidden_dim(1 << 30)
-                                      .with_vocab_size(1 << 30);
+  const kvlab::LlamaConfig huge =
+      kvlab::LlamaConfig::tiny().with_dim(1 << 30).with_hidden_dim(1 << 30).with_vocab_size(1
+                                                                                            << 30);
   refuses<InvalidArgument>(
       "kvlab::LlamaConfig::num_weights(const char *where=\"kvlab::LlamaConfig::num_weights\", "
       "const std::string &prefix=\"\") const",
       input::kOverflow, no_state, [&] { (void)huge.num_weights(); },
       names("n_layers", "at most 1 (so that the size fits in std::int64_t)", "3"));
   // 2^61 and more weights fit in std::int64_t, their 4-byte floats do not.
-  const kvlab::LlamaConfig wide =
-      kvlab::LlamaConfig::tiny().with_layers(1).with_dim(1 << 30).with_hidden_dim(1).with_vocab_size(1);
+  const kvlab::LlamaConfig wide = kvlab::LlamaConfig::tiny()
+                                      .with_layers(1)
+                                      .with_dim(1 << 30)
+                                      .with_hidden_dim(1)
+                                      .with_vocab_size(1);
   const std::uint64_t floats = wide.num_weights();
   refuses<InvalidArgument>(
       "kvlab::LlamaConfig::checkpoint_bytes(const char "
@@ -1881,6 +1898,128 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
       "kvlab::write_run_json(std::ostream &out, const Engine &engine, const std::vector< "
       "std::string > &ids={})",
       input::kShape, [&] { return json.str(); },
-      [&] { kvlab::write_run_json(json, engine, {"\"a\"", "\"b\""}); },
+      [&] {
+        kvlab::write_run_json(json, engine, {"\"a\"", "\"b\""});
+      },
       names("ids.size()", "0 or 1 (the requests)", "2"));
+}
+
+TEST_CASE(
+    "Refusals that no case had reached: sampling, context and an open step, workload "
+    "ranges, a store's backend and dtype, aliased outputs, a windowed cache read in order") {
+  // Found by scripts/coverage.sh: each check below was written, and no test had ever taken it.
+  auto pool = std::make_shared<kvlab::PagedKVCache<float>>(1, 1, 2, 4, 8);
+  kvlab::SchedulerConfig contiguous;
+  contiguous.policy = kvlab::BatchingPolicy::Contiguous;
+  contiguous.max_len = 8;
+  kvlab::Scheduler scheduler(pool, contiguous, 32, 10);
+  scheduler.submit(request_of({1, 2}, 2));
+  const auto state = [&] { return state_of(scheduler); };
+  const char* submit = "kvlab::Scheduler::submit(const Request &r)";
+  refuses<InvalidArgument>(
+      submit, input::kValue, state,
+      [&] {
+        kvlab::Request r = request_of({1});
+        r.sampling.top_p = 0.0f;
+        scheduler.submit(r);
+      },
+      names("request.sampling.top_p", "in (0, 1]", "0"));
+  refuses<InvalidArgument>(
+      submit, input::kOverflow, state,
+      [&] {
+        scheduler.submit(request_of({1, 2, 3}, 10));
+      },
+      names("request.prompt.size() + request.max_new_tokens - 1", "at most max_len (8)", "12"));
+  (void)scheduler.schedule(0.0);
+  refuses<InvalidArgument>(
+      "kvlab::Scheduler::schedule(double now)", input::kState, state,
+      [&] { (void)scheduler.schedule(1.0); },
+      names("step", "none open (complete_step first)", "a step open"));
+
+  const char* workload = "kvlab::make_workload(const WorkloadSpec &spec, int vocab_size)";
+  kvlab::WorkloadSpec spec;
+  spec.output_min = 9;
+  spec.output_max = 8;
+  refuses<InvalidArgument>(
+      workload, input::kRange, no_state, [&] { (void)kvlab::make_workload(spec, 256); },
+      names("spec.output_max", ">= spec.output_min (9)", "8"));
+  spec = kvlab::WorkloadSpec{};
+  spec.rate = std::nan("");
+  refuses<InvalidArgument>(
+      workload, input::kValue, no_state, [&] { (void)kvlab::make_workload(spec, 256); },
+      names("spec.rate", "a finite rate >= 0", "nan"));
+
+  const char* store =
+      "kvlab::make_llama_store(LlamaBackend backend, const LlamaConfig &config, int max_tokens, "
+      "int block_size=16, int sequences=1, KVDtype dtype=KVDtype::fp32, int window=0)";
+  const kvlab::LlamaConfig tiny = kvlab::LlamaConfig::tiny();
+  refuses<InvalidArgument>(
+      store, input::kValue, no_state,
+      [&] {
+        (void)kvlab::make_llama_store(kvlab::LlamaBackend::Naive, tiny, 16, 16, 1,
+                                      kvlab::KVDtype::fp16);
+      },
+      names("dtype", "fp32 for the naive backend (it keeps no K/V to store)", "fp16"));
+  refuses<InvalidArgument>(
+      store, input::kOverflow, no_state,
+      [&] {
+        (void)kvlab::make_llama_store(kvlab::LlamaBackend::Paged, tiny, 16, 1, INT_MAX / 16 + 1);
+      },
+      names("sequences", "at most " + std::to_string(INT_MAX / 16) + " (blocks fit in an int)",
+            std::to_string(INT_MAX / 16 + 1)));
+  refuses<InvalidArgument>(
+      store, input::kRange, no_state,
+      [&] { (void)kvlab::make_llama_store(static_cast<kvlab::LlamaBackend>(7), tiny, 16); },
+      names("backend", "naive, cached or paged", "7"));
+
+  refuses<InvalidArgument>(
+      "kvlab::LlamaWeights::check(const char *where=\"kvlab::LlamaWeights::check\") const",
+      input::kShape, no_state,
+      [] {
+        kvlab::LlamaWeights w = kvlab::LlamaWeights::builtin();
+        w.layers.pop_back();
+        w.check();
+      },
+      names("layers.size()", std::to_string(kvlab::LlamaConfig::tiny().n_layers),
+            std::to_string(kvlab::LlamaConfig::tiny().n_layers - 1)));
+
+  // A paged prefill whose output is its queries; a step whose inputs are its new inputs.
+  const kvlab::AttentionShape shape(2, 1, 4);
+  kvlab::Rng rng(5);
+  kvlab::PagedKVCache<double> cache(1, 1, 4, 4, 4);
+  const int seq = cache.add_sequence();
+  cache.append(seq, kvlab::random_matrix<double>(3, 4, rng),
+               kvlab::random_matrix<double>(3, 4, rng));
+  const kvlab::BlockTables tables = cache.tables({seq});
+  RowMatrix<double> q = kvlab::random_matrix<double>(3, 8, rng);
+  const auto q_state = [&] { return std::vector<double>(q.data(), q.data() + q.size()); };
+  refuses<InvalidArgument>(
+      "kvlab::cpu::paged_prefill_attention(const AttentionShape &shape, const Eigen::MatrixBase< "
+      "Q > &q, const std::vector< std::int32_t > &qo_indptr, const PagedKVView< S > &cache, "
+      "RowMatrix< T > &out, CostCounters *counters=nullptr)",
+      input::kState, q_state,
+      [&] {
+        kvlab::cpu::paged_prefill_attention(shape, q, {0, 3}, cache.view(0, tables), q);
+      },
+      names("out", "a matrix other than q", "q"));
+  kvlab::ContiguousStore<double> cs(1, 1, 2, 8);
+  const int cseq = cs.add_sequence();
+  RowMatrix<double> rows = RowMatrix<double>::Zero(2, 2);
+  refuses<InvalidArgument>(
+      "kvlab::KVStore::begin_step(const std::vector< int > &seqs, const std::vector< std::int32_t "
+      "> &new_indptr, const RowMatrix< T > &new_inputs, RowMatrix< T > &inputs, const char "
+      "*caller=nullptr)",
+      input::kState, [&] { return cs.length(cseq); },
+      [&] {
+        cs.begin_step({cseq}, {0, 2}, rows, rows, nullptr);
+      },
+      names("inputs", "a matrix other than new_inputs", "new_inputs"));
+
+  // A windowed contiguous cache keeps a ring: its rows cannot be read back in order.
+  kvlab::ContiguousKVCache<double> ring(1, 1, 4, 8, 4);
+  ring.append(0, kvlab::random_matrix<double>(2, 4, rng), kvlab::random_matrix<double>(2, 4, rng));
+  refuses<InvalidArgument>(
+      "kvlab::ContiguousKVCache::keys(int layer, int kv_head) const", input::kState,
+      [&] { return ring.length(0); }, [&] { (void)ring.keys(0, 0); },
+      names("window", "0 (a windowed cache keeps its rows in a ring, not in order)", "4"));
 }
