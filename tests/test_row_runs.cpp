@@ -146,6 +146,77 @@ TEST_CASE("this build reads runs of rows in the form its flags select") {
   CHECK_FALSE(kVectorRows<double, BlockQ8_0>);
 }
 
+TEST_CASE("the rows asked for ahead are the rows the walk reads later") {
+  using kvlab::cpu::detail::kPrefetchAhead;
+  using kvlab::cpu::detail::rows_ahead;
+  // kPrefetchAhead bytes in whole rows, at least one (none when asking ahead is off)
+  for (const std::size_t row_bytes :
+       {std::size_t{136}, std::size_t{256}, std::size_t{512}, std::size_t{4096}}) {
+    INFO("rows of " << row_bytes << " bytes, kPrefetchAhead " << kPrefetchAhead);
+    const int expected =
+        kPrefetchAhead == 0 ? 0 : std::max(1, static_cast<int>(kPrefetchAhead / row_bytes));
+    CHECK(rows_ahead(row_bytes) == expected);
+  }
+  // key_later / value_later (the rows asked for) against the rows keys() / values() hand over
+  // (the rows read), for every position and several distances, in a contiguous cache, its ring,
+  // and both pool layouts with blocks in a scrambled order (rows ahead in the same block and in a
+  // later one)
+  constexpr int kHeads = 3, kHeadDim = 32, kTokens = 37;
+  std::vector<float> k(static_cast<std::size_t>(kHeads) * 64 * kHeadDim);  // room for every layout
+  std::vector<float> v(k.size());
+  const auto check_source = [&](const auto& source, int head) {
+    INFO("head " << head);
+    std::vector<const float*> keys, values;  // [kTokens]: the rows read at each position
+    source.keys(0, kTokens, [&](int, const float* row) { keys.push_back(row); });
+    source.values(0, kTokens, [&](int, const float* row) { values.push_back(row); });
+    REQUIRE(keys.size() == static_cast<std::size_t>(kTokens));
+    REQUIRE(values.size() == static_cast<std::size_t>(kTokens));
+    for (const int ahead : {1, 2, 7, 9})
+      for (int pos = 0; pos + ahead < kTokens; ++pos) {
+        INFO("position " << pos << ", " << ahead << " ahead");
+        const auto at = static_cast<std::size_t>(pos);
+        CHECK(source.key_later(pos, keys[at], ahead) == keys[at + static_cast<std::size_t>(ahead)]);
+        CHECK(source.value_later(pos, values[at], ahead) ==
+              values[at + static_cast<std::size_t>(ahead)]);
+      }
+  };
+  for (const int window : {0, 16}) {
+    kvlab::ContiguousKVView<float> view;
+    view.k = k.data();
+    view.v = v.data();
+    view.num_kv_heads = kHeads;
+    view.head_dim = kHeadDim;
+    view.capacity = window > 0 ? window : 64;
+    view.length = kTokens;
+    view.window = window;
+    static_assert(kvlab::cpu::detail::ContiguousRows<float>::asks_ahead(), "a contiguous cache");
+    for (int head = 0; head < kHeads; ++head)
+      check_source(kvlab::cpu::detail::ContiguousRows<float>{view, head}, head);
+  }
+  for (const kvlab::KVLayout layout : {kvlab::KVLayout::NHD, kvlab::KVLayout::HND}) {
+    constexpr int kBlock = 8;
+    const std::vector<std::int32_t> indptr = {0, 5};
+    const std::vector<std::int32_t> indices = {3, 0, 7, 5, 1};  // 5 blocks of 8 hold 37 tokens
+    const std::vector<std::int32_t> last = {kTokens - 4 * kBlock};
+    kvlab::PagedKVView<float> view;
+    view.k = k.data();
+    view.v = v.data();
+    view.num_blocks = 8;
+    view.block_size = kBlock;
+    view.num_kv_heads = kHeads;
+    view.head_dim = kHeadDim;
+    view.batch = 1;
+    view.indptr = indptr.data();
+    view.indices = indices.data();
+    view.last_page_len = last.data();
+    view.layout = layout;
+    const kvlab::cpu::detail::PagedRows<float> first{view, 0, 0};
+    CHECK(first.asks_ahead() == (layout == kvlab::KVLayout::HND));  // not where a token is one read
+    for (int head = 0; head < kHeads; ++head)
+      check_source(kvlab::cpu::detail::PagedRows<float>{view, 0, head}, head);
+  }
+}
+
 // Bounds. Both functions compute, in float, sums of the products that the decoded rows would give
 // (each product q_i · d x_i exact up to one rounding), in some order. A float sum of n terms, each
 // carrying at most m roundings, is within γ_{n+m} · Σ|terms| of the exact sum, with γ_k = k u /

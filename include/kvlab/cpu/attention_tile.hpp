@@ -86,6 +86,16 @@ struct ContiguousRows {
   std::ptrdiff_t head_stride() const {
     return static_cast<std::ptrdiff_t>(cache.capacity) * cache.row_units();
   }
+  /// Whether the kernels ask for rows ahead of their reading (`prefetch_row`): yes.
+  static constexpr bool asks_ahead() { return true; }
+  /// Key row `pos + ahead` of head `head`, given `row`, its key row `pos`.
+  const S* key_later(int pos, const S* /*row*/, int ahead) const {
+    return cache.key(head, pos + ahead);
+  }
+  /// Value row `pos + ahead` of head `head`, given `row`, its value row `pos`.
+  const S* value_later(int pos, const S* /*row*/, int ahead) const {
+    return cache.value(head, pos + ahead);
+  }
 
  private:
   // One span, or two where the rows wrap around the ring of a windowed cache.
@@ -143,8 +153,27 @@ struct PagedRows {
   }
   /// Elements from a row of head h to the same token's row of head h + 1.
   std::ptrdiff_t head_stride() const { return cache.head_stride(); }
+  /// Whether the kernels ask for rows ahead of their reading (`prefetch_row`): in the HND pool,
+  /// not in the NHD pool, where a token's rows of all heads are one contiguous read that the
+  /// memory's own prefetcher follows (asked for ahead, a decode step measured up to 1.40× slower,
+  /// `bench/results/cpu-prefetch-ahead.txt`).
+  bool asks_ahead() const { return cache.layout == KVLayout::HND; }
+  /// Key row `pos + ahead` of head `head`, given `row`, its key row `pos`: in the same block, or
+  /// through the block table.
+  const S* key_later(int pos, const S* row, int ahead) const {
+    return later(cache.k, pos, row, ahead);
+  }
+  /// Value row `pos + ahead` of head `head`, given `row`, its value row `pos`.
+  const S* value_later(int pos, const S* row, int ahead) const {
+    return later(cache.v, pos, row, ahead);
+  }
 
  private:
+  const S* later(const S* pool, int pos, const S* row, int ahead) const {
+    if (pos % cache.block_size + ahead < cache.block_size)
+      return row + ahead * cache.token_stride();
+    return pool + cache.offset(seq, pos + ahead, head);
+  }
   template <typename F>
   void spans(const S* pool, int begin, int end, F&& f) const {
     const std::ptrdiff_t stride = cache.token_stride();  // token to token within a block
@@ -214,6 +243,22 @@ void add_scaled_row(T weight, const T* row, int n, T* acc) {
   if constexpr (std::is_same<T, float>::value) return avx2::add_scaled(weight, row, n, acc);
 #endif
   Eigen::Map<RowVector<T>>(acc, n) += weight * Eigen::Map<const RowVector<T>>(row, n);
+}
+
+/// Asks for the key rows (`kKeys`) or value rows of `heads` heads (from `source`'s first head on,
+/// `head_stride()` apart, `row_bytes` each; `prefetch_row`) `ahead` positions after position
+/// `pos`, whose row of the first head is `row` (`key_later`, `value_later`). Kept out of line:
+/// inlined into `attend_partial`'s per-row loops, it made them large enough that the compiler
+/// stopped inlining the walk over the rows, and stories260K's paged decode (head_dim 8, where no
+/// row is asked for) made 10 % fewer tokens per second.
+template <bool kKeys, typename Source, typename S>
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
+void ask_rows_ahead(const Source& source, int pos, const S* row, int ahead, int heads,
+                    std::size_t row_bytes) {
+  const S* later = kKeys ? source.key_later(pos, row, ahead) : source.value_later(pos, row, ahead);
+  for (int j = 0; j < heads; ++j) prefetch_row(later + j * source.head_stride(), row_bytes);
 }
 
 /// Up to `kRowRun` consecutive rows, at positions pos, pos + 1, …, that the same queries
@@ -289,6 +334,10 @@ struct AttentionTile {
 ///  2. each query's visible scores become exp(score − max), and their sum is kept;
 ///  3. the value rows are streamed once, and each one is added to every query's sum with its
 ///     weight exp(score − max).
+/// In steps 1 and 3, at each row it reads, it asks for the same heads' row `rows_ahead` positions
+/// on (`kPrefetchAhead` bytes), where the source asks ahead (`asks_ahead`: the contiguous cache
+/// and the HND pool), the rows are fp32, fp16 or bf16 values (not quantized blocks) and the pass
+/// reads at least `kPrefetchMinBytes` of a head's rows: a hint that changes no result.
 /// Each query's arithmetic is the same whatever `heads` is: it changes only the order in which
 /// rows are read (one head at a time suits the head-major contiguous cache and HND pool, all
 /// heads of a token at once suits the token-major NHD pool). A key range other than [0,
@@ -376,9 +425,27 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   };
   // Runs of consecutive rows seen by the same queries
   // (`for_each_row_run`): f(j, rows, run) for each run and K/V head j, with head j's rows of it.
-  const auto for_each_head_run = [&](const auto& walk, const auto& f) {
+  // Rows asked for before they are read (`prefetch_row`), where the source asks ahead: at the
+  // row of position pos, the same heads' rows `ahead` positions on (`rows_ahead`), wherever the
+  // layout puts them (`ask_rows_ahead`).
+  const std::size_t row_bytes = storage_row_bytes<S>(hd);  // one head's row as stored
+  const bool long_range = static_cast<std::size_t>(span - key_lo) * row_bytes >= kPrefetchMinBytes;
+  // Rows of quantized blocks are not asked for: decoding their blocks, not the memory, sets the
+  // pace, and the asks cost more than they gave (int4 steps 1.04–1.23× slower, int8 0.75–1.12×,
+  // `bench/results/cpu-prefetch-ahead.txt`).
+  const int ahead =
+      !kQuantizedStorage<S> && source.asks_ahead() && long_range ? rows_ahead(row_bytes) : 0;
+  // At row `row` of position pos: ask for the key (kKeys) or value rows `ahead` positions on.
+  const auto ask_ahead = [&](auto keys, int pos, const S* row) {
+    if (pos + ahead < span)
+      ask_rows_ahead<decltype(keys)::value>(source, pos, row, ahead, heads, row_bytes);
+  };
+  const auto for_each_head_run = [&](const auto& walk, auto keys, const auto& f) {
     for_each_row_run<S>(walk, key_lo, span, run_rows<S>(), first_seeing, last_seeing,
                         [&](const RowRun<S>& run) {
+                          if (ahead != 0)
+                            for (int r = 0; r < run.count; ++r)
+                              ask_ahead(keys, run.pos + r, run.rows[r]);
                           for (int j = 0; j < heads; ++j) {
                             const S* rows_of_j[kRowRun];  // [run.count]: head j's rows of the run
                             for (int r = 0; r < run.count; ++r)
@@ -392,7 +459,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   probs.resize(m, padded_span<T>(span - key_lo));
   if (by_runs) {
     if constexpr (kRuns)
-      for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); },
+      for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); }, std::true_type{},
                         [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
                           score_row_run(rows_of_j, run.count, hd,
                                         &queries(j * per_head + run.first, 0), run.last - run.first,
@@ -413,6 +480,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   } else if constexpr (!kQuantizedStorage<S>) {
     source.keys(key_lo, span, [&](int pos, const S* stored) {
       const int first = first_seeing(pos), last = last_seeing(pos);
+      if (ahead != 0) ask_ahead(std::true_type{}, pos, stored);
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
         const T* key = row + j * head_stride;  // [head_dim]
@@ -448,7 +516,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
         heads > 1 &&
         static_cast<std::size_t>(source.head_stride()) * sizeof(S) == storage_row_bytes<S>(hd);
     if constexpr (kRuns)
-      for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); },
+      for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); }, std::false_type{},
                         [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
                           add_row_run(rows_of_j, run.count, hd,
                                       &probs(j * per_head + run.first, run.pos - key_lo),
@@ -470,6 +538,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   } else if constexpr (!kQuantizedStorage<S>) {
     source.values(key_lo, span, [&](int pos, const S* stored) {
       const int first = first_seeing(pos), last = last_seeing(pos);
+      if (ahead != 0) ask_ahead(std::false_type{}, pos, stored);
       const T* row = as_t(stored);
       for (int j = 0; j < heads; ++j) {
         const T* value = row + j * head_stride;  // [head_dim]

@@ -27,6 +27,7 @@
 /// against the decoded rows in `tests/test_row_runs.cpp`, built both ways.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -81,6 +82,62 @@ constexpr int kRowRun = 16;
 template <typename S>
 constexpr int run_rows() {
   return kQuantizedStorage<S> ? kRowRun : 4;
+}
+
+#ifndef KVLAB_PREFETCH_AHEAD
+/// How far ahead of a K/V row, in bytes, the CPU attention kernels ask for memory
+/// (`cpu::detail::kPrefetchAhead`); define it before including kvlab to tune it for another
+/// machine, 0 to ask for nothing ahead.
+#define KVLAB_PREFETCH_AHEAD 1024
+#endif
+
+/// How far ahead of a K/V row the attention kernels ask for memory, in bytes
+/// (`KVLAB_PREFETCH_AHEAD`): at each row they read, they ask for the row of the same head
+/// `rows_ahead` positions on. A decode step reads each head's rows in order, each one once: the
+/// memory's own prefetcher follows such a stream where it lies in order in memory, but a step that
+/// also computes on each row was left waiting on its loads — fp32 GQA and MHA steps over a
+/// contiguous cache read their rows at 0.56–0.59 and 0.62–0.68 of the read bandwidth on machine D
+/// of `bench/results/README.md`; asked for 1024 bytes (two 128-value fp32 rows) ahead, at
+/// 0.96–0.99 and 0.73–0.76. In a block pool the next rows lie in another block, wherever the
+/// block table puts it, which no hardware prefetcher can guess. Other distances:
+/// `bench/results/cpu-prefetch-ahead.txt`.
+constexpr std::size_t kPrefetchAhead = KVLAB_PREFETCH_AHEAD;
+
+/// The fewest bytes of one head's rows that a pass of the attention kernels must read for them
+/// to ask for rows ahead: a shorter range sits in the L1 and L2 caches after the first step, its
+/// loads wait for nothing, and the asks only cost instructions (stories260K, head_dim 8, whose
+/// 256-token cache holds 8 KiB per head, generated 4–5 % fewer tokens per second with them,
+/// `bench/results/cpu-prefetch-ahead.txt`).
+constexpr std::size_t kPrefetchMinBytes = std::size_t{64} << 10;
+
+/// Rows of `row_bytes` bytes that make up `kPrefetchAhead` bytes (at least one; 0 if
+/// `kPrefetchAhead` is 0).
+inline int rows_ahead(std::size_t row_bytes) {
+  if (kPrefetchAhead == 0) return 0;
+  return static_cast<int>(std::max<std::size_t>(1, kPrefetchAhead / row_bytes));
+}
+
+/// Asks for the 64-byte line at `at` to be brought into the L1 cache, without waiting for it (a
+/// hint: nothing is read, nothing can fault). On x86 it is the instruction itself, in a volatile
+/// asm statement: GCC 12 removed calls to a function whose only work was `__builtin_prefetch`, as
+/// code without effect (its mod/ref analysis; `-fno-ipa-modref` kept them), and the decode step
+/// lost what it gained from them. Elsewhere it is `__builtin_prefetch`; nothing where the compiler
+/// has neither.
+inline void prefetch_line(const char* at) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht0 %0" : : "m"(*at));
+#elif defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(at, 0, 3);  // for reading, kept in every cache level
+#else
+  (void)at;
+#endif
+}
+
+/// Asks for the `bytes` bytes from `row` to be brought into the L1 cache, line by line
+/// (`prefetch_line`).
+inline void prefetch_row(const void* row, std::size_t bytes) {
+  const char* at = static_cast<const char*>(row);
+  for (std::size_t line = 0; line < bytes; line += 64) prefetch_line(at + line);
 }
 
 /// Block `b` of a row stored as `S` as floats (x[i]: its value 32 b + i, before the scale), and
