@@ -96,11 +96,11 @@ constexpr int run_rows() {
 /// `rows_ahead` positions on. A decode step reads each head's rows in order, each one once: the
 /// memory's own prefetcher follows such a stream where it lies in order in memory, but a step that
 /// also computes on each row was left waiting on its loads — fp32 GQA and MHA steps over a
-/// contiguous cache read their rows at 0.56–0.59 and 0.62–0.68 of the read bandwidth on machine D
-/// of `bench/results/README.md`; asked for 1024 bytes (two 128-value fp32 rows) ahead, at
-/// 0.96–0.99 and 0.73–0.76. In a block pool the next rows lie in another block, wherever the
-/// block table puts it, which no hardware prefetcher can guess. Other distances:
-/// `bench/results/cpu-prefetch-ahead.txt`.
+/// contiguous cache of 16384 tokens read their rows at 0.52–0.56 and 0.65–0.67 of the read
+/// bandwidth on machine D of `bench/results/README.md` (1 and 2 threads); asked for 1024 bytes
+/// (two 128-value fp32 rows) ahead, at 0.78–0.94 and 0.77–0.79. In a block pool the next rows
+/// lie in another block, wherever the block table puts it, which no hardware prefetcher can
+/// guess. Other distances (0 to 4096 bytes): `bench/results/cpu-prefetch-ahead.txt`.
 constexpr std::size_t kPrefetchAhead = KVLAB_PREFETCH_AHEAD;
 
 /// The fewest bytes of one head's rows that a pass of the attention kernels must read for them
