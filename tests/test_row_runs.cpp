@@ -217,6 +217,37 @@ TEST_CASE("the rows asked for ahead are the rows the walk reads later") {
   }
 }
 
+TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does") {
+  // kPrefetchMinBytes per head decides: a contiguous fp32 cache of 2 heads of 128 values holds
+  // 512 bytes per row, so 128 rows are 64 KiB; rows of quantized blocks never ask (the NHD pool
+  // neither: `asks_ahead`, checked above).
+  using kvlab::cpu::detail::attend_path_counts;
+  using kvlab::cpu::detail::kPrefetchAhead;
+  using kvlab::cpu::detail::kPrefetchMinBytes;
+  const kvlab::AttentionShape shape(8, 2, 128);
+  const int long_len = static_cast<int>(kPrefetchMinBytes / 512) + 8;   // a range over the minimum
+  const int short_len = static_cast<int>(kPrefetchMinBytes / 512) / 2;  // a range under it
+  const auto asked = [](const std::function<void()>& f) {
+    const std::uint64_t before = attend_path_counts().asked_ahead.load();
+    f();
+    return attend_path_counts().asked_ahead.load() > before;
+  };
+  kvlab::Rng rng(41);
+  for (const int len : {long_len, short_len}) {
+    INFO(len << " tokens");
+    kvlab::ContiguousKVCache<float> fp32(1, shape.num_kv_heads(), shape.head_dim(), len);
+    kvlab::ContiguousKVCache<float, BlockQ8_0> q8(1, shape.num_kv_heads(), shape.head_dim(), len);
+    const RowMatrix<float> k = kvlab::random_matrix<float>(len, shape.kv_width(), rng);
+    const RowMatrix<float> v = kvlab::random_matrix<float>(len, shape.kv_width(), rng);
+    fp32.append(0, k, v);
+    q8.append(0, k, v);
+    const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+    const bool expected = kPrefetchAhead > 0 && len == long_len;
+    CHECK(asked([&] { kvlab::cpu::decode_attention(shape, q, fp32.view(0)); }) == expected);
+    CHECK_FALSE(asked([&] { kvlab::cpu::decode_attention(shape, q, q8.view(0)); }));
+  }
+}
+
 // Bounds. Both functions compute, in float, sums of the products that the decoded rows would give
 // (each product q_i · d x_i exact up to one rounding), in some order. A float sum of n terms, each
 // carrying at most m roundings, is within γ_{n+m} · Σ|terms| of the exact sum, with γ_k = k u /

@@ -43,6 +43,8 @@ struct AttendPathCounts {
   std::atomic<std::uint64_t> runs{0};      ///< rows read in runs
   std::atomic<std::uint64_t> products{0};  ///< scores and sums as matrix products
   std::atomic<std::uint64_t> rows{0};      ///< one row at a time
+  /// calls that asked for rows ahead of their reading (`ask_rows_ahead`), whichever way they read
+  std::atomic<std::uint64_t> asked_ahead{0};
 };
 /// The counts of every `attend_partial` call of the program.
 inline AttendPathCounts& attend_path_counts() {
@@ -435,6 +437,7 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // `bench/results/cpu-prefetch-ahead.txt`).
   const int ahead =
       !kQuantizedStorage<S> && source.asks_ahead() && long_range ? rows_ahead(row_bytes) : 0;
+  if (ahead != 0) paths.asked_ahead.fetch_add(1);
   // At row `row` of position pos: ask for the key (kKeys) or value rows `ahead` positions on.
   const auto ask_ahead = [&](auto keys, int pos, const S* row) {
     if (pos + ahead < span)

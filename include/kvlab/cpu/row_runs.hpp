@@ -427,11 +427,8 @@ void score_rows(const S* const* rows, int run, int head_dim, const float* querie
 /// there (`add_row_run`'s `prefetch`).
 template <typename S>
 inline void prefetch_rows(const S* const* rows, int run, int head_dim) {
-  const int bytes = static_cast<int>(storage_row_bytes<S>(head_dim));
-  for (int r = 0; r < run; ++r) {
-    const char* row = reinterpret_cast<const char*>(rows[r]);
-    for (int at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
-  }
+  const std::size_t bytes = storage_row_bytes<S>(head_dim);
+  for (int r = 0; r < run; ++r) prefetch_row(rows[r], bytes);
 }
 
 /// Adds up to `kRowRun` value rows to `Q` queries' sums (Q ≤ 4), a block part at a time: part h
