@@ -148,17 +148,28 @@ TEST_CASE("this build reads runs of rows in the form its flags select") {
 
 TEST_CASE("the rows asked for ahead are the rows the walk reads later") {
   using kvlab::cpu::detail::kPrefetchAhead;
+  using kvlab::cpu::detail::kPrefetchFar;
   using kvlab::cpu::detail::rows_ahead;
-  // kPrefetchAhead bytes in whole rows, at least one (none when asking ahead is off)
+  // kPrefetchAhead (into the L1) and kPrefetchFar (into the L2) bytes in whole rows, at least one
+  // (none when that ask is off)
   for (const std::size_t row_bytes :
        {std::size_t{136}, std::size_t{256}, std::size_t{512}, std::size_t{4096}}) {
-    INFO("rows of " << row_bytes << " bytes, kPrefetchAhead " << kPrefetchAhead);
+    INFO("rows of " << row_bytes << " bytes, kPrefetchAhead " << kPrefetchAhead << ", kPrefetchFar "
+                    << kPrefetchFar);
     const int expected =
         kPrefetchAhead == 0 ? 0 : std::max(1, static_cast<int>(kPrefetchAhead / row_bytes));
     CHECK(rows_ahead(row_bytes) == expected);
+    CHECK(rows_ahead(row_bytes, kPrefetchAhead) == expected);
+    const int expected_far =
+        kPrefetchFar == 0 ? 0 : std::max(1, static_cast<int>(kPrefetchFar / row_bytes));
+    CHECK(rows_ahead(row_bytes, kPrefetchFar) == expected_far);
   }
+  CHECK(rows_ahead(512, 4096) == 8);   // a page of 128-value fp32 rows
+  CHECK(rows_ahead(256, 4096) == 16);  // of fp16 rows
+  CHECK(rows_ahead(512, 0) == 0);
   // key_later / value_later (the rows asked for) against the rows keys() / values() hand over
-  // (the rows read), for every position and several distances, in a contiguous cache, its ring,
+  // (the rows read), for every position and several distances (the L1's and the L2's: rows of
+  // 256 bytes are 4 and 16 apart), in a contiguous cache, its ring,
   // and both pool layouts with blocks in a scrambled order (rows ahead in the same block and in a
   // later one)
   constexpr int kHeads = 3, kHeadDim = 32, kTokens = 37;
@@ -171,7 +182,7 @@ TEST_CASE("the rows asked for ahead are the rows the walk reads later") {
     source.values(0, kTokens, [&](int, const float* row) { values.push_back(row); });
     REQUIRE(keys.size() == static_cast<std::size_t>(kTokens));
     REQUIRE(values.size() == static_cast<std::size_t>(kTokens));
-    for (const int ahead : {1, 2, 7, 9})
+    for (const int ahead : {1, 2, 7, 9, 16, 33})  // up to 4 blocks on
       for (int pos = 0; pos + ahead < kTokens; ++pos) {
         INFO("position " << pos << ", " << ahead << " ahead");
         const auto at = static_cast<std::size_t>(pos);
@@ -220,7 +231,7 @@ TEST_CASE("the rows asked for ahead are the rows the walk reads later") {
 TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does") {
   // kPrefetchMinBytes per head decides: a contiguous fp32 cache of 2 heads of 128 values holds
   // 512 bytes per row, so 128 rows are 64 KiB; rows of quantized blocks never ask (the NHD pool
-  // neither: `asks_ahead`, checked above).
+  // neither: `asks_ahead`, checked above); rows read in runs ask only near, not far.
   using kvlab::cpu::detail::attend_path_counts;
   using kvlab::cpu::detail::kPrefetchAhead;
   using kvlab::cpu::detail::kPrefetchMinBytes;
@@ -232,6 +243,15 @@ TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does
     f();
     return attend_path_counts().asked_ahead.load() > before;
   };
+  const auto asked_far = [](const std::function<void()>& f) {
+    const std::uint64_t before = attend_path_counts().asked_far.load();
+    f();
+    return attend_path_counts().asked_far.load() > before;
+  };
+  // Far asks (into the L2, kPrefetchFar) only where rows are read one by one: an MHA step, and a
+  // GQA group of 4 where this build has no vector form for runs of fp32 rows.
+  const kvlab::AttentionShape mha(2, 2, 128);
+  const bool gqa_by_runs = kvlab::cpu::detail::kVectorRows<float, float>;
   kvlab::Rng rng(41);
   for (const int len : {long_len, short_len}) {
     INFO(len << " tokens");
@@ -245,6 +265,14 @@ TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does
     const bool expected = kPrefetchAhead > 0 && len == long_len;
     CHECK(asked([&] { kvlab::cpu::decode_attention(shape, q, fp32.view(0)); }) == expected);
     CHECK_FALSE(asked([&] { kvlab::cpu::decode_attention(shape, q, q8.view(0)); }));
+    const bool far = expected && kvlab::cpu::detail::kPrefetchFar > 0;
+    CHECK(asked_far([&] { kvlab::cpu::decode_attention(shape, q, fp32.view(0)); }) ==
+          (far && !gqa_by_runs));
+    CHECK_FALSE(asked_far([&] { kvlab::cpu::decode_attention(shape, q, q8.view(0)); }));
+    // the same cache read by an MHA step: its 2 K/V heads with one query each
+    const RowMatrix<float> q_mha = kvlab::random_matrix<float>(1, mha.q_width(), rng);
+    CHECK(asked([&] { kvlab::cpu::decode_attention(mha, q_mha, fp32.view(0)); }) == expected);
+    CHECK(asked_far([&] { kvlab::cpu::decode_attention(mha, q_mha, fp32.view(0)); }) == far);
   }
 }
 

@@ -45,6 +45,8 @@ struct AttendPathCounts {
   std::atomic<std::uint64_t> rows{0};      ///< one row at a time
   /// calls that asked for rows ahead of their reading (`ask_rows_ahead`), whichever way they read
   std::atomic<std::uint64_t> asked_ahead{0};
+  /// calls of those that also asked for rows far ahead, into the L2 cache (`kPrefetchFar`)
+  std::atomic<std::uint64_t> asked_far{0};
 };
 /// The counts of every `attend_partial` call of the program.
 inline AttendPathCounts& attend_path_counts() {
@@ -249,18 +251,24 @@ void add_scaled_row(T weight, const T* row, int n, T* acc) {
 
 /// Asks for the key rows (`kKeys`) or value rows of `heads` heads (from `source`'s first head on,
 /// `head_stride()` apart, `row_bytes` each; `prefetch_row`) `ahead` positions after position
-/// `pos`, whose row of the first head is `row` (`key_later`, `value_later`). Kept out of line:
-/// inlined into `attend_partial`'s per-row loops, it made them large enough that the compiler
-/// stopped inlining the walk over the rows, and stories260K's paged decode (head_dim 8, where no
-/// row is asked for) made 10 % fewer tokens per second.
+/// `pos` into the L1 cache and `far` positions after it into the L2 (each only where that position
+/// is before `end`; `far` 0: none), given `row`, the first head's row at `pos` (`key_later`,
+/// `value_later`). Kept out of line: inlined into `attend_partial`'s per-row loops, it made them
+/// large enough that the compiler stopped inlining the walk over the rows, and stories260K's
+/// paged decode (head_dim 8, where no row is asked for) made 10 % fewer tokens per second.
 template <bool kKeys, typename Source, typename S>
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((noinline))
 #endif
-void ask_rows_ahead(const Source& source, int pos, const S* row, int ahead, int heads,
-                    std::size_t row_bytes) {
-  const S* later = kKeys ? source.key_later(pos, row, ahead) : source.value_later(pos, row, ahead);
-  for (int j = 0; j < heads; ++j) prefetch_row(later + j * source.head_stride(), row_bytes);
+void ask_rows_ahead(const Source& source, int pos, const S* row, int ahead, int far, int end,
+                    int heads, std::size_t row_bytes) {
+  const auto ask = [&](int on, CacheLevel level) {
+    const S* later = kKeys ? source.key_later(pos, row, on) : source.value_later(pos, row, on);
+    for (int j = 0; j < heads; ++j)
+      prefetch_row(later + j * source.head_stride(), row_bytes, level);
+  };
+  if (pos + ahead < end) ask(ahead, CacheLevel::L1);
+  if (far != 0 && pos + far < end) ask(far, CacheLevel::L2);
 }
 
 /// Up to `kRowRun` consecutive rows, at positions pos, pos + 1, …, that the same queries
@@ -428,8 +436,9 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // Runs of consecutive rows seen by the same queries
   // (`for_each_row_run`): f(j, rows, run) for each run and K/V head j, with head j's rows of it.
   // Rows asked for before they are read (`prefetch_row`), where the source asks ahead: at the
-  // row of position pos, the same heads' rows `ahead` positions on (`rows_ahead`), wherever the
-  // layout puts them (`ask_rows_ahead`).
+  // row of position pos, the same heads' rows `ahead` positions on into the L1 cache and `far`
+  // positions on into the L2 (`rows_ahead`: `kPrefetchAhead` and `kPrefetchFar` bytes), wherever
+  // the layout puts them (`ask_rows_ahead`).
   const std::size_t row_bytes = storage_row_bytes<S>(hd);  // one head's row as stored
   const bool long_range = static_cast<std::size_t>(span - key_lo) * row_bytes >= kPrefetchMinBytes;
   // Rows of quantized blocks are not asked for: decoding their blocks, not the memory, sets the
@@ -437,11 +446,19 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // `bench/results/cpu-prefetch-ahead.txt`).
   const int ahead =
       !kQuantizedStorage<S> && source.asks_ahead() && long_range ? rows_ahead(row_bytes) : 0;
+  // Rows read one by one (an MHA step) are also asked for `far` positions on, into the L2; rows
+  // read in runs are not: their GQA step, four multiply-adds per value read, measured 1.10× slower
+  // with those asks over a cache in main memory and 1.22–1.25× from the caches, where an MHA step
+  // was 0.90–0.93× (`bench/results/cpu-prefetch-ahead.txt`, §7).
+  const int far = ahead != 0 && !by_runs ? rows_ahead(row_bytes, kPrefetchFar) : 0;
   if (ahead != 0) paths.asked_ahead.fetch_add(1);
-  // At row `row` of position pos: ask for the key (kKeys) or value rows `ahead` positions on.
+  if (far != 0) paths.asked_far.fetch_add(1);
+  // At row `row` of position pos: ask for the key (kKeys) or value rows `ahead` and `far`
+  // positions on.
+  const int nearest = far != 0 ? std::min(ahead, far) : ahead;
   const auto ask_ahead = [&](auto keys, int pos, const S* row) {
-    if (pos + ahead < span)
-      ask_rows_ahead<decltype(keys)::value>(source, pos, row, ahead, heads, row_bytes);
+    if (pos + nearest < span)
+      ask_rows_ahead<decltype(keys)::value>(source, pos, row, ahead, far, span, heads, row_bytes);
   };
   const auto for_each_head_run = [&](const auto& walk, auto keys, const auto& f) {
     for_each_row_run<S>(walk, key_lo, span, run_rows<S>(), first_seeing, last_seeing,

@@ -110,34 +110,66 @@ constexpr std::size_t kPrefetchAhead = KVLAB_PREFETCH_AHEAD;
 /// `bench/results/cpu-prefetch-ahead.txt`).
 constexpr std::size_t kPrefetchMinBytes = std::size_t{64} << 10;
 
-/// Rows of `row_bytes` bytes that make up `kPrefetchAhead` bytes (at least one; 0 if
-/// `kPrefetchAhead` is 0).
-inline int rows_ahead(std::size_t row_bytes) {
-  if (kPrefetchAhead == 0) return 0;
-  return static_cast<int>(std::max<std::size_t>(1, kPrefetchAhead / row_bytes));
+#ifndef KVLAB_PREFETCH_FAR
+/// How far ahead of a K/V row, in bytes, the CPU attention kernels also ask for memory to be
+/// brought into the L2 cache (`cpu::detail::kPrefetchFar`); define it before including kvlab to
+/// tune it for another machine, 0 to ask for nothing that far (with `KVLAB_PREFETCH_AHEAD` 0,
+/// nothing is asked for at either distance).
+#define KVLAB_PREFETCH_FAR 4096
+#endif
+
+/// How far ahead of a K/V row the attention kernels ask for memory to be brought into the L2
+/// cache, in bytes (`KVLAB_PREFETCH_FAR`), besides their ask `kPrefetchAhead` bytes on into the L1:
+/// a page of 4 KiB, where the memory's own prefetcher, which stops at the end of each page, has
+/// not yet begun. Asked into the L1 from that far, the lines waited in the L1's few miss slots and
+/// the step slowed down (MHA 0.74 → 0.60 of the read bandwidth); asked into the L2, each ask frees
+/// its slot when the L2 takes it over, and fp32 MHA steps over a contiguous cache of 16384 tokens
+/// went from 0.77–0.79 to 0.86–0.92 of the read bandwidth on one thread of machine D
+/// (`bench/results/cpu-prefetch-ahead.txt`, §7).
+constexpr std::size_t kPrefetchFar = KVLAB_PREFETCH_FAR;
+
+/// Rows of `row_bytes` bytes that make up `bytes` bytes (at least one; 0 if `bytes` is 0):
+/// `rows_ahead(row_bytes, kPrefetchAhead)` rows on, the kernels ask for a row into the L1,
+/// `rows_ahead(row_bytes, kPrefetchFar)` rows on, into the L2.
+inline int rows_ahead(std::size_t row_bytes, std::size_t bytes = kPrefetchAhead) {
+  if (bytes == 0) return 0;
+  return static_cast<int>(std::max<std::size_t>(1, bytes / row_bytes));
 }
 
-/// Asks for the 64-byte line at `at` to be brought into the L1 cache, without waiting for it (a
-/// hint: nothing is read, nothing can fault). On x86 it is the instruction itself, in a volatile
-/// asm statement: GCC 12 removed calls to a function whose only work was `__builtin_prefetch`, as
-/// code without effect (its mod/ref analysis; `-fno-ipa-modref` kept them), and the decode step
-/// lost what it gained from them. Elsewhere it is `__builtin_prefetch`; nothing where the compiler
-/// has neither.
-inline void prefetch_line(const char* at) {
+/// The cache a line asked for ahead is brought into (`prefetch_line`).
+enum class CacheLevel {
+  L1,  ///< the L1 cache (and every level below it): x86's `prefetcht0`
+  L2,  ///< the L2 cache (and below), not the L1: x86's `prefetcht1`
+};
+
+/// Asks for the 64-byte line at `at` to be brought into the cache `level`, without waiting for
+/// it (a hint: nothing is read, nothing can fault). On x86 it is the instruction itself, in a
+/// volatile asm statement: GCC 12 removed calls to a function whose only work was
+/// `__builtin_prefetch`, as code without effect (its mod/ref analysis; `-fno-ipa-modref` kept
+/// them), and the decode step lost what it gained from them. Elsewhere it is `__builtin_prefetch`;
+/// nothing where the compiler has neither.
+inline void prefetch_line(const char* at, CacheLevel level = CacheLevel::L1) {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  asm volatile("prefetcht0 %0" : : "m"(*at));
+  if (level == CacheLevel::L1)
+    asm volatile("prefetcht0 %0" : : "m"(*at));
+  else
+    asm volatile("prefetcht1 %0" : : "m"(*at));
 #elif defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(at, 0, 3);  // for reading, kept in every cache level
+  if (level == CacheLevel::L1)
+    __builtin_prefetch(at, 0, 3);  // for reading, kept in every cache level
+  else
+    __builtin_prefetch(at, 0, 2);  // for reading, kept from the L2 down
 #else
   (void)at;
+  (void)level;
 #endif
 }
 
-/// Asks for the `bytes` bytes from `row` to be brought into the L1 cache, line by line
+/// Asks for the `bytes` bytes from `row` to be brought into the cache `level`, line by line
 /// (`prefetch_line`).
-inline void prefetch_row(const void* row, std::size_t bytes) {
+inline void prefetch_row(const void* row, std::size_t bytes, CacheLevel level = CacheLevel::L1) {
   const char* at = static_cast<const char*>(row);
-  for (std::size_t line = 0; line < bytes; line += 64) prefetch_line(at + line);
+  for (std::size_t line = 0; line < bytes; line += 64) prefetch_line(at + line, level);
 }
 
 /// Block `b` of a row stored as `S` as floats (x[i]: its value 32 b + i, before the scale), and
