@@ -231,13 +231,18 @@ TEST_CASE("the rows asked for ahead are the rows the walk reads later") {
 TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does") {
   // kPrefetchMinBytes per head decides: a contiguous fp32 cache of 2 heads of 128 values holds
   // 512 bytes per row, so 128 rows are 64 KiB; rows of quantized blocks never ask (the NHD pool
-  // neither: `asks_ahead`, checked above); rows read in runs ask only near, not far.
+  // neither: `asks_ahead`, checked above); rows read in runs ask only near, not far, and rows read
+  // one by one ask far from kPrefetchFarMinBytes per head on.
   using kvlab::cpu::detail::attend_path_counts;
   using kvlab::cpu::detail::kPrefetchAhead;
   using kvlab::cpu::detail::kPrefetchMinBytes;
   const kvlab::AttentionShape shape(8, 2, 128);
-  const int long_len = static_cast<int>(kPrefetchMinBytes / 512) + 8;   // a range over the minimum
-  const int short_len = static_cast<int>(kPrefetchMinBytes / 512) / 2;  // a range under it
+  using kvlab::cpu::detail::kPrefetchFarMinBytes;
+  // ranges over kPrefetchFarMinBytes (near and far asks), between the two minimums (near asks
+  // only), under kPrefetchMinBytes (none)
+  const int far_len = static_cast<int>(kPrefetchFarMinBytes / 512) + 8;
+  const int long_len = static_cast<int>(kPrefetchMinBytes / 512) + 8;
+  const int short_len = static_cast<int>(kPrefetchMinBytes / 512) / 2;
   const auto asked = [](const std::function<void()>& f) {
     const std::uint64_t before = attend_path_counts().asked_ahead.load();
     f();
@@ -253,7 +258,7 @@ TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does
   const kvlab::AttentionShape mha(2, 2, 128);
   const bool gqa_by_runs = kvlab::cpu::detail::kVectorRows<float, float>;
   kvlab::Rng rng(41);
-  for (const int len : {long_len, short_len}) {
+  for (const int len : {far_len, long_len, short_len}) {
     INFO(len << " tokens");
     kvlab::ContiguousKVCache<float> fp32(1, shape.num_kv_heads(), shape.head_dim(), len);
     kvlab::ContiguousKVCache<float, BlockQ8_0> q8(1, shape.num_kv_heads(), shape.head_dim(), len);
@@ -262,10 +267,10 @@ TEST_CASE("a decode step asks for rows ahead exactly where the rules say it does
     fp32.append(0, k, v);
     q8.append(0, k, v);
     const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
-    const bool expected = kPrefetchAhead > 0 && len == long_len;
+    const bool expected = kPrefetchAhead > 0 && len != short_len;
     CHECK(asked([&] { kvlab::cpu::decode_attention(shape, q, fp32.view(0)); }) == expected);
     CHECK_FALSE(asked([&] { kvlab::cpu::decode_attention(shape, q, q8.view(0)); }));
-    const bool far = expected && kvlab::cpu::detail::kPrefetchFar > 0;
+    const bool far = expected && kvlab::cpu::detail::kPrefetchFar > 0 && len == far_len;
     CHECK(asked_far([&] { kvlab::cpu::decode_attention(shape, q, fp32.view(0)); }) ==
           (far && !gqa_by_runs));
     CHECK_FALSE(asked_far([&] { kvlab::cpu::decode_attention(shape, q, q8.view(0)); }));

@@ -440,17 +440,21 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   // positions on into the L2 (`rows_ahead`: `kPrefetchAhead` and `kPrefetchFar` bytes), wherever
   // the layout puts them (`ask_rows_ahead`).
   const std::size_t row_bytes = storage_row_bytes<S>(hd);  // one head's row as stored
-  const bool long_range = static_cast<std::size_t>(span - key_lo) * row_bytes >= kPrefetchMinBytes;
+  const std::size_t range_bytes = static_cast<std::size_t>(span - key_lo) * row_bytes;  // per head
+  const bool long_range = range_bytes >= kPrefetchMinBytes;
   // Rows of quantized blocks are not asked for: decoding their blocks, not the memory, sets the
   // pace, and the asks cost more than they gave (int4 steps 1.04–1.23× slower, int8 0.75–1.12×,
   // `bench/results/cpu-prefetch-ahead.txt`).
   const int ahead =
       !kQuantizedStorage<S> && source.asks_ahead() && long_range ? rows_ahead(row_bytes) : 0;
-  // Rows read one by one (an MHA step) are also asked for `far` positions on, into the L2; rows
-  // read in runs are not: their GQA step, four multiply-adds per value read, measured 1.10× slower
-  // with those asks over a cache in main memory and 1.22–1.25× from the caches, where an MHA step
-  // was 0.90–0.93× (`bench/results/cpu-prefetch-ahead.txt`, §7).
-  const int far = ahead != 0 && !by_runs ? rows_ahead(row_bytes, kPrefetchFar) : 0;
+  // Rows read one by one (an MHA step) over at least `kPrefetchFarMinBytes` per head are also
+  // asked for `far` positions on, into the L2; rows read in runs are not: their GQA step, four
+  // multiply-adds per value read, measured 1.10× slower with those asks over a cache in main
+  // memory and 1.22–1.25× from the caches, where an MHA step took 0.91–0.94× the time
+  // (`bench/results/cpu-prefetch-ahead.txt`, §7).
+  const int far = ahead != 0 && !by_runs && range_bytes >= kPrefetchFarMinBytes
+                      ? rows_ahead(row_bytes, kPrefetchFar)
+                      : 0;
   if (ahead != 0) paths.asked_ahead.fetch_add(1);
   if (far != 0) paths.asked_far.fetch_add(1);
   // At row `row` of position pos: ask for the key (kKeys) or value rows `ahead` and `far`

@@ -123,10 +123,18 @@ constexpr std::size_t kPrefetchMinBytes = std::size_t{64} << 10;
 /// a page of 4 KiB, where the memory's own prefetcher, which stops at the end of each page, has
 /// not yet begun. Asked into the L1 from that far, the lines waited in the L1's few miss slots and
 /// the step slowed down (MHA 0.74 → 0.60 of the read bandwidth); asked into the L2, each ask frees
-/// its slot when the L2 takes it over, and fp32 MHA steps over a contiguous cache of 16384 tokens
-/// went from 0.77–0.79 to 0.86–0.92 of the read bandwidth on one thread of machine D
-/// (`bench/results/cpu-prefetch-ahead.txt`, §7).
+/// its slot when the L2 takes it over, and an fp32 MHA step over a contiguous cache of 16384
+/// tokens took 0.91–0.94× the time on machine D (0.72–0.81 → 0.77–0.85 of the read bandwidth, one
+/// and two threads; `bench/results/cpu-prefetch-ahead.txt`, §7). The attention kernels ask that
+/// far only where they read rows one by one (`attend_partial`).
 constexpr std::size_t kPrefetchFar = KVLAB_PREFETCH_FAR;
+
+/// The fewest bytes of one head's rows that a pass must read for the attention kernels to ask
+/// `kPrefetchFar` bytes ahead as well: a shorter range is likely still in the caches from the
+/// step before, and the far asks only cost instructions and block-table lookups (an MHA step over
+/// a pool of 16-token HND blocks, 1024 tokens, 512 KiB per head, took 1.19× the time with them;
+/// from 2048 tokens on, 0.72–0.95×; `bench/results/cpu-prefetch-ahead.txt`, §7).
+constexpr std::size_t kPrefetchFarMinBytes = std::size_t{1} << 20;
 
 /// Rows of `row_bytes` bytes that make up `bytes` bytes (at least one; 0 if `bytes` is 0):
 /// `rows_ahead(row_bytes, kPrefetchAhead)` rows on, the kernels ask for a row into the L1,
