@@ -124,7 +124,7 @@ constexpr std::size_t kPrefetchMinBytes = std::size_t{64} << 10;
 /// not yet begun. Asked into the L1 from that far, the lines waited in the L1's few miss slots and
 /// the step slowed down (MHA 0.74 → 0.60 of the read bandwidth); asked into the L2, each ask frees
 /// its slot when the L2 takes it over, and an fp32 MHA step over a contiguous cache of 16384
-/// tokens took 0.91–0.94× the time on machine D (0.72–0.81 → 0.77–0.85 of the read bandwidth, one
+/// tokens took 0.91–0.94× the time on machine D (0.72–0.79 → 0.77–0.85 of the read bandwidth, one
 /// and two threads; `bench/results/cpu-prefetch-ahead.txt`, §7). The attention kernels ask that
 /// far only where they read rows one by one (`attend_partial`).
 constexpr std::size_t kPrefetchFar = KVLAB_PREFETCH_FAR;
