@@ -18,6 +18,15 @@
 // every paged output is checked against the contiguous one (max row-relative difference <= 1e-5,
 // the float tolerance of tests/test_paged_attention.cpp); a mismatch exits non-zero.
 //
+// The limit of each path: in the same repetitions, every path's K and V bytes are also read by a
+// plain vectorised sum, no attention, in the order its decode step reads them and split between
+// the threads as the step splits its work (`read_order`): the contiguous cache one head's rows
+// after another, an HND pool one head at a time block by block in block-table order (B rows of a
+// head: B * 512 bytes at head_dim 128), an NHD pool block by block with all heads (B * 16 KiB for
+// mha). "read" paged / contiguous is what the memory alone costs for reading those pieces in
+// random physical order; a paged step cannot be expected to come nearer to the contiguous one
+// than that.
+//
 // Build and run (Release, from the repository root):
 //   cmake --build build-bench --target bench_paged_decode
 //   build-bench/bench/bench_paged_decode --json bench/results/cpu-paged-decode.json
@@ -70,6 +79,7 @@ struct Result {
   std::string shape, path, layout;         // layout "" for contiguous
   int n = 0, threads = 0, block_size = 0;  // block_size 0: contiguous
   double seconds = 0, gbps = 0, fraction = 0, ratio = 1;
+  double read_seconds = 0, read_ratio = 1;  // the same bytes in the same order, summed (`read_order`)
 };
 
 // A block pool holding the rows of `cache` through a table of blocks in random physical order.
@@ -98,6 +108,83 @@ struct Pool {
       }
   }
 };
+
+// `count` floats from `data`: a piece of K or V that a decode step reads in one go.
+using Piece = std::pair<const float*, std::size_t>;
+// [item][piece]: what each work item of a decode step reads, in its order; the items are shared
+// out between the threads as the kernels share theirs.
+using ReadOrder = std::vector<std::vector<Piece>>;
+
+// The contiguous cache: an item per K/V head, its key rows and then its value rows.
+ReadOrder read_order(const kvlab::ContiguousKVView<float>& cache) {
+  const auto rows = static_cast<std::size_t>(cache.length) * cache.head_dim;  // floats per head
+  ReadOrder order;
+  for (int h = 0; h < cache.num_kv_heads; ++h)
+    order.push_back({{cache.key(h, 0), rows}, {cache.value(h, 0), rows}});
+  return order;
+}
+
+// A pool of sequence 0, read as `plan_paged_attention` splits a decode step over `threads`: HND,
+// an item per K/V head, its rows of each block in block-table order (keys, then values); NHD, an
+// item per partition of the blocks (one on one thread, split-K on more), each block's whole
+// token rows in table order (keys, then values).
+ReadOrder read_order(const kvlab::PagedKVView<float>& view, int threads) {
+  const int blocks = view.num_pages(0), len = view.seq_len(0);
+  const auto rows_in = [&](int b) {  // tokens held by the sequence's block b
+    return static_cast<std::size_t>(std::min(view.block_size, len - b * view.block_size));
+  };
+  ReadOrder order;
+  const auto add = [&](std::vector<Piece>& item, int b, int head, std::size_t floats) {
+    const std::ptrdiff_t at = view.offset(0, b * view.block_size, head);
+    item.push_back({view.k + at, floats});
+  };
+  const auto add_values = [&](std::vector<Piece>& item) {  // the same pieces of V, after K's
+    const std::size_t keys = item.size();
+    for (std::size_t i = 0; i < keys; ++i)
+      item.push_back({view.v + (item[i].first - view.k), item[i].second});
+  };
+  const auto hd = static_cast<std::size_t>(view.head_dim);
+  if (view.layout == kvlab::KVLayout::HND) {
+    for (int h = 0; h < view.num_kv_heads; ++h) {
+      std::vector<Piece> item;
+      for (int b = 0; b < blocks; ++b) add(item, b, h, rows_in(b) * hd);
+      add_values(item);
+      order.push_back(item);
+    }
+  } else {
+    const int parts = std::min(threads, blocks);
+    for (int p = 0; p < parts; ++p) {
+      std::vector<Piece> item;
+      for (int b = blocks * p / parts; b < blocks * (p + 1) / parts; ++b)
+        add(item, b, 0, rows_in(b) * view.num_kv_heads * hd);
+      add_values(item);
+      order.push_back(item);
+    }
+  }
+  return order;
+}
+
+// Sums every piece of `order`, the items shared out between `threads` threads in order (as
+// OpenMP's static schedule does), each piece by Eigen's vectorised sum.
+float read_in_order(const ReadOrder& order, int threads) {
+  const auto items = static_cast<std::ptrdiff_t>(order.size());
+  std::vector<float> partial(order.size(), 0.0f);  // [items]
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+  for (std::ptrdiff_t i = 0; i < items; ++i) {
+    float sum = 0;
+    for (const Piece& piece : order[static_cast<std::size_t>(i)])
+      sum += Eigen::Map<const Eigen::ArrayXf>(piece.first,
+                                              static_cast<Eigen::Index>(piece.second))
+                 .sum();
+    partial[static_cast<std::size_t>(i)] = sum;
+  }
+  (void)threads;
+  float total = 0;
+  for (float p : partial) total += p;
+  return total;
+}
 
 // Runs every path for one shape and n; appends one Result per path and thread count.
 void run_case(const Config& c, int n, const Options& options, const std::vector<double>& read_gbps,
@@ -146,18 +233,27 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
   for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
     const int threads = options.threads[ti];
     set_threads(threads);
+    std::vector<ReadOrder> orders{read_order(flat)};  // [path]
+    for (const Pool& pool : pools) orders.push_back(read_order(pool.view, threads));
+    volatile float sink = 0;  // keeps the sums of the reads
     std::vector<std::vector<double>> seconds(paths);  // [path][rep]
     std::vector<std::vector<double>> ratios(paths);   // [path][rep]: paged / contiguous, same rep
+    std::vector<std::vector<double>> read_seconds(paths);  // [path][rep]
+    std::vector<std::vector<double>> read_ratios(paths);   // [path][rep]
     for (std::size_t p = 0; p < paths; ++p) call(p);  // warm-up
     for (int rep = 0; rep < options.reps; ++rep) {
-      std::vector<double> now(paths);
+      std::vector<double> now(paths), read_now(paths);
       for (std::size_t i = 0; i < paths; ++i) {
         const std::size_t p = (i + static_cast<std::size_t>(rep)) % paths;
         now[p] = time_per_call([&] { call(p); }, options.min_time);
+        read_now[p] =
+            time_per_call([&] { sink = read_in_order(orders[p], threads); }, options.min_time);
       }
       for (std::size_t p = 0; p < paths; ++p) {
         seconds[p].push_back(now[p]);
         ratios[p].push_back(now[p] / now[0]);
+        read_seconds[p].push_back(read_now[p]);
+        read_ratios[p].push_back(read_now[p] / read_now[0]);
       }
     }
     for (std::size_t p = 0; p < paths; ++p) {
@@ -172,6 +268,8 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
       r.gbps = gb / r.seconds;
       r.fraction = r.gbps / read_gbps[ti];
       r.ratio = median(ratios[p]);
+      r.read_seconds = median(read_seconds[p]);
+      r.read_ratio = median(read_ratios[p]);
       results.push_back(r);
     }
   }
@@ -202,6 +300,20 @@ void print_table(const std::vector<Result>& results, const Options& options,
     }
     std::printf(" | %5.2f\n", hnd16);
   }
+  std::printf(
+      "\nThe same K and V bytes read in the same order by a vectorised sum, no attention "
+      "(read_order):\nread us: the contiguous order's median; paged columns: paged / contiguous "
+      "read time within a repetition, median.\n");
+  std::printf("%-4s %7s %6s | %-8s |", "", "threads", "n", " read us");
+  for (std::size_t j = 1; j < paths; ++j) std::printf(" %7s", results[j].path.c_str());
+  std::printf("\n");
+  for (std::size_t i = 0; i + paths <= results.size(); i += paths) {
+    const Result* r = &results[i];
+    std::printf("%-4s %7d %6d | %8.0f |", r[0].shape.c_str(), r[0].threads, r[0].n,
+                r[0].read_seconds * 1e6);
+    for (std::size_t j = 1; j < paths; ++j) std::printf(" %7.3f", r[j].read_ratio);
+    std::printf("\n");
+  }
   std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15):", options.read_mib);
   for (std::size_t t = 0; t < options.threads.size(); ++t)
     std::printf(" %d thread%s %.2f GB/s;", options.threads[t], options.threads[t] == 1 ? "" : "s",
@@ -225,7 +337,10 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
          << r.layout << "\", \"block_size\": " << r.block_size
          << ", \"median_us\": " << r.seconds * 1e6 << ", \"GB_per_s\": " << r.gbps
          << ", \"fraction_of_read_bandwidth\": " << r.fraction
-         << ", \"ratio_to_contiguous\": " << r.ratio << "}" << (i + 1 < results.size() ? "," : "")
+         << ", \"ratio_to_contiguous\": " << r.ratio
+         << ", \"read_median_us\": " << r.read_seconds * 1e6
+         << ", \"read_ratio_to_contiguous\": " << r.read_ratio << "}"
+         << (i + 1 < results.size() ? "," : "")
          << "\n";
   }
   file << "  ]\n}\n";
