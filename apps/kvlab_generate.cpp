@@ -23,6 +23,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -56,6 +57,7 @@ struct Options {
   int window = 0;  // 0: every query sees every past token
   int threads = 1;
   bool quiet = false;
+  bool phases = false;  // time each step's phases and print where the time went
 };
 
 const char* const kUsage =
@@ -64,7 +66,7 @@ const char* const kUsage =
     "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size "
     "B]\n"
     "                      [--kv-dtype fp32|fp16|bf16|int8|int4] [--window W] [--threads T]\n"
-    "                      [--builtin tiny|stories15M] [--quiet] [--help]\n"
+    "                      [--builtin tiny|stories15M] [--phases] [--quiet] [--help]\n"
     "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, "
     "stories260K.bin);\n"
     "                      without it: a built-in model with random weights (see --builtin)\n"
@@ -95,6 +97,10 @@ const char* const kUsage =
     "                      stories15M (the stories15M shape: dim 288, 6 layers, vocab 32000, but a "
     "separate\n"
     "                      classifier), random weights\n"
+    "  --phases            also print where the time went: the layers' products, the "
+    "classifier,\n"
+    "                      attention, RoPE, the norms, sampling, the rest (a clock read ~20 "
+    "times a layer)\n"
     "  --quiet             no progress lines on standard error\n"
     "  --help              print this and exit\n"
     "Generation stops early when the model draws BOS (id 1), as llama2.c's run does.\n";
@@ -110,6 +116,10 @@ bool parse_options(int argc, char** argv, Options& o) {
     if (arg == "--help" || arg == "-h") {
       std::printf("%s", kUsage);
       return false;
+    }
+    if (arg == "--phases") {
+      o.phases = true;
+      continue;
     }
     if (arg == "--quiet") {
       o.quiet = true;
@@ -156,7 +166,7 @@ bool parse_options(int argc, char** argv, Options& o) {
       throw UsageError("unknown option '" + arg +
                        "': expected one of --model, --tokenizer, --backend, --steps, "
                        "--prompt, --temperature, --top-p, --seed, --block-size, --kv-dtype, --window, --threads, "
-                       "--builtin, --quiet, --help");
+                       "--builtin, --phases, --quiet, --help");
     }
   }
   return true;
@@ -298,6 +308,7 @@ int run(const Options& o) {
       last_note = now;
     }
   };
+  model.time_phases(o.phases);
   const kvlab::Generation g =
       kvlab::generate(model, sampler, prompt, steps, on_token, kvlab::Tokenizer::kBos);
   std::printf("\n");
@@ -327,6 +338,21 @@ int run(const Options& o) {
                static_cast<unsigned long long>(work.attention.qk_dots),
                static_cast<double>(work.macs()), static_cast<double>(work.attention.macs),
                static_cast<double>(work.mlp_macs), static_cast<double>(work.classifier_macs));
+  if (o.phases) {
+    // The model's steps, phase by phase, and the samples: their sum is the prefill and decode
+    // time above, less the clock reads between them.
+    const kvlab::PhaseTimes& p = model.phase_times();
+    const double all = p.total + g.sampling_seconds;
+    std::fprintf(stderr, "  phases (ms, share):");
+    const std::pair<const char*, double> parts[] = {
+        {"layers' products", p.matmuls}, {"classifier", p.classifier}, {"attention", p.attention},
+        {"RoPE", p.rope},  {"norms", p.norms}, {"sampling", g.sampling_seconds},
+        {"other", p.other()}};
+    const std::size_t count = sizeof parts / sizeof parts[0];
+    for (std::size_t i = 0; i < count; ++i)
+      std::fprintf(stderr, " %s %.3f (%.1f%%)%s", parts[i].first, parts[i].second * 1e3,
+                   all > 0 ? 100 * parts[i].second / all : 0.0, i + 1 < count ? "," : "\n");
+  }
   const kvlab::KVStore<float>& store = model.store();
   if (o.backend == kvlab::LlamaBackend::Cached) {
     std::fprintf(stderr,

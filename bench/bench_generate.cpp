@@ -23,6 +23,12 @@
 // timed in the same run on the same products at P rows — each layer's seven weight matrices —
 // the throughput the prefill would have if it were nothing but those products.
 //
+// Where the time goes: after the timed repetitions, one more cached generation and one more
+// prefill run with their phases timed (kvlab::LlamaModel::time_phases: the layers' products, the
+// classifier, attention, RoPE, the norms, the rest; and the sampling, kvlab::Generation); printed
+// per token (decode) or per call (prefill), with the layers' products inside the prefill as GMAC/s
+// against the GEMM above. Kept out of the timed runs, whose clocks they would read ~20 times a layer.
+//
 // Build and run (Release, from the repository root):
 //   cmake --build build-bench --target bench_generate
 //   build-bench/bench/bench_generate --json bench/results/cpu-generate.json
@@ -34,6 +40,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -77,6 +84,10 @@ struct Result {
   kvlab::LlamaCounters work;   // of one generation
   // Cached only: decode bandwidth.
   double step_bytes = 0, gbps = 0, weights_read_gbps = 0, dram_read_gbps = 0;
+  // Cached only: one more generation with its phases timed (LlamaModel::time_phases), and the
+  // time of its samples.
+  kvlab::PhaseTimes phases;
+  double sampling_seconds = 0;
 };
 
 // The prefill of a P-token prompt at one thread count, against Eigen's GEMM.
@@ -86,7 +97,11 @@ struct PrefillResult {
   double seconds = 0;      // median over repetitions of one prefill call
   std::uint64_t macs = 0;  // of one prefill (kvlab::LlamaCounters::macs)
   double gemm_gmacs = 0;   // Eigen's GEMM on the layers' products at `tokens` rows, GMAC/s
+  std::uint64_t layer_macs = 0;  // of those products (what the GEMM pass computes)
+  kvlab::PhaseTimes phases;      // of one more prefill, its phases timed
   double gmacs() const { return static_cast<double>(macs) / seconds * 1e-9; }
+  // The layers' products inside the timed prefill, GMAC/s.
+  double layer_gmacs() const { return static_cast<double>(layer_macs) / phases.matmuls * 1e-9; }
 };
 
 double median(std::vector<double> v) {
@@ -168,6 +183,17 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
   }
 
   // Bytes of one cached decode step: the weights, once, and the K/V rows it attends to.
+  // One more cached generation, its phases timed (not one of the timed repetitions: reading the
+  // clock costs a little).
+  kvlab::LlamaModel& cached = *models[reference];
+  cached.reset();
+  cached.time_phases(true);
+  kvlab::Sampler greedy(c.vocab_size, 0.0f, 1.0f, 0);
+  const double sampling_seconds =
+      kvlab::generate(cached, greedy, {kvlab::Tokenizer::kBos}, steps).sampling_seconds;
+  const kvlab::PhaseTimes phases = cached.phase_times();
+  cached.time_phases(false);
+
   kvlab::LlamaModel probe(model.weights, LlamaBackend::Cached);
   probe.prefill({kvlab::Tokenizer::kBos});
   const double kv_decode_bytes = static_cast<double>(
@@ -194,6 +220,8 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
       r.gbps = step_bytes * decode_steps / median(decode_seconds[b]) * 1e-9;
       r.weights_read_gbps = weights_gbps;
       r.dram_read_gbps = dram_gbps;
+      r.phases = phases;
+      r.sampling_seconds = sampling_seconds;
     }
     results.push_back(r);
   }
@@ -243,12 +271,48 @@ PrefillResult run_prefill(const std::string& name,
     gemm_pass();
     gemm_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
+  r.layer_macs = gemm_macs;
+  model.reset();
+  model.time_phases(true);
+  model.prefill(prompt);
+  r.phases = model.phase_times();
   r.model = name;
   r.threads = threads;
   r.tokens = tokens;
   r.seconds = median(prefill_seconds);
   r.gemm_gmacs = static_cast<double>(gemm_macs) / median(gemm_seconds) * 1e-9;
   return r;
+}
+
+// The head of a table of phases (`print_phases`).
+void print_phase_head() {
+  std::printf("%-18s %3s | %9s | %15s %15s %15s %15s %15s %15s %15s\n", "model", "thr", "ms",
+              "layer products", "classifier", "attention", "RoPE", "norms", "sampling", "other");
+}
+
+// One row of phases: `phases` and `sampling` seconds (sampling outside the model's steps) over
+// `per` units (tokens, or 1 for one call), in ms per unit and as shares of their sum.
+void print_phases(const std::string& model, int threads, const kvlab::PhaseTimes& phases,
+                  double sampling, int per) {
+  const double all = phases.total + sampling;
+  const auto cell = [&](double seconds) {
+    std::printf(" %8.3f (%4.1f%%)", seconds * 1e3 / per, 100 * seconds / all);
+  };
+  std::printf("%-18s %3d | %9.3f |", model.c_str(), threads, all * 1e3 / per);
+  for (double x : {phases.matmuls, phases.classifier, phases.attention, phases.rope, phases.norms,
+                   sampling, phases.other()})
+    cell(x);
+  std::printf("\n");
+}
+
+// The phases as a JSON object (seconds).
+std::string phases_json(const kvlab::PhaseTimes& p, double sampling) {
+  std::ostringstream out;
+  out << "{\"layer_products\": " << p.matmuls << ", \"classifier\": " << p.classifier
+      << ", \"attention\": " << p.attention << ", \"rope\": " << p.rope << ", \"norms\": " << p.norms
+      << ", \"sampling\": " << sampling << ", \"other\": " << p.other()
+      << ", \"model_steps\": " << p.total << "}";
+  return out.str();
 }
 
 void print_prefill(const std::vector<PrefillResult>& prefills, const Options& o) {
@@ -264,6 +328,16 @@ void print_prefill(const std::vector<PrefillResult>& prefills, const Options& o)
     std::printf("%-18s %3d | %10.2f %10.1f %11.2f | %11.2f %6.2f\n", r.model.c_str(), r.threads,
                 r.seconds * 1e3, r.tokens / r.seconds, r.gmacs(), r.gemm_gmacs,
                 r.gmacs() / r.gemm_gmacs);
+  }
+  std::printf(
+      "\nWhere the prefill's time goes: one more prefill with its phases timed "
+      "(LlamaModel::time_phases), ms and share of\nits time; the layers' products as GMAC/s "
+      "(their multiply-adds / their time) and as a fraction of the GEMM above.\n");
+  print_phase_head();
+  for (const PrefillResult& r : prefills) {
+    print_phases(r.model, r.threads, r.phases, 0, 1);
+    std::printf("  layers' products %.2f GMAC/s, %.2f of the GEMM\n", r.layer_gmacs(),
+                r.layer_gmacs() / r.gemm_gmacs);
   }
 }
 
@@ -308,6 +382,14 @@ void print_table(const std::vector<Result>& results, const Options& o) {
                 r.dram_read_gbps, r.gbps / r.dram_read_gbps);
   }
   std::printf("L3: %zu MiB.\n", kvlab_bench::l3_bytes() >> 20);
+  std::printf(
+      "\nWhere a cached generation's time goes: one more generation with its phases timed "
+      "(LlamaModel::time_phases),\nms per generated token and share of the time (sampling: "
+      "drawing each token from its logits).\n");
+  print_phase_head();
+  for (const Result& r : results)
+    if (r.backend == "cached")
+      print_phases(r.model, r.threads, r.phases, r.sampling_seconds, r.steps);
 }
 
 void write_json(const std::string& path, const std::vector<Result>& results,
@@ -335,7 +417,8 @@ void write_json(const std::string& path, const std::vector<Result>& results,
     if (r.backend == "cached") {
       f << ", \"decode_step_bytes\": " << r.step_bytes << ", \"decode_GB_per_s\": " << r.gbps
         << ", \"weights_read_GB_per_s\": " << r.weights_read_gbps
-        << ", \"memory_read_GB_per_s\": " << r.dram_read_gbps;
+        << ", \"memory_read_GB_per_s\": " << r.dram_read_gbps
+        << ", \"phase_seconds\": " << phases_json(r.phases, r.sampling_seconds);
     }
     f << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
@@ -344,7 +427,9 @@ void write_json(const std::string& path, const std::vector<Result>& results,
     const PrefillResult& r = prefills[i];
     f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads
       << ", \"tokens\": " << r.tokens << ", \"seconds\": " << r.seconds << ", \"macs\": " << r.macs
-      << ", \"GMAC_per_s\": " << r.gmacs() << ", \"gemm_GMAC_per_s\": " << r.gemm_gmacs << "}"
+      << ", \"GMAC_per_s\": " << r.gmacs() << ", \"gemm_GMAC_per_s\": " << r.gemm_gmacs
+      << ", \"layer_products_GMAC_per_s\": " << r.layer_gmacs()
+      << ", \"phase_seconds\": " << phases_json(r.phases, 0) << "}"
       << (i + 1 < prefills.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";

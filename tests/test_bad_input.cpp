@@ -1738,7 +1738,8 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
   refuses<InvalidArgument>(
       "kvlab::attention_step(const AttentionShape &shape, const AttentionWeights< T > &w, const "
       "RotaryEmbedding *rope, KVStore< T > &store, int layer, bool top, const RowMatrix< T > &xb, "
-      "RowMatrix< T > &out, StepScratch< T > &scratch, CostCounters &counters)",
+      "RowMatrix< T > &out, StepScratch< T > &scratch, CostCounters &counters, PhaseTimes "
+      "*times=nullptr)",
       input::kShape, out_state,
       [&] {
         kvlab::attention_step(shape, layer.weights(), nullptr, store, 0, true,

@@ -368,6 +368,38 @@ TEST_CASE("reset starts over: the same tokens give bit-identical logits") {
   }
 }
 
+TEST_CASE("timed phases: off by default, every phase measured when on, logits unchanged") {
+  const Weights weights = shared(LlamaWeights::builtin());
+  for (LlamaBackend backend : {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged}) {
+    CAPTURE(kvlab::to_string(backend));
+    LlamaModel plain(weights, backend, 3), timed(weights, backend, 3);
+    timed.time_phases(true);
+    CHECK(plain.prefill({1, 20, 30}) == timed.prefill({1, 20, 30}));
+    CHECK(plain.decode(40) == timed.decode(40));
+    // Untimed, a model reads no clock: all zero.
+    const kvlab::PhaseTimes& none = plain.phase_times();
+    CHECK(none.total == 0);
+    CHECK(none.matmuls + none.classifier + none.attention + none.rope + none.norms == 0);
+    // Timed, every phase of the built-in model (it has RoPE) took some time, and the phases,
+    // measured inside the steps, add up to no more than the steps (up to rounding).
+    const kvlab::PhaseTimes t = timed.phase_times();
+    for (double phase : {t.matmuls, t.classifier, t.attention, t.rope, t.norms}) CHECK(phase > 0);
+    CHECK(t.other() >= -1e-9 * t.total);
+    // Stopped, the next step adds nothing; reset zeroes them.
+    timed.time_phases(false);
+    timed.decode(41);
+    CHECK(timed.phase_times().total == t.total);
+    timed.reset();
+    CHECK(timed.phase_times().total == 0);
+  }
+  // generate() times its samples apart from the steps.
+  LlamaModel model(weights, LlamaBackend::Cached);
+  kvlab::Sampler greedy(256, 0.0f, 1.0f, 0);
+  const kvlab::Generation g = kvlab::generate(model, greedy, {1, 40}, 5);
+  CHECK(g.sampling_seconds > 0);
+  CHECK(g.sampling_seconds <= g.prefill_seconds + g.decode_seconds);
+}
+
 TEST_CASE("errors name the argument and leave the model unchanged") {
   const Weights weights = shared(LlamaWeights::builtin());
   for (LlamaBackend backend : {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged}) {

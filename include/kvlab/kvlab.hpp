@@ -53,6 +53,7 @@
 #include "kvlab/model/llama_generate.hpp"
 #include "kvlab/model/llama_model.hpp"
 #include "kvlab/model/llama_weights.hpp"
+#include "kvlab/model/phase_times.hpp"
 #include "kvlab/model/rope.hpp"
 #include "kvlab/model/sampler.hpp"
 #include "kvlab/model/tokenizer.hpp"

@@ -14,6 +14,7 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/cpu/layer_ops.hpp"
 #include "kvlab/matrix.hpp"
+#include "kvlab/model/phase_times.hpp"
 #include "kvlab/model/rope.hpp"
 #include "kvlab/store/kv_store.hpp"
 
@@ -84,12 +85,15 @@ void new_token_rows(const StepBatch& batch, const RowMatrix<T>& x, RowMatrix<T>&
 /// \param out       [query rows, d_model] (resized): the attention output, projected back
 /// \param scratch   buffers reused from layer to layer
 /// \param counters  receives the projections and the attention
+/// \param times     where not null, receives the seconds of the projections (`matmuls`), of
+///                  RoPE (`rope`) and of the store's append and attend (`attention`)
 /// \throws InvalidArgument for shapes that do not fit; whatever the store throws.
 template <typename T>
 void attention_step(const AttentionShape& shape, const AttentionWeights<T>& w,
                     const RotaryEmbedding* rope, KVStore<T>& store, int layer, bool top,
                     const RowMatrix<T>& xb, RowMatrix<T>& out, StepScratch<T>& scratch,
-                    CostCounters& counters) {
+                    CostCounters& counters, PhaseTimes* times = nullptr) {
+  using detail::timed;
   const StepBatch& batch = store.step();
   detail::require_equal("kvlab::attention_step", "xb.rows()", static_cast<long>(xb.rows()),
                         static_cast<long>(batch.rows()), "the step's rows");
@@ -99,30 +103,37 @@ void attention_step(const AttentionShape& shape, const AttentionWeights<T>& w,
   const std::vector<std::int32_t>& q_indptr = new_only ? batch.new_indptr : batch.row_indptr;
   // 1. K and V of every row the step computes (and the queries, in the same call, when every
   // row needs one), rotated to their positions.
-  if (new_only) {
-    cpu::linear(xb, {{w.wk, scratch.k}, {w.wv, scratch.v}});
-  } else {
-    cpu::linear(xb, {{w.wk, scratch.k}, {w.wv, scratch.v}, {w.wq, scratch.q}});
-  }
-  for (int i = 0; rope != nullptr && i < batch.size(); ++i) {
-    rope->apply(scratch.k.middleRows(batch.row_begin(i), batch.computed(i)), batch.first(i));
-  }
+  timed(times, &PhaseTimes::matmuls, [&] {
+    if (new_only) {
+      cpu::linear(xb, {{w.wk, scratch.k}, {w.wv, scratch.v}});
+    } else {
+      cpu::linear(xb, {{w.wk, scratch.k}, {w.wv, scratch.v}, {w.wq, scratch.q}});
+    }
+  });
+  timed(times, &PhaseTimes::rope, [&] {
+    for (int i = 0; rope != nullptr && i < batch.size(); ++i) {
+      rope->apply(scratch.k.middleRows(batch.row_begin(i), batch.computed(i)), batch.first(i));
+    }
+  });
   // 2. Keep them (or hold them for this layer).
-  store.append(layer, scratch.k, scratch.v);
+  timed(times, &PhaseTimes::attention, [&] { store.append(layer, scratch.k, scratch.v); });
   // 3. Queries of the rows whose outputs carry on, rotated the same way.
   if (new_only) {
     new_token_rows(batch, xb, scratch.xq);  // [query rows, d_model]
-    cpu::linear(scratch.xq, w.wq, scratch.q);
+    timed(times, &PhaseTimes::matmuls, [&] { cpu::linear(scratch.xq, w.wq, scratch.q); });
   }
-  for (int i = 0; rope != nullptr && i < batch.size(); ++i) {
-    const auto s = static_cast<std::size_t>(i);
-    const int n = q_indptr[s + 1] - q_indptr[s];  // the sequence's queries: its last n rows
-    rope->apply(scratch.q.middleRows(q_indptr[s], n), batch.first(i) + batch.computed(i) - n);
-  }
+  timed(times, &PhaseTimes::rope, [&] {
+    for (int i = 0; rope != nullptr && i < batch.size(); ++i) {
+      const auto s = static_cast<std::size_t>(i);
+      const int n = q_indptr[s + 1] - q_indptr[s];  // the sequence's queries: its last n rows
+      rope->apply(scratch.q.middleRows(q_indptr[s], n), batch.first(i) + batch.computed(i) - n);
+    }
+  });
   // 4. Each sequence's queries attend to its keys and values.
-  store.attend(layer, shape, scratch.q, q_indptr, scratch.attn, &counters);
+  timed(times, &PhaseTimes::attention,
+        [&] { store.attend(layer, shape, scratch.q, q_indptr, scratch.attn, &counters); });
   // 5. Back to the model's width.
-  cpu::linear(scratch.attn, w.wo, out);
+  timed(times, &PhaseTimes::matmuls, [&] { cpu::linear(scratch.attn, w.wo, out); });
   add_projection_counts(shape, static_cast<int>(xb.cols()),
                         static_cast<std::uint64_t>(scratch.q.rows()),
                         static_cast<std::uint64_t>(xb.rows()),

@@ -25,6 +25,8 @@ struct Generation {
   int decode_steps = 0;        ///< decode calls (one token each) after the prefill
   double prefill_seconds = 0;  ///< the prefill's forward pass and the first sample
   double decode_seconds = 0;   ///< every decode step's forward pass and sample
+  /// the samples alone (in the two phases above): drawing each token from its logits
+  double sampling_seconds = 0;
   bool stopped = false;        ///< true if the stop token was drawn (and generation ended there)
 
   /// Prompt tokens per second of the prefill.
@@ -80,8 +82,15 @@ inline Generation generate(LlamaModel& model, Sampler& sampler, const std::vecto
   }
   Generation g;
   g.prompt_tokens = static_cast<int>(prompt.size());
+  // The next token drawn from `logits`, its time added to g.sampling_seconds.
+  const auto sample = [&](const RowVector<float>& logits) {
+    const auto at = Clock::now();
+    const int id = sampler.sample(logits);
+    g.sampling_seconds += std::chrono::duration<double>(Clock::now() - at).count();
+    return id;
+  };
   auto start = Clock::now();
-  int next = sampler.sample(model.prefill(prompt));  // 1. prefill, first token
+  int next = sample(model.prefill(prompt));  // 1. prefill, first token
   g.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   while (true) {
     if (next == stop_token) {
@@ -92,7 +101,7 @@ inline Generation generate(LlamaModel& model, Sampler& sampler, const std::vecto
     if (on_token) on_token(next);
     if (static_cast<int>(g.tokens.size()) == steps) break;
     start = Clock::now();
-    next = sampler.sample(model.decode(next));  // 2. decode: feed the last token, draw the next
+    next = sample(model.decode(next));  // 2. decode: feed the last token, draw the next
     g.decode_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     ++g.decode_steps;
   }

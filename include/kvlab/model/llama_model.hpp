@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 #include "kvlab/model/llama_config.hpp"
 #include "kvlab/model/llama_counters.hpp"
 #include "kvlab/model/llama_weights.hpp"
+#include "kvlab/model/phase_times.hpp"
 #include "kvlab/model/rope.hpp"
 #include "kvlab/store/kv_store.hpp"
 
@@ -142,6 +144,14 @@ class LlamaModel {
   /// The work of every step since construction or `reset`.
   const LlamaCounters& total() const { return total_; }
 
+  /// From now on, times each step's phases and adds them to `phase_times()` (`on`), or stops
+  /// (the default: a step then reads no clock). A timed step reads a steady clock about twenty
+  /// times per layer; `bench_generate` prints the split.
+  void time_phases(bool on) { time_phases_ = on; }
+  /// The seconds of each phase of the steps timed since the model was made or `reset`
+  /// (`time_phases`); all 0 when none was.
+  const PhaseTimes& phase_times() const { return phase_times_; }
+
   /// One step over a ragged batch: sequence `batch[i].seq` of the store takes `batch[i].tokens`
   /// as its next tokens. Returns the logits after each sequence's last new token, [batch,
   /// vocab_size] (row i for batch[i]), or with `every_token` after every new token,
@@ -202,6 +212,7 @@ class LlamaModel {
     tokens_.clear();
     last_step_ = LlamaCounters{};
     total_ = LlamaCounters{};
+    phase_times_ = PhaseTimes{};
   }
 
   /// The contiguous cache of the model's own sequence, or null (another store, a cache that
@@ -333,6 +344,9 @@ class LlamaModel {
   RowMatrix<float> step(const std::vector<SequenceChunk>& batch, bool every_token,
                         const char* where, bool own) {
     const LlamaConfig& c = config();
+    const auto start = std::chrono::steady_clock::now();
+    PhaseTimes* times = time_phases_ ? &phase_times_ : nullptr;  // where the phases go, if timed
+    using detail::timed;
     const std::vector<std::int32_t> new_indptr = check_batch(batch, where, own);  // [batch + 1]
     std::vector<int> seqs;                                                       // [batch]
     for (const SequenceChunk& chunk : batch) seqs.push_back(chunk.seq);
@@ -357,16 +371,16 @@ class LlamaModel {
       for (int l = 0; l < c.n_layers; ++l) {
         const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
         const bool top = l + 1 == c.n_layers;
-        cpu::rmsnorm(x, w.rms_att, xb);  // attention RMSNorm
+        timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb); });  // attention's
         attention_step(shape_, AttentionWeights<float>{w.wq, w.wk, w.wv, w.wo}, &rope_, *store_, l,
-                       top, xb, out, scratch, counters.attention);
+                       top, xb, out, scratch, counters.attention, times);
         if (out.rows() != x.rows()) {  // the top layer of a recomputing step: new tokens only
           RowMatrix<float> kept;
           new_token_rows(plan, x, kept);
           x = std::move(kept);
         }
         x += out;             // the residual
-        mlp(w, x, mlp_scratch, counters);  // x += MLP(x)
+        mlp(w, x, mlp_scratch, counters, times);  // x += MLP(x)
       }
       store_->end_step();
     } catch (...) {
@@ -384,8 +398,9 @@ class LlamaModel {
         last.row(static_cast<Eigen::Index>(i)) = x.row(new_indptr[i + 1] - 1);
     }
     RowMatrix<float> normed, logits;  // [rows wanted, dim], [rows wanted, vocab_size]
-    cpu::rmsnorm(last, weights_->rms_final, normed);
-    cpu::linear(normed, weights_->classifier(), logits);
+    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(last, weights_->rms_final, normed); });
+    timed(times, &PhaseTimes::classifier,
+          [&] { cpu::linear(normed, weights_->classifier(), logits); });
     counters.classifier_macs += static_cast<std::uint64_t>(last.rows()) *
                                 static_cast<std::uint64_t>(c.dim) *
                                 static_cast<std::uint64_t>(c.vocab_size);
@@ -395,6 +410,8 @@ class LlamaModel {
         tokens_.insert(tokens_.end(), chunk.tokens.begin(), chunk.tokens.end());
     last_step_ = counters;
     total_ += counters;
+    if (times != nullptr)
+      times->total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return logits;
   }
 
@@ -407,17 +424,20 @@ class LlamaModel {
   };
 
   // x += W2 (SiLU(W1 RMSNorm(x)) ⊙ W3 RMSNorm(x)): the MLP block and its residual.
-  void mlp(const LlamaLayerWeights& w, RowMatrix<float>& x, MlpScratch& scratch,
-           LlamaCounters& c) const {
+  // `times`: where not null, receives the seconds of the norm and the products.
+  void mlp(const LlamaLayerWeights& w, RowMatrix<float>& x, MlpScratch& scratch, LlamaCounters& c,
+           PhaseTimes* times) const {
+    using detail::timed;
     RowMatrix<float>& xb = scratch.xb;
     RowMatrix<float>& hb = scratch.hb;
     RowMatrix<float>& hb2 = scratch.hb2;
     RowMatrix<float>& out = scratch.out;
-    cpu::rmsnorm(x, w.rms_ffn, xb);  // ffn RMSNorm
-    cpu::linear(xb, {{w.w1, hb}, {w.w3, hb2}});  // gate: xb W1^T, up: xb W3^T
+    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_ffn, xb); });  // ffn RMSNorm
+    timed(times, &PhaseTimes::matmuls,  // gate: xb W1^T, up: xb W3^T
+          [&] { cpu::linear(xb, {{w.w1, hb}, {w.w3, hb2}}); });
     hb.array() =
         hb.array() * (1.0f + (-hb.array()).exp()).inverse() * hb2.array();  // SiLU(gate) * up
-    cpu::linear(hb, w.w2, out);                                             // down: W2
+    timed(times, &PhaseTimes::matmuls, [&] { cpu::linear(hb, w.w2, out); });  // down: W2
     x += out;                                                               // residual
     c.mlp_macs += 3 * static_cast<std::uint64_t>(x.rows()) *
                   static_cast<std::uint64_t>(config().dim) *
@@ -435,6 +455,8 @@ class LlamaModel {
   mutable std::vector<int> tokens_;        // [position]: the own sequence's (trimmed lazily)
   LlamaCounters last_step_;
   LlamaCounters total_;
+  bool time_phases_ = false;  // whether steps time their phases (`time_phases`)
+  PhaseTimes phase_times_;    // the phases' seconds so far
 };
 
 }  // namespace kvlab
