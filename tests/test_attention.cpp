@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -236,21 +237,26 @@ TEST_CASE("counters: naive materialises every score, decode reads K/V once per g
 }
 
 TEST_CASE("decode_attention counters over several query tiles") {
-  // A prefill of 40 rows after 10 cached tokens: tiles of 16, 16 and 8 query rows. Each tile
-  // streams the rows its last query sees: 10 + 16, 10 + 32, 10 + 40 = 118 rows per K/V head.
+  // A prefill of 2.5 tiles of T rows after 10 cached tokens: tiles of T, T and T / 2 query rows.
+  // Each tile streams the rows its last query sees: 10 + T, 10 + 2 T and 10 + 2.5 T rows per K/V
+  // head (T = 48: 58 + 106 + 130 = 294).
+  constexpr int T = kvlab::cpu::kDecodeQueryTile;
+  static_assert(T % 2 == 0, "the last tile is half a tile");
   const AttentionShape shape(6, 3, 8);
   kvlab::Rng rng(4);
-  const int prefix = 10, q_len = 40;
+  const int prefix = 10, q_len = 2 * T + T / 2;
   const RowMatrix<double> q = kvlab::random_matrix<double>(q_len, shape.q_width(), rng);
   const RowMatrix<double> k = kvlab::random_matrix<double>(prefix + q_len, shape.kv_width(), rng);
   const RowMatrix<double> v = kvlab::random_matrix<double>(prefix + q_len, shape.kv_width(), rng);
   const PaddedCache<double> cache(shape, k, v, prefix + q_len);
   kvlab::CostCounters c;
   const RowMatrix<double> out = kvlab::cpu::decode_attention(shape, q, cache.view, &c);
-  CHECK(c.kv_bytes_read == 2u * 3 * 118 * 8 * sizeof(double));
-  // Query i sees 11 + i keys: 40 * 10 + (1 + ... + 40) = 1220 per query head.
-  CHECK(c.qk_dots == 6u * 1220);
-  CHECK(c.macs == 2u * 6 * 1220 * 8);
+  const std::uint64_t streamed = 3 * prefix + T + 2 * T + q_len;  // per K/V head
+  CHECK(c.kv_bytes_read == 2u * 3 * streamed * 8 * sizeof(double));
+  // Query i sees prefix + 1 + i keys: q_len * prefix + (1 + ... + q_len) per query head.
+  const std::uint64_t seen = q_len * prefix + q_len * (q_len + 1) / 2;
+  CHECK(c.qk_dots == 6u * seen);
+  CHECK(c.macs == 2u * 6 * seen * 8);
   CHECK(max_row_relative_error(out, reference_attention(shape, q, k, v)) <= tolerance<double>());
 }
 

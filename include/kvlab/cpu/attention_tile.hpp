@@ -30,8 +30,14 @@
 
 namespace kvlab::cpu {
 
-/// Query rows processed together by the decode kernels (a decode step has one per sequence).
-constexpr int kDecodeQueryTile = 16;
+/// Query rows processed together by the decode kernels (a decode step has one per sequence; a
+/// prefill, one tile after another). A prefill tile over fp32 rows computes its scores and value
+/// sums as matrix products of this many rows per query head, and Eigen's GEMM computes rows in
+/// blocks of three vectors (48 floats with AVX-512, 24 with AVX2): tiles of 48 rows made the
+/// attention of a 512-token prefill of the stories15M shape (6 heads of 48) take 0.86× the time of
+/// tiles of 16, where 32 took 0.92×, 64 1.05× and 128 1.13× (machine D, `bench/results/README.md`,
+/// "the prefill's attention tile").
+constexpr int kDecodeQueryTile = 48;
 
 namespace detail {
 
@@ -497,8 +503,11 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
           // [count, head_dim]: head j's key rows of the span
           const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> keys(
               row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
+          // The scale before the product: Eigen folds it into the GEMM. Written after it, the
+          // product went through a temporary and a second pass, and a prefill tile's attention
+          // took 1.14× the time.
           probs.block(j * per_head, pos - key_lo, per_head, count).noalias() =
-              (queries.middleRows(j * per_head, per_head) * keys.transpose()) * scale;
+              scale * (queries.middleRows(j * per_head, per_head) * keys.transpose());
         }
       });
   } else if constexpr (!kQuantizedStorage<S>) {
