@@ -13,7 +13,7 @@
 namespace kvlab {
 
 /// A row-major dynamic matrix: kvlab's activation layout, one token per row,
-/// e.g. queries `[tokens, num_heads * head_dim]`.
+/// e.g.\ queries `[tokens, num_heads * head_dim]`.
 template <typename T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 

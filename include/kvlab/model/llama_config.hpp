@@ -41,7 +41,7 @@ struct LlamaConfig {
   /// Width of a K or V row: `n_kv_heads * head_dim()`.
   int kv_dim() const { return n_kv_heads * head_dim(); }
 
-  /// Throws InvalidArgument, naming `where` and the field (prefixed by `prefix`, e.g. a file
+  /// Throws InvalidArgument, naming `where` and the field (prefixed by `prefix`, e.g.\ a file
   /// name and ": "), for the first value that breaks the rules above.
   void validate(const char* where, const std::string& prefix = "") const {
     const auto at_least_one = [&](const char* name, int value) {
@@ -244,7 +244,7 @@ inline ModelConfig to_model_config(const LlamaConfig& config, const std::string&
   return out;
 }
 
-/// One line describing `config`, e.g. "dim 64, hidden 172, 5 layers, 8 heads / 4 kv heads,
+/// One line describing `config`, e.g.\ "dim 64, hidden 172, 5 layers, 8 heads / 4 kv heads,
 /// vocab 512, seq_len 512, shared classifier".
 inline std::string to_string(const LlamaConfig& c) {
   return "dim " + std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
