@@ -28,8 +28,8 @@ namespace kvlab {
 /// dictionary at both ends. Token id `i` stands for the byte string `piece(i)`; ids 0, 1 and 2
 /// are `<unk>`, BOS (begin of sequence, `kBos`) and EOS (end of sequence, `kEos`), and in the
 /// Llama vocabulary ids 3..258 are the 256 single bytes, written `"<0x00>"`..`"<0xFF>"`. The
-/// Llama vocabulary marks a word start with a space (SentencePiece's `▁`, turned into `' '` by
-/// llama2.c's export), so `" the"` is one piece and `"the"` another.
+/// Llama vocabulary marks a word start with a space (SentencePiece's `▁`, turned into a plain
+/// space by llama2.c's export), so `" the"` is one piece and `"the"` another.
 ///
 /// Encoding (`encode`, as llama2.c's `encode()`):
 ///  1. optionally BOS;
