@@ -326,6 +326,37 @@ struct Series {
   std::vector<double> y;
 };
 
+// The least-squares slope of log y against log n: the exponent k of y ~ n^k (2 for Θ(n²), 1 for
+// Θ(n)), printed in the plot's legend.
+double log_log_slope(const std::vector<double>& ns, const std::vector<double>& y) {
+  double mx = 0, my = 0;
+  for (std::size_t i = 0; i < ns.size(); ++i) {
+    mx += std::log(ns[i]);
+    my += std::log(y[i]);
+  }
+  mx /= static_cast<double>(ns.size());
+  my /= static_cast<double>(ns.size());
+  double sxy = 0, sxx = 0;
+  for (std::size_t i = 0; i < ns.size(); ++i) {
+    sxy += (std::log(ns[i]) - mx) * (std::log(y[i]) - my);
+    sxx += (std::log(ns[i]) - mx) * (std::log(ns[i]) - mx);
+  }
+  return sxx > 0 ? sxy / sxx : 0.0;
+}
+
+// The processor's model name as Linux reports it (/proc/cpuinfo), or "unknown processor".
+std::string processor_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+    }
+  }
+  return "unknown processor";
+}
+
 void svg_panel(std::ostringstream& svg, double x0, double y0, double width, double height,
                const std::string& title, const std::vector<double>& ns,
                const std::vector<Series>& series) {
@@ -379,9 +410,25 @@ void svg_panel(std::ostringstream& svg, double x0, double y0, double width, doub
     const double ly = y0 + 16 + 16 * static_cast<double>(s);
     svg << "<line x1=\"" << x0 + 10 << "\" y1=\"" << ly - 4 << "\" x2=\"" << x0 + 30 << "\" y2=\""
         << ly - 4 << "\" stroke=\"" << series[s].colour << "\" stroke-width=\"2\"/>\n";
+    char slope[32];
+    std::snprintf(slope, sizeof slope, "%.2f", log_log_slope(ns, series[s].y));
     svg << "<text x=\"" << x0 + 36 << "\" y=\"" << ly << "\" font-size=\"12\">" << series[s].name
-        << "</text>\n";
+        << ": slope " << slope << "</text>\n";
   }
+}
+
+// `text` with &, < and > written as XML entities.
+std::string xml_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 // Writes a two-panel log-log plot (K/V projections, time) of both decoders against n.
@@ -398,7 +445,7 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
   }
   const double panel_w = 360, panel_h = 280, top = 70, left1 = 70, left2 = 530;
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"420\" "
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"450\" "
          "font-family=\"sans-serif\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"470\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">Decoding n tokens "
@@ -409,6 +456,13 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
   svg_panel(svg, left1, top, panel_w, panel_h, "K/V projections, total (exact)", ns,
             {naive_kv, cached_kv});
   svg_panel(svg, left2, top, panel_w, panel_h, "time, ms (median)", ns, {naive_ms, cached_ms});
+  // Where the times come from: the machine and the command that reproduces the plot.
+  svg << "<text x=\"470\" y=\"438\" text-anchor=\"middle\" font-size=\"11\" fill=\"#555\">"
+      << xml_escaped(processor_name()) << ", " << options.threads << " thread"
+      << (options.threads == 1 ? "" : "s") << "; kvlab-gap --layers " << options.layers
+      << " --max-n " << options.max_n << " --step-max-n " << options.step_max_n << " --reps "
+      << options.reps << " --threads " << options.threads
+      << " --svg FILE; slopes: least squares of log y on log n</text>\n";
   svg << "</svg>\n";
   std::ofstream file(path);
   file << svg.str();
