@@ -124,9 +124,9 @@ def main():
     if has_same_bytes:
         buffer = context.get("read_bandwidth_buffer_MiB", "?")
         out.append(f'<circle cx="{LEFT + 7}" cy="{y + 14}" r="4" fill="white" stroke="#333" '
-                   f'stroke-width="2"/><text x="{LEFT + 16}" y="{y + 18}">hollow: partly from the '
-                   f'caches (a plain read of the same K+V ran ≥ {CACHED_RATIO:g} × as fast as one '
-                   f'of {buffer} MiB)</text>')
+                   f'stroke-width="2"/><text x="{LEFT + 16}" y="{y + 18}">hollow: partly from '
+                   f'the caches (a plain read of the same K+V ran ≥ {CACHED_RATIO:g} × as fast '
+                   f'as one of {buffer} MiB)</text>')
     else:
         out.append(caption(LEFT, y + 18, "every point filled: this run did not record a read of "
                                          "each step's own bytes (fraction_same_bytes)"))

@@ -1,5 +1,6 @@
 """What the docs' plot scripts (bandwidth_svg.py, memory_svg.py, timeline_svg.py,
-tradeoff_svg.py) share: the caption line under a plot and the SVG file around its parts.
+tradeoff_svg.py, kv_waste_svg.py, serving_svg.py, gpu_decode_svg.py) share: the caption line
+under a plot and the SVG file around its parts.
 Standard library only."""
 from xml.sax.saxutils import escape
 
