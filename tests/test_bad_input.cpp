@@ -17,6 +17,7 @@
 
 #include "bad_input/bad_input.hpp"
 #include "kvlab/kvlab.hpp"
+#include "kvlab/serving/state_dot.hpp"
 
 using kvlab::InvalidArgument;
 using kvlab::RowMatrix;
@@ -836,6 +837,10 @@ TEST_CASE("Scheduler and Engine: bad requests and calls are refused and change n
   refuses<InvalidArgument>(
       "kvlab::Engine::take_output(int id)", input::kState, engine_state,
       [&] { (void)engine.take_output(0); }, names("id", "a finished request", "0 (not finished)"));
+  refuses<InvalidArgument>(
+      "kvlab::step_dot(const Engine &engine, const ServingDotOptions &options={})", input::kState,
+      engine_state, [&] { (void)kvlab::step_dot(engine); },
+      names("engine", "an engine that has run a step", "no step yet"));
   for (const char* e :
        {"kvlab::Engine::output(int id) const", "kvlab::Engine::logits(int id) const",
         "kvlab::Engine::take_output(int id)"}) {

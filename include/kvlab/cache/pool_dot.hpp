@@ -1,0 +1,210 @@
+/// \file
+/// \brief `pool_dot`: the block tables and the block pool of a paged KV cache drawn as a
+/// Graphviz dot graph, from the cache's own state — one node per sequence's table, an edge from
+/// each logical block to its physical block, each block with its holders and how full it is.
+/// Checked in `tests/test_state_dot.cpp` line by line against the state it draws (a fork, a
+/// copy on write, a holder that is not a sequence), and by `dot -Tsvg` where Graphviz is
+/// installed.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvlab/cache/block_allocator.hpp"
+#include "kvlab/config.hpp"
+#include "kvlab/core/paged_view.hpp"
+
+namespace kvlab {
+
+/// What a pool diagram adds to the pool's own state: names and notes that the pool does not
+/// know (who its sequences are, who its other holders are). Every field may stay empty.
+struct PoolDotOptions {
+  /// The diagram's first line (empty: "pool of N blocks of B tokens").
+  std::string title;
+  /// A name per sequence id ("A", "request 3"); a sequence without one is "seq N".
+  std::map<int, std::string> sequence_names;
+  /// What the holders of a block that are not sequences are (`PagedKVCache::retain_block`).
+  std::string other_holders = "other holder";
+  /// A line added under some blocks ("cached, evictable") , by block id.
+  std::map<std::int32_t, std::string> block_notes;
+};
+
+namespace detail {
+
+/// `text` as the inside of a dot string: `"` and `\` escaped, each '\n' the dot line break
+/// `\n`; with `record`, also the characters that split a record label (`{ } | < >`).
+inline std::string dot_escape(const std::string& text, bool record = false) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\' ||
+        (record && (c == '{' || c == '}' || c == '|' || c == '<' || c == '>')))
+      out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+/// Ascending ids as ranges: {3, 5, 6, 7} gives "3, 5-7"; none gives "none".
+inline std::string dot_id_ranges(const std::vector<std::int32_t>& ids) {
+  std::string out;
+  for (std::size_t i = 0; i < ids.size();) {
+    std::size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ids[i]);
+    if (j > i) out += "-" + std::to_string(ids[j]);
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
+/// "1 token", "4 tokens": a count and its noun, singular for 1.
+inline std::string dot_count(long long n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+}  // namespace detail
+
+/// The block tables and the pool of `pool` as a Graphviz dot graph (`dot -Tsvg` draws it).
+///
+/// `Pool` is any paged cache's bookkeeping: `PagedSequences`, `PagedKVCache` (or its base
+/// `PagedKVCacheBase`, which `Scheduler::pool` returns) or `cuda::PagedKVCache` — what it reads
+/// is `sequences()`, `length(seq)`, `blocks(seq)`, `block_size()` and `allocator()`.
+///
+/// What is drawn, in a fixed order (sequences and blocks by ascending id), so that the same
+/// state always gives the same text:
+///  - a cluster `tables`: per live sequence a record node `seq_<id>` whose first field is its
+///    name and length and whose fields `<p<j>>` are its logical blocks `j` with their tokens;
+///  - a cluster `pool`: per block in use a node `block_<id>` with its holders (reference count,
+///    and who: the sequences that list it, plus the holders that are not sequences) and its
+///    fill (the most tokens a holding sequence keeps in it), and one node `free` listing the
+///    free blocks;
+///  - an edge `seq_<id>:p<j> -> block_<b>` for each table entry (none for an entry given back
+///    out of a sliding window, `kReleasedBlock`).
+///
+/// A block that two or more sequences hold is filled orange (shared: after a fork, or a prefix
+/// hit); a block with a holder that is not a sequence has a double border, and is filled blue
+/// when no sequence holds it.
+///
+/// \code
+/// kvlab::PagedKVCache<float> cache(1, 2, 2, /*block_size=*/4, /*num_blocks=*/8);
+/// ... // add sequences, fork, append
+/// std::ofstream("pool.dot") << kvlab::pool_dot(cache);  // then: dot -Tsvg pool.dot -o pool.svg
+/// \endcode
+/// Tutorial 03 draws its pool after a fork and a copy on write this way
+/// (`03_paged_cache --dot FILE`); its docs page shows the picture.
+/// \throws InvariantViolation if the sequences list a block more often than its reference
+///         count says (a pool whose bookkeeping is broken).
+template <typename Pool>
+std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
+  const BlockAllocator& alloc = pool.allocator();
+  const int block_size = pool.block_size();
+  const auto name_of = [&options](int seq) {
+    const auto it = options.sequence_names.find(seq);
+    return it != options.sequence_names.end() ? it->second : "seq " + std::to_string(seq);
+  };
+  // Who holds each block among the sequences, and the most tokens one of them keeps in it.
+  std::map<std::int32_t, std::vector<int>> seq_holders;  // block -> sequences, ascending
+  std::map<std::int32_t, int> fill;                      // block -> tokens
+  const std::vector<int> seqs = pool.sequences();
+  for (int seq : seqs) {
+    const std::vector<std::int32_t>& table = pool.blocks(seq);
+    for (std::size_t j = 0; j < table.size(); ++j) {
+      if (table[j] == kReleasedBlock) continue;
+      const int tokens = std::min(block_size, pool.length(seq) - static_cast<int>(j) * block_size);
+      seq_holders[table[j]].push_back(seq);
+      fill[table[j]] = std::max(fill[table[j]], tokens);
+    }
+  }
+
+  std::string out = "digraph kvlab_pool {\n";
+  const std::string title = options.title.empty()
+                                ? "pool of " + detail::dot_count(alloc.num_blocks(), "block") +
+                                      " of " + detail::dot_count(block_size, "token")
+                                : options.title;
+  const std::string legend = "orange: shared by several sequences; double border: held by " +
+                             options.other_holders + "; blue: held by no sequence";
+  out += "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
+         detail::dot_escape(title + "\n" + std::to_string(alloc.num_used()) + " in use, " +
+                            std::to_string(alloc.num_free()) + " free\n" + legend) +
+         "\"];\n";
+  out += "  node [fontname=\"Helvetica\", fontsize=10];\n";
+
+  // The block tables: one record per sequence, a field per logical block.
+  out += "  subgraph cluster_tables {\n    label=\"block tables (logical block: tokens)\";\n";
+  for (int seq : seqs) {
+    const std::vector<std::int32_t>& table = pool.blocks(seq);
+    std::string label = "<name> " + detail::dot_escape(name_of(seq), true) + "\\n" +
+                        detail::dot_count(pool.length(seq), "token");
+    for (std::size_t j = 0; j < table.size(); ++j) {
+      const int tokens = std::min(block_size, pool.length(seq) - static_cast<int>(j) * block_size);
+      label +=
+          "|<p" + std::to_string(j) + "> " + std::to_string(j) + ": " +
+          (table[j] == kReleasedBlock ? std::string("released")
+                                      : std::to_string(tokens) + "/" + std::to_string(block_size));
+    }
+    out += "    seq_" + std::to_string(seq) + " [shape=record, label=\"" + label + "\"];\n";
+  }
+  out += "  }\n";
+
+  // The pool: each block in use, then the free list.
+  out += "  subgraph cluster_pool {\n    label=\"pool (physical blocks)\";\n";
+  std::vector<std::int32_t> free_blocks;
+  for (std::int32_t b = 0; b < alloc.num_blocks(); ++b) {
+    const int refs = alloc.ref_count(b);
+    if (refs == 0) {
+      free_blocks.push_back(b);
+      continue;
+    }
+    const std::vector<int>& holders = seq_holders[b];
+    const int others = refs - static_cast<int>(holders.size());
+    if (others < 0) {
+      throw InvariantViolation("kvlab::pool_dot: block " + std::to_string(b) + " is listed by " +
+                               std::to_string(holders.size()) +
+                               " sequences but has reference count " + std::to_string(refs));
+    }
+    std::string who;
+    for (int seq : holders) who += (who.empty() ? "" : ", ") + name_of(seq);
+    if (others > 0) {
+      who += (who.empty() ? "" : ", ") + (others == 1 ? "" : std::to_string(others) + " x ") +
+             options.other_holders;
+    }
+    std::string label =
+        "block " + std::to_string(b) + "\n" + detail::dot_count(refs, "holder") + ": " + who;
+    if (!holders.empty())
+      label += "\n" + std::to_string(fill[b]) + "/" + std::to_string(block_size) + " tokens";
+    const auto note = options.block_notes.find(b);
+    if (note != options.block_notes.end()) label += "\n" + note->second;
+    const char* color = holders.empty() ? "#c6dbef" : holders.size() > 1 ? "#fdd49e" : "#ffffff";
+    out += "    block_" + std::to_string(b) + " [shape=box, style=filled, fillcolor=\"" + color +
+           "\", peripheries=" + (others > 0 ? "2" : "1") + ", label=\"" +
+           detail::dot_escape(label) + "\"];\n";
+  }
+  out += "    free [shape=box, style=dashed, fontcolor=\"#666666\", label=\"" +
+         detail::dot_escape("free: " + detail::dot_id_ranges(free_blocks) + "\n(" +
+                            detail::dot_count(static_cast<long long>(free_blocks.size()), "block") +
+                            ")") +
+         "\"];\n";
+  out += "  }\n";
+
+  // Table entries -> physical blocks.
+  for (int seq : seqs) {
+    const std::vector<std::int32_t>& table = pool.blocks(seq);
+    for (std::size_t j = 0; j < table.size(); ++j) {
+      if (table[j] == kReleasedBlock) continue;
+      out += "  seq_" + std::to_string(seq) + ":p" + std::to_string(j) + " -> block_" +
+             std::to_string(table[j]) + ";\n";
+    }
+  }
+  out += "}\n";
+  return out;
+}
+
+}  // namespace kvlab
