@@ -1,0 +1,23 @@
+# gdb on the CPU emulator (no GPU needed): the same stop as step_decode_kernel.cuda-gdb. The
+# emulator runs the kernel's threads as fibers on one CPU thread, so a breakpoint's condition
+# picks the thread (threadIdx is a plain variable there).
+set pagination off
+break decode_attention.cuh:174 if threadIdx.x == 9 && blockIdx.y == 0
+run
+print blockIdx
+print threadIdx
+print row
+print kv_head
+print chunk
+print key_slot
+print a.lanes
+print a.head_dim
+print q[0]
+delete
+break decode_attention.cuh:174 if threadIdx.x == 0 && blockIdx.y == 3
+continue
+print kv_head
+print head0
+print heads
+delete
+continue
