@@ -26,6 +26,7 @@ namespace {
 
 // A dot graph as the printers write it: one statement per line.
 struct Graph {
+  std::string title;                          // the graph's label, escapes kept
   std::map<std::string, std::string> labels;  // node id -> its label, escapes kept ("\n", "\"")
   std::map<std::string, std::string> attrs;   // node id -> its whole attribute list
   std::vector<std::string> edges;             // "from -> to", in the text's order
@@ -42,7 +43,10 @@ Graph parse(const std::string& text) {
   while (std::getline(in, line)) {
     if (std::regex_match(line, m, edge)) {
       g.edges.push_back(m[1].str() + " -> " + m[2].str());
-    } else if (std::regex_match(line, m, node) && m[1] != "graph" && m[1] != "node") {
+    } else if (std::regex_match(line, m, node) && m[1] == "graph") {
+      const std::string attrs = m[2];
+      if (std::regex_search(attrs, m, label)) g.title = m[1];
+    } else if (std::regex_match(line, m, node) && m[1] != "node") {
       const std::string id = m[1], attrs = m[2];
       g.attrs[id] = attrs;
       if (std::regex_search(attrs, m, label)) g.labels[id] = m[1];
@@ -107,6 +111,11 @@ TEST_CASE("pool_dot draws a fork, a copy on write and a holder that is not a seq
   CHECK(text == kvlab::pool_dot(cache, options));  // the same state, the same text
   const Graph g = parse(text);
 
+  SECTION("the title: the pool's counts, and the legend of the styles drawn") {
+    CHECK(g.title ==
+          "pool of 8 blocks of 4 tokens: 3 in use, 5 free\\norange: shared by several sequences; "
+          "double border: held by prefix cache");
+  }
   SECTION("every table entry is an edge to its physical block, and nothing else is") {
     CHECK(g.edges == std::vector<std::string>{"seq_0:p0 -> block_0", "seq_0:p1 -> block_1",
                                               "seq_1:p0 -> block_0", "seq_1:p1 -> block_2"});
@@ -158,6 +167,7 @@ TEST_CASE("pool_dot draws blocks given back out of a sliding window as released 
   const Graph g = parse(kvlab::pool_dot(book));
   CHECK(g.labels.at("seq_0") ==
         "<name> seq 0\\n10 tokens|<p0> 0: released|<p1> 1: released|<p2> 2: 2/4");
+  CHECK(g.title == "pool of 5 blocks of 4 tokens: 1 in use, 4 free");  // nothing shared
   CHECK(g.edges == std::vector<std::string>{"seq_0:p2 -> block_2"});
   CHECK(nodes_with(g, "block_") == std::set<std::string>{"block_2"});
   CHECK(g.labels.at("free") == "free: 0-1, 3-4\\n(4 blocks)");

@@ -22,7 +22,8 @@ namespace kvlab {
 /// What a pool diagram adds to the pool's own state: names and notes that the pool does not
 /// know (who its sequences are, who its other holders are). Every field may stay empty.
 struct PoolDotOptions {
-  /// The diagram's first line (empty: "pool of N blocks of B tokens").
+  /// The diagram's first line, above "pool of N blocks of B tokens: U in use, F free" (empty:
+  /// none).
   std::string title;
   /// A name per sequence id ("A", "request 3"); a sequence without one is "seq N".
   std::map<int, std::string> sequence_names;
@@ -124,18 +125,9 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
     }
   }
 
-  std::string out = "digraph kvlab_pool {\n";
-  const std::string title = options.title.empty()
-                                ? "pool of " + detail::dot_count(alloc.num_blocks(), "block") +
-                                      " of " + detail::dot_count(block_size, "token")
-                                : options.title;
-  const std::string legend = "orange: shared by several sequences; double border: held by " +
-                             options.other_holders + "; blue: held by no sequence";
-  out += "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
-         detail::dot_escape(title + "\n" + std::to_string(alloc.num_used()) + " in use, " +
-                            std::to_string(alloc.num_free()) + " free\n" + legend) +
-         "\"];\n";
-  out += "  node [fontname=\"Helvetica\", fontsize=10];\n";
+  // The body first (clusters and edges); the header's legend names only the styles it uses.
+  std::string out;
+  bool any_shared = false, any_other = false, any_orphan = false;
 
   // The block tables: one record per sequence, a field per logical block.
   out += "  subgraph cluster_tables {\n    label=\"block tables (logical block: tokens)\";\n";
@@ -182,6 +174,9 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
       label += "\n" + std::to_string(fill[b]) + "/" + std::to_string(block_size) + " tokens";
     const auto note = options.block_notes.find(b);
     if (note != options.block_notes.end()) label += "\n" + note->second;
+    any_shared = any_shared || holders.size() > 1;
+    any_other = any_other || others > 0;
+    any_orphan = any_orphan || holders.empty();
     const char* color = holders.empty() ? "#c6dbef" : holders.size() > 1 ? "#fdd49e" : "#ffffff";
     out += "    block_" + std::to_string(b) + " [shape=box, style=filled, fillcolor=\"" + color +
            "\", peripheries=" + (others > 0 ? "2" : "1") + ", label=\"" +
@@ -204,7 +199,20 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
     }
   }
   out += "}\n";
-  return out;
+
+  std::string label = options.title.empty() ? "" : options.title + "\n";
+  label += "pool of " + detail::dot_count(alloc.num_blocks(), "block") + " of " +
+           detail::dot_count(block_size, "token") + ": " + std::to_string(alloc.num_used()) +
+           " in use, " + std::to_string(alloc.num_free()) + " free";
+  std::string legend;
+  if (any_shared) legend += "orange: shared by several sequences";
+  if (any_other)
+    legend += (legend.empty() ? "" : "; ") + ("double border: held by " + options.other_holders);
+  if (any_orphan) legend += (legend.empty() ? "" : "; ") + std::string("blue: held by no sequence");
+  if (!legend.empty()) label += "\n" + legend;
+  return "digraph kvlab_pool {\n"
+         "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
+         detail::dot_escape(label) + "\"];\n  node [fontname=\"Helvetica\", fontsize=10];\n" + out;
 }
 
 }  // namespace kvlab

@@ -60,9 +60,7 @@ inline std::string scheduler_pool_dot(const Scheduler& scheduler,
   const PagedKVCacheBase& pool = scheduler.pool();
   const PrefixCache& cache = scheduler.prefix_cache();
   PoolDotOptions o;
-  o.title = (options.title.empty() ? "" : options.title + "\n") + "pool of " +
-            detail::dot_count(pool.allocator().num_blocks(), "block") + " of " +
-            detail::dot_count(pool.block_size(), "token");
+  o.title = options.title;
   o.other_holders = "prefix cache";
   for (int id = 0; id < scheduler.num_requests(); ++id) {
     if (scheduler.forgotten(id)) continue;
@@ -123,7 +121,7 @@ inline std::string step_dot(const Engine& engine, const ServingDotOptions& optio
   title += "step " + std::to_string(r.step) + " (time " + times + ", " + to_string(config.policy) +
            " batching): " + detail::dot_count(r.tokens(), "token") +
            (has_budget ? " of a budget of " + std::to_string(config.max_batched_tokens) : "") +
-           ", " + std::to_string(r.batch.size()) + " chunks; after it " +
+           ", " + detail::dot_count(static_cast<long long>(r.batch.size()), "chunk") + "; after it " +
            std::to_string(r.running) + " running (at most " + std::to_string(config.max_running) +
            "), " + std::to_string(r.waiting) + " waiting";
   out += "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
