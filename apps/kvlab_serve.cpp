@@ -8,8 +8,10 @@
 // The workload comes from a JSON-lines file (--workload; format in apps/serve_workload.hpp) or
 // is generated (--requests, --seed, --prompt-len, --output-len, --rate, --shared-prefix). It
 // shows progress on standard error while it runs, then the summary on standard output;
-// --json and --step-log write the run and its step log for scripts. Runs of different policies
-// on the same workload can be compared request by request: the outputs are in the JSON.
+// --json and --step-log write the run and its step log for scripts; --dot draws one step and
+// the pool after it as Graphviz graphs (kvlab::step_dot, kvlab::scheduler_pool_dot). Runs of
+// different policies on the same workload can be compared request by request: the outputs are
+// in the JSON.
 //
 // Build and run (Release, from the repository root):
 //   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-serve
@@ -17,6 +19,7 @@
 //   build/apps/kvlab-serve --policy static --json static.json
 //   build/apps/kvlab-serve --model stories260K.bin --requests 64 --rate 50 --shared-prefix 32
 // --help lists the options.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include <kvlab/kvlab.hpp>
+#include <kvlab/serving/state_dot.hpp>
 
 #include "builtin_model.hpp"
 #include "cli.hpp"
@@ -57,6 +61,9 @@ struct Options {
   bool clock_steps = false;
   int threads = 1;
   std::string json, step_log;
+  std::string dot;    // empty: no diagrams
+  int dot_step = -1;  // the step --dot draws (-1: not given, step 0)
+  std::string command;  // the command line, for the diagrams' titles
   bool quiet = false;
   std::string generated_option;  // a generated-workload option given (refused with --workload)
   bool max_len_given = false, prefix_caching_given = false;
@@ -71,7 +78,8 @@ const char* const kUsage =
     "                   [--workload FILE | --requests N --seed S --prompt-len MIN:MAX "
     "--output-len MIN:MAX\n"
     "                    --rate R --shared-prefix N] [--clock wall|steps] [--threads T]\n"
-    "                   [--json FILE] [--step-log FILE] [--quiet] [--help]\n"
+    "                   [--json FILE] [--step-log FILE] [--dot PREFIX [--dot-step N]] [--quiet] "
+    "[--help]\n"
     "  --model FILE            llama2.c checkpoint (legacy version-0 .bin); without it a built-in\n"
     "                          model with random weights (--builtin)\n"
     "  --builtin NAME          tiny (dim 48, 3 layers, vocab 256; default) or stories15M (its\n"
@@ -109,6 +117,10 @@ const char* const kUsage =
     "  --threads T             OpenMP threads (default 1)\n"
     "  --json FILE             the run as JSON: settings, figures, every request's output ids\n"
     "  --step-log FILE         one JSON line per step: who ran, tokens, prefill or decode, blocks\n"
+    "  --dot PREFIX            Graphviz graphs of one step (PREFIX.step.dot: who waited, the\n"
+    "                          batch, the token budget) and of the pool after it (PREFIX.pool.dot:\n"
+    "                          block tables, holders, prefix-cache blocks); dot -Tsvg draws them\n"
+    "  --dot-step N            the step --dot draws, from 0 (default 0)\n"
     "  --quiet                 no progress lines\n";
 
 // MIN:MAX of `option`, each in [minimum, maximum], MIN <= MAX.
@@ -192,6 +204,10 @@ bool parse(int argc, char** argv, Options& o) {
       o.json = parse_file_name(arg, value);
     } else if (arg == "--step-log") {
       o.step_log = parse_file_name(arg, value);
+    } else if (arg == "--dot") {
+      o.dot = parse_file_name(arg, value);
+    } else if (arg == "--dot-step") {
+      o.dot_step = parse_int(arg, value, 0, 1 << 30);
     } else if (arg == "--quiet") {
       o.quiet = true;
       takes_value = false;
@@ -220,14 +236,26 @@ bool parse(int argc, char** argv, Options& o) {
     throw UsageError("--prefix-caching on: expected off with --window (the pool gives back the "
                      "blocks before each window; kvlab does not combine the two), got on");
   }
+  if (o.dot_step >= 0 && o.dot.empty()) throw UsageError("--dot-step: expected --dot too, got none");
   if (o.window > 0) o.prefix_caching = false;  // off by default with a window
+  // The command for the diagrams' titles: the program as users type it, without --dot's path
+  // (a path of the machine that drew them).
+  o.command = "kvlab-serve";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--dot")
+      ++i;
+    else
+      o.command += std::string(" ") + argv[i];
+  }
   return true;
 }
 
 int serve(const Options& o) {
   constexpr const char* kProgram = "kvlab-serve";
   if (!kvlab_bench::can_write(kProgram, "--json", o.json) ||
-      !kvlab_bench::can_write(kProgram, "--step-log", o.step_log)) {
+      !kvlab_bench::can_write(kProgram, "--step-log", o.step_log) ||
+      !kvlab_bench::can_write(kProgram, "--dot", o.dot.empty() ? "" : o.dot + ".step.dot") ||
+      !kvlab_bench::can_write(kProgram, "--dot", o.dot.empty() ? "" : o.dot + ".pool.dot")) {
     return 2;
   }
   kvlab_bench::set_threads(kvlab_bench::usable_threads(kProgram, {o.threads}).front());
@@ -283,9 +311,20 @@ int serve(const Options& o) {
                o.pool_tokens, config.num_blocks, o.block_size, engine.model().store().storage_name(),
                engine.model().store().bytes_per_token());
 
+  // --dot: the step and the pool after it, named as the output names the requests.
+  kvlab::ServingDotOptions dot;
+  for (const std::string& id : ids) dot.request_names.push_back("request " + id);
+  const int dot_step = std::max(o.dot_step, 0);
+  bool drawn = false;
   // Progress: a line at most every second of wall time.
   auto last = std::chrono::steady_clock::now();
   engine.run([&](const kvlab::StepRecord& s) {
+    if (!o.dot.empty() && s.step == dot_step) {
+      dot.title = o.command;
+      std::ofstream(o.dot + ".step.dot") << kvlab::step_dot(engine, dot);
+      std::ofstream(o.dot + ".pool.dot") << kvlab::scheduler_pool_dot(engine.scheduler(), dot);
+      drawn = true;
+    }
     const auto now = std::chrono::steady_clock::now();
     if (o.quiet || now - last < std::chrono::seconds(1)) return;
     last = now;
@@ -324,6 +363,13 @@ int serve(const Options& o) {
   if (!o.step_log.empty()) {
     std::ofstream out(o.step_log);
     kvlab::write_step_log(out, engine);
+  }
+  if (!o.dot.empty() && !drawn) {
+    std::remove((o.dot + ".step.dot").c_str());  // the empty files can_write made
+    std::remove((o.dot + ".pool.dot").c_str());
+    std::fprintf(stderr, "%s: --dot-step: expected a step the run reaches (below %d), got %d\n",
+                 kProgram, engine.steps(), dot_step);
+    return 1;
   }
   if (refused > 0) {
     std::fprintf(stderr, "%s: %d request%s refused (see above)\n", kProgram, refused,

@@ -14,14 +14,18 @@
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_03_paged_cache && build/tutorials/03_paged_cache
+// With --dot FILE it also writes the pool after the fork and the copy on write as a Graphviz
+// graph (kvlab::pool_dot; `dot -Tsvg FILE -o pool.svg` draws it, as the docs do).
 //
 // Next: 04_paged_attention.cpp — attention through the block tables.
 
+#include <kvlab/cache/pool_dot.hpp>
 #include <kvlab/kvlab.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -145,7 +149,12 @@ bool show(const Cache& cache, const References& refs) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string dot_file = argc == 3 && std::string(argv[1]) == "--dot" ? argv[2] : "";
+  if (argc != 1 && dot_file.empty()) {
+    std::fprintf(stderr, "usage: %s [--dot FILE]\n", argv[0]);
+    return 2;
+  }
   bool ok = true;
   // [grow]
   Cache cache(/*num_layers=*/1, kKVHeads, kHeadDim, kBlockSize, kNumBlocks);
@@ -175,6 +184,17 @@ int main() {
   append(cache, refs, b, 2);
   // [cow]
   ok = show(cache, refs) && cache.blocks(b) == std::vector<std::int32_t>{0, 2, 3} && ok;
+  if (!dot_file.empty()) {  // the pool as a graph: tables, blocks, holders (kvlab::pool_dot)
+    kvlab::PoolDotOptions dot;
+    dot.title = "tutorial 03's pool after the fork and the copy on write (03_paged_cache --dot)";
+    dot.sequence_names = {{a, "A"}, {b, "B"}};
+    dot.block_notes[cache.blocks(b)[1]] = "B's copy of block 1";
+    std::ofstream out(dot_file);
+    if (!(out << kvlab::pool_dot(cache, dot))) {
+      std::fprintf(stderr, "--dot: expected a file it can write, got %s\n", dot_file.c_str());
+      return 2;
+    }
+  }
 
   // [out_of_blocks]
   try {  // 20 more tokens for B: 5 new blocks, but 4 are free
