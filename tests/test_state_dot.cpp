@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -70,13 +72,20 @@ void check_with_dot(const std::string& text, const std::string& name) {
     WARN("Graphviz's dot was not found at configure time: " << name << " not drawn");
     return;
   }
-  const std::string in = "test_state_dot_" + name + ".dot", out = in + ".svg";
+  // In the temporary directory, under a name no other run of this test takes at the same time.
+  const std::string in =
+      (std::filesystem::temp_directory_path() /
+       ("kvlab_test_state_dot_" + name + "_" + std::to_string(std::random_device{}()) + ".dot"))
+          .string();
+  const std::string out = in + ".svg";
   std::ofstream(in) << text;
   const std::string command = "\"" + dot + "\" -Tsvg \"" + in + "\" -o \"" + out + "\"";
   REQUIRE(std::system(command.c_str()) == 0);
   std::ifstream svg(out);
   const std::string drawn((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
   CHECK(drawn.find("<svg") != std::string::npos);
+  std::filesystem::remove(in);
+  std::filesystem::remove(out);
 }
 
 // Rows of `n` tokens for a pool of 2 heads of 2 values: [n, 4], zeros (the diagram reads no value).
