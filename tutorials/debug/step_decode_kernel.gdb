@@ -2,6 +2,7 @@
 # emulator runs the kernel's threads as fibers on one CPU thread, so a breakpoint's condition
 # picks the thread (threadIdx is a plain variable there).
 set pagination off
+set trace-commands on
 break decode_attention.cuh:174 if threadIdx.x == 9 && blockIdx.y == 0
 run
 print blockIdx
@@ -21,3 +22,12 @@ print head0
 print heads
 delete
 continue
+# What the session must show (checked by tutorials/debug/run_session.py, which the docs build
+# and the CTest tutorial_11_debugger run):
+# expect: at line 174: float acc[kGroupTile][kValuesPerThread] = {};
+# expect: print threadIdx => {x = 9, y = 0, z = 0}
+# expect: print chunk => 9
+# expect: print key_slot => 0
+# expect: print a.lanes => 16
+# expect: print kv_head => 3
+# expect: print head0 => 12

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Runs a program under gdb with a command file and writes the debugger's side of the session.
+
+The command file sets trace-commands, so gdb echoes each command with a leading '+'. The
+transcript keeps those commands, the breakpoints hit, the source lines where the program stopped
+and the printed values; the program's own output is left out (its tutorial page shows it), and
+paths under --source-dir are written relative to it. The command file's '# expect: ' lines say
+what the session must show, each a line of the form 'print X => value' (a command and the value
+it printed) or 'at line N: text' (a stop at line N, whose source starts with text). Fails unless
+gdb's program exits normally and every expectation holds, so the docs never show a session that
+stopped somewhere else, e.g. after the kernel's lines moved and the command file's breakpoint
+did not.
+
+Without gdb (--gdb is not an executable, e.g. CMake's GDB-NOTFOUND) it prints SKIPPED and exits
+with 77 (CTest: skipped); with --skip-note it writes a line saying so to OUT instead, for the docs.
+
+usage: run_session.py --gdb GDB --script FILE.gdb --program PROGRAM --source-dir DIR --output OUT
+                      [--skip-note]
+"""
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name in ("--gdb", "--script", "--program", "--source-dir", "--output"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--skip-note", action="store_true")
+    args = parser.parse_args()
+
+    if shutil.which(args.gdb) is None:
+        if not args.skip_note:
+            print(f"SKIPPED: gdb is not installed ('{args.gdb}' is not a program)")
+            sys.exit(77)
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write("(Not run: gdb was not installed when these docs were built, so the debugger "
+                    "session was not recorded.)\n")
+        return
+
+    with open(args.script, encoding="utf-8") as f:
+        expected = [line[len("# expect: "):].strip() for line in f if line.startswith("# expect: ")]
+    run = subprocess.run([args.gdb, "-nx", "-batch", "-x", args.script, args.program],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                         check=False)
+    out = run.stdout.replace(args.source_dir.rstrip("/") + "/", "")
+    if run.returncode != 0 or "exited normally" not in out:
+        sys.exit(f"run_session.py: gdb -batch -x {args.script} {args.program}: exit "
+                 f"{run.returncode}; the program did not exit normally:\n{out}")
+
+    transcript = []  # the lines shown in the docs
+    seen = []        # 'print X => value' and 'at line N: text', for the expectations
+    command = None   # the last command echoed
+    for line in out.splitlines():
+        if line.startswith("+"):
+            command = line[1:].strip()
+        elif re.match(r"\$[0-9]+ = ", line):
+            if command is not None:
+                seen.append(f"{command} => {line.split(' = ', 1)[1]}")
+        elif re.match(r"[0-9]+\t", line):
+            number, text = line.split("\t", 1)
+            seen.append(f"at line {number}: {text.strip()}")
+        elif not line.startswith("Breakpoint "):
+            continue
+        transcript.append(line)
+
+    missing = [e for e in expected
+               if not any(s == e or (e.startswith("at line ") and s.startswith(e)) for s in seen)]
+    if missing:
+        sys.exit("run_session.py: the session of {} lacks:\n  {}\nIts breakpoint may no longer be "
+                 "on the line it expects. What it showed:\n{}".format(
+                     args.script, "\n  ".join(missing), "\n".join(transcript)))
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write("\n".join(transcript) + "\n")
+
+
+if __name__ == "__main__":
+    main()
