@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""Checks the generated docs site, first as files and then in a headless Chromium.
+
+The static pass reads every HTML page of the site and every script of Doxygen's navigation tree
+and search index: each local link must name a file inside the site, and each #fragment an id or
+an anchor name on the page it points at; each image (<img>, or an SVG in an <object>) must exist,
+be non-empty and, for an SVG, be well-formed XML with an <svg> root. Each page of docs/pages must
+show, in full, every output it embeds (`\\verbinclude`, as the program printed it) and every image
+it shows (`\\image html`).
+
+The browser pass (docs/cdp_browser.py) opens every page of docs/pages in Chromium and fails on
+an uncaught JavaScript exception, a console error, a resource that did not load, an image or SVG
+that did not render, or an empty navigation tree; it saves screenshots of the pages named by
+--screenshot.
+
+Exit status: 0 when all is well; 1 with one line per problem; 77 (CTest: skipped) when the site
+has not been built, or when Chromium is not installed (after the static pass has passed), unless
+KVLAB_REQUIRE_BROWSER=1, when a missing browser is a failure. Standard library only.
+
+The site, its .md pages (under INPUT) and the folders of the embedded outputs (EXAMPLE_PATH) are
+read from the Doxyfile that built it.
+
+usage: check_site.py --doxyfile build/docs/Doxyfile [--html DIR] [--screenshot PAGE.html=OUT.png]...
+                     [--static-only] [--chromium PATH]
+"""
+import argparse
+import os
+import re
+import shlex
+import shutil
+import struct
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+SKIPPED = 77
+# The attributes through which a page loads or links another file.
+LINK_ATTRIBUTES = {("a", "href"), ("area", "href"), ("link", "href"), ("script", "src"),
+                   ("img", "src"), ("iframe", "src"), ("object", "data"), ("embed", "src"),
+                   ("source", "src")}
+IMAGE_ATTRIBUTES = {("img", "src"), ("object", "data"), ("embed", "src")}
+
+
+class Page(HTMLParser):
+    """What the checks need from one HTML file: its ids and anchor names, its links with their
+    line numbers, its images, the text of each <pre class="fragment"> (an embedded output), and
+    the anchors of its member rows (<tr class="memitem:ANCHOR">: Doxygen's navigation tree links
+    a file's members there, and its script highlights the row)."""
+
+    def __init__(self, path):
+        super().__init__(convert_charrefs=True)
+        self.ids, self.links, self.images, self.outputs = set(), [], [], []
+        self.rows = set()
+        self._output = None
+        self.feed(path.read_text(encoding="utf-8", errors="replace"))
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for name in ("id", "name") if tag == "a" else ("id",):
+            if attrs.get(name):
+                self.ids.add(attrs[name])
+        for attr in (a for t, a in LINK_ATTRIBUTES if t == tag):
+            if attrs.get(attr):
+                self.links.append((self.getpos()[0], attrs[attr]))
+                if (tag, attr) in IMAGE_ATTRIBUTES:
+                    self.images.append(attrs[attr])
+        classes = (attrs.get("class") or "").split()
+        if tag == "pre" and "fragment" in classes:
+            self._output = []
+        if tag == "tr":
+            self.rows.update(c[len("memitem:"):] for c in classes if c.startswith("memitem:"))
+
+    def handle_endtag(self, tag):
+        if tag == "pre" and self._output is not None:
+            self.outputs.append("".join(self._output))
+            self._output = None
+
+    def handle_data(self, data):
+        if self._output is not None:
+            self._output.append(data)
+
+
+def is_local(url):
+    parts = urlsplit(url)
+    return not parts.scheme and not parts.netloc
+
+
+def lines_of(text):
+    """Text as a list of lines without trailing spaces, leading and trailing empty lines dropped."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[0]:
+        lines.pop(0)
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+class Site:
+    """The static pass over one generated site."""
+
+    def __init__(self, root):
+        self.root = root.resolve()
+        self.pages = {p: Page(p) for p in sorted(self.root.rglob("*.html"))}
+        self.problems = []
+        self.tolerated = []  # (what, where): Doxygen's own links without a target, not failed on
+
+    def name(self, path):
+        return str(path.relative_to(self.root))
+
+    def check_link(self, source, line, url, rows=False):
+        """One local link from `source` (a file of the site): the file and the fragment exist;
+        with `rows`, a member row's anchor counts as a fragment's target."""
+        parts = urlsplit(url)
+        where = f"{self.name(source)}:{line}: link '{url}'"
+        target = (source.parent / unquote(parts.path)).resolve() if parts.path else source
+        if not target.is_relative_to(self.root):
+            self.problems.append(f"{where} points outside the site ({target})")
+        elif not target.is_file():
+            self.problems.append(f"{where}: no file {self.name(target)}")
+        elif parts.fragment and target.suffix == ".html":
+            page = self.pages.get(target)
+            fragment = unquote(parts.fragment)
+            if page is None or fragment in page.ids or (rows and fragment in page.rows):
+                return
+            if fragment == "nested-classes" and source == target:
+                # Doxygen 1.9.4 puts a "Classes" link in the summary of a class whose nested
+                # classes are all private (not shown), with no section for it to point at.
+                self.tolerated.append(("'Classes' links of classes whose nested classes are all "
+                                       "private", where))
+            elif rows and re.fullmatch(r"a[0-9a-f]{32}a[0-9a-f]{32}", fragment) and \
+                    fragment[:33] in page.rows:
+                # An enumerator under a file in Doxygen's navigation tree: it points at the file's
+                # page, which lists the enum (that row is there) but documents its values on
+                # the namespace's page.
+                self.tolerated.append(("enumerators under a file in the navigation tree", where))
+            else:
+                self.problems.append(f"{where}: {self.name(target)} has no id or anchor "
+                                     f"'{parts.fragment}'")
+
+    def check_links(self):
+        for path, page in self.pages.items():
+            for line, url in page.links:
+                if is_local(url) and url != "#":
+                    self.check_link(path, line, url)
+        # Doxygen's navigation tree and search index are data in scripts: "page.html#anchor".
+        quoted = re.compile(r"""["']([^"'\s<>]+\.html(?:#[^"'\s<>]*)?)["']""")
+        scripts = [p for p in self.root.rglob("*.js") if p.name.startswith("navtree")
+                   or p.parent.name == "search" or (self.root / (p.stem + ".html")).is_file()]
+        for path in sorted(scripts):
+            for number, text in enumerate(path.read_text(encoding="utf-8", errors="replace")
+                                          .splitlines(), 1):
+                for url in quoted.findall(text):
+                    if is_local(url):
+                        self.check_link(path, number, url, rows=True)
+
+    def check_images(self):
+        seen = set()
+        for path, page in self.pages.items():
+            for url in page.images:
+                if not is_local(url):
+                    continue
+                image = (path.parent / unquote(urlsplit(url).path)).resolve()
+                if image in seen or not image.is_file():  # a missing file is a broken link above
+                    continue
+                seen.add(image)
+                if image.stat().st_size == 0:
+                    self.problems.append(f"{self.name(path)}: image {url} is empty")
+                elif image.suffix == ".svg":
+                    try:
+                        root = ElementTree.parse(image).getroot()
+                        if root.tag.rsplit("}", 1)[-1] != "svg":
+                            self.problems.append(f"{self.name(path)}: image {url} has root "
+                                                 f"<{root.tag}>, not <svg>")
+                    except ElementTree.ParseError as e:
+                        self.problems.append(f"{self.name(path)}: image {url} is not "
+                                             f"well-formed SVG: {e}")
+
+    def check_embedded(self, sources, example_dirs):
+        """Each page made from a .md page shows every output it \\verbinclude-s and image it shows."""
+        for name, source in sources.items():
+            text = source.read_text(encoding="utf-8")
+            html = self.root / name
+            page = self.pages.get(html)
+            if page is None:
+                self.problems.append(f"{source.name}: its page {name} was not generated")
+                continue
+            shown = {fragment for fragment in (tuple(lines_of(o)) for o in page.outputs)}
+            for included in re.findall(r"^[ \t]*[\\@]verbinclude[ \t]+(\S+)", text, re.M):
+                found = [Path(d) / included for d in example_dirs if (Path(d) / included).is_file()]
+                if not found:
+                    self.problems.append(f"{self.name(html)}: embeds {included}, which is in none "
+                                         f"of {', '.join(map(str, example_dirs))}")
+                    continue
+                expected = tuple(lines_of(found[0].read_text(encoding="utf-8", errors="replace")))
+                if not expected:
+                    self.problems.append(f"{self.name(html)}: the output it embeds, {found[0]}, "
+                                         "is empty")
+                elif expected not in shown:
+                    self.problems.append(f"{self.name(html)}: does not show {included} in full "
+                                         f"({len(expected)} lines from {found[0]})")
+            for image in re.findall(r"^[ \t]*[\\@]image[ \t]+html[ \t]+(\S+)", text, re.M):
+                if image not in page.images:
+                    self.problems.append(f"{self.name(html)}: does not show the image {image}")
+
+
+def read_doxyfile(path):
+    """The settings of a Doxyfile: {"INPUT": ["/a", "/b"], ...} (values split as a shell would)."""
+    settings, text = {}, path.read_text(encoding="utf-8").replace("\\\n", " ")
+    for line in text.splitlines():
+        match = re.match(r"\s*([A-Z_]+)\s*(\+?=)(.*)", line)
+        if match:
+            key, op, value = match.groups()
+            values = shlex.split(value, comments=False, posix=True)
+            settings[key] = (settings.get(key, []) if op == "+=" else []) + values
+    return settings
+
+
+def page_sources(inputs):
+    """The site's page for each .md page under `inputs`, by the anchor of its title:
+    {"tutorial_03.html": .../03_paged_cache.md, "index.html": .../00_index.md, ...}."""
+    sources = {}
+    files = [Path(i) for i in inputs if Path(i).is_file()]
+    files += [p for i in inputs if Path(i).is_dir() for p in Path(i).rglob("*.md")]
+    for source in sorted(f for f in files if f.suffix == ".md"):
+        anchor = re.search(r"^#[^\n]*\{#([\w-]+)\}", source.read_text(encoding="utf-8"), re.M)
+        if anchor:
+            name = anchor.group(1)
+            sources["index.html" if name == "mainpage" else name + ".html"] = source
+    return sources
+
+
+def find_chromium(given):
+    for name in [given] if given else ["chromium", "chromium-browser", "google-chrome"]:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def png_size(path):
+    """(width, height) from a PNG file's header, or None if it is not a PNG."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        return None
+    return struct.unpack(">II", head[16:24])
+
+
+def browse(html, page_names, screenshots, chromium):
+    """The browser pass; returns its problems."""
+    from cdp_browser import Browser, BrowserError
+    pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name)) for name in page_names]
+    problems = []
+    try:
+        with Browser(chromium) as browser:
+            for name, found in sorted(browser.check(pages).items()):
+                problems += [f"{name} in Chromium: {p}" for p in found]
+                shot = ""
+                if name in screenshots:
+                    size = png_size(screenshots[name])
+                    if size != (browser.width, browser.height):
+                        problems.append(f"{name}: the screenshot {screenshots[name]} is not a "
+                                        f"{browser.width}x{browser.height} PNG (read: {size})")
+                    shot = f", screenshot {screenshots[name]}"
+                print(f"  {name}: {len(found)} problem(s){shot}")
+    except BrowserError as e:
+        problems.append(f"Chromium ({chromium}): {e}")
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--doxyfile", type=Path, required=True,
+                        help="the Doxyfile that built the site (build/docs/Doxyfile)")
+    parser.add_argument("--html", type=Path, help="the site, if not the Doxyfile's")
+    parser.add_argument("--screenshot", action="append", default=[], metavar="PAGE=PNG",
+                        help="a page of the site to photograph, and where the PNG goes")
+    parser.add_argument("--static-only", action="store_true", help="no browser pass")
+    parser.add_argument("--chromium", help="the browser (default: chromium on the PATH)")
+    args = parser.parse_args()
+    screenshots = {}
+    for item in args.screenshot:
+        page, sep, png = item.partition("=")
+        if not sep or not page.endswith(".html") or not png.endswith(".png"):
+            parser.error(f"--screenshot: expected PAGE.html=OUT.png, got '{item}'")
+        screenshots[page] = png
+
+    if not args.doxyfile.is_file():
+        parser.error(f"--doxyfile: expected a Doxyfile, but {args.doxyfile} is not a file")
+    doxyfile = read_doxyfile(args.doxyfile)
+    html = args.html or (Path(doxyfile.get("OUTPUT_DIRECTORY", ["."])[0])
+                         / doxyfile.get("HTML_OUTPUT", ["html"])[0])
+    if not (html / "index.html").is_file():
+        print(f"check_site: SKIPPED: no site at {html} (no index.html): build the 'docs' "
+              "target first (cmake --build build --target docs)")
+        return SKIPPED
+    start = time.monotonic()
+    site = Site(html)
+    site.check_links()
+    site.check_images()
+    sources = page_sources(doxyfile.get("INPUT", []))
+    site.check_embedded(sources, doxyfile.get("EXAMPLE_PATH", []))
+    print(f"check_site: static pass over {len(site.pages)} pages of {html}: "
+          f"{len(site.problems)} problem(s) ({time.monotonic() - start:.1f} s)")
+    kinds = sorted({what for what, _ in site.tolerated})
+    for what in kinds:
+        where = [w for k, w in site.tolerated if k == what]
+        print(f"check_site: not counted: {len(where)} link(s) that Doxygen 1.9 itself makes without "
+              f"a target ({what}), e.g. {where[0]}")
+    print_problems(site.problems)
+    browser_problems = []
+    if not args.static_only:
+        chromium = find_chromium(args.chromium)
+        if chromium is None:
+            what = f"'{args.chromium}'" if args.chromium else "chromium"
+            if site.problems or os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
+                browser_problems.append(f"browser pass: {what} is not installed "
+                                        "(Debian: apt install chromium)")
+            else:
+                print(f"check_site: SKIPPED: the browser pass needs {what}, which is not "
+                      "installed (Debian: apt install chromium); the static pass passed")
+                return SKIPPED
+        else:
+            for png in screenshots.values():
+                Path(png).parent.mkdir(parents=True, exist_ok=True)
+                if os.path.exists(png):
+                    os.remove(png)  # no stale screenshot survives a failed run
+            names = sorted(n for n in set(sources) | set(screenshots) if (html / n).is_file())
+            browser_problems += [f"{n}, to be photographed, is not in the site"
+                                 for n in screenshots if n not in names]
+            start = time.monotonic()
+            print(f"check_site: browser pass ({chromium}), {len(names)} pages:")
+            browser_problems += browse(html, names, screenshots, chromium)
+            print(f"check_site: browser pass: {len(browser_problems)} problem(s) "
+                  f"({time.monotonic() - start:.1f} s)")
+        print_problems(browser_problems)
+    count = len(site.problems) + len(browser_problems)
+    print(f"check_site: {f'FAILED, {count} problem(s)' if count else 'passed'}")
+    return 1 if count else 0
+
+
+def print_problems(problems, shown=60):
+    """One line per problem, the first `shown` of them (a fault of the pages' template or
+    scripts repeats on every page)."""
+    for problem in problems[:shown]:
+        print(f"check_site: {problem}")
+    if len(problems) > shown:
+        print(f"check_site: ... and {len(problems) - shown} more")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
