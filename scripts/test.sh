@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvlab's whole test suite, as CI runs it: installs what is missing; builds everything
 # (library checks, tests, tutorials, benchmarks, CUDA targets when nvcc is present) with
-# warnings as errors and runs every test; builds the docs, failing on any Doxygen warning;
+# warnings as errors and runs every test; builds the docs, failing on any Doxygen warning, and
+# checks the site (links, images, embedded outputs; JavaScript errors in headless Chromium);
 # then builds the tests again with AddressSanitizer + UndefinedBehaviorSanitizer and runs them;
 # then builds the fuzz targets with Clang and runs each briefly on its seed corpus.
 set -euo pipefail
@@ -24,11 +25,16 @@ cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNING
   -DKVLAB_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build -j "$jobs"
 
-step "tests"
-ctest --test-dir build --output-on-failure -j "$jobs"
+step "tests (but the site's check, which needs the docs built: below)"
+ctest --test-dir build --output-on-failure -j "$jobs" -LE docs
 
 step "docs (Doxygen warnings are errors)"
 cmake --build build --target docs
+
+step "the site checked: links, images, embedded outputs, and in headless Chromium JavaScript errors"
+# docs/check_site.py (the CTest docs_site_check), about 15 s; KVLAB_REQUIRE_BROWSER makes a
+# missing chromium a failure instead of a skip. Screenshots: build/docs/screenshots/*.png.
+KVLAB_REQUIRE_BROWSER=1 ctest --test-dir build -L docs --output-on-failure
 
 step "configure and build with ASan + UBSan"
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
