@@ -255,6 +255,7 @@ def png_size(path):
 
 def browse(html, page_names, screenshots, chromium):
     """The browser pass; returns its problems."""
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
     from cdp_browser import Browser, BrowserError
     pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name)) for name in page_names]
     problems = []
