@@ -358,8 +358,8 @@ std::string processor_name() {
 }
 
 void svg_panel(std::ostringstream& svg, double x0, double y0, double width, double height,
-               const std::string& title, const std::vector<double>& ns,
-               const std::vector<Series>& series) {
+               const std::string& title, const std::string& x_label,
+               const std::vector<double>& ns, const std::vector<Series>& series) {
   double lo = 1e300, hi = 0;
   for (const Series& s : series)
     for (double v : s.y) {
@@ -395,7 +395,7 @@ void svg_panel(std::ostringstream& svg, double x0, double y0, double width, doub
         << "\" text-anchor=\"middle\" font-size=\"11\">" << static_cast<long>(n) << "</text>\n";
   }
   svg << "<text x=\"" << x0 + width / 2 << "\" y=\"" << y0 + height + 34
-      << "\" text-anchor=\"middle\" font-size=\"12\">n (generated tokens)</text>\n";
+      << "\" text-anchor=\"middle\" font-size=\"12\">" << x_label << "</text>\n";
   // The series, with a legend entry each.
   for (std::size_t s = 0; s < series.size(); ++s) {
     svg << "<polyline fill=\"none\" stroke=\"" << series[s].colour
@@ -431,8 +431,11 @@ std::string xml_escaped(const std::string& text) {
   return out;
 }
 
-// Writes a two-panel log-log plot (K/V projections, time) of both decoders against n.
-void write_svg(const std::string& path, const Options& options, const std::vector<Row>& rows) {
+// Writes a log-log plot of both decoders against n: K/V projections and time of whole
+// generations (top), and of single decode steps when the per-step table has two rows or more
+// (bottom).
+void write_svg(const std::string& path, const Options& options, const std::vector<Row>& rows,
+               const std::vector<StepRow>& steps) {
   std::vector<double> ns;
   Series naive_kv{"naive (no cache)", "#c0392b", {}}, cached_kv{"cached", "#2471a3", {}};
   Series naive_ms{"naive (no cache)", "#c0392b", {}}, cached_ms{"cached", "#2471a3", {}};
@@ -443,21 +446,42 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
     naive_ms.y.push_back(r.naive_ms);
     cached_ms.y.push_back(r.cached_ms);
   }
+  std::vector<double> step_ns;
+  Series naive_step_kv{"naive (no cache)", "#c0392b", {}}, cached_step_kv{"cached", "#2471a3", {}};
+  Series naive_step_us{"naive (no cache)", "#c0392b", {}}, cached_step_us{"cached", "#2471a3", {}};
+  for (const StepRow& r : steps) {
+    step_ns.push_back(r.n);
+    naive_step_kv.y.push_back(static_cast<double>(r.naive.kv_projections));
+    cached_step_kv.y.push_back(static_cast<double>(r.cached.kv_projections));
+    naive_step_us.y.push_back(r.naive_us);
+    cached_step_us.y.push_back(r.cached_us);
+  }
+  const bool with_steps = steps.size() >= 2;  // a slope needs two points
   const double panel_w = 360, panel_h = 280, top = 70, left1 = 70, left2 = 530;
+  const double top2 = top + panel_h + 90;  // the per-step row
+  const double height = with_steps ? top2 + panel_h + 80 : 450;
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"450\" "
-         "font-family=\"sans-serif\">\n";
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"" << height
+      << "\" font-family=\"sans-serif\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"470\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">Decoding n tokens "
          "without and with a KV cache ("
       << options.layers << " layer" << (options.layers == 1 ? "" : "s") << ", d_model " << kDModel
       << ", " << kNumHeads << " heads, " << kNumKvHeads << " K/V heads, head_dim " << kHeadDim
       << ")</text>\n";
-  svg_panel(svg, left1, top, panel_w, panel_h, "K/V projections, total (exact)", ns,
-            {naive_kv, cached_kv});
-  svg_panel(svg, left2, top, panel_w, panel_h, "time, ms (median)", ns, {naive_ms, cached_ms});
+  svg_panel(svg, left1, top, panel_w, panel_h, "K/V projections, whole generation (exact)",
+            "n (generated tokens)", ns, {naive_kv, cached_kv});
+  svg_panel(svg, left2, top, panel_w, panel_h, "time of the generation, ms (median)",
+            "n (generated tokens)", ns, {naive_ms, cached_ms});
+  if (with_steps) {
+    svg_panel(svg, left1, top2, panel_w, panel_h, "K/V projections, one step (exact)",
+              "n (the step's token; n - 1 held)", step_ns, {naive_step_kv, cached_step_kv});
+    svg_panel(svg, left2, top2, panel_w, panel_h, "time of one step, µs (median)",
+              "n (the step's token; n - 1 held)", step_ns, {naive_step_us, cached_step_us});
+  }
   // Where the times come from: the machine and the command that reproduces the plot.
-  svg << "<text x=\"470\" y=\"438\" text-anchor=\"middle\" font-size=\"11\" fill=\"#555\">"
+  svg << "<text x=\"470\" y=\"" << height - 12
+      << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#555\">"
       << xml_escaped(processor_name()) << ", " << options.threads << " thread"
       << (options.threads == 1 ? "" : "s") << "; kvlab-gap --layers " << options.layers
       << " --max-n " << options.max_n << " --step-max-n " << options.step_max_n << " --reps "
@@ -485,7 +509,8 @@ const char* const kUsage =
     "  --reps R     runs per decoder and n; the median time is printed (default 5)\n"
     "  --threads T  OpenMP threads: K/V heads, Eigen products (default 1, so that the\n"
     "               times do not depend on another core being free)\n"
-    "  --svg FILE   also write a log-log plot of K/V projections and times vs n\n"
+    "  --svg FILE   also write a log-log plot of K/V projections and times vs n, for\n"
+    "               whole generations and (with two step rows or more) single steps\n"
     "  --help       print this and exit\n";
 
 // At most 2^29, so that doubling n up to the limit never overflows an int.
@@ -587,9 +612,11 @@ int main(int argc, char** argv) {
                 static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
   }
   print_step_header();
+  std::vector<StepRow> steps;  // for the plot
   for (int n = kFirstStepN; n <= options.step_max_n; n *= 4) {
     std::fprintf(stderr, "kvlab-gap: step at n = %d ...\n", n);
     const StepRow row = run_step(n, options.reps, stack);
+    steps.push_back(row);
     print_step_row(row);
     max_rel_diff = std::max(max_rel_diff, row.rel_diff);
     if (!counts_match("step at n = " + std::to_string(n), row.naive, row.cached,
@@ -611,7 +638,7 @@ int main(int argc, char** argv) {
 
   if (!options.svg.empty()) {
     try {
-      write_svg(options.svg, options, rows);
+      write_svg(options.svg, options, rows, steps);
       std::printf("Plot written to %s\n", options.svg.c_str());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "kvlab-gap: %s\n", e.what());
