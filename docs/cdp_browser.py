@@ -2,9 +2,10 @@
 
 Chromium started with --remote-debugging-pipe reads protocol commands from file descriptor 3 and
 writes responses and events to file descriptor 4, each message one JSON object ended by a NUL
-byte. This module starts it that way, opens one tab, and for each page it is given collects what
-the page reported (uncaught exceptions, console errors, failed loads), asks the page's DOM which
-images did not load, and takes a screenshot. Every wait has a deadline, so a hung browser fails
+byte. This module starts it that way, loads the pages it is given in a few tabs at a time, and
+for each page collects what it reported (uncaught exceptions, console errors, failed loads), asks
+its DOM which images did not render and whether the navigation tree was filled in, and takes a
+screenshot where asked. Every wait has a deadline, so a hung browser fails
 the check instead of hanging it. docs/check_site.py uses it.
 """
 import base64
@@ -44,7 +45,7 @@ PAGE_REPORT = r"""
 
 
 class Browser:
-    """One headless Chromium with one tab; use as a context manager so the browser always ends."""
+    """One headless Chromium and its tabs; use as a context manager so the browser always ends."""
 
     def __init__(self, chromium, width=1280, height=1000, timeout=20.0):
         self.timeout = timeout
@@ -55,6 +56,7 @@ class Browser:
         self.events = []
         self.replies = {}  # answers read while waiting for another, by id
         self.next_id = 0
+        self.sessions = []  # one per tab
         self.pid = None
         to_browser_r, self.to_browser = os.pipe()
         self.from_browser, from_browser_w = os.pipe()
@@ -75,10 +77,12 @@ class Browser:
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2),
                 (os.POSIX_SPAWN_DUP2, child_r, 3), (os.POSIX_SPAWN_DUP2, child_w, 4)])
+        except OSError as e:
+            self.close()
+            raise BrowserError(f"could not start {chromium}: {e}") from e
         finally:
             for fd in (child_r, child_w, log):
                 os.close(fd)
-        self.sessions = []
 
     def __enter__(self):
         return self
