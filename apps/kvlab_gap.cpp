@@ -462,7 +462,7 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
   const double height = with_steps ? top2 + panel_h + 80 : 450;
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"" << height
-      << "\" font-family=\"sans-serif\">\n";
+      << "\" viewBox=\"0 0 940 " << height << "\" font-family=\"sans-serif\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"470\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">Decoding n tokens "
          "without and with a KV cache ("

@@ -24,7 +24,8 @@ class BrowserError(Exception):
 
 
 # Runs in the page after it has loaded: waits (at most 5 s) for Doxygen's navigation tree to be
-# filled in by its scripts, then reports what did not render.
+# filled in by its scripts, then reports what did not render and which pictures stick out of the
+# text column (and so are cut off).
 PAGE_REPORT = r"""
 (async () => {
   const navItems = () => document.querySelectorAll('#nav-tree-contents li').length;
@@ -38,8 +39,24 @@ PAGE_REPORT = r"""
     return !doc || !doc.documentElement || doc.documentElement.localName !== 'svg' ||
            box.width === 0 || box.height === 0;
   }).map(o => o.getAttribute('data'));
+  // A picture is cut off when it runs under the table of contents or past the page's content,
+  // or when an SVG without a viewBox is shown narrower than it was drawn (it does not scale).
+  const toc = document.querySelector('div.toc');
+  const clippedPictures = [...document.querySelectorAll('div.image img, div.image object')]
+    .filter(p => {
+      const box = p.getBoundingClientRect(), contents = p.closest('div.contents');
+      let limit = contents ? contents.getBoundingClientRect().right : window.innerWidth;
+      if (toc) {
+        const t = toc.getBoundingClientRect();
+        if (t.width > 0 && t.left > box.left) limit = Math.min(limit, t.left);
+      }
+      const svg = p.localName === 'object' && p.contentDocument && p.contentDocument.documentElement;
+      const unscaled = svg && svg.localName === 'svg' && !svg.hasAttribute('viewBox') &&
+                       parseFloat(svg.getAttribute('width')) > box.width + 1;
+      return box.width > 0 && (box.right > limit + 1 || unscaled);
+    }).map(p => p.getAttribute('src') || p.getAttribute('data'));
   return {title: document.title, hasNavTree: !!document.getElementById('nav-tree'),
-          navItems: navItems(), brokenImages, brokenObjects};
+          navItems: navItems(), brokenImages, brokenObjects, clippedPictures};
 })()
 """
 
@@ -227,6 +244,8 @@ class Browser:
         problems = [p for p in problems if p]
         problems += [f"image not loaded: {src}" for src in page["brokenImages"]]
         problems += [f"SVG object not rendered: {data}" for data in page["brokenObjects"]]
+        problems += [f"picture wider than its text column, cut off: {name}"
+                     for name in page["clippedPictures"]]
         if page["hasNavTree"] and page["navItems"] == 0:
             problems.append("the navigation tree on the left is empty (its scripts did not fill it)")
         return problems

@@ -10,8 +10,9 @@ it shows (`\\image html`).
 
 The browser pass (docs/cdp_browser.py) opens every page of docs/pages in Chromium and fails on
 an uncaught JavaScript exception, a console error, a resource that did not load, an image or SVG
-that did not render, or an empty navigation tree; it saves screenshots of the pages named by
---screenshot.
+that did not render, a picture cut off (wider than its text column, or an SVG without a viewBox
+shown narrower than drawn), or an empty navigation tree; it saves screenshots of the pages named
+by --screenshot.
 
 Exit status: 0 when all is well; 1 with one line per problem; 77 (CTest: skipped) when the site
 has not been built, or when Chromium is not installed (after the static pass has passed), unless

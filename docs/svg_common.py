@@ -11,10 +11,13 @@ def caption(x, y, text):
 
 
 def write_svg(path, width, height, parts, font_size=12, background=None):
-    """Writes `parts` (SVG elements, one per string) as an SVG file of width × height pixels."""
+    """Writes `parts` (SVG elements, one per string) as an SVG file of width × height pixels.
+
+    The viewBox lets a page scale the picture down to a narrower column (docs/kvlab.css) instead
+    of cutting it off."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                f'font-family="sans-serif" font-size="{font_size}">\n')
+                f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="{font_size}">\n')
         if background:
             f.write(f'<rect width="{width}" height="{height}" fill="{background}"/>\n')
         f.write("\n".join(parts) + "\n</svg>\n")
