@@ -23,7 +23,7 @@ class BrowserError(Exception):
     """The browser did not start, died, or did not answer in time."""
 
 
-# Runs in the page after it has loaded: waits (at most 5 s) for Doxygen's navigation tree to be
+# Runs in the page after it has loaded: waits (at most 3 s) for Doxygen's navigation tree to be
 # filled in by its scripts, then reports what did not render and which pictures stick out of the
 # text column (and so are cut off).
 PAGE_REPORT = r"""
@@ -196,8 +196,9 @@ class Browser:
     def check(self, pages, tabs=6):
         """Loads each (name, url, screenshot or None) of `pages`, up to `tabs` at a time; returns
         {name: [problem, ...]} with an empty list for a page that showed none, and writes a PNG
-        of the viewport to each page's `screenshot`. The waits of one batch of tabs overlap, so
-        a batch takes at most about 2 x 3 s beyond its loading, even when every page fails."""
+        of the viewport to each page's `screenshot`. Every wait has its own deadline: a tab's load
+        (`timeout`), then its network settling (3 s) and its navigation tree (3 s), so a batch of
+        n tabs that all fail takes at most about n x (timeout + 6 s)."""
         results = {}
         for first in range(0, len(pages), tabs):
             batch = [(self._tab(i), *page) for i, page in enumerate(pages[first:first + tabs])]

@@ -35,9 +35,12 @@ step "the site checked: links, images, embedded outputs, and in headless Chromiu
 # docs/check_site.py (the CTest docs_site_check), about 15 s; KVLAB_REQUIRE_BROWSER makes a
 # missing chromium a failure instead of a skip. Screenshots: build/docs/screenshots/*.png.
 # Where the distribution has no chromium package (Ubuntu: a snap only), the browser pass is
-# skipped, visibly; where it has one, install-deps.sh installed it and a missing browser fails.
+# skipped, visibly; where it has one (installed, or known to apt), a missing browser fails.
 require_browser=0
-dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed" && require_browser=1
+if dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed" ||
+   apt-cache show chromium >/dev/null 2>&1; then
+  require_browser=1
+fi
 KVLAB_REQUIRE_BROWSER=$require_browser ctest --test-dir build -L docs --output-on-failure
 
 step "configure and build with ASan + UBSan"

@@ -227,7 +227,7 @@ TEST_CASE("step_dot and scheduler_pool_dot draw an engine's step with prefix-cac
     CHECK(nodes_with(g, "chunk_") == std::set<std::string>{"chunk_0"});
     CHECK(
         g.labels.at("chunk_0") ==
-        "R1\\nprefill 3 tokens\\njoined this step: 8 prompt tokens from the prefix cache\\nnow 11 "
+        "R1\\nprefill 3 tokens\\njoined this step: 8 tokens from the prefix cache\\nnow 11 "
         "tokens in seq " +
             std::to_string(seq) + ", 3 blocks");
     CHECK(g.labels.at("budget") == "token budget: 32|<c0> R1: 3|unused: 29");
@@ -265,4 +265,39 @@ TEST_CASE("step_dot and scheduler_pool_dot draw an engine's step with prefix-cac
     CHECK(nodes_with(g, "block_").size() == 4);  // R1's 3 blocks and the evictable one
     check_with_dot(text, "prefix");
   }
+}
+
+TEST_CASE("step_dot gives a joining request's prefix hits only when it joined alone") {
+  // R0's prompt of 8 tokens fills 2 blocks and is cached when R0 ends. R1 and R2 arrive later
+  // with R0's first 4 tokens and their own, and join in the same step: each takes 1 block (4
+  // tokens) from the cache. The step log counts the step's hits (8), not each request's, so
+  // neither chunk gives a number and the pool's record gives the sum.
+  kvlab::EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 16;
+  config.clock = kvlab::EngineClock::Steps;
+  config.scheduler.max_running = 2;
+  config.scheduler.max_batched_tokens = 32;
+  config.check_invariants = true;
+  kvlab::Engine engine(tiny_weights(), config);
+  kvlab::Request r0, r1, r2;
+  r0.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  r0.max_new_tokens = 1;
+  r1.prompt = {1, 2, 3, 4, 40, 41};
+  r2.prompt = {1, 2, 3, 4, 50, 51, 52};
+  r1.max_new_tokens = r2.max_new_tokens = 2;
+  r1.arrival = r2.arrival = 3;
+  for (const kvlab::Request& r : {r0, r1, r2}) engine.submit(r);
+  for (int call = 0; call < 6 && engine.last_step().admitted.size() != 2; ++call) engine.step();
+  const kvlab::StepRecord& step = engine.last_step();
+  REQUIRE(step.admitted == std::vector<int>{1, 2});
+  REQUIRE(step.prefix_hit_tokens == 8);
+  const Graph g = parse(kvlab::step_dot(engine));
+  REQUIRE(nodes_with(g, "chunk_") == std::set<std::string>{"chunk_0", "chunk_1"});
+  for (const char* chunk : {"chunk_0", "chunk_1"}) {
+    const std::string label = g.labels.at(chunk);
+    CHECK(label.find("\\njoined this step\\n") != std::string::npos);
+    CHECK(label.find("prefix cache") == std::string::npos);
+  }
+  CHECK(g.labels.at("memory").find("|prefix hits this step: 8 tokens") != std::string::npos);
 }

@@ -83,10 +83,14 @@ inline std::string scheduler_pool_dot(const Scheduler& scheduler,
 
 /// The last step of `engine` as a Graphviz dot graph: the requests waiting after it (front
 /// first, those preempted by it marked), each chunk of its batch (whose, prefill, decode or
-/// padding, how many tokens; who joined and with how many prompt tokens from the prefix cache;
-/// where each request stands after it, or that it finished), the token budget as a record of
-/// what each chunk took, and the pool's blocks after it (`StepRecord`'s used, cached, free and
-/// promised counts).
+/// padding, how many tokens; who joined, and, when one request joined alone, how many of its
+/// tokens came from the prefix cache; where each request stands after it, or that it finished),
+/// the token budget as a record of what each chunk took, and the pool's blocks after it
+/// (`StepRecord`'s used, cached, free and promised counts, and the step's prefix hits).
+///
+/// The step comes from the step log; the waiting queue, each request's position and blocks, and
+/// finished requests' outputs are read from the scheduler as they stand now, so call it right
+/// after `Engine::step`, before anything is submitted or stepped again.
 ///
 /// Nodes, in a fixed order: `waiting_<id>` (queue order, joined by dashed edges front to back),
 /// `chunk_<i>` (the batch's order), `budget` (a record: the budget, then `<c<i>>` per chunk, then
@@ -159,8 +163,11 @@ inline std::string step_dot(const Engine& engine, const ServingDotOptions& optio
     const bool known = !s.forgotten(e.request);
     if (first && contains(r.admitted, e.request)) {
       label += "\njoined this step";
-      const int hit = known ? s.request(e.request).output.prefix_hit_tokens : 0;
-      if (hit > 0) label += ": " + std::to_string(hit) + " prompt tokens from the prefix cache";
+      // The step log counts the step's prefix hits, not each admission's; they are this
+      // request's when it joined alone (a request's own count adds up all its admissions, a
+      // preempted one's earlier ones too). With several joining, the pool's record has the sum.
+      if (r.admitted.size() == 1 && r.prefix_hit_tokens > 0)
+        label += ": " + detail::dot_count(r.prefix_hit_tokens, "token") + " from the prefix cache";
     }
     if (first && contains(r.finished, e.request)) {
       label += "\nfinished";
