@@ -97,6 +97,19 @@ std::shared_ptr<const kvlab::LlamaWeights> tiny_weights() {
   return weights;
 }
 
+// The engine of the step tests: blocks of 4 tokens, 16 of them, a budget of 32 tokens a step, at
+// most `max_running` requests at once, the step clock, invariants checked after every step.
+kvlab::EngineConfig small_engine(int max_running) {
+  kvlab::EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 16;
+  config.clock = kvlab::EngineClock::Steps;
+  config.scheduler.max_running = max_running;
+  config.scheduler.max_batched_tokens = 32;
+  config.check_invariants = true;
+  return config;
+}
+
 }  // namespace
 
 TEST_CASE("pool_dot draws a fork, a copy on write and a holder that is not a sequence") {
@@ -188,14 +201,7 @@ TEST_CASE("step_dot and scheduler_pool_dot draw an engine's step with prefix-cac
   // ends in step 1, its 3 full blocks cached. At time 3, R1 (R0's first 8 tokens and 3 of its
   // own) and R2 arrive; one request runs at a time, so R2 waits. R1 takes 2 blocks from the
   // cache and computes its 3 own tokens; R0's third block stays cached, evictable.
-  kvlab::EngineConfig config;
-  config.block_size = 4;
-  config.num_blocks = 16;
-  config.clock = kvlab::EngineClock::Steps;
-  config.scheduler.max_running = 1;
-  config.scheduler.max_batched_tokens = 32;
-  config.check_invariants = true;
-  kvlab::Engine engine(tiny_weights(), config);
+  kvlab::Engine engine(tiny_weights(), small_engine(/*max_running=*/1));
   kvlab::Request r0, r1, r2;
   for (int t = 0; t < 12; ++t) r0.prompt.push_back(t + 1);
   r0.max_new_tokens = 2;
@@ -272,14 +278,7 @@ TEST_CASE("step_dot gives a joining request's prefix hits only when it joined al
   // with R0's first 4 tokens and their own, and join in the same step: each takes 1 block (4
   // tokens) from the cache. The step log counts the step's hits (8), not each request's, so
   // neither chunk gives a number and the pool's record gives the sum.
-  kvlab::EngineConfig config;
-  config.block_size = 4;
-  config.num_blocks = 16;
-  config.clock = kvlab::EngineClock::Steps;
-  config.scheduler.max_running = 2;
-  config.scheduler.max_batched_tokens = 32;
-  config.check_invariants = true;
-  kvlab::Engine engine(tiny_weights(), config);
+  kvlab::Engine engine(tiny_weights(), small_engine(/*max_running=*/2));
   kvlab::Request r0, r1, r2;
   r0.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
   r0.max_new_tokens = 1;
