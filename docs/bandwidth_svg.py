@@ -13,12 +13,11 @@ needs nothing more.
 
 usage: bandwidth_svg.py OUT.svg RESULTS.json [--machine TEXT]
 """
-import argparse
 import json
 import math
 import re
 
-from svg_common import caption, write_svg
+from svg_common import caption, write_svg, plot_arguments
 
 COLOUR = {"mha": "#4c78a8", "gqa": "#e45756"}
 NAME = {"mha": "MHA 32/32 heads", "gqa": "GQA 32/8 heads"}
@@ -52,10 +51,7 @@ def results(path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("results")
-    p.add_argument("--machine", default="")
+    p = plot_arguments(__doc__, command=False)
     args = p.parse_args()
     series, context = results(args.results)
     has_same_bytes = all(row[4] is not None for rows in series.values() for row in rows)

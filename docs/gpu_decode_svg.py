@@ -8,12 +8,11 @@ up to the context) in two panels. Standard library only, so the docs build needs
 
 usage: gpu_decode_svg.py OUT.svg RESULTS.json [--command TEXT]
 """
-import argparse
 import json
 import math
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg
+from svg_common import caption, write_svg, plot_arguments
 
 COLOUR = {1: "#4c78a8", 4: "#54a24b", 16: "#f58518", 64: "#e45756"}
 W, H, LEFT, TOP, GAP = 300, 240, 60, 60, 120  # one panel's plot area and the margins
@@ -39,10 +38,7 @@ def results(path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("results")
-    p.add_argument("--command", default="")
+    p = plot_arguments(__doc__, machine=False)
     args = p.parse_args()
     series, data = results(args.results)
     peak, copy = data["peak_tbps"], data["copy_tbps"]

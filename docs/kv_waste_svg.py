@@ -8,11 +8,10 @@ most as a whisker). Standard library only, so the docs build needs nothing more.
 
 usage: kv_waste_svg.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 """
-import argparse
 import json
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg
+from svg_common import caption, write_svg, plot_arguments
 
 USED, EMPTY = "#4c78a8", "#f2b8b5"  # used tokens; reserved and empty
 ROW, LABEL, TOP = 24, 170, 64        # one layout's row height, the label column, the top margin
@@ -42,11 +41,7 @@ def ticks(top, count):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("results")
-    p.add_argument("--machine", default="")
-    p.add_argument("--command", default="")
+    p = plot_arguments(__doc__)
     args = p.parse_args()
     data = layouts(args.results)
     rows = data["layouts"]

@@ -7,11 +7,10 @@ docs build needs nothing more.
 
 usage: memory_svg.py OUT.svg SAMPLES.csv [--machine TEXT] [--command TEXT]
 """
-import argparse
 import csv
 import math
 
-from svg_common import caption, write_svg
+from svg_common import caption, write_svg, plot_arguments
 
 STYLE = {  # (run, policy) -> colour, dash
     ("outputs taken", "continuous"): ("#4c78a8", ""),
@@ -36,11 +35,7 @@ def samples(path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("samples")
-    p.add_argument("--machine", default="")
-    p.add_argument("--command", default="")
+    p = plot_arguments(__doc__, data="samples")
     args = p.parse_args()
     series = samples(args.samples)
     last_step = max(s for rows in series.values() for s, *_ in rows)

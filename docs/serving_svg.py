@@ -8,12 +8,11 @@ Standard library only, so the docs build needs nothing more.
 
 usage: serving_svg.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 """
-import argparse
 import json
 import math
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg
+from svg_common import caption, write_svg, plot_arguments
 
 # policy -> (JSON key of its tokens/s, JSON key of its requests running while others wait,
 #            legend text, colour)
@@ -84,12 +83,14 @@ def bars(x0, top, groups):
     return out
 
 
+def panel_title(x0, title, subtitle):
+    """A panel's bold title and its grey subtitle, above the plot area that starts at x0."""
+    return [f'<text x="{x0 - 50}" y="{TOP - 34}" font-weight="bold">{escape(title)}</text>',
+            f'<text x="{x0 - 50}" y="{TOP - 18}" fill="#555">{escape(subtitle)}</text>']
+
+
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("results")
-    p.add_argument("--machine", default="")
-    p.add_argument("--command", default="")
+    p = plot_arguments(__doc__)
     args = p.parse_args()
     series, data = results(args.results)
     out = []
@@ -97,10 +98,7 @@ def main():
     for model, by_threads in series.items():
         top, step = nice_axis(1.12 * max(r[tok] for r in by_threads.values()
                                          for _, tok, *_ in POLICIES))
-        out.append(f'<text x="{x0 - 50}" y="{TOP - 34}" font-weight="bold">{escape(model)}: '
-                   f'throughput</text>')
-        out.append(f'<text x="{x0 - 50}" y="{TOP - 18}" fill="#555">medians of {data["reps"]} '
-                   f'runs</text>')
+        out += panel_title(x0, f"{model}: throughput", f"medians of {data['reps']} runs")
         out += axis(x0, top, step, "generated tokens/s")
         groups = []
         for threads, r in sorted(by_threads.items()):
@@ -113,10 +111,8 @@ def main():
     # Concurrency: exact, the same for every thread count; one group per model.
     top, step = nice_axis(1.12 * max(r[run] for m in series.values() for r in m.values()
                                      for _, _, run, *_ in POLICIES))
-    out.append(f'<text x="{x0 - 50}" y="{TOP - 34}" font-weight="bold">Requests running while '
-               f'others wait</text>')
-    out.append(f'<text x="{x0 - 50}" y="{TOP - 18}" fill="#555">exact (step logs), the same on '
-               f'every thread count</text>')
+    out += panel_title(x0, "Requests running while others wait",
+                       "exact (step logs), the same on every thread count")
     out += axis(x0, top, step, "requests per step (mean)")
     groups = []
     for model, by_threads in series.items():

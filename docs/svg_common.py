@@ -1,8 +1,23 @@
 """What the docs' plot scripts (bandwidth_svg.py, memory_svg.py, timeline_svg.py,
 tradeoff_svg.py, kv_waste_svg.py, serving_svg.py, gpu_decode_svg.py) share: the caption line
-under a plot and the SVG file around its parts.
+under a plot, the SVG file around its parts, and the command line they all start from.
 Standard library only."""
+import argparse
 from xml.sax.saxutils import escape
+
+
+def plot_arguments(doc, data="results", machine=True, command=True):
+    """The parser every plot script starts from: OUT.svg, the data file it draws (named `data`),
+    and, where the script prints them in its footer, --machine and --command. `doc` is the
+    script's docstring; its first paragraph is the description."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument(data)
+    if machine:
+        p.add_argument("--machine", default="")
+    if command:
+        p.add_argument("--command", default="")
+    return p
 
 
 def caption(x, y, text):

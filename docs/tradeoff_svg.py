@@ -8,12 +8,11 @@ Standard library only, so the docs build needs nothing more.
 
 usage: tradeoff_svg.py OUT.svg RESULTS.json [--n N] [--threads T] [--machine TEXT]
 """
-import argparse
 import json
 import math
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg
+from svg_common import caption, write_svg, plot_arguments
 
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8.5, "int4": 4.5}  # with the block scales
 COLOUR = {"fp32": "#4c78a8", "fp16": "#f58518", "bf16": "#54a24b", "int8": "#b279a2",
@@ -44,12 +43,9 @@ def x_axis(x0):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("results")
+    p = plot_arguments(__doc__, command=False)
     p.add_argument("--n", type=int, default=32768)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--machine", default="")
     args = p.parse_args()
     with open(args.results, encoding="utf-8") as f:
         rows = [r for r in json.load(f)["results"]
