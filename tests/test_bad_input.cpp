@@ -16,6 +16,10 @@
 #include <vector>
 
 #include "bad_input/bad_input.hpp"
+#include "gguf_writer.hpp"
+#include "kvlab/model/bpe_tokenizer.hpp"
+#include "kvlab/model/chat.hpp"
+#include "model_writers.hpp"
 #include "kvlab/kvlab.hpp"
 #include "kvlab/serving/state_dot.hpp"
 
@@ -939,7 +943,7 @@ TEST_CASE("Sampler, Tokenizer, PrefixCache and the name parsers: bad input is re
       "kvlab::Tokenizer::decode(int prev_token, int token) const", input::kRange, no_state,
       [&] { (void)tok.decode(-1, 3); }, names("prev_token", "an id in [0, 6)", "-1"));
   refuses<InvalidArgument>(
-      "kvlab::Tokenizer::decode(const std::vector< int > &tokens) const", input::kRange, no_state,
+      "kvlab::Tokenizer::decode(const std::vector< int > &tokens) const override", input::kRange, no_state,
       [&] {
         (void)tok.decode(std::vector<int>{3, 9});
       },
@@ -1312,13 +1316,18 @@ TEST_CASE(
       [&] { store.append(0, RowMatrix<double>::Zero(1, 2), RowMatrix<double>::Zero(1, 2)); },
       names("step", "a step open (begin_step first)", "none"));
 
-  const char* rope = "kvlab::RotaryEmbedding::RotaryEmbedding(int head_dim, int max_positions)";
+  const char* rope =
+      "kvlab::RotaryEmbedding::RotaryEmbedding(int head_dim, int max_positions, float "
+      "base=10000.0f)";
   refuses<InvalidArgument>(
       rope, input::kShape, no_state, [] { kvlab::RotaryEmbedding r(3, 8); },
       names("head_dim", "an even number", "3"));
   refuses<InvalidArgument>(
       rope, input::kSize, no_state, [] { kvlab::RotaryEmbedding r(4, 0); },
       names("max_positions", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      rope, input::kValue, no_state, [] { kvlab::RotaryEmbedding r(4, 8, 1.0f); },
+      names("base", "a finite number > 1", "1"));
   const kvlab::RotaryEmbedding r(4, 8);
   RowMatrix<float> x = RowMatrix<float>::Ones(2, 8);
   const auto x_state = [&] { return std::vector<float>(x.data(), x.data() + x.size()); };
@@ -1467,7 +1476,7 @@ TEST_CASE("More of the library: layers, weights, stores, the model's batch, gene
   const auto out_state = [&] { return std::vector<float>(out.data(), out.data() + out.size()); };
   refuses<InvalidArgument>(
       "kvlab::cpu::rmsnorm(const RowMatrix< T > &x, const RowVector< T > &weight, RowMatrix< T > "
-      "&out)",
+      "&out, T eps=T(1e-5f))",
       input::kShape, out_state,
       [&] {
         kvlab::cpu::rmsnorm(x, kvlab::RowVector<float>(kvlab::RowVector<float>::Ones(3)), out);
@@ -2028,4 +2037,204 @@ TEST_CASE(
       "kvlab::ContiguousKVCache::keys(int layer, int kv_head) const", input::kState,
       [&] { return ring.length(0); }, [&] { (void)ring.keys(0, 0); },
       names("window", "0 (a windowed cache keeps its rows in a ring, not in order)", "4"));
+}
+
+TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTokenizer") {
+  // A small GGUF file of every tensor type the reader needs here, written by the tests' writer.
+  kvlab_test::GgufWriter w;
+  w.str("s", "text");
+  w.u32("n", 7);
+  w.strings("list", {"a"});
+  w.tensor("t", {2}, 0, std::string(8, '\0'));
+  const std::string path = "kvlab_bad_input.gguf";
+  kvlab_test::write_bytes(path, w.bytes());
+  const kvlab::GgufFile g(path);
+  const char* ctor = "kvlab::GgufFile::GgufFile(const std::string &path)";
+  refuses<InvalidArgument>(ctor, input::kEmpty, no_state, [] { kvlab::GgufFile f(""); },
+                           names("path", "the name of a GGUF file", "''"));
+  refuses<InvalidArgument>(ctor, input::kValue, no_state,
+                           [] { kvlab::GgufFile f("/nonexistent/model.gguf"); },
+                           names("/nonexistent/model.gguf", "an existing, readable GGUF file",
+                                 "a path that cannot be opened"));
+  refuses<InvalidArgument>("kvlab::GgufFile::at(const std::string &key) const", input::kRange,
+                           no_state, [&] { (void)g.at("nope"); },
+                           names(path + ": key 'nope'", "present", "missing"));
+  refuses<InvalidArgument>("kvlab::GgufFile::get_int(const std::string &key) const", input::kValue,
+                           no_state, [&] { (void)g.get_int("s"); },
+                           names(path + ": key 's'", "an integer", "a string"));
+  refuses<InvalidArgument>("kvlab::GgufFile::get_float(const std::string &key) const",
+                           input::kValue, no_state, [&] { (void)g.get_float("n"); },
+                           names(path + ": key 'n'", "a float32 or float64", "a uint32"));
+  refuses<InvalidArgument>("kvlab::GgufFile::get_string(const std::string &key) const",
+                           input::kValue, no_state, [&] { (void)g.get_string("n"); },
+                           names(path + ": key 'n'", "a string", "a uint32"));
+  refuses<InvalidArgument>("kvlab::GgufFile::get_strings(const std::string &key) const",
+                           input::kValue, no_state, [&] { (void)g.get_strings("s"); },
+                           names(path + ": key 's'", "an array of strings", "a string"));
+  refuses<InvalidArgument>("kvlab::GgufFile::get_ints(const std::string &key) const",
+                           input::kValue, no_state, [&] { (void)g.get_ints("list"); },
+                           names(path + ": key 'list'", "an array of integers", "an array of string"));
+  refuses<InvalidArgument>("kvlab::GgufFile::tensor(const std::string &name) const", input::kRange,
+                           no_state, [&] { (void)g.tensor("x"); },
+                           names(path + ": tensor 'x'", "present", "missing"));
+  refuses<InvalidArgument>(
+      "kvlab::GgufFile::read_matrix(const std::string &name, const std::vector< std::uint64_t > "
+      "&expected_dims={}) const",
+      input::kShape, no_state, [&] { (void)g.read_matrix("t", {3}); },
+      names(path + ": tensor 't': dims", "[3]", "[2]"));
+  kvlab_test::GgufWriter nan;
+  nan.tensor("t", {1}, 0, std::string("\x00\x00\xC0\x7F", 4));
+  kvlab_test::write_bytes(path, nan.bytes());
+  const kvlab::GgufFile gn(path);
+  float value = 0;
+  const auto value_state = [&] { return value; };
+  refuses<InvalidArgument>(
+      "kvlab::GgufFile::read_tensor(const GgufTensorInfo &info, float *out) const", input::kValue,
+      value_state, [&] { gn.read_tensor(gn.tensor("t"), &value); },
+      names(path + ": tensor 't'", "finite values", "nan at index 0"));
+  refuses<InvalidArgument>("kvlab::llama_config_from_gguf(const GgufFile &file)", input::kEmpty,
+                           no_state, [&] { (void)kvlab::llama_config_from_gguf(gn); },
+                           names(path + ": key 'general.architecture'", "present", "missing"));
+  refuses<InvalidArgument>("kvlab::load_gguf_weights(const GgufFile &file)", input::kEmpty,
+                           no_state, [&] { (void)kvlab::load_gguf_weights(gn); },
+                           names(path + ": key 'general.architecture'", "present", "missing"));
+  refuses<InvalidArgument>("kvlab::load_gguf_weights(const std::string &path)", input::kEmpty,
+                           no_state, [] { (void)kvlab::load_gguf_weights(""); },
+                           names("path", "the name of a GGUF file", "''"));
+  refuses<InvalidArgument>("kvlab::BpeTokenizer::from_gguf(const GgufFile &file)", input::kEmpty,
+                           no_state, [&] { (void)kvlab::BpeTokenizer::from_gguf(gn); },
+                           names(path + ": key 'tokenizer.ggml.model'", "present", "missing"));
+
+  const unsigned char bytes[34] = {};
+  float out[32] = {};
+  const auto out_state = [&] { return std::vector<float>(out, out + 32); };
+  refuses<InvalidArgument>(
+      "kvlab::dequantize_row(GgmlType type, const unsigned char *data, std::int64_t n, float *out)",
+      input::kShape, out_state, [&] { kvlab::dequantize_row(kvlab::GgmlType::Q8_0, bytes, 31, out); },
+      names("n", "a multiple of 32 (a Q8_0 block)", "31"));
+  refuses<InvalidArgument>(
+      "kvlab::dequantize_row(GgmlType type, const unsigned char *data, std::int64_t n, float *out)",
+      input::kSize, out_state, [&] { kvlab::dequantize_row(kvlab::GgmlType::F32, bytes, -1, out); },
+      names("n", ">= 0", "-1"));
+  refuses<InvalidArgument>("kvlab::ggml_row_bytes(GgmlType type, std::uint64_t n)", input::kShape,
+                           no_state, [] { (void)kvlab::ggml_row_bytes(kvlab::GgmlType::Q4_1, 33); },
+                           names("n", "a multiple of 32 (a Q4_1 block)", "33"));
+  refuses<InvalidArgument>("kvlab::ggml_block_bytes(GgmlType type)", input::kRange, no_state,
+                           [] { (void)kvlab::ggml_block_bytes(static_cast<kvlab::GgmlType>(12)); },
+                           names("type", "F32, F16, BF16, Q8_0, Q4_0 or Q4_1", "Q4_K"));
+
+  // A byte-level vocabulary: the 256 byte characters, then <|im_end|> (control).
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int c = printable ? b : 256 + n;
+    std::string ch;
+    if (c < 0x80) {
+      ch.push_back(static_cast<char>(c));
+    } else {
+      ch.push_back(static_cast<char>(0xC0 | (c >> 6)));
+      ch.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    }
+    tokens.push_back(ch);
+  }
+  tokens.push_back("<|im_end|>");
+  std::vector<std::int64_t> types(257, 1);
+  types[256] = 3;
+  refuses<InvalidArgument>(
+      "kvlab::BpeTokenizer::BpeTokenizer(std::vector< std::string > tokens, const std::vector< "
+      "std::int64_t > &types, const std::vector< std::string > &merges, const std::string &pre, "
+      "int bos, int eos)",
+      input::kValue, no_state,
+      [&] { kvlab::BpeTokenizer t(tokens, types, {"a zz"}, "smollm", -1, 256); },
+      names("merges[0]", "a known right token", "'zz'"));
+  refuses<InvalidArgument>(
+      "kvlab::BpeTokenizer::BpeTokenizer(std::vector< std::string > tokens, const std::vector< "
+      "std::int64_t > &types, const std::vector< std::string > &merges, const std::string &pre, "
+      "int bos, int eos)",
+      input::kRange, no_state, [&] { kvlab::BpeTokenizer t(tokens, types, {}, "smollm", 257, 256); },
+      names("bos", "-1 or an id in [0, 257)", "257"));
+  const kvlab::BpeTokenizer bpe(tokens, types, {}, "smollm", -1, 256);
+  refuses<InvalidArgument>("kvlab::BpeTokenizer::token(int id) const", input::kRange, no_state,
+                           [&] { (void)bpe.token(257); },
+                           names("id", "an id in [0, 257)", "257"));
+  refuses<InvalidArgument>("kvlab::BpeTokenizer::type(int id) const", input::kRange, no_state,
+                           [&] { (void)bpe.type(-1); }, names("id", "an id in [0, 257)", "-1"));
+  refuses<InvalidArgument>("kvlab::BpeTokenizer::token_bytes(int id, int=-1) const override",
+                           input::kRange, no_state, [&] { (void)bpe.token_bytes(300); },
+                           names("id", "an id in [0, 257)", "300"));
+  refuses<InvalidArgument>("kvlab::BpeTokenizer::is_special(int id) const override", input::kRange,
+                           no_state, [&] { (void)bpe.is_special(257); },
+                           names("id", "an id in [0, 257)", "257"));
+  refuses<InvalidArgument>("kvlab::TextTokenizer::decode(const std::vector< int > &ids) const",
+                           input::kRange, no_state, [&] { (void)bpe.decode({0, 999}); },
+                           names("id", "an id in [0, 257)", "999"));
+  std::vector<std::string> missing = tokens;
+  missing[4] = "unused";  // byte 0x04 has no token
+  const kvlab::BpeTokenizer holes(missing, types, {}, "smollm", -1, 256);
+  refuses<InvalidArgument>(
+      "kvlab::BpeTokenizer::encode_text(const std::string &text, bool parse_special) const override",
+      input::kValue, no_state, [&] { (void)holes.encode_text("a\x04", true); },
+      names("text", "bytes this vocabulary can encode", "byte 0x04 at offset 1, which has no token"));
+
+  refuses<InvalidArgument>(
+      "kvlab::BpeTokenizer::encode_parts(const std::vector< TextPart > &parts) const override",
+      input::kValue, no_state,
+      [&] { (void)holes.encode_parts({{"<|im_end|>", true}, {"\x04", false}}); },
+      names("text", "bytes this vocabulary can encode", "byte 0x04 at offset 10, which has no token"));
+
+  // A chat over a random model whose vocabulary is the byte tokenizer's (257 ids).
+  auto chat_weights = std::make_shared<const kvlab::LlamaWeights>(
+      kvlab::LlamaWeights::random(kvlab::LlamaConfig::tiny().with_vocab_size(257), 5));
+  auto small_weights = std::make_shared<const kvlab::LlamaWeights>(
+      kvlab::LlamaWeights::random(kvlab::LlamaConfig::tiny(), 5));  // 256 ids
+  kvlab::LlamaModel small_model(small_weights, kvlab::LlamaBackend::Cached, 16, 64);
+  refuses<InvalidArgument>(
+      "kvlab::ChatSession::ChatSession(LlamaModel &model, const TextTokenizer &tokenizer, "
+      "ChatTemplate chat_template, Sampler sampler, std::string system)",
+      input::kShape, no_state,
+      [&] {
+        kvlab::ChatSession c(small_model, bpe, kvlab::ChatTemplate(), kvlab::Sampler(257, 0, 1, 1), "");
+      },
+      names("tokenizer.vocab_size()", "256 (the model's vocab_size)", "257"));
+  kvlab::LlamaModel chat_model(chat_weights, kvlab::LlamaBackend::Cached, 16, 24);
+  kvlab::ChatSession chat(chat_model, bpe, kvlab::ChatTemplate("sys"), kvlab::Sampler(257, 0, 1, 1), "sys");
+  const auto chat_state = [&] { return chat_model.tokens(); };
+  const char* turn =
+      "kvlab::ChatSession::turn(const std::string &user, int max_new_tokens, const std::function< "
+      "void(const std::string &)> &on_text={})";
+  refuses<InvalidArgument>(turn, input::kSize, chat_state, [&] { (void)chat.turn("hi", 0); },
+                           names("max_new_tokens", ">= 1", "0"));
+  refuses<kvlab::CapacityError>(
+      turn, input::kState, chat_state, [&] { (void)chat.turn("a long message, too long", 4); },
+      names("the conversation",
+            "room for this turn's 89 tokens and a reply in the context of 24 tokens",
+            "0 tokens held (start a new conversation)"));
+  kvlab_test::GgufWriter no_template;
+  no_template.str("tokenizer.chat_template", "{{ messages }}");
+  kvlab_test::write_bytes(path, no_template.bytes());
+  const kvlab::GgufFile gt(path);
+  refuses<InvalidArgument>("kvlab::ChatTemplate::from_gguf(const GgufFile &file)", input::kValue,
+                           no_state, [&] { (void)kvlab::ChatTemplate::from_gguf(gt); },
+                           names(path + ": key 'tokenizer.chat_template'",
+                                 "a ChatML template (<|im_start|> role, content, <|im_end|>)",
+                                 "a template without those markers"));
+  std::remove(path.c_str());
+
+  const kvlab::Tokenizer llama({"<unk>", "\n<s>\n", "\n</s>\n", "a"}, {0, 0, 0, 0});
+  refuses<InvalidArgument>("kvlab::Tokenizer::token_bytes(int id, int prev=-1) const override",
+                           input::kRange, no_state, [&] { (void)llama.token_bytes(4); },
+                           names("token", "an id in [0, 4)", "4"));
+  refuses<InvalidArgument>("kvlab::Tokenizer::is_special(int id) const override", input::kRange,
+                           no_state, [&] { (void)llama.is_special(-1); },
+                           names("id", "an id in [0, 4)", "-1"));
+  refuses<InvalidArgument>("kvlab::LlamaConfig::with_rope_theta(float value)", input::kValue,
+                           no_state,
+                           [] { kvlab::LlamaConfig::tiny().with_rope_theta(0.5f).validate("v"); },
+                           names("rope_theta", "a finite base > 1", "0.5"));
+  refuses<InvalidArgument>("kvlab::LlamaConfig::with_norm_eps(float value)", input::kValue,
+                           no_state,
+                           [] { kvlab::LlamaConfig::tiny().with_norm_eps(-1.f).validate("v"); },
+                           names("norm_eps", "a finite epsilon > 0", "-1"));
 }

@@ -15,7 +15,10 @@
 ///  - `store/`: `KVStore`, one interface for how a model keeps its past between steps, and one
 ///    class per way (recompute, contiguous, paged), each a cache and its kernel;
 ///  - `model/`: the per-layer attention step (written once, over a store), the toy attention
-///    stack and its decoders, the Llama model, tokenizer, sampler and generation loop.
+///    stack and its decoders, the Llama model, its readers (llama2.c checkpoints, GGUF files),
+///    tokenizer, sampler and generation loop. The GGUF files' byte-level BPE tokenizer
+///    (`kvlab/model/bpe_tokenizer.hpp`) is not included here: it reads a Unicode table that
+///    kvlab's CMake build generates (see `unicode_classes.hpp`); include it where you need it.
 #pragma once
 
 #include "kvlab/analysis/kv_cache_size.hpp"
@@ -46,6 +49,9 @@
 #include "kvlab/model/attention_step.hpp"
 #include "kvlab/model/decoder.hpp"
 #include "kvlab/model/decoders.hpp"
+#include "kvlab/model/ggml_types.hpp"
+#include "kvlab/model/gguf.hpp"
+#include "kvlab/model/gguf_model.hpp"
 #include "kvlab/model/llama_backend.hpp"
 #include "kvlab/model/llama_checkpoint.hpp"
 #include "kvlab/model/llama_config.hpp"
@@ -56,6 +62,7 @@
 #include "kvlab/model/phase_times.hpp"
 #include "kvlab/model/rope.hpp"
 #include "kvlab/model/sampler.hpp"
+#include "kvlab/model/text_tokenizer.hpp"
 #include "kvlab/model/tokenizer.hpp"
 #include "kvlab/store/contiguous_store.hpp"
 #include "kvlab/store/kv_store.hpp"

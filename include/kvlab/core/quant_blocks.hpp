@@ -1,6 +1,7 @@
 /// \file
 /// \brief The byte layouts of the quantized K/V storage — `BlockQ8_0` (int8) and `BlockQ4_0`
 /// (int4), each 32 values of one head's row with one fp16 scale, llama.cpp's q8_0 and q4_0 forms
+/// (and `BlockQ4_1`, the weight format of the same family that GGUF files use)
 /// — and `StorageUnit`, how many values one stored element holds, which the cache views use to
 /// address rows of any storage type. Host and device, no Eigen; the encoding and decoding live in
 /// `kv_storage.hpp`, on top of the block-level functions here (`detail::quantize_block`,
@@ -35,6 +36,16 @@ struct BlockQ4_0 {
   std::uint8_t q[kQuantBlock / 2];  ///< nibbles: values j (low) and j + 16 (high) in byte j
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0: 2 bytes of scale + 16 of nibbles, no padding");
+
+/// 32 values in 4 bits each with a scale and a minimum: value i is `d · n_i + m`, n_i in [0, 15]
+/// the nibble, d and m fp16 bits. Nibbles in llama.cpp's order, as in `BlockQ4_0`. 20 bytes per
+/// 32 values: 5 bits per value. A weight format of GGUF files (ggml's q4_1), not a cache format.
+struct BlockQ4_1 {
+  std::uint16_t d;                  ///< the scale, fp16 bits
+  std::uint16_t m;                  ///< the minimum, fp16 bits
+  std::uint8_t q[kQuantBlock / 2];  ///< nibbles: values j (low) and j + 16 (high) in byte j
+};
+static_assert(sizeof(BlockQ4_1) == 20, "q4_1: 2 + 2 bytes of scale and minimum + 16 of nibbles");
 
 /// Values held by one stored element of type `S`: 1 for a number type (float, fp16, bf16), 32
 /// for a quantized block. A head's row of `head_dim` values is `head_dim / kValues` elements, the
@@ -161,6 +172,13 @@ KVLAB_HOST_DEVICE inline float dequantize(const BlockQ8_0& block, int i) {
 KVLAB_HOST_DEVICE inline float dequantize(const BlockQ4_0& block, int i) {
   const int n = i < kQuantBlock / 2 ? block.q[i] & 0x0F : block.q[i - kQuantBlock / 2] >> 4;
   return half_value(block.d) * static_cast<float>(n - 8);
+}
+
+/// Value `i` (in [0, 32)) of a q4_1 block: d·n_i + m, as ggml computes it (a product, then a
+/// sum, each rounded to float unless the build fuses them). Host and device.
+KVLAB_HOST_DEVICE inline float dequantize(const BlockQ4_1& block, int i) {
+  const int n = i < kQuantBlock / 2 ? block.q[i] & 0x0F : block.q[i - kQuantBlock / 2] >> 4;
+  return half_value(block.d) * static_cast<float>(n) + half_value(block.m);
 }
 
 }  // namespace detail

@@ -143,20 +143,22 @@ void linear(const RowMatrix<T>& x, const RowMatrix<T>& w, RowMatrix<T>& out) {
   linear(x, {LinearProduct<T>{w, out}});
 }
 
-/// RMSNorm of every row, as run.c computes it: `out = weight ⊙ x / sqrt(mean(x²) + 1e-5)`.
+/// RMSNorm of every row, as run.c computes it: `out = weight ⊙ x / sqrt(mean(x²) + eps)`.
 /// \param x       [rows, dim]
 /// \param weight  [dim]
 /// \param out     [rows, dim] (resized); must not be `x`
+/// \param eps     added to the mean square (`LlamaConfig::norm_eps`; run.c's 1e-5)
 /// \throws InvalidArgument if `weight.size() != x.cols()` or `out` is `x`.
 template <typename T>
-void rmsnorm(const RowMatrix<T>& x, const RowVector<T>& weight, RowMatrix<T>& out) {
+void rmsnorm(const RowMatrix<T>& x, const RowVector<T>& weight, RowMatrix<T>& out,
+             T eps = T(1e-5f)) {
   constexpr const char* kWhere = "kvlab::cpu::rmsnorm";
   kvlab::detail::require_equal(kWhere, "weight.size()", static_cast<long>(weight.size()),
                                static_cast<long>(x.cols()), "x.cols()");
   if (&out == &x) kvlab::detail::fail(kWhere, "out", "a matrix other than x", "x");
   out.resize(x.rows(), x.cols());
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
-    const T mean_square = x.row(r).squaredNorm() / static_cast<T>(x.cols()) + T(1e-5f);
+    const T mean_square = x.row(r).squaredNorm() / static_cast<T>(x.cols()) + eps;
     out.row(r) = (x.row(r) * (T(1) / std::sqrt(mean_square))).cwiseProduct(weight);
   }
 }

@@ -1,17 +1,29 @@
 /// \file
 /// \brief `LlamaConfig`: the seven numbers of a llama2.c checkpoint header (dim, hidden_dim,
 /// n_layers, n_heads, n_kv_heads, vocab_size, seq_len) and whether the classifier shares the
-/// token embedding; validated, with the sizes they imply computed in checked 64-bit arithmetic.
+/// token embedding, RoPE's base and RMSNorm's epsilon (which GGUF files give); validated, with
+/// the sizes they imply computed in checked 64-bit arithmetic.
 /// Checked in the tests against the header of stories260K.bin and against absurd headers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 #include "kvlab/analysis/kv_cache_size.hpp"
 #include "kvlab/config.hpp"
 
 namespace kvlab {
+
+namespace detail {
+/// `x` in the fewest digits that read back as the same float ("100000", "1e-05").
+inline std::string shortest(float x) {
+  std::ostringstream out;
+  out << x;  // 6 significant digits: enough for the round numbers of model configs
+  return out.str();
+}
+}  // namespace detail
 
 /// The shape of a Llama-style decoder, as llama2.c's `Config` holds it.
 ///
@@ -35,6 +47,10 @@ struct LlamaConfig {
   int vocab_size = 0;             ///< token ids are in [0, vocab_size)
   int seq_len = 0;                ///< the longest sequence (prompt + generated tokens)
   bool shared_classifier = true;  ///< true: logits use the token embedding as classifier
+  /// RoPE's base: pair j of a head turns by `pos / rope_theta^(2j / head_dim)` (10000 in
+  /// llama2.c and Llama 2; 100000 in SmolLM2)
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;  ///< RMSNorm's epsilon, added to the mean square
 
   /// Values per head: `dim / n_heads`.
   int head_dim() const { return dim / n_heads; }
@@ -66,6 +82,10 @@ struct LlamaConfig {
       detail::fail(where, prefix + "dim / n_heads",
                    "an even head size (RoPE rotates pairs of values)", head_dim());
     }
+    if (!(rope_theta > 1.0f) || !std::isfinite(rope_theta))
+      detail::fail(where, prefix + "rope_theta", "a finite base > 1", rope_theta);
+    if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps))
+      detail::fail(where, prefix + "norm_eps", "a finite epsilon > 0", norm_eps);
     (void)num_weights(where, prefix);  // throws if a size overflows
   }
 
@@ -219,11 +239,23 @@ struct LlamaConfig {
     return *this;
   }
 
+  /// Sets `rope_theta`; see `with_dim`.
+  LlamaConfig& with_rope_theta(float value) {
+    rope_theta = value;
+    return *this;
+  }
+  /// Sets `norm_eps`; see `with_dim`.
+  LlamaConfig& with_norm_eps(float value) {
+    norm_eps = value;
+    return *this;
+  }
+
   /// True when every field is equal.
   bool operator==(const LlamaConfig& o) const {
     return dim == o.dim && hidden_dim == o.hidden_dim && n_layers == o.n_layers &&
            n_heads == o.n_heads && n_kv_heads == o.n_kv_heads && vocab_size == o.vocab_size &&
-           seq_len == o.seq_len && shared_classifier == o.shared_classifier;
+           seq_len == o.seq_len && shared_classifier == o.shared_classifier &&
+           rope_theta == o.rope_theta && norm_eps == o.norm_eps;
   }
   /// True when any field differs.
   bool operator!=(const LlamaConfig& o) const { return !(*this == o); }
@@ -245,13 +277,17 @@ inline ModelConfig to_model_config(const LlamaConfig& config, const std::string&
 }
 
 /// One line describing `config`, e.g.\ "dim 64, hidden 172, 5 layers, 8 heads / 4 kv heads,
-/// vocab 512, seq_len 512, shared classifier".
+/// vocab 512, seq_len 512, shared classifier" (then RoPE's base and RMSNorm's epsilon when they
+/// are not llama2.c's 10000 and 1e-5).
 inline std::string to_string(const LlamaConfig& c) {
+  std::string extra;
+  if (c.rope_theta != 10000.0f) extra += ", rope base " + detail::shortest(c.rope_theta);
+  if (c.norm_eps != 1e-5f) extra += ", norm eps " + detail::shortest(c.norm_eps);
   return "dim " + std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
          std::to_string(c.n_layers) + " layers, " + std::to_string(c.n_heads) + " heads / " +
          std::to_string(c.n_kv_heads) + " kv heads, vocab " + std::to_string(c.vocab_size) +
          ", seq_len " + std::to_string(c.seq_len) +
-         (c.shared_classifier ? ", shared classifier" : ", separate classifier");
+         (c.shared_classifier ? ", shared classifier" : ", separate classifier") + extra;
 }
 
 }  // namespace kvlab

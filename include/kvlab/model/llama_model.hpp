@@ -88,7 +88,7 @@ class LlamaModel {
       : weights_(checked(std::move(weights))),
         max_tokens_(checked_max_tokens(weights_->config, block_size, max_tokens)),
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
-        rope_(weights_->config.head_dim(), max_tokens_),
+        rope_(weights_->config.head_dim(), max_tokens_, weights_->config.rope_theta),
         store_(make_llama_store(backend, weights_->config, max_tokens_, block_size, 1, kv_dtype,
                                 window)),
         seq_(store_->add_sequence()),
@@ -108,7 +108,7 @@ class LlamaModel {
       : weights_(checked(std::move(weights))),
         max_tokens_(checked_max_tokens(weights_->config, 1, max_tokens)),
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
-        rope_(weights_->config.head_dim(), max_tokens_),
+        rope_(weights_->config.head_dim(), max_tokens_, weights_->config.rope_theta),
         store_(checked(std::move(store), weights_->config)),
         backend_(backend_of(*store_)) {
     if (const PagedKVCacheBase* pool = store_->paged_pool()) block_size_ = pool->block_size();
@@ -371,7 +371,7 @@ class LlamaModel {
       for (int l = 0; l < c.n_layers; ++l) {
         const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
         const bool top = l + 1 == c.n_layers;
-        timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb); });  // attention's
+        timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb, c.norm_eps); });  // attention's
         attention_step(shape_, AttentionWeights<float>{w.wq, w.wk, w.wv, w.wo}, &rope_, *store_, l,
                        top, xb, out, scratch, counters.attention, times);
         if (out.rows() != x.rows()) {  // the top layer of a recomputing step: new tokens only
@@ -398,7 +398,7 @@ class LlamaModel {
         last.row(static_cast<Eigen::Index>(i)) = x.row(new_indptr[i + 1] - 1);
     }
     RowMatrix<float> normed, logits;  // [rows wanted, dim], [rows wanted, vocab_size]
-    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(last, weights_->rms_final, normed); });
+    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(last, weights_->rms_final, normed, c.norm_eps); });
     timed(times, &PhaseTimes::classifier,
           [&] { cpu::linear(normed, weights_->classifier(), logits); });
     counters.classifier_macs += static_cast<std::uint64_t>(last.rows()) *
@@ -432,7 +432,7 @@ class LlamaModel {
     RowMatrix<float>& hb = scratch.hb;
     RowMatrix<float>& hb2 = scratch.hb2;
     RowMatrix<float>& out = scratch.out;
-    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_ffn, xb); });  // ffn RMSNorm
+    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_ffn, xb, config().norm_eps); });  // ffn RMSNorm
     timed(times, &PhaseTimes::matmuls,  // gate: xb W1^T, up: xb W3^T
           [&] { cpu::linear(xb, {{w.w1, hb}, {w.w3, hb2}}); });
     hb.array() =

@@ -14,7 +14,13 @@ namespace kvlab {
 
 /// Rotary position embedding (RoPE) exactly as llama2.c's run.c applies it: within each head,
 /// values `(i, i + 1)` for even `i` are a pair, rotated by the angle `pos * freq` with
-/// `freq = 1 / 10000^(i / head_dim)` (in float, as run.c computes it).
+/// `freq = 1 / base^(i / head_dim)` (in float, as run.c computes it; base 10000 there).
+///
+/// Adjacent pairs are also what GGUF files of the llama architecture expect (llama.cpp's
+/// "normal" RoPE): Hugging Face's Llama rotates the pairs `(i, i + head_dim/2)` instead, and
+/// llama.cpp's converter permutes the rows of `wq` and `wk` within each head so that its pairs
+/// land side by side. The scores are the same; only the order of values within a head differs,
+/// and the cache holds K in the file's order.
 ///
 /// A rotation keeps each pair's length, and the dot product of a query rotated to position m
 /// with a key rotated to position n depends on m - n only: attention sees relative positions.
@@ -22,19 +28,22 @@ namespace kvlab {
 /// the very same numbers.
 class RotaryEmbedding {
  public:
-  /// A table for positions [0, max_positions) of heads of `head_dim` values.
-  /// \throws InvalidArgument if `head_dim` is not even and >= 2, or `max_positions < 1`.
-  RotaryEmbedding(int head_dim, int max_positions) : head_dim_(head_dim) {
+  /// A table for positions [0, max_positions) of heads of `head_dim` values, turning at `base`
+  /// (`LlamaConfig::rope_theta`).
+  /// \throws InvalidArgument if `head_dim` is not even and >= 2, `max_positions < 1`, or
+  ///         `base` is not a finite number > 1.
+  RotaryEmbedding(int head_dim, int max_positions, float base = 10000.0f) : head_dim_(head_dim) {
     constexpr const char* kWhere = "kvlab::RotaryEmbedding";
     detail::require_at_least(kWhere, "head_dim", head_dim, 2);
     if (head_dim % 2 != 0) detail::fail(kWhere, "head_dim", "an even number", head_dim);
     detail::require_at_least(kWhere, "max_positions", max_positions, 1);
+    if (!(base > 1.0f) || !std::isfinite(base)) detail::fail(kWhere, "base", "a finite number > 1", base);
     cos_.resize(max_positions, head_dim / 2);
     sin_.resize(max_positions, head_dim / 2);
     for (int pos = 0; pos < max_positions; ++pos) {
       for (int j = 0; j < head_dim / 2; ++j) {
         const float freq =
-            1.0f / std::pow(10000.0f, static_cast<float>(2 * j) / static_cast<float>(head_dim));
+            1.0f / std::pow(base, static_cast<float>(2 * j) / static_cast<float>(head_dim));
         const float angle = static_cast<float>(pos) * freq;
         cos_(pos, j) = std::cos(angle);
         sin_(pos, j) = std::sin(angle);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/model/text_tokenizer.hpp"
 
 namespace kvlab {
 
@@ -48,7 +49,7 @@ namespace kvlab {
 ///
 /// A `Tokenizer` is immutable once built; all of its functions are `const` and may be called
 /// from several threads at once.
-class Tokenizer {
+class Tokenizer : public TextTokenizer {
  public:
   /// Token id of BOS, the begin-of-sequence token (llama2.c and Llama 2: 1).
   static constexpr int kBos = 1;
@@ -98,7 +99,7 @@ class Tokenizer {
   }
 
   /// Number of pieces (token ids are 0 .. vocab_size() - 1).
-  int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  int vocab_size() const override { return static_cast<int>(pieces_.size()); }
 
   /// Upper bound on the length of a piece in bytes: the file header's value, or the longest piece.
   int max_token_length() const { return max_token_length_; }
@@ -199,6 +200,27 @@ class Tokenizer {
     return tokens;
   }
 
+  /// `encode(text, false, false)`: llama2.c's vocabulary has no special tokens to parse in
+  /// text (BOS and EOS are added by `encode`'s flags), so `parse_special` changes nothing.
+  std::vector<int> encode_text(const std::string& text, bool /*parse_special*/) const override {
+    return encode(text, false, false);
+  }
+  /// `decode(prev, id)`, with `<unk>` (0) standing for no predecessor (`prev` = -1).
+  /// \throws InvalidArgument if `id` or `prev` (when not -1) is not in [0, vocab_size()).
+  std::string token_bytes(int id, int prev = -1) const override {
+    return decode(prev < 0 ? 0 : prev, id);
+  }
+  /// True for `<unk>`, BOS and EOS (ids 0, 1, 2).
+  /// \throws InvalidArgument if `id` is not in [0, vocab_size()).
+  bool is_special(int id) const override {
+    check_id("Tokenizer::is_special", "id", id);
+    return id <= kEos;
+  }
+  /// `kBos`.
+  int bos_id() const override { return kBos; }
+  /// `kEos`.
+  int eos_id() const override { return kEos; }
+
   /// The text of `token` when it follows `prev_token`, as llama2.c's `decode()` gives it for
   /// printing: the piece, less its leading space if `prev_token` is BOS, and a byte piece
   /// `"<0xHH>"` as the single raw byte HH (which may be one byte of a multi-byte character).
@@ -217,7 +239,7 @@ class Tokenizer {
   /// vocabulary, `decode(encode(text, bos, eos)) == text` for UTF-8 text and any flags.
   /// \param tokens [n] token ids.
   /// \throws InvalidArgument if a token is not in [0, vocab_size()) (argument `tokens[i]`).
-  std::string decode(const std::vector<int>& tokens) const {
+  std::string decode(const std::vector<int>& tokens) const override {
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       check_id("Tokenizer::decode", "tokens[" + std::to_string(i) + "]", tokens[i]);
     }

@@ -1,0 +1,192 @@
+// kvlab-chat: a multi-turn chat with a real model (SmolLM2-135M-Instruct, from its GGUF file)
+// through one of kvlab's attention backends. The conversation's KV cache is kept across turns,
+// so each turn prefills only its new message; after each turn it says how many tokens came from
+// the cache, how many were prefilled, the KV bytes held and the speed of both phases.
+//
+//   scripts/get-model.sh                       # once: fetches the model file (about 98 MB)
+//   build/apps/kvlab-chat                      # interactive; /reset starts over, /quit leaves
+//   build/apps/kvlab-chat --turn "What is the capital of France?" --turn "And of Italy?"
+//   build/apps/kvlab-chat --backend naive      # no cache: every token recomputes the whole chat
+//   build/apps/kvlab-chat < questions.txt      # one message per line
+// --help lists the options.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#define KVLAB_HAS_ISATTY 1
+#endif
+
+#include <kvlab/kvlab.hpp>
+#include <kvlab/model/bpe_tokenizer.hpp>
+#include <kvlab/model/chat.hpp>
+
+#include "cli.hpp"
+
+namespace {
+
+// Where scripts/get-model.sh puts the model: $KVLAB_MODEL_CACHE, else $XDG_CACHE_HOME/kvlab/models,
+// else ~/.cache/kvlab/models.
+std::string default_model() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  std::string dir = env("KVLAB_MODEL_CACHE");
+  if (dir.empty() && !env("XDG_CACHE_HOME").empty()) dir = env("XDG_CACHE_HOME") + "/kvlab/models";
+  if (dir.empty()) dir = env("HOME") + "/.cache/kvlab/models";
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string mib(std::size_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return s;
+}
+
+double per_second(int tokens, double seconds) { return seconds > 0 ? tokens / seconds : 0.0; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvlab-chat: chat with a GGUF model (SmolLM2-135M-Instruct by default) on kvlab's naive, "
+      "cached or paged attention; the KV cache is kept across turns.\n"
+      "Messages come from --turn, else from standard input, one per line (interactive on a "
+      "terminal: /reset starts a new conversation, /quit leaves)."};
+  std::string model_path = default_model();
+  std::string backend_name = "cached", dtype_name = "fp32";
+  std::string system;
+  bool system_given = false;
+  std::vector<std::string> turns;
+  int window = 0, threads = 1, block_size = 16, context = 2048, max_new_tokens = 256;
+  float temperature = 0.0f, top_p = 0.9f;
+  std::uint64_t seed = 42;
+  bool quiet = false;
+  app.add_option("--model", model_path, "the GGUF file (default: where scripts/get-model.sh puts SmolLM2-135M-Instruct)")
+      ->capture_default_str();
+  app.add_option("--backend", backend_name, "naive (recompute the whole chat every token), cached or paged")
+      ->check(CLI::IsMember({"naive", "cached", "paged"}))
+      ->capture_default_str();
+  app.add_option("--kv-dtype", dtype_name, "how K and V are stored: fp32, fp16, bf16, int8, int4")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8", "int4"}))
+      ->capture_default_str();
+  app.add_option("--window", window, "attend to the last W tokens only (0: all)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--threads", threads, "OpenMP threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--block-size", block_size, "tokens per block of the paged cache")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--context", context, "the longest conversation, in tokens (at most the model's own)")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-new-tokens", max_new_tokens, "the longest reply")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--temperature", temperature, "0: greedy (the default); higher: more varied")
+      ->check(CLI::Range(0.0f, 100.0f))
+      ->capture_default_str();
+  app.add_option("--top-p", top_p, "sample from the smallest set of tokens whose probability reaches P")
+      ->check(CLI::Range(1e-6f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--seed", seed, "the sampler's seed")->capture_default_str();
+  app.add_option("--system", system, "the system prompt (default: the template's own)")
+      ->each([&](const std::string&) { system_given = true; });
+  app.add_option("--turn", turns, "a user message (repeat for several turns; none: read standard input)");
+  app.add_flag("--quiet", quiet, "no statistics after each turn");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    kvlab_bench::set_threads(threads);
+    const kvlab::GgufFile file(model_path);
+    auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_gguf_weights(file));
+    const kvlab::BpeTokenizer tokenizer = kvlab::BpeTokenizer::from_gguf(file);
+    const kvlab::ChatTemplate chat_template = kvlab::ChatTemplate::from_gguf(file);
+    if (context > weights->config.seq_len) {
+      std::fprintf(stderr, "kvlab-chat: --context: expected at most the model's %d tokens, got %d\n",
+                   weights->config.seq_len, context);
+      return 2;
+    }
+    kvlab::LlamaModel model(weights, kvlab::parse_llama_backend(backend_name), block_size, context,
+                            kvlab::parse_kv_dtype(dtype_name), window);
+    kvlab::ChatSession chat(model, tokenizer, chat_template,
+                            kvlab::Sampler(tokenizer.vocab_size(), temperature, top_p, seed),
+                            system_given ? system : chat_template.default_system());
+    if (!quiet) {
+      std::fprintf(stderr, "kvlab-chat: %s (%s)\n  %s backend, K/V as %s: %zu bytes per token; context %d tokens\n",
+                   file.path().c_str(), kvlab::to_string(weights->config).c_str(), backend_name.c_str(),
+                   dtype_name.c_str(), model.store().bytes_per_token(), context);
+    }
+#if defined(KVLAB_HAS_ISATTY)
+    const bool interactive = turns.empty() && isatty(0) != 0;
+#else
+    const bool interactive = false;
+#endif
+    std::size_t next_turn = 0;
+    const auto next_message = [&](std::string& message) -> bool {
+      if (!turns.empty()) {
+        if (next_turn == turns.size()) return false;
+        message = turns[next_turn++];
+        return true;
+      }
+      if (interactive) {
+        std::printf("\nyou> ");
+        std::fflush(stdout);
+      }
+      return static_cast<bool>(std::getline(std::cin, message));
+    };
+    std::string message;
+    int turn_number = 0;
+    bool refused = false;
+    while (next_message(message)) {
+      if (message == "/quit") break;
+      if (message == "/reset") {
+        chat.reset();
+        turn_number = 0;
+        std::fprintf(stderr, "[a new conversation: the cache is empty]\n");
+        continue;
+      }
+      if (message.empty()) continue;
+      if (!interactive) std::printf("you> %s\n", message.c_str());
+      std::printf("assistant> ");
+      std::fflush(stdout);
+      kvlab::ChatTurn t;
+      try {
+        t = chat.turn(message, max_new_tokens, [](const std::string& text) {
+          std::fwrite(text.data(), 1, text.size(), stdout);
+          std::fflush(stdout);
+        });
+      } catch (const kvlab::CapacityError& e) {
+        std::printf("\n");
+        std::fprintf(stderr, "[not sent: %s; /reset starts a new conversation, --context %d allows more]\n",
+                     e.what(), weights->config.seq_len);
+        refused = true;
+        if (!interactive) break;
+        continue;
+      }
+      ++turn_number;
+      std::printf("%s\n", t.context_full ? " [the context is full]" : t.ended ? "" : " [--max-new-tokens reached]");
+      std::fflush(stdout);
+      if (!quiet) {
+        std::fprintf(stderr,
+                     "[turn %d: %d tokens from the cache%s, %d prefilled (%.0f tokens/s), %d decoded "
+                     "(%.1f tokens/s); the conversation holds %d tokens, K/V %s]\n",
+                     turn_number, t.reused,
+                     backend_name == "naive" ? " (naive: recomputed at every step)" : "", t.prefilled,
+                     per_second(t.prefilled, t.prefill_seconds), t.generated,
+                     per_second(t.generated + 1, t.decode_seconds), chat.tokens(), mib(t.kv_bytes).c_str());
+      }
+    }
+    return refused ? 1 : 0;
+  } catch (const kvlab::InvalidArgument& e) {
+    std::fprintf(stderr, "kvlab-chat: %s\n", e.what());
+    return 1;
+  }
+}
