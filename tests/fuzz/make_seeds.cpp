@@ -6,7 +6,11 @@
 //   <dir>/block_tables: two batches whose tables are accepted (NHD and HND), one with a
 //                     released block;
 //   <dir>/workload:   kvlab-serve workload files of every key;
-//   <dir>/cli:        command lines (arguments separated by zero bytes) of the programs.
+//   <dir>/cli:        command lines (arguments separated by zero bytes) of the programs;
+//   <dir>/gguf:       small GGUF files: a Llama model of every tensor type the reader decodes,
+//                     with a byte-level tokenizer and a ChatML template, and a file of every
+//                     metadata value type;
+//   <dir>/bpe_tokenizer: inputs of each of fuzz_bpe_tokenizer's three kinds.
 //
 //   make_seeds <dir>
 #include <sys/stat.h>
@@ -16,6 +20,7 @@
 
 #include "kvlab/model/llama_config.hpp"
 #include "kvlab/model/llama_weights.hpp"
+#include "gguf_writer.hpp"
 #include "model_writers.hpp"
 
 int main(int argc, char** argv) {
@@ -25,7 +30,8 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   for (const std::string& sub : {dir, dir + "/checkpoint", dir + "/tokenizer",
-                                 dir + "/block_tables", dir + "/workload", dir + "/cli"})
+                                 dir + "/block_tables", dir + "/workload", dir + "/cli",
+                                 dir + "/gguf", dir + "/bpe_tokenizer"})
     mkdir(sub.c_str(), 0755);  // an existing folder is fine
 
   // Checkpoints: 2 query heads over 1 K/V head of 4 values, 1 layer, 8 tokens.
@@ -100,7 +106,77 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < command_lines.size(); ++i)
     kvlab_test::write_bytes(dir + "/cli/line" + std::to_string(i) + ".bin",
                             joined(command_lines[i]));
-  std::printf("seed corpora written to %s/{checkpoint,tokenizer,block_tables,workload,cli}\n",
+  // GGUF: a tiny Llama (dim 32, 1 layer) with a tokenizer and a template; its q weights
+  // re-stored as Q8_0, Q4_0 and Q4_1 blocks, the norms as F16 and BF16.
+  {
+    const kvlab::LlamaConfig c = kvlab::LlamaConfig()
+                                     .with_dim(32)
+                                     .with_hidden_dim(32)
+                                     .with_layers(1)
+                                     .with_heads(2, 1)
+                                     .with_vocab_size(260)
+                                     .with_seq_len(16);
+    kvlab_test::GgufWriter g = kvlab_test::llama_gguf(kvlab::LlamaWeights::random(c, 1));
+    std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<x>"};
+    std::vector<std::int32_t> types = {3, 3, 3, 4};
+    int skipped = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+      const int ch = printable ? b : 256 + skipped++;
+      std::string s;
+      if (ch < 0x80) {
+        s.push_back(static_cast<char>(ch));
+      } else {
+        s.push_back(static_cast<char>(0xC0 | (ch >> 6)));
+        s.push_back(static_cast<char>(0x80 | (ch & 0x3F)));
+      }
+      tokens.push_back(s);
+      types.push_back(1);
+    }
+    g.str("tokenizer.ggml.model", "gpt2");
+    g.str("tokenizer.ggml.pre", "smollm");
+    g.strings("tokenizer.ggml.tokens", tokens);
+    g.i32s("tokenizer.ggml.token_type", types);
+    g.strings("tokenizer.ggml.merges", {});
+    g.u32("tokenizer.ggml.bos_token_id", 1);
+    g.u32("tokenizer.ggml.eos_token_id", 2);
+    g.str("tokenizer.chat_template", "{{'<|im_start|>system\nHi<|im_end|>'}}");
+    kvlab_test::write_bytes(dir + "/gguf/llama_f32.gguf", g.bytes());
+    for (kvlab_test::GgufWriter::Tensor& t : g.tensors) {
+      if (t.name == "blk.0.attn_q.weight") {  // [32, 32]: 32 rows of one Q8_0 block
+        t.type = 8, t.data.clear();
+        for (int r = 0; r < 32; ++r) {
+          kvlab_test::put_le(t.data, 0x2C00, 2);  // d = 1/16
+          for (int i = 0; i < 32; ++i) t.data.push_back(static_cast<char>(i - r));
+        }
+      } else if (t.name == "blk.0.attn_output.weight" || t.name == "blk.0.ffn_up.weight") {
+        const bool q41 = t.name == "blk.0.ffn_up.weight";
+        t.type = q41 ? 3 : 2, t.data.clear();
+        for (int r = 0; r < 32; ++r) {
+          kvlab_test::put_le(t.data, 0x2C00, 2);
+          if (q41) kvlab_test::put_le(t.data, 0xAC00, 2);  // m = -1/16
+          for (int i = 0; i < 16; ++i) t.data.push_back(static_cast<char>((i + r) & 0xFF));
+        }
+      } else if (t.name == "blk.0.attn_norm.weight" || t.name == "output_norm.weight") {
+        t.type = t.name == "output_norm.weight" ? 30 : 1, t.data.clear();
+        for (int i = 0; i < 32; ++i) kvlab_test::put_le(t.data, t.type == 1 ? 0x3C00 : 0x3F80, 2);
+      }
+    }
+    kvlab_test::write_bytes(dir + "/gguf/llama_quantized.gguf", g.bytes());
+    kvlab_test::GgufWriter v;
+    v.u8("a", 1), v.i8("b", -1), v.u16("c", 2), v.i16("d", -2), v.u32("e", 3), v.i32("f", -3);
+    v.f32("g", 0.5f), v.boolean("h", true), v.str("i", "x"), v.u64("j", 4), v.i64("k", -4);
+    v.f64("l", 0.25), v.strings("m", {"p", "q"}), v.i32s("n", {1, 2}), v.set_alignment(64);
+    v.tensor("t", {2}, 0, std::string(8, '\0'));
+    kvlab_test::write_bytes(dir + "/gguf/every_type.gguf", v.bytes());
+  }
+  kvlab_test::write_bytes(dir + "/bpe_tokenizer/text.bin",
+                          std::string(1, '\0') + "Hello, it's 2024! the \xC3\xA9t\xC3\xA9  \t\n x <|im_end|>");
+  kvlab_test::write_bytes(dir + "/bpe_tokenizer/invalid.bin", std::string("\0\xFF\xC3(\xE2\x82 \xF0\x9F", 9));
+  kvlab_test::write_bytes(dir + "/bpe_tokenizer/ids.bin", std::string("\x01\x05\x00\x40\x01\xFF\xFF\x02\x00", 9));
+  kvlab_test::write_bytes(dir + "/bpe_tokenizer/parts.bin",
+                          std::string("\x02<|im_start|>user\n", 18) + std::string(1, '\0') + "hi<|im_end|>");
+  std::printf("seed corpora written to %s/{checkpoint,tokenizer,block_tables,workload,cli,gguf,bpe_tokenizer}\n",
               dir.c_str());
   return 0;
 }
