@@ -22,7 +22,16 @@ struct ChosenModel {
 /// weights a shared one makes every token predict itself, see `LlamaConfig::tiny`; a decode step
 /// reads the same bytes).
 /// \throws whatever `load_llama_checkpoint` throws for a bad file.
+/// True when `path` names a GGUF file (by its extension, ".gguf"): the programs read it with
+/// kvlab::load_gguf_weights, and its tokenizer from the same file.
+inline bool is_gguf(const std::string& path) {
+  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+}
+
 inline ChosenModel choose_model(const std::string& model, const std::string& builtin) {
+  if (is_gguf(model)) {
+    return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_gguf_weights(model)), model};
+  }
   if (!model.empty()) {
     return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(model)), model};
   }

@@ -32,6 +32,7 @@
 #endif
 
 #include <kvlab/kvlab.hpp>
+#include <kvlab/model/bpe_tokenizer.hpp>
 
 #include "builtin_model.hpp"
 #include "cli.hpp"
@@ -68,7 +69,9 @@ const char* const kUsage =
     "                      [--kv-dtype fp32|fp16|bf16|int8|int4] [--window W] [--threads T]\n"
     "                      [--builtin tiny|stories15M] [--phases] [--quiet] [--help]\n"
     "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, "
-    "stories260K.bin);\n"
+    "stories260K.bin),\n"
+    "                      or a GGUF file (.gguf: SmolLM2-135M-Instruct, with its own "
+    "tokenizer);\n"
     "                      without it: a built-in model with random weights (see --builtin)\n"
     "  --tokenizer FILE    llama2.c tokenizer.bin with the model's vocabulary; without it, token "
     "ids are\n"
@@ -212,14 +215,22 @@ int run(const Options& o) {
   kvlab_bench::set_threads(kvlab_bench::usable_threads("kvlab-generate", {o.threads}).front());
 
   // The model.
+  const bool gguf = kvlab_bench::is_gguf(o.model);
+  if (gguf && !o.tokenizer.empty()) {
+    throw UsageError("--tokenizer: expected none with a GGUF model (the file holds its own), got '" +
+                     o.tokenizer + "'");
+  }
   const kvlab_bench::ChosenModel chosen = kvlab_bench::choose_model(o.model, o.builtin);
   const std::shared_ptr<const kvlab::LlamaWeights>& weights = chosen.weights;
   const std::string& description = chosen.description;
   const kvlab::LlamaConfig& config = weights->config;
 
-  // The tokenizer: it must have the model's vocabulary.
-  std::unique_ptr<kvlab::Tokenizer> tokenizer;
-  if (!o.tokenizer.empty()) {
+  // The tokenizer: it must have the model's vocabulary. A GGUF file holds its own.
+  std::unique_ptr<kvlab::TextTokenizer> tokenizer;
+  if (gguf) {
+    tokenizer = std::make_unique<kvlab::BpeTokenizer>(kvlab::BpeTokenizer::from_gguf(kvlab::GgufFile(o.model)));
+    if (o.prompt.empty()) throw UsageError("--prompt: expected text for a GGUF model, got none");
+  } else if (!o.tokenizer.empty()) {
     tokenizer = std::make_unique<kvlab::Tokenizer>(kvlab::Tokenizer::load(o.tokenizer));
     if (tokenizer->vocab_size() != config.vocab_size) {
       throw std::runtime_error(
@@ -228,10 +239,16 @@ int run(const Options& o) {
           " in '" + o.tokenizer + "' (this model was trained with another tokenizer)");
     }
   }
-  const std::vector<int> prompt = tokenizer
-                                      ? tokenizer->encode(o.prompt, /*bos=*/true, /*eos=*/false)
-                                      : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size)
-                                                        : std::vector<int>{kvlab::Tokenizer::kBos});
+  // llama2.c's tokenizer puts BOS first; a GGUF file's (SmolLM2's) text goes in as it is.
+  const auto* llama2c = dynamic_cast<const kvlab::Tokenizer*>(tokenizer.get());
+  const std::vector<int> prompt =
+      llama2c != nullptr ? llama2c->encode(o.prompt, /*bos=*/true, /*eos=*/false)
+      : tokenizer        ? tokenizer->encode_text(o.prompt, /*parse_special=*/false)
+      : (o.prompt_given  ? parse_ids(o.prompt, config.vocab_size)
+                         : std::vector<int>{kvlab::Tokenizer::kBos});
+  // What ends a generation: BOS for llama2.c's stories, the file's EOS for a GGUF model.
+  const int stop_token = gguf ? tokenizer->eos_id() : kvlab::Tokenizer::kBos;
+  kvlab::Utf8Stream text_stream;  // a GGUF token may end inside a character
 
   if (o.backend == kvlab::LlamaBackend::Naive && o.kv_dtype != kvlab::KVDtype::fp32) {
     throw UsageError(std::string("--kv-dtype: expected fp32 with --backend naive (it keeps no K/V "
@@ -276,9 +293,11 @@ int run(const Options& o) {
       o.threads, o.threads == 1 ? "" : "s");
 
   // The prompt as it goes in, then each token as it comes out.
-  if (tokenizer) {
+  if (gguf) {
+    std::fputs(text_stream.push(tokenizer->decode(prompt)).c_str(), stdout);
+  } else if (tokenizer) {
     for (std::size_t i = 1; i < prompt.size(); ++i)
-      print_piece(tokenizer->decode(prompt[i - 1], prompt[i]));
+      print_piece(tokenizer->token_bytes(prompt[i], prompt[i - 1]));
   } else {
     for (int id : prompt) std::printf("%d ", id);
     std::printf("| ");
@@ -292,8 +311,10 @@ int run(const Options& o) {
   int previous = prompt.back();
   int generated = 0;
   const auto on_token = [&](int token) {
-    if (tokenizer) {
-      print_piece(tokenizer->decode(previous, token));
+    if (gguf) {
+      if (token != stop_token) std::fputs(text_stream.push(tokenizer->token_bytes(token)).c_str(), stdout);
+    } else if (tokenizer) {
+      print_piece(tokenizer->token_bytes(token, previous));
     } else {
       std::printf("%d ", token);
     }
@@ -310,14 +331,16 @@ int run(const Options& o) {
   };
   model.time_phases(o.phases);
   const kvlab::Generation g =
-      kvlab::generate(model, sampler, prompt, steps, on_token, kvlab::Tokenizer::kBos);
-  std::printf("\n");
+      kvlab::generate(model, sampler, prompt, steps, on_token, stop_token);
+  std::printf("%s\n", text_stream.finish().c_str());
   std::fflush(stdout);
 
   // The summary.
   const kvlab::LlamaCounters& work = model.total();
   std::fprintf(stderr, "\nkvlab-generate: %zu tokens generated%s\n", g.tokens.size(),
-               g.stopped ? " (stopped: the model drew BOS, the end of a story)" : "");
+               g.stopped ? (gguf ? " (stopped: the model drew its end-of-text token)"
+                                 : " (stopped: the model drew BOS, the end of a story)")
+                          : "");
   std::fprintf(stderr, "  prefill: %4d token%s in %9.3f ms  %10.1f tok/s\n", g.prompt_tokens,
                g.prompt_tokens == 1 ? " " : "s", g.prefill_seconds * 1e3,
                g.prefill_tokens_per_second());

@@ -70,8 +70,13 @@ cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_
 cmake --build build-sanitize -j "$jobs"
 
 step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"
+# Also left to the Release run above: the programs on the real model (label real_model_program:
+# kvlab-chat, kvlab-generate on the GGUF file, tutorial 10), which this build compiles at -O0,
+# where one prefill of the 135M model takes minutes. The code they run (the GGUF reader, the
+# tokenizer, ChatSession, every backend) runs here under the sanitizers in test_real_model, at
+# -O1 on shortened cases, and in the fuzz targets.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE consumer
+  ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE "consumer|real_model_program"
 
 step "fuzz targets (Clang, libFuzzer, ASan + UBSan): a short run of each on its seed corpus"
 # tests/fuzz: the checkpoint and tokenizer loaders, block tables, kvlab-serve's workload parser

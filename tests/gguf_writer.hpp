@@ -123,6 +123,27 @@ struct GgufWriter {
   }
 };
 
+/// GPT-2's byte-level alphabet, written from its definition (`bytes_to_unicode`): bytes 33-126,
+/// 161-172 and 174-255 stand for the characters of the same code, the other 68 for U+0100,
+/// U+0101, ... in byte order; [256] characters as UTF-8. The tests' vocabularies start from it.
+inline std::vector<std::string> gpt2_byte_chars() {
+  std::vector<std::string> chars;
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int c = printable ? b : next++;
+    std::string s;
+    if (c < 0x80) {
+      s.push_back(static_cast<char>(c));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (c >> 6)));
+      s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    }
+    chars.push_back(s);
+  }
+  return chars;
+}
+
 /// `w` as a GGUF file of the llama architecture, every tensor float32, with the metadata
 /// `llama_config_from_gguf` reads (and a classifier `output.weight` when not shared).
 inline GgufWriter llama_gguf(const kvlab::LlamaWeights& w) {

@@ -2124,21 +2124,7 @@ TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTo
                            names("type", "F32, F16, BF16, Q8_0, Q4_0 or Q4_1", "Q4_K"));
 
   // A byte-level vocabulary: the 256 byte characters, then <|im_end|> (control).
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) {
-    int n = 0;
-    for (int x = 0; x < b; ++x) n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    const int c = printable ? b : 256 + n;
-    std::string ch;
-    if (c < 0x80) {
-      ch.push_back(static_cast<char>(c));
-    } else {
-      ch.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      ch.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-    tokens.push_back(ch);
-  }
+  std::vector<std::string> tokens = kvlab_test::gpt2_byte_chars();
   tokens.push_back("<|im_end|>");
   std::vector<std::int64_t> types(257, 1);
   types[256] = 3;

@@ -9,34 +9,22 @@
 #include <string>
 #include <vector>
 
+#include "gguf_writer.hpp"
 #include "kvlab/kvlab.hpp"
 #include "kvlab/model/bpe_tokenizer.hpp"
 #include "kvlab/model/text_tokenizer.hpp"
 #include "kvlab/model/unicode_classes.hpp"
+#include "test_support.hpp"
 
 using kvlab::BpeTokenizer;
 using kvlab::CharClass;
 using kvlab::InvalidArgument;
+using kvlab_test::error_of;
 
 namespace {
 
-// GPT-2's bytes_to_unicode, written from its definition: bytes 33-126, 161-172 and 174-255 stand
-// for themselves, the others for 256, 257, ... in order; as UTF-8.
-std::string byte_char(int b) {
-  int n = 0;
-  for (int x = 0; x < b; ++x)
-    if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174)) ++n;
-  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-  const int c = printable ? b : 256 + n;
-  std::string s;
-  if (c < 0x80) {
-    s.push_back(static_cast<char>(c));
-  } else {
-    s.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-  return s;
-}
+// GPT-2's byte alphabet (gguf_writer.hpp), character of byte b.
+std::string byte_char(int b) { return kvlab_test::gpt2_byte_chars()[static_cast<std::size_t>(b)]; }
 
 struct Vocab {
   std::vector<std::string> tokens;
@@ -77,15 +65,6 @@ BpeTokenizer make(const Vocab& v, const std::string& pre = "smollm") {
   return BpeTokenizer(v.tokens, v.types, v.merges, pre, 1, 2);
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -20,11 +20,13 @@
 #include "kvlab/kvlab.hpp"
 #include "kvlab/model/gguf_model.hpp"
 #include "model_writers.hpp"
+#include "test_support.hpp"
 
 using kvlab::GgmlType;
 using kvlab::GgufFile;
 using kvlab::GgufType;
 using kvlab::InvalidArgument;
+using kvlab_test::error_of;
 using kvlab_test::GgufWriter;
 using kvlab_test::put_le;
 
@@ -37,16 +39,6 @@ struct TempFile {
   ~TempFile() { std::remove(path.c_str()); }
 };
 
-// Message of the InvalidArgument that `f` throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // The error of opening `bytes` as a GGUF file ("" if it opens).
 std::string open_error(const std::string& bytes) {

@@ -20,6 +20,7 @@
 #include "test_support.hpp"
 
 using kvlab::InvalidArgument;
+using kvlab_test::error_of;
 using kvlab::LlamaConfig;
 using kvlab::LlamaLayerWeights;
 using kvlab::LlamaWeights;
@@ -69,16 +70,6 @@ void check_equal(const LlamaWeights& a, const LlamaWeights& b) {
   if (!a.config.shared_classifier) CHECK(a.wcls == b.wcls);
 }
 
-// Message of the InvalidArgument that `f` throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

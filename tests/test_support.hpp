@@ -67,4 +67,15 @@ double max_row_relative_error(const A& got, const B& want) {
   return worst;
 }
 
+/// The message of the kvlab::InvalidArgument that `f` throws ("" if it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const kvlab::InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace kvlab_test

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
+#include "gguf_writer.hpp"
 #include "kvlab/model/bpe_tokenizer.hpp"
 
 namespace {
@@ -26,17 +27,7 @@ namespace {
 kvlab::BpeTokenizer fixed_tokenizer() {
   std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool>"};
   std::vector<std::int64_t> types = {3, 3, 3, 4};
-  int skipped = 0;
-  for (int b = 0; b < 256; ++b) {  // GPT-2's byte alphabet
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    const int c = printable ? b : 256 + skipped++;
-    std::string ch;
-    if (c < 0x80) {
-      ch.push_back(static_cast<char>(c));
-    } else {
-      ch.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      ch.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
+  for (const std::string& ch : kvlab_test::gpt2_byte_chars()) {  // GPT-2's byte alphabet
     tokens.push_back(ch);
     types.push_back(1);
   }

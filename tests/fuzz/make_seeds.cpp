@@ -119,18 +119,8 @@ int main(int argc, char** argv) {
     kvlab_test::GgufWriter g = kvlab_test::llama_gguf(kvlab::LlamaWeights::random(c, 1));
     std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<x>"};
     std::vector<std::int32_t> types = {3, 3, 3, 4};
-    int skipped = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-      const int ch = printable ? b : 256 + skipped++;
-      std::string s;
-      if (ch < 0x80) {
-        s.push_back(static_cast<char>(ch));
-      } else {
-        s.push_back(static_cast<char>(0xC0 | (ch >> 6)));
-        s.push_back(static_cast<char>(0x80 | (ch & 0x3F)));
-      }
-      tokens.push_back(s);
+    for (const std::string& ch : kvlab_test::gpt2_byte_chars()) {
+      tokens.push_back(ch);
       types.push_back(1);
     }
     g.str("tokenizer.ggml.model", "gpt2");
