@@ -21,6 +21,7 @@
 #include "kvlab/model/gguf_model.hpp"
 #include "model_writers.hpp"
 #include "test_support.hpp"
+#include "weights_equal.hpp"
 
 using kvlab::GgmlType;
 using kvlab::GgufFile;
@@ -319,20 +320,7 @@ TEST_CASE("GGUF Llama model: the config from the metadata, and the weights round
     kvlab_test::write_bytes(f.path, kvlab_test::llama_gguf(w).bytes());
     const kvlab::LlamaWeights r = kvlab::load_gguf_weights(f.path);
     CHECK(r.config == config);
-    CHECK(r.token_embedding == w.token_embedding);
-    for (std::size_t l = 0; l < w.layers.size(); ++l) {
-      CHECK(r.layers[l].wq == w.layers[l].wq);
-      CHECK(r.layers[l].wk == w.layers[l].wk);
-      CHECK(r.layers[l].wv == w.layers[l].wv);
-      CHECK(r.layers[l].wo == w.layers[l].wo);
-      CHECK(r.layers[l].w1 == w.layers[l].w1);
-      CHECK(r.layers[l].w2 == w.layers[l].w2);
-      CHECK(r.layers[l].w3 == w.layers[l].w3);
-      CHECK(r.layers[l].rms_att == w.layers[l].rms_att);
-      CHECK(r.layers[l].rms_ffn == w.layers[l].rms_ffn);
-    }
-    CHECK(r.rms_final == w.rms_final);
-    CHECK(r.wcls == w.wcls);
+    kvlab_test::check_equal(r, w);
   }
 }
 

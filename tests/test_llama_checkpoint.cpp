@@ -18,8 +18,10 @@
 #include "model_files.hpp"
 #include "model_writers.hpp"
 #include "test_support.hpp"
+#include "weights_equal.hpp"
 
 using kvlab::InvalidArgument;
+using kvlab_test::check_equal;
 using kvlab_test::error_of;
 using kvlab::LlamaConfig;
 using kvlab::LlamaLayerWeights;
@@ -49,26 +51,6 @@ std::string header_bytes(const std::vector<std::int32_t>& fields) {
   return std::string(reinterpret_cast<const char*>(fields.data()), fields.size() * 4);
 }
 
-void check_equal(const LlamaWeights& a, const LlamaWeights& b) {
-  REQUIRE(a.config == b.config);
-  CHECK(a.token_embedding == b.token_embedding);
-  REQUIRE(a.layers.size() == b.layers.size());
-  for (std::size_t l = 0; l < a.layers.size(); ++l) {
-    CAPTURE(l);
-    CHECK(a.layers[l].rms_att == b.layers[l].rms_att);
-    CHECK(a.layers[l].wq == b.layers[l].wq);
-    CHECK(a.layers[l].wk == b.layers[l].wk);
-    CHECK(a.layers[l].wv == b.layers[l].wv);
-    CHECK(a.layers[l].wo == b.layers[l].wo);
-    CHECK(a.layers[l].rms_ffn == b.layers[l].rms_ffn);
-    CHECK(a.layers[l].w1 == b.layers[l].w1);
-    CHECK(a.layers[l].w2 == b.layers[l].w2);
-    CHECK(a.layers[l].w3 == b.layers[l].w3);
-  }
-  CHECK(a.rms_final == b.rms_final);
-  CHECK(a.wcls.rows() == b.wcls.rows());
-  if (!a.config.shared_classifier) CHECK(a.wcls == b.wcls);
-}
 
 
 }  // namespace
