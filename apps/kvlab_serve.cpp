@@ -6,7 +6,11 @@
 // prefix-cache hits.
 //
 // The workload comes from a JSON-lines file (--workload; format in apps/serve_workload.hpp) or
-// is generated (--requests, --seed, --prompt-len, --output-len, --rate, --shared-prefix). It
+// is generated (--requests, --seed, --prompt-len, --output-len, --rate, --shared-prefix). With a
+// GGUF model (SmolLM2-135M-Instruct) a request can be text: a user's message, put in the file's
+// chat template with its default system prompt and tokenized by the file's tokenizer; it stops
+// at the model's end-of-turn token, and its reply is printed after the summary. Requests with
+// the same system prompt share its blocks through the prefix cache. It
 // shows progress on standard error while it runs, then the summary on standard output;
 // --json and --step-log write the run and its step log for scripts; --dot draws one step and
 // the pool after it as Graphviz graphs (kvlab::step_dot, kvlab::scheduler_pool_dot). Runs of
@@ -18,6 +22,7 @@
 //   build/apps/kvlab-serve                                   # built-in model, 32 requests
 //   build/apps/kvlab-serve --policy static --json static.json
 //   build/apps/kvlab-serve --model stories260K.bin --requests 64 --rate 50 --shared-prefix 32
+//   build/apps/kvlab-serve --model SmolLM2-135M-Instruct.Q4_1.gguf --workload apps/examples/chat_workload.jsonl
 // --help lists the options.
 #include <algorithm>
 #include <chrono>
@@ -29,6 +34,8 @@
 #include <vector>
 
 #include <kvlab/kvlab.hpp>
+#include <kvlab/model/bpe_tokenizer.hpp>
+#include <kvlab/model/chat.hpp>
 #include <kvlab/serving/state_dot.hpp>
 
 #include "builtin_model.hpp"
@@ -80,8 +87,9 @@ const char* const kUsage =
     "                    --rate R --shared-prefix N] [--clock wall|steps] [--threads T]\n"
     "                   [--json FILE] [--step-log FILE] [--dot PREFIX [--dot-step N]] [--quiet] "
     "[--help]\n"
-    "  --model FILE            llama2.c checkpoint (legacy version-0 .bin); without it a built-in\n"
-    "                          model with random weights (--builtin)\n"
+    "  --model FILE            llama2.c checkpoint (legacy version-0 .bin) or GGUF file (.gguf:\n"
+    "                          its workload may be text); without it a built-in model with\n"
+    "                          random weights (--builtin)\n"
     "  --builtin NAME          tiny (dim 48, 3 layers, vocab 256; default) or stories15M (its\n"
     "                          shape: dim 288, 6 layers, vocab 32000, separate classifier)\n"
     "  --policy P              continuous (default): every step, running requests first, then\n"
@@ -105,7 +113,8 @@ const char* const kUsage =
     "  --prefix-caching on|off share cached prompt blocks (continuous only; default on)\n"
     "  --workload FILE         requests as JSON lines: {\"prompt\": [ids], \"max_new_tokens\": N,\n"
     "                          \"arrival\": seconds, \"stop_ids\": [...], \"temperature\": T,\n"
-    "                          \"top_p\": P, \"seed\": S, \"id\": ...}\n"
+    "                          \"top_p\": P, \"seed\": S, \"id\": ...}; with a GGUF model\n"
+    "                          \"user\": \"text\" (and \"system\": \"text\") instead of \"prompt\"\n"
     "  --requests N            generated workload: N requests (default 32)\n"
     "  --seed S                its seed (default 1)\n"
     "  --prompt-len MIN:MAX    each prompt's own tokens, uniform (default 8:64), random ids\n"
@@ -284,17 +293,46 @@ int serve(const Options& o) {
   // The workload: every request submitted up front, each seen from its arrival time on.
   std::vector<kvlab_serve::WorkloadEntry> entries;
   if (o.workload.empty()) {
-    for (const kvlab::Request& r : kvlab::make_workload(o.spec, weights->config.vocab_size))
-      entries.push_back(kvlab_serve::WorkloadEntry{r, ""});
+    for (const kvlab::Request& r : kvlab::make_workload(o.spec, weights->config.vocab_size)) {
+      kvlab_serve::WorkloadEntry entry;
+      entry.request = r;
+      entries.push_back(entry);
+    }
   } else {
     entries = kvlab_serve::read_workload(o.workload);
+  }
+  // Text requests: the chat template and tokenizer of the GGUF file.
+  std::unique_ptr<kvlab::BpeTokenizer> tokenizer;
+  std::vector<bool> is_text;     // [accepted] given as text: its reply is printed
+  std::vector<int> engine_ids;  // [accepted] the engine's id of each
+  const auto text_request = std::find_if(entries.begin(), entries.end(),
+                                         [](const kvlab_serve::WorkloadEntry& e) { return e.has_user; });
+  if (text_request != entries.end()) {
+    if (!kvlab_bench::is_gguf(o.model)) {
+      std::fprintf(stderr,
+                   "%s: %s: request %zu: user: expected a GGUF model (--model FILE.gguf), whose "
+                   "tokenizer and chat template turn text into ids, got %s\n",
+                   kProgram, o.workload.c_str(), static_cast<std::size_t>(text_request - entries.begin()),
+                   description.c_str());
+      return 2;
+    }
+    const kvlab::GgufFile file(o.model);
+    tokenizer = std::make_unique<kvlab::BpeTokenizer>(kvlab::BpeTokenizer::from_gguf(file));
+    const kvlab::ChatTemplate chat = kvlab::ChatTemplate::from_gguf(file);
+    for (kvlab_serve::WorkloadEntry& e : entries) {
+      if (!e.has_user) continue;
+      e.request.prompt =
+          tokenizer->encode_parts(chat.prompt(e.has_system ? e.system : chat.default_system(), e.user));
+      if (!e.has_stop_ids) e.request.stop_ids = {tokenizer->eos_id()};
+    }
   }
   std::vector<std::string> ids;  // [accepted] their ids in the output
   int refused = 0;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     try {
-      engine.submit(entries[i].request);
+      engine_ids.push_back(engine.submit(entries[i].request));
       ids.push_back(entries[i].id.empty() ? std::to_string(i) : entries[i].id);
+      is_text.push_back(entries[i].has_user);
     } catch (const kvlab::InvalidArgument& e) {  // the others are still served
       std::fprintf(stderr, "%s: request %zu refused: %s\n", kProgram, i, e.what());
       ++refused;
@@ -356,6 +394,17 @@ int serve(const Options& o) {
   std::printf("  preemptions          %d\n", s.preemptions);
   std::printf("  prefix cache         %lld tokens hit, %.1f%% of those looked up\n",
               static_cast<long long>(s.prefix_hit_tokens), 100.0 * s.prefix_hit_rate);
+  if (tokenizer != nullptr) {
+    std::printf("  replies (text requests; stop: the model's end of turn, length: max_new_tokens)\n");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (!is_text[i]) continue;
+      const kvlab::RequestOutput& out = engine.output(engine_ids[i]);
+      std::string text = tokenizer->decode(out.tokens);
+      for (std::size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1))
+        text.insert(at + 1, "      ");  // continuation lines indented under the reply
+      std::printf("    %s (%s): %s\n", ids[i].c_str(), kvlab::to_string(out.finish), text.c_str());
+    }
+  }
   if (!o.json.empty()) {
     std::ofstream out(o.json);
     kvlab::write_run_json(out, engine, ids);

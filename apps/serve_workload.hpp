@@ -4,7 +4,11 @@
 // Keys: "prompt" (required: token ids), "id" (a number or a string, echoed in the output;
 // default: the request's index), "max_new_tokens" (default 16), "stop_ids" (default none),
 // "temperature" (default 0: greedy), "top_p" (default 1), "seed" (default 0), "arrival" (seconds
-// after the start; default 0). Any other key, a repeated key, a wrong type or trailing text is
+// after the start; default 0). Instead of "prompt", a request may give text: "user" (a user's
+// message, a JSON string) and optionally "system" (its system prompt; default: the chat
+// template's); kvlab-serve puts them in the model's chat template and tokenizes them, which
+// needs a GGUF model, e.g.
+//   {"id": "paris", "user": "What is the capital of France?", "max_new_tokens": 32} Any other key, a repeated key, a wrong type or trailing text is
 // an error naming the file, the line, the key, what was expected and what was found. The ids'
 // ranges are checked by the engine when each request is submitted.
 #pragma once
@@ -14,11 +18,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <kvlab/model/unicode_classes.hpp>
 #include <kvlab/serving/request.hpp>
 
 namespace kvlab_serve {
@@ -30,8 +36,13 @@ struct WorkloadError : std::runtime_error {
 
 /// A request of the file and the JSON text of its id.
 struct WorkloadEntry {
-  kvlab::Request request;
+  kvlab::Request request;  ///< its prompt is empty while the request is text (`has_user`)
   std::string id;  ///< JSON text: a number, a quoted string, or empty for "the index"
+  bool has_user = false;    ///< given as text: "user" (and maybe "system") instead of "prompt"
+  std::string user;         ///< the user's message (UTF-8)
+  bool has_system = false;  ///< "system" given (else the chat template's default)
+  std::string system;       ///< the system prompt (UTF-8)
+  bool has_stop_ids = false;  ///< "stop_ids" given (a text request stops at EOS otherwise)
 };
 
 /// Reads one JSON object of the workload format (`line`), naming `where` ("file:line") in
@@ -47,7 +58,7 @@ class RequestParser {
     skip_space();
     expect('{', "a JSON object");
     skip_space();
-    if (peek() == '}') fail("prompt", "a \"prompt\" key", "an empty object");
+    if (peek() == '}') fail("prompt", "a \"prompt\" or \"user\" key", "an empty object");
     while (true) {
       skip_space();
       const std::string key = parse_string("a key in double quotes");
@@ -61,8 +72,15 @@ class RequestParser {
       if (key == "prompt") {
         r.prompt = parse_ids(key);
         has_prompt = true;
+      } else if (key == "user") {
+        entry.user = parse_string("a string (the user's message)", key);
+        entry.has_user = true;
+      } else if (key == "system") {
+        entry.system = parse_string("a string (the system prompt)", key);
+        entry.has_system = true;
       } else if (key == "stop_ids") {
         r.stop_ids = parse_ids(key);
+        entry.has_stop_ids = true;
       } else if (key == "max_new_tokens") {
         r.max_new_tokens = static_cast<int>(parse_integer(key, 1, 1 << 30));
       } else if (key == "seed") {
@@ -82,7 +100,9 @@ class RequestParser {
         }
         entry.id = text_.substr(begin, at_ - begin);
       } else {
-        fail(key, "one of prompt, max_new_tokens, stop_ids, temperature, top_p, seed, arrival, id",
+        fail(key,
+             "one of prompt, user, system, max_new_tokens, stop_ids, temperature, top_p, seed, "
+             "arrival, id",
              "an unknown key");
       }
       skip_space();
@@ -95,7 +115,10 @@ class RequestParser {
     }
     skip_space();
     if (at_ != text_.size()) fail("line", "nothing after the object", "'" + text_.substr(at_) + "'");
-    if (!has_prompt) fail("prompt", "a \"prompt\" key", "none");
+    if (has_prompt && entry.has_user) fail("user", "either \"prompt\" or \"user\"", "both");
+    if (!has_prompt && !entry.has_user) fail("prompt", "a \"prompt\" or \"user\" key", "none");
+    if (entry.has_system && !entry.has_user)
+      fail("system", "a \"user\" key with it (a system prompt is text)", "none");
     return entry;
   }
 
@@ -115,22 +138,61 @@ class RequestParser {
     if (peek() != c) fail("line", what, found());
     ++at_;
   }
-  // A string without escapes other than \" and \\ (keys and ids need no more).
-  std::string parse_string(const char* what) {
-    if (peek() != '"') fail("line", what, found());
+  // A JSON string, its escapes decoded (\uXXXX to UTF-8, a surrogate pair to one character);
+  // `key` names it in errors ("line" for keys and ids). Raw bytes are kept as they are.
+  std::string parse_string(const char* what, const std::string& key = "line") {
+    if (peek() != '"') fail(key, what, found());
     std::string s;
     for (++at_; at_ < text_.size() && text_[at_] != '"'; ++at_) {
       if (static_cast<unsigned char>(text_[at_]) < 0x20)
-        fail("line", "no control character in a string", found());
-      if (text_[at_] == '\\') {
-        ++at_;
-        if (peek() != '"' && peek() != '\\') fail("line", "\\\" or \\\\ in a string", found());
+        fail(key, "no control character in a string (\\n, \\t, \\u00XX)", found());
+      if (text_[at_] != '\\') {
+        s += text_[at_];
+        continue;
       }
-      s += text_[at_];
+      ++at_;
+      const char e = peek();
+      const char* simple = "\"\\/bfnrt";
+      const char* decoded = "\"\\/\b\f\n\r\t";
+      if (e != '\0' && std::strchr(simple, e) != nullptr) {
+        s += decoded[std::strchr(simple, e) - simple];
+      } else if (e == 'u') {
+        std::uint32_t code = parse_hex4(key);
+        if (code >= 0xD800 && code < 0xDC00) {  // a high surrogate: its low one must follow
+          if (text_.compare(at_ + 1, 2, "\\u") != 0)
+            fail(key, "a low surrogate (\\uDC00-\\uDFFF) after a high one", found());
+          at_ += 2;
+          const std::uint32_t low = parse_hex4(key);
+          if (low < 0xDC00 || low >= 0xE000)
+            fail(key, "a low surrogate (\\uDC00-\\uDFFF) after a high one", found());
+          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+        } else if (code >= 0xDC00 && code < 0xE000) {
+          fail(key, "a high surrogate before a low one", found());
+        }
+        s += kvlab::encode_utf8(code);
+      } else {
+        fail(key, "an escape of JSON (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX) in a string", found());
+      }
     }
     expect('"', "a closing '\"'");
     return s;
   }
+  // The four hex digits after "\u" (at_ is on the 'u'); leaves at_ on the last digit.
+  std::uint32_t parse_hex4(const std::string& key) {
+    std::uint32_t code = 0;
+    for (int i = 1; i <= 4; ++i) {
+      const char c = at_ + i < text_.size() ? text_[at_ + i] : '\0';
+      const int digit = c >= '0' && c <= '9'   ? c - '0'
+                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                               : -1;
+      if (digit < 0) fail(key, "four hex digits after \\u", found());
+      code = code * 16 + static_cast<std::uint32_t>(digit);
+    }
+    at_ += 4;
+    return code;
+  }
+
   // The length of the JSON number at at_ (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), or 0;
   // `integer` is set when it has no fraction or exponent. strtod and strtoll accept more ("+1",
   // ".5", "0x10", "007"), which is not JSON and would be echoed into the output as such.

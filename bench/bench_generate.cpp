@@ -2,7 +2,8 @@
 // kvlab::LlamaModel — naive (recompute the prefix every step), cached (contiguous KV cache) and
 // paged (KV cache in blocks) — on stories260K.bin (when present) and on a model of the
 // stories15M shape (dim 288, 6 layers, 6 heads, vocab 32000) with random weights, on 1 and 2
-// threads.
+// threads; with --model, on a llama2.c checkpoint or a GGUF file too (SmolLM2-135M-Instruct, its
+// weights dequantized to fp32: the real model's figures, bench/results/cpu-real-model.txt).
 //
 // Method: per model and thread count, --reps repetitions; in each, the three backends (in an
 // order rotated from one repetition to the next) each generate --steps greedy tokens from BOS
@@ -17,7 +18,7 @@
 // --read-mib buffer (main memory). Before timing counts, every backend's tokens are checked
 // against the cached backend's (greedy, so they must be identical); a mismatch exits non-zero.
 //
-// Prefill (--prefill P, default 512; 0 skips it; with the stories15M shape): the cached
+// Prefill (--prefill P, default 512; 0 skips it; with the stories15M shape and --model): the cached
 // backend's prefill of a P-token prompt (one `LlamaModel::prefill` call), median of --reps, as
 // multiply-adds per second (exact, kvlab::LlamaCounters), against Eigen's matrix product (GEMM)
 // timed in the same run on the same products at P rows — each layer's seven weight matrices —
@@ -29,9 +30,14 @@
 // per token (decode) or per call (prefill), with the layers' products inside the prefill as GMAC/s
 // against the GEMM above. Kept out of the timed runs, whose clocks they would read ~20 times a layer.
 //
+// KV cache (with --model): bytes per token of each KV dtype (kvlab::stored_bytes_per_token) and
+// at the model's whole context; peak RSS of the process (getrusage) at the end.
+//
 // Build and run (Release, from the repository root):
 //   cmake --build build-bench --target bench_generate
 //   build-bench/bench/bench_generate --json bench/results/cpu-generate.json
+//   build-bench/bench/bench_generate --models none --model "$(scripts/get-model.sh)"
+//       --backends cached,paged --json bench/results/cpu-real-model.json   (one line)
 // --help lists the options.
 #include <algorithm>
 #include <chrono>
@@ -46,8 +52,11 @@
 #include <utility>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <kvlab/kvlab.hpp>
 
+#include "builtin_model.hpp"
 #include "cli.hpp"
 #include "read_bandwidth.hpp"
 
@@ -62,7 +71,8 @@ struct Options {
   std::vector<int> threads = {1, 2};
   std::vector<std::string> models = {"stories260K", "stories15M-shape"};
   std::string models_dir;  // empty: $KVLAB_MODELS_DIR, else ../shared/models
-  std::string model_file;  // an extra checkpoint (e.g. a real stories15M.bin)
+  std::string model_file;  // an extra checkpoint (e.g. a real stories15M.bin) or GGUF file
+  std::vector<std::string> backends = {"naive", "cached", "paged"};
   int block_size = 16;
   int read_mib = 1024;
   int prefill = 512;  // prompt tokens of the prefill measurement; 0: none
@@ -144,12 +154,14 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
   kvlab_bench::set_threads(threads);
   const kvlab::LlamaConfig& c = model.weights->config;
   const int steps = std::min(o.steps, c.seq_len);
-  const std::vector<LlamaBackend> backends = {LlamaBackend::Naive, LlamaBackend::Cached,
-                                              LlamaBackend::Paged};
+  // The backends of --backends, cached (the reference of the ratios and the tokens) first.
+  std::vector<LlamaBackend> backends = {LlamaBackend::Cached};
+  for (const std::string& name : o.backends)
+    if (name != "cached") backends.push_back(kvlab::parse_llama_backend(name));
   std::vector<std::unique_ptr<kvlab::LlamaModel>> models;
   for (LlamaBackend b : backends)
     models.push_back(std::make_unique<kvlab::LlamaModel>(model.weights, b, o.block_size));
-  const std::size_t reference = 1;  // cached
+  const std::size_t reference = 0;  // cached
 
   std::vector<std::vector<double>> seconds(backends.size()), decode_seconds(backends.size()),
       ratios(backends.size());
@@ -392,6 +404,26 @@ void print_table(const std::vector<Result>& results, const Options& o) {
       print_phases(r.model, r.threads, r.phases, r.sampling_seconds, r.steps);
 }
 
+// The KV cache of `model` per KV dtype: bytes per token, and at the model's whole context.
+void print_kv_sizes(const Model& model) {
+  const kvlab::LlamaConfig& c = model.weights->config;
+  const kvlab::ModelConfig sizes = kvlab::to_model_config(c, model.name);
+  std::printf("\nKV cache of %s (%d layers, %d K/V heads of %d values; kvlab::stored_bytes_per_token):\n",
+              model.name.c_str(), sizes.num_layers, sizes.num_kv_heads, sizes.head_dim);
+  std::printf("%-5s | %15s | %22s\n", "dtype", "bytes per token", "at the context");
+  for (kvlab::KVDtype d : {kvlab::KVDtype::fp32, kvlab::KVDtype::fp16, kvlab::KVDtype::bf16,
+                           kvlab::KVDtype::int8, kvlab::KVDtype::int4}) {
+    const std::uint64_t per_token = kvlab::stored_bytes_per_token(sizes, d);
+    std::printf("%-5s | %15llu | %9s (%d tokens)\n", kvlab::dtype_name(d).c_str(),
+                static_cast<unsigned long long>(per_token),
+                kvlab::format_bytes(per_token * static_cast<std::uint64_t>(c.seq_len)).c_str(),
+                c.seq_len);
+  }
+  std::printf("Weights read per decode step (fp32, every matrix once; LlamaConfig::decode_weight_bytes): "
+              "%llu bytes.\n",
+              static_cast<unsigned long long>(c.decode_weight_bytes()));
+}
+
 void write_json(const std::string& path, const std::vector<Result>& results,
                 const std::vector<PrefillResult>& prefills, const Options& o,
                 const std::vector<Model>& models) {
@@ -438,23 +470,26 @@ void write_json(const std::string& path, const std::vector<Result>& results,
 const char* const kUsage =
     "usage: bench_generate [--steps N] [--reps R] [--threads T,...] [--models NAME,...] "
     "[--models-dir DIR]\n"
-    "                      [--model FILE] [--block-size B] [--read-mib M] [--prefill P] [--json "
-    "FILE]\n"
+    "                      [--model FILE] [--backends NAME,...] [--block-size B] [--read-mib M]\n"
+    "                      [--prefill P] [--json FILE]\n"
     "                      [--help]\n"
     "  --steps N          greedy tokens per run (default 256)\n"
     "  --reps R           repetitions; medians are printed (default 5)\n"
     "  --threads T,...    OpenMP thread counts (default 1,2)\n"
     "  --models NAME,...  of stories260K (from --models-dir; skipped if absent), stories15M-shape "
     "(random\n"
-    "                     weights), tiny (the built-in model); default "
+    "                     weights), tiny (the built-in model), or none (only --model); default "
     "stories260K,stories15M-shape\n"
     "  --models-dir DIR   where stories260K.bin is (default $KVLAB_MODELS_DIR, else "
     "../shared/models)\n"
-    "  --model FILE       also run this llama2.c checkpoint (e.g. stories15M.bin)\n"
+    "  --model FILE       also run this llama2.c checkpoint (e.g. stories15M.bin) or GGUF file (.gguf:\n"
+    "                     SmolLM2-135M-Instruct, dequantized to fp32), and time its prefill too\n"
+    "  --backends B,...   of naive, cached, paged (default all three; cached always runs: it is the\n"
+    "                     reference)\n"
     "  --block-size B     block size of the paged backend (default 16)\n"
     "  --read-mib M       size of the main-memory read-bandwidth buffer in MiB (default 1024)\n"
-    "  --prefill P        also time the prefill of a P-token prompt on the stories15M shape "
-    "against\n"
+    "  --prefill P        also time the prefill of a P-token prompt on the stories15M shape and "
+    "--model against\n"
     "                     Eigen's GEMM (default 512; 0: skip)\n"
     "  --json FILE        also write the results as JSON\n"
     "  --help             print this and exit\n";
@@ -477,10 +512,18 @@ bool parse_options(int argc, char** argv, Options& o) {
     } else if (arg == "--models") {
       o.models = kvlab_bench::parse_list(arg, value);
       for (const std::string& m : o.models) {
-        if (m != "stories260K" && m != "stories15M-shape" && m != "tiny") {
-          throw UsageError("--models: expected stories260K, stories15M-shape or tiny, got '" + m +
-                           "'");
+        if (m != "stories260K" && m != "stories15M-shape" && m != "tiny" && m != "none") {
+          throw UsageError("--models: expected stories260K, stories15M-shape, tiny or none, got '" +
+                           m + "'");
         }
+        if (m == "none" && o.models.size() > 1)
+          throw UsageError("--models: expected none alone, got '" + std::string(value) + "'");
+      }
+    } else if (arg == "--backends") {
+      o.backends = kvlab_bench::parse_list(arg, value);
+      for (const std::string& b : o.backends) {
+        if (b != "naive" && b != "cached" && b != "paged")
+          throw UsageError("--backends: expected naive, cached or paged, got '" + b + "'");
       }
     } else if (arg == "--models-dir") {
       o.models_dir = value;
@@ -498,7 +541,7 @@ bool parse_options(int argc, char** argv, Options& o) {
       throw UsageError(
           "unknown option '" + arg +
           "': expected one of --steps, --reps, --threads, --models, "
-          "--models-dir, --model, --block-size, --read-mib, --prefill, --json, --help");
+          "--models-dir, --model, --backends, --block-size, --read-mib, --prefill, --json, --help");
     }
     ++i;
   }
@@ -536,16 +579,20 @@ int main(int argc, char** argv) {
         models.push_back(
             {name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
              std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape))});
-      } else {
+      } else if (name == "tiny") {
         models.push_back(
             {name, "random weights, seed " + std::to_string(kvlab::LlamaWeights::kBuiltinSeed),
              std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin())});
       }
     }
     if (!o.model_file.empty()) {
-      models.push_back({o.model_file, o.model_file,
+      // Named by the file's name without its folder (the figures do not carry a machine's paths).
+      const std::string base = o.model_file.substr(o.model_file.find_last_of('/') + 1);
+      models.push_back({base, base,
                         std::make_shared<const kvlab::LlamaWeights>(
-                            kvlab::load_llama_checkpoint(o.model_file))});
+                            kvlab_bench::is_gguf(o.model_file)
+                                ? kvlab::load_gguf_weights(o.model_file)
+                                : kvlab::load_llama_checkpoint(o.model_file))});
     }
     if (models.empty()) throw std::runtime_error("no model to run");
     for (const Model& m : models)
@@ -574,8 +621,23 @@ int main(int argc, char** argv) {
       for (int t : o.threads)
         prefills.push_back(run_prefill("stories15M-shape", weights, o.prefill, t, o.reps));
     }
+    if (o.prefill > 0 && !o.model_file.empty()) {
+      const Model& m = models.back();
+      if (m.weights->config.seq_len < o.prefill) {
+        std::printf("%s: its context (%d) is shorter than --prefill %d: prefill not timed\n",
+                    m.name.c_str(), m.weights->config.seq_len, o.prefill);
+      } else {
+        for (int t : o.threads) prefills.push_back(run_prefill(m.name, m.weights, o.prefill, t, o.reps));
+      }
+    }
     print_table(results, o);
     print_prefill(prefills, o);
+    if (!o.model_file.empty()) print_kv_sizes(models.back());
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    std::printf("\nPeak resident memory of this process: %.1f MiB (getrusage ru_maxrss; the read-bandwidth "
+                "buffer of %d MiB included).\n",
+                static_cast<double>(usage.ru_maxrss) / 1024.0, o.read_mib);
     if (!o.json.empty()) write_json(o.json, results, prefills, o, models);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_generate: %s\n", e.what());

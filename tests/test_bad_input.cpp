@@ -2208,6 +2208,13 @@ TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTo
                                  "a template without those markers"));
   std::remove(path.c_str());
 
+  refuses<InvalidArgument>("kvlab::encode_utf8(char32_t c)", input::kRange, no_state,
+                           [&] { (void)kvlab::encode_utf8(0xD800); },
+                           names("c", "a Unicode scalar value (at most U+10FFFF, no surrogate)", "U+D800"));
+  refuses<InvalidArgument>("kvlab::encode_utf8(char32_t c)", input::kRange, no_state,
+                           [&] { (void)kvlab::encode_utf8(0x110000); },
+                           names("c", "a Unicode scalar value (at most U+10FFFF, no surrogate)", "U+110000"));
+  CHECK(kvlab::encode_utf8(0x10FFFF) == "\xF4\x8F\xBF\xBF");  // the largest is encoded
   const kvlab::Tokenizer llama({"<unk>", "\n<s>\n", "\n</s>\n", "a"}, {0, 0, 0, 0});
   refuses<InvalidArgument>("kvlab::Tokenizer::token_bytes(int id, int prev=-1) const override",
                            input::kRange, no_state, [&] { (void)llama.token_bytes(4); },

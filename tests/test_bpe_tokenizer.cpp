@@ -82,6 +82,26 @@ TEST_CASE("Unicode classes: letters, numbers and spaces of several scripts, from
   CHECK(kvlab::char_class(0x110000) == CharClass::other);
 }
 
+TEST_CASE("encode_utf8: every scalar value's bytes decode back to it, lengths 1 to 4") {
+  int lengths[5] = {0, 0, 0, 0, 0};  // [bytes]: code points seen of each length
+  for (char32_t c = 0; c <= 0x10FFFF; c += (c < 0x1000 ? 1 : 97)) {
+    if (c >= 0xD800 && c <= 0xDFFF) continue;
+    const std::string bytes = kvlab::encode_utf8(c);
+    const kvlab::Utf8Char back = kvlab::decode_utf8(bytes, 0);
+    CAPTURE(static_cast<std::uint32_t>(c));
+    REQUIRE(back.valid);
+    REQUIRE(back.code == c);
+    REQUIRE(back.length == static_cast<int>(bytes.size()));
+    ++lengths[bytes.size()];
+  }
+  CHECK(kvlab::encode_utf8(U'é') == "\xC3\xA9");
+  CHECK(kvlab::encode_utf8(0x10FFFF).size() == 4);
+  CHECK(lengths[1] == 128);
+  CHECK(lengths[2] == 0x800 - 0x80);
+  CHECK(lengths[3] > 0);
+  CHECK(lengths[4] > 0);
+}
+
 TEST_CASE("decode_utf8: well-formed characters, and every kind of malformed byte alone") {
   const auto at0 = [](const std::string& s) { return kvlab::decode_utf8(s, 0); };
   CHECK(at0("A").code == U'A');

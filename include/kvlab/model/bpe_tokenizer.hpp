@@ -301,19 +301,9 @@ class BpeTokenizer : public TextTokenizer {
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
       const char32_t c = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + next++);
-      byte_chars_[static_cast<std::size_t>(b)] = utf8(c);
+      byte_chars_[static_cast<std::size_t>(b)] = encode_utf8(c);
       char_byte_.emplace(c, static_cast<unsigned char>(b));
     }
-  }
-  static std::string utf8(char32_t c) {  // c < 0x800 here: one or two bytes
-    std::string s;
-    if (c < 0x80) {
-      s.push_back(static_cast<char>(c));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-    return s;
   }
   // The bytes a normal token's byte-level characters stand for.
   std::string alphabet_bytes(const std::string& token, const std::string& at) const {

@@ -68,6 +68,17 @@ class ChatTemplate {
   std::vector<TextPart> reply_prompt() const { return {TextPart{"<|im_start|>assistant\n", true}}; }
   /// What follows a reply in the conversation's text: the `\n` after its `<|im_end|>`.
   std::vector<TextPart> after_reply() const { return {TextPart{"\n", true}}; }
+  /// A conversation's opening: the system message (none when `system` is empty), the user's
+  /// message and the reply prompt. What `ChatSession`'s first turn prefills, and what a server
+  /// sends for a one-message request (`kvlab-serve`): requests with the same system prompt
+  /// share these tokens up to the user's text.
+  std::vector<TextPart> prompt(const std::string& system, const std::string& user) const {
+    std::vector<TextPart> parts;
+    if (!system.empty()) parts = message("system", system);
+    for (TextPart& p : message("user", user)) parts.push_back(std::move(p));
+    for (TextPart& p : reply_prompt()) parts.push_back(std::move(p));
+    return parts;
+  }
 
  private:
   std::string default_system_;
@@ -123,12 +134,8 @@ class ChatSession {
 
   /// The ids this turn would prefill for `user` (checked by `turn` against the context).
   std::vector<int> new_tokens(const std::string& user) const {
-    std::vector<TextPart> parts;
-    if (model_.position() > 0) {
-      parts = template_.after_reply();
-    } else if (!system_.empty()) {
-      parts = template_.message("system", system_);
-    }
+    if (model_.position() == 0) return tokenizer_.encode_parts(template_.prompt(system_, user));
+    std::vector<TextPart> parts = template_.after_reply();
     for (TextPart& p : template_.message("user", user)) parts.push_back(std::move(p));
     for (TextPart& p : template_.reply_prompt()) parts.push_back(std::move(p));
     return tokenizer_.encode_parts(parts);
