@@ -358,6 +358,15 @@ TEST_CASE("GGUF Llama model: each missing key, another architecture and a wrong 
   missing.tensors.pop_back();  // output.weight of the tiny model (separate classifier)
   missing.tensors.erase(missing.tensors.begin() + 3);  // blk.0.attn_k.weight
   CHECK(load_error(missing).find("tensor 'blk.0.attn_k.weight': expected present, got missing") != std::string::npos);
+  // A layer count the file's tensors do not back (found by fuzz_gguf: 10^8 layers in a small
+  // file made the loader list 9 x 10^8 tensor names before finding the first missing one):
+  // refused at the first missing tensor, without allocating for the others.
+  GgufWriter layers = kvlab_test::llama_gguf(w);
+  const std::size_t count_at = layers.metadata.find("llama.block_count");
+  REQUIRE(count_at != std::string::npos);
+  layers.metadata.replace(count_at + std::string("llama.block_count").size() + 4, 4,
+                          std::string("\x00\xE1\xF5\x05", 4));  // u32 100000000, little-endian
+  CHECK(load_error(layers).find("tensor 'blk.3.attn_norm.weight': expected present, got missing") != std::string::npos);
   GgufWriter rope = kvlab_test::llama_gguf(w);
   rope.u32("llama.attention.key_length", 4);
   CHECK(load_error(rope).find("key 'llama.attention.key_length': expected 8 (head_dim") != std::string::npos);

@@ -113,23 +113,10 @@ inline LlamaWeights load_gguf_weights(const GgufFile& file) {
   const LlamaConfig c = llama_config_from_gguf(file);
   const auto u = [](int v) { return static_cast<std::uint64_t>(v); };
   const std::uint64_t d = u(c.dim), kv = u(c.kv_dim()), hid = u(c.hidden_dim);
-  // Every tensor's dims are checked before any is read: nothing is built from a wrong file.
-  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> expected = {
-      {"token_embd.weight", {d, u(c.vocab_size)}}, {"output_norm.weight", {d}}};
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    expected.push_back({b + "attn_norm.weight", {d}});
-    expected.push_back({b + "attn_q.weight", {d, d}});
-    expected.push_back({b + "attn_k.weight", {d, kv}});
-    expected.push_back({b + "attn_v.weight", {d, kv}});
-    expected.push_back({b + "attn_output.weight", {d, d}});
-    expected.push_back({b + "ffn_norm.weight", {d}});
-    expected.push_back({b + "ffn_gate.weight", {d, hid}});
-    expected.push_back({b + "ffn_up.weight", {d, hid}});
-    expected.push_back({b + "ffn_down.weight", {hid, d}});
-  }
-  if (!c.shared_classifier) expected.push_back({"output.weight", {d, u(c.vocab_size)}});
-  for (const auto& [name, dims] : expected) {
+  // Every tensor's dims are checked before any is read: nothing is built from a wrong file. Each
+  // is checked as it is named, so a layer count the tensors do not back (a block_count of 10^8
+  // in a small file) fails at its first missing tensor, not after listing them all.
+  const auto check = [&](const std::string& name, const std::vector<std::uint64_t>& dims) {
     const GgufTensorInfo& t = file.tensor(name);
     if (t.dims != dims) {
       GgufTensorInfo want;
@@ -137,7 +124,22 @@ inline LlamaWeights load_gguf_weights(const GgufFile& file) {
       detail::fail("kvlab::load_gguf_weights", file.path() + ": tensor '" + name + "': dims",
                    want.shape() + " (from the metadata: " + to_string(c) + ")", t.shape());
     }
+  };
+  check("token_embd.weight", {d, u(c.vocab_size)});
+  check("output_norm.weight", {d});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    check(b + "attn_norm.weight", {d});
+    check(b + "attn_q.weight", {d, d});
+    check(b + "attn_k.weight", {d, kv});
+    check(b + "attn_v.weight", {d, kv});
+    check(b + "attn_output.weight", {d, d});
+    check(b + "ffn_norm.weight", {d});
+    check(b + "ffn_gate.weight", {d, hid});
+    check(b + "ffn_up.weight", {d, hid});
+    check(b + "ffn_down.weight", {hid, d});
   }
+  if (!c.shared_classifier) check("output.weight", {d, u(c.vocab_size)});
   LlamaWeights w;
   w.config = c;
   w.token_embedding = file.read_matrix("token_embd.weight");
