@@ -35,16 +35,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tokenizer_golden import pretty_json, sha256_of  # noqa: E402
-
-N_DECODE = 64
-
-
-def top2(logits):
-    """(top-1 id, top-2 id, gap); ties go to the lower id."""
-    order = np.argsort(-logits, kind="stable")
-    a, b = int(order[0]), int(order[1])
-    return a, b, float(logits[a]) - float(logits[b])
+from smollm2_golden import N_DECODE, sig9, top2  # noqa: E402
+from tokenizer_golden import sha256_of, write_pretty_json  # noqa: E402
 
 
 def last_logits(llm, llama_cpp):
@@ -52,10 +44,6 @@ def last_logits(llm, llama_cpp):
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model))
     ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
     return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32).copy()
-
-
-def sig9(x):
-    return float(f"{x:.9g}")
 
 
 def main():
@@ -155,8 +143,7 @@ def main():
         "prompts": prompts,
     }
     path = os.path.join(args.out_dir, "smollm2_llamacpp.json")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(pretty_json(out) + "\n")
+    write_pretty_json(path, out)
     print(f"wrote {path}")
 
 

@@ -44,7 +44,7 @@ import gguf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tokenizer_golden import (build_tokenizer, field, package_versions,  # noqa: E402
-                              pretty_json, sha256_of)
+                              sha256_of, write_pretty_json)
 
 N_DECODE = 64
 USER_MESSAGES = [
@@ -340,8 +340,7 @@ def main():
         "prompts": prompts,
     }
     out_path = os.path.join(args.out_dir, "smollm2_double.json")
-    with open(out_path, "w", encoding="utf-8") as f:
-        f.write(pretty_json(out) + "\n")
+    write_pretty_json(out_path, out)
     print(f"wrote {out_path} in {time.time() - t0:.1f} s total")
 
 

@@ -177,6 +177,12 @@ def pretty_json(obj, indent=1, level=0):
     return readable_json(obj)
 
 
+def write_pretty_json(path, obj):
+    """Writes obj as pretty_json, UTF-8, with a final newline."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(pretty_json(obj) + "\n")
+
+
 def sha256_of(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
