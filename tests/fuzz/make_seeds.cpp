@@ -5,7 +5,7 @@
 //                     prompts in ASCII, UTF-8 and invalid UTF-8, a run of token ids);
 //   <dir>/block_tables: two batches whose tables are accepted (NHD and HND), one with a
 //                     released block;
-//   <dir>/workload:   kvlab-serve workload files of every key;
+//   <dir>/workload:   kvlab-serve workload files of every key, text requests with every escape;
 //   <dir>/cli:        command lines (arguments separated by zero bytes) of the programs;
 //   <dir>/gguf:       small GGUF files: a Llama model of every tensor type the reader decodes,
 //                     with a byte-level tokenizer and a ChatML template, and a file of every
@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
       "{\"prompt\": [1, 22], \"max_new_tokens\": 8, \"stop_ids\": [2], \"temperature\": 0.8, "
       "\"top_p\": 0.9, \"seed\": 7, \"id\": 3}\n");
   kvlab_test::write_bytes(dir + "/workload/one.jsonl", "{\"prompt\": [1]}");
+  kvlab_test::write_bytes(  // text requests, every JSON string escape
+      dir + "/workload/text.jsonl",
+      "{\"id\": \"t\", \"system\": \"Be brief.\\n\", \"user\": \"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\" "
+      "\\\\ \\/ \\b\\f\\r\\t\", \"max_new_tokens\": 4}\n{\"user\": \"Hi\"}\n");
   // Command lines: options of the programs with good and bad values, arguments separated by
   // zero bytes.
   const std::vector<std::vector<std::string>> command_lines = {
