@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smollm2_golden import N_DECODE, sig9, top2  # noqa: E402
+from smollm2_golden import N_DECODE, greedy_decode, sig9  # noqa: E402
 from tokenizer_golden import sha256_of, write_pretty_json  # noqa: E402
 
 
@@ -88,15 +88,11 @@ def main():
         logits.astype("<f4").tofile(logits_path)
         exact = np.fromfile(os.path.join(args.out_dir, p["logits_file"]), dtype="<f4")
         first_error = float(np.max(np.abs(logits.astype(np.float64) - exact.astype(np.float64))))
-        greedy, runner_up, gaps = [], [], []
-        for step in range(N_DECODE):
-            a, b, gap = top2(logits)
-            greedy.append(a)
-            runner_up.append(b)
-            gaps.append(gap)
-            if step + 1 < N_DECODE:
-                llm.eval([a])
-                logits = last_logits(llm, llama_cpp)
+        def feed(token):
+            llm.eval([token])
+            return last_logits(llm, llama_cpp)
+
+        greedy, runner_up, gaps = greedy_decode(logits, feed)
         parts = next((s for s in range(N_DECODE) if greedy[s] != p["greedy_ids"][s]), None)
         text = llm.detokenize(greedy, special=True).decode("utf-8", errors="replace")
         print(f"prompt {n}: {N_DECODE} tokens in {time.time() - t0:.1f} s; first-step logits "

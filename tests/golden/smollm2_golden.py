@@ -224,6 +224,20 @@ def top2(logits):
     return a, b, float(logits[a] - logits[b])
 
 
+def greedy_decode(logits, feed):
+    """N_DECODE greedy steps from the first step's logits; feed(id) runs one token and returns
+    the next logits. Returns the ids, the runner-up ids and the top1-top2 gaps of every step."""
+    greedy, runner_up, gaps = [], [], []
+    for step in range(N_DECODE):
+        a, b, gap = top2(logits)
+        greedy.append(a)
+        runner_up.append(b)
+        gaps.append(gap)
+        if step + 1 < N_DECODE:
+            logits = feed(a)
+    return greedy, runner_up, gaps
+
+
 def sig9(x):
     return float(f"{x:.9g}")
 
@@ -275,14 +289,7 @@ def main():
         logits_path = os.path.join(args.out_dir, logits_file)
         logits.astype("<f4").tofile(logits_path)
         first_top5 = [[int(i), sig9(logits[i])] for i in np.argsort(-logits, kind="stable")[:5]]
-        greedy, runner_up, gaps = [], [], []
-        for step in range(N_DECODE):
-            a, b, gap = top2(logits)
-            greedy.append(a)
-            runner_up.append(b)
-            gaps.append(gap)
-            if step + 1 < N_DECODE:
-                logits = model.forward([a], cache)
+        greedy, runner_up, gaps = greedy_decode(logits, lambda a: model.forward([a], cache))
         first_im_end = greedy.index(im_end) if im_end in greedy else None
         decoded = tok.decode(greedy, skip_special_tokens=False)
         min_step = int(np.argmin(gaps))
