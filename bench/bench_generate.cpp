@@ -156,8 +156,10 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
   const int steps = std::min(o.steps, c.seq_len);
   // The backends of --backends, cached (the reference of the ratios and the tokens) first.
   std::vector<LlamaBackend> backends = {LlamaBackend::Cached};
-  for (const std::string& name : o.backends)
-    if (name != "cached") backends.push_back(kvlab::parse_llama_backend(name));
+  for (const std::string& name : o.backends) {
+    const LlamaBackend b = kvlab::parse_llama_backend(name);
+    if (std::find(backends.begin(), backends.end(), b) == backends.end()) backends.push_back(b);
+  }
   std::vector<std::unique_ptr<kvlab::LlamaModel>> models;
   for (LlamaBackend b : backends)
     models.push_back(std::make_unique<kvlab::LlamaModel>(model.weights, b, o.block_size));
@@ -588,11 +590,7 @@ int main(int argc, char** argv) {
     if (!o.model_file.empty()) {
       // Named by the file's name without its folder (the figures do not carry a machine's paths).
       const std::string base = o.model_file.substr(o.model_file.find_last_of('/') + 1);
-      models.push_back({base, base,
-                        std::make_shared<const kvlab::LlamaWeights>(
-                            kvlab_bench::is_gguf(o.model_file)
-                                ? kvlab::load_gguf_weights(o.model_file)
-                                : kvlab::load_llama_checkpoint(o.model_file))});
+      models.push_back({base, base, kvlab_bench::choose_model(o.model_file, "tiny").weights});
     }
     if (models.empty()) throw std::runtime_error("no model to run");
     for (const Model& m : models)
