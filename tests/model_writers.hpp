@@ -1,12 +1,15 @@
 // Writers of the two llama2.c file formats, written from the formats' descriptions and
 // independently of kvlab's readers: the tests' round trips and bad-file cases, and the seed
-// corpora of the fuzz targets (tests/fuzz), are made with them.
+// corpora of the fuzz targets (tests/fuzz), are made with them. Also what the tests of files and
+// models share: a temporary file, and the built-in model's weights.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -89,6 +92,22 @@ inline std::string tokenizer_bytes(std::int32_t max_token_length,
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// A file `kvlab_test_<name>` in the test's working directory, removed at the end of the scope.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name) : path("kvlab_test_" + name) {}
+  ~TempFile() { std::remove(path.c_str()); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+};
+
+/// The built-in model's weights (`LlamaWeights::builtin()`), made once and shared.
+inline std::shared_ptr<const kvlab::LlamaWeights> builtin_weights() {
+  static const auto weights =
+      std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  return weights;
 }
 
 }  // namespace kvlab_test

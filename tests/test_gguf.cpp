@@ -30,20 +30,14 @@ using kvlab::InvalidArgument;
 using kvlab_test::error_of;
 using kvlab_test::GgufWriter;
 using kvlab_test::put_le;
+using kvlab_test::TempFile;
 
 namespace {
-
-// A file in the test's working directory, removed at the end of the scope.
-struct TempFile {
-  std::string path;
-  explicit TempFile(const std::string& name) : path("kvlab_test_" + name + ".gguf") {}
-  ~TempFile() { std::remove(path.c_str()); }
-};
 
 
 // The error of opening `bytes` as a GGUF file ("" if it opens).
 std::string open_error(const std::string& bytes) {
-  TempFile f("bad");
+  TempFile f("bad.gguf");
   kvlab_test::write_bytes(f.path, bytes);
   return error_of([&] { GgufFile g(f.path); });
 }
@@ -88,7 +82,7 @@ TEST_CASE("GGUF: every metadata value type, in versions 2 and 3") {
     CAPTURE(version);
     GgufWriter w = every_type();
     w.version = version;
-    TempFile f("types");
+    TempFile f("types.gguf");
     kvlab_test::write_bytes(f.path, w.bytes());
     const GgufFile g(f.path);
     CHECK(g.version() == version);
@@ -154,7 +148,7 @@ TEST_CASE("GGUF: each tensor type decoded from hand-built blocks whose values ar
   for (int j = 0; j < 16; ++j) q41.push_back(static_cast<char>(j | ((15 - j) << 4)));
   w.tensor("q4_1", {32}, 3, q41);
 
-  TempFile f("tensors");
+  TempFile f("tensors.gguf");
   kvlab_test::write_bytes(f.path, w.bytes());
   const GgufFile g(f.path);
   CHECK(g.alignment() == 64);
@@ -297,7 +291,7 @@ TEST_CASE("GGUF: every bad file is refused with the documented error") {
     CHECK(open_error(dup.bytes()).find("tensor 't': expected unique tensor names") != std::string::npos);
     GgufWriter nan = with({2}, 0, "");
     put_le(nan.tensors[0].data, 0x3F800000u, 4), put_le(nan.tensors[0].data, 0x7FC00000u, 4);
-    TempFile f("nan");
+    TempFile f("nan.gguf");
     kvlab_test::write_bytes(f.path, nan.bytes());
     const GgufFile g(f.path);
     CHECK(error_of([&] { g.read_matrix("t"); }).find("tensor 't': expected finite values, got nan at index 1") != std::string::npos);
@@ -316,7 +310,7 @@ TEST_CASE("GGUF Llama model: the config from the metadata, and the weights round
                                           .with_rope_theta(100000.f)
                                           .with_norm_eps(1e-6f);
     const kvlab::LlamaWeights w = kvlab::LlamaWeights::random(config, 7);
-    TempFile f("llama");
+    TempFile f("llama.gguf");
     kvlab_test::write_bytes(f.path, kvlab_test::llama_gguf(w).bytes());
     const kvlab::LlamaWeights r = kvlab::load_gguf_weights(f.path);
     CHECK(r.config == config);
@@ -327,7 +321,7 @@ TEST_CASE("GGUF Llama model: the config from the metadata, and the weights round
 TEST_CASE("GGUF Llama model: each missing key, another architecture and a wrong shape refused") {
   const kvlab::LlamaWeights w = kvlab::LlamaWeights::random(kvlab::LlamaConfig::tiny(), 3);
   const auto load_error = [](const GgufWriter& g) {
-    TempFile f("llama_bad");
+    TempFile f("llama_bad.gguf");
     kvlab_test::write_bytes(f.path, g.bytes());
     return error_of([&] { kvlab::load_gguf_weights(f.path); });
   };

@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -27,16 +26,10 @@ using kvlab::LlamaConfig;
 using kvlab::LlamaLayerWeights;
 using kvlab::LlamaWeights;
 using kvlab_test::names;
+using kvlab_test::TempFile;
 using kvlab_test::write_bytes;
 
 namespace {
-
-// A file in the test's working directory, removed at the end of the scope.
-struct TempFile {
-  std::string path;
-  explicit TempFile(const std::string& name) : path("kvlab_test_" + name) {}
-  ~TempFile() { std::remove(path.c_str()); }
-};
 
 // Writes `w` as llama2.c's legacy_export does (model_writers.hpp).
 void write_checkpoint(const std::string& path, const LlamaWeights& w) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
+#include "model_writers.hpp"
 
 using kvlab::Engine;
 using kvlab::EngineConfig;
@@ -20,12 +21,6 @@ using kvlab::PrefixCache;
 using kvlab::Request;
 
 namespace {
-
-std::shared_ptr<const kvlab::LlamaWeights> tiny_weights() {
-  static const auto weights =
-      std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
-  return weights;
-}
 
 // A one-layer pool with sequence `seq` holding `tokens`' K/V (values: the token ids), and the
 // cache holding its full blocks as one chain. Returns the blocks.
@@ -59,7 +54,7 @@ EngineConfig config(int block_size, int num_blocks) {
 
 // Each request's tokens when it runs alone.
 std::vector<int> alone(const Request& r) {
-  kvlab::LlamaModel model(tiny_weights(), kvlab::LlamaBackend::Cached);
+  kvlab::LlamaModel model(kvlab_test::builtin_weights(), kvlab::LlamaBackend::Cached);
   kvlab::Sampler sampler(256, 0.0f, 1.0f, 0);
   return kvlab::generate(model, sampler, r.prompt, r.max_new_tokens).tokens;
 }
@@ -131,7 +126,7 @@ TEST_CASE("only full blocks are shared: a common prefix shorter than one block g
     p.push_back(200 + i);
     requests.push_back(request(p, 20.0 + 10.0 * i));
   }
-  Engine engine(tiny_weights(), config(bs, 64));
+  Engine engine(kvlab_test::builtin_weights(), config(bs, 64));
   run(engine, requests);
   CHECK(engine.output(0).prefix_hit_tokens == 0);
   CHECK(engine.output(1).prefix_hit_tokens == 0);  // 15 shared tokens: no full block
@@ -169,7 +164,7 @@ TEST_CASE("ended sequences' blocks are evicted deepest first, and only when no b
   // Through the engine: a pool of 9 blocks of 4; A (20 tokens) ends and leaves 5 blocks cached;
   // B (8 tokens, 2 blocks, unrelated) takes free blocks and evicts nothing; C (24 tokens) must
   // evict.
-  Engine engine(tiny_weights(), config(4, 9));
+  Engine engine(kvlab_test::builtin_weights(), config(4, 9));
   run(engine, {request(iota(17, 3), 0, 4), request(iota(7, 90), 10, 2), request(iota(23, 50), 20, 2)});
   const std::vector<kvlab::StepRecord>& log = engine.step_log();
   int evicted_by_b = 0, evicted_by_c = 0, cached_after_a = 0;
@@ -199,7 +194,7 @@ TEST_CASE("a hash that collides for every block never shares another prefix's K/
   const auto hit_tokens = [&](PrefixCache::HashFunction hash) {
     EngineConfig c = config(8, 64);
     c.hash = hash;
-    Engine engine(tiny_weights(), c);
+    Engine engine(kvlab_test::builtin_weights(), c);
     run(engine, requests);
     std::vector<int> hits;
     for (int id = 0; id < 6; ++id) {
@@ -227,7 +222,7 @@ TEST_CASE("prefix caching switched off shares nothing and gives the same tokens"
   }
   EngineConfig c = config(4, 64);
   c.scheduler.prefix_caching = false;
-  Engine engine(tiny_weights(), c);
+  Engine engine(kvlab_test::builtin_weights(), c);
   run(engine, requests);
   for (int id = 0; id < 4; ++id) {
     CHECK(engine.output(id).prefix_hit_tokens == 0);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
+#include "model_writers.hpp"
 #include "test_support.hpp"
 
 using kvlab::BatchingPolicy;
@@ -44,11 +45,6 @@ using kvlab_test::names;
 namespace {
 
 constexpr double kLogitRtol = 3e-5;
-
-std::shared_ptr<const LlamaWeights> tiny_weights() {
-  static const auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::builtin());
-  return weights;
-}
 
 // What a request gets alone: `generate`'s loop on a model of its own (cached backend), with the
 // logits of every draw.
@@ -80,7 +76,7 @@ Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Reques
 // alone tokens (and, for greedy requests, that no draw was a near-tie). Alone, a request runs
 // on a cached model of `weights` storing K/V as the engine's pool does.
 double check_against_alone(const Engine& engine, const std::vector<Request>& requests,
-                           const std::shared_ptr<const LlamaWeights>& weights = tiny_weights()) {
+                           const std::shared_ptr<const LlamaWeights>& weights = kvlab_test::builtin_weights()) {
   double worst = 0;
   for (std::size_t id = 0; id < requests.size(); ++id) {
     INFO("request " << id);
@@ -133,7 +129,7 @@ EngineConfig test_config(int block_size, int num_blocks) {
 }
 
 std::unique_ptr<Engine> run_engine(const EngineConfig& config, const std::vector<Request>& requests,
-                                   const std::shared_ptr<const LlamaWeights>& weights = tiny_weights()) {
+                                   const std::shared_ptr<const LlamaWeights>& weights = kvlab_test::builtin_weights()) {
   auto engine = std::make_unique<Engine>(weights, config);
   for (const Request& r : requests) engine->submit(r);
   engine->run();
@@ -256,7 +252,7 @@ TEST_CASE("a sliding window: each request gets what it gets alone, the pool hold
   // prefix caching and a window are refused together
   EngineConfig both = c;
   both.scheduler.prefix_caching = true;
-  CHECK_THROWS_MATCHES(Engine(tiny_weights(), both), InvalidArgument,
+  CHECK_THROWS_MATCHES(Engine(kvlab_test::builtin_weights(), both), InvalidArgument,
                        names("config.prefix_caching",
                              "false with a sliding window (the pool gives back the blocks before "
                              "each window, and a cached prefix is a run of blocks from the first: "
@@ -323,7 +319,7 @@ TEST_CASE("the scheduler's invariants hold after every step of random workloads"
     INFO("trial " << trial << ", policy " << kvlab::to_string(c.scheduler.policy) << ", block "
                   << block_size << ", blocks " << c.num_blocks << ", budget "
                   << c.scheduler.max_batched_tokens);
-    Engine engine(tiny_weights(), c);
+    Engine engine(kvlab_test::builtin_weights(), c);
     for (const Request& r : kvlab::make_workload(spec, 256)) engine.submit(r);
     engine.run();  // check_invariants after every step
     steps += static_cast<int>(engine.step_log().size());
@@ -347,7 +343,7 @@ TEST_CASE("admission is first come, first served: a front that does not fit bloc
   cc.prompt.assign(3, 9);  // 1 block: would fit
   cc.max_new_tokens = 2;
   cc.arrival = 2;
-  Engine engine(tiny_weights(), c);
+  Engine engine(kvlab_test::builtin_weights(), c);
   engine.submit(a);
   engine.submit(b);
   engine.submit(cc);
@@ -430,7 +426,7 @@ TEST_CASE("admission leaves watermark_blocks free for the running requests to gr
   const auto admitted_together = [&](int watermark) {
     EngineConfig c = test_config(4, 10);
     c.scheduler.watermark_blocks = watermark;
-    Engine engine(tiny_weights(), c);
+    Engine engine(kvlab_test::builtin_weights(), c);
     engine.submit(a);
     engine.submit(b);
     engine.run();
@@ -441,7 +437,7 @@ TEST_CASE("admission leaves watermark_blocks free for the running requests to gr
   // A request that cannot fit beside the watermark even alone is refused at submission.
   EngineConfig c = test_config(4, 10);
   c.scheduler.watermark_blocks = 2;
-  Engine engine(tiny_weights(), c);
+  Engine engine(kvlab_test::builtin_weights(), c);
   Request big;
   big.prompt.assign(33, 1);  // 9 blocks: 9 + 2 > 10
   big.max_new_tokens = 1;
@@ -453,7 +449,7 @@ TEST_CASE("admission leaves watermark_blocks free for the running requests to gr
 TEST_CASE("bad requests are refused at submission and the engine serves the others") {
   EngineConfig c = test_config(4, 16);  // 64 tokens of pool
   c.max_tokens = 48;
-  Engine engine(tiny_weights(), c);
+  Engine engine(kvlab_test::builtin_weights(), c);
   Request good;
   good.prompt = {1, 2, 3};
   good.max_new_tokens = 5;
@@ -479,7 +475,7 @@ TEST_CASE("bad requests are refused at submission and the engine serves the othe
   CHECK_THROWS_MATCHES(engine.submit(bad), InvalidArgument,
                        names("request.stop_ids[0]", "an id in [0, 256)", "-1"));
   EngineConfig small = test_config(4, 4);  // 16 tokens of pool
-  Engine tight(tiny_weights(), small);
+  Engine tight(kvlab_test::builtin_weights(), small);
   bad = good;
   bad.max_new_tokens = 20;  // 22 tokens: more than the pool holds
   CHECK_THROWS_MATCHES(tight.submit(bad), InvalidArgument,
@@ -513,7 +509,7 @@ TEST_CASE("complete_step refuses a drawn id outside the vocabulary and changes n
 
 TEST_CASE("take_output hands over a finished request's output and forgets the request") {
   EngineConfig c = test_config(8, 64);
-  Engine engine(tiny_weights(), c);
+  Engine engine(kvlab_test::builtin_weights(), c);
   for (const Request& r : mixed_workload(3, 0, 0.0, 51)) engine.submit(r);
   // Nothing has run: no output can be taken, and the refusal changes nothing.
   CHECK_THROWS_MATCHES(engine.take_output(0), InvalidArgument,
@@ -562,7 +558,7 @@ TEST_CASE("a request taken while its static batch runs keeps its record until th
   EngineConfig c = test_config(8, 64);
   c.scheduler.policy = BatchingPolicy::Static;
   const auto alone = run_engine(c, requests);  // no output taken
-  Engine engine(tiny_weights(), c);
+  Engine engine(kvlab_test::builtin_weights(), c);
   for (const Request& r : requests) engine.submit(r);
   while (engine.output(0).finish == kvlab::FinishReason::None) engine.step();
   REQUIRE(engine.output(1).finish == kvlab::FinishReason::None);

@@ -23,6 +23,7 @@
 #include "kvlab/cache/pool_dot.hpp"
 #include "kvlab/serving/engine.hpp"
 #include "kvlab/serving/state_dot.hpp"
+#include "model_writers.hpp"
 
 namespace {
 
@@ -90,12 +91,6 @@ void check_with_dot(const std::string& text, const std::string& name) {
 
 // Rows of `n` tokens for a pool of 2 heads of 2 values: [n, 4], zeros (the diagram reads no value).
 kvlab::RowMatrix<float> rows(int n) { return kvlab::RowMatrix<float>::Zero(n, 4); }
-
-std::shared_ptr<const kvlab::LlamaWeights> tiny_weights() {
-  static const auto weights =
-      std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
-  return weights;
-}
 
 // The engine of the step tests: blocks of 4 tokens, 16 of them, a budget of 32 tokens a step, at
 // most `max_running` requests at once, the step clock, invariants checked after every step.
@@ -201,7 +196,7 @@ TEST_CASE("step_dot and scheduler_pool_dot draw an engine's step with prefix-cac
   // ends in step 1, its 3 full blocks cached. At time 3, R1 (R0's first 8 tokens and 3 of its
   // own) and R2 arrive; one request runs at a time, so R2 waits. R1 takes 2 blocks from the
   // cache and computes its 3 own tokens; R0's third block stays cached, evictable.
-  kvlab::Engine engine(tiny_weights(), small_engine(/*max_running=*/1));
+  kvlab::Engine engine(kvlab_test::builtin_weights(), small_engine(/*max_running=*/1));
   kvlab::Request r0, r1, r2;
   for (int t = 0; t < 12; ++t) r0.prompt.push_back(t + 1);
   r0.max_new_tokens = 2;
@@ -278,7 +273,7 @@ TEST_CASE("step_dot gives a joining request's prefix hits only when it joined al
   // with R0's first 4 tokens and their own, and join in the same step: each takes 1 block (4
   // tokens) from the cache. The step log counts the step's hits (8), not each request's, so
   // neither chunk gives a number and the pool's record gives the sum.
-  kvlab::Engine engine(tiny_weights(), small_engine(/*max_running=*/2));
+  kvlab::Engine engine(kvlab_test::builtin_weights(), small_engine(/*max_running=*/2));
   kvlab::Request r0, r1, r2;
   r0.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
   r0.max_new_tokens = 1;
