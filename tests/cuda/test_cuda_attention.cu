@@ -137,10 +137,15 @@ constexpr bool kEveryLayoutInFp16 = false;  // vLLM's grid: fp16 alternates the 
 const Heads kGridHeads[3] = {{10, 10}, {16, 2}, {8, 2}};
 // decode_attention: groups of 1, 3, 8 and 12 with the fewest heads that make them
 const Heads kDecodeHeads[4] = {{2, 2}, {3, 1}, {8, 1}, {12, 1}};
-// Under AddressSanitizer too (scripts/test.sh's second build), where the emulated kernels run
-// about twice as slowly: decode_attention's test takes every other head size per group,
-// alternating (each head size meets two of the four groups, each group four of the eight head
-// sizes), and split-K's test a quarter of the heads in the same group of 4 (8/2 for 32/8).
+// Under AddressSanitizer too (scripts/test.sh's second build, a check of memory: the Release
+// build runs every case), where the emulated kernels run about twice as slowly, the largest
+// tests take every other point of their grids, alternating so that every value of each
+// parameter still runs: decode_attention every other head size per group (each head size meets
+// two of the four groups, each group four of the eight head sizes); split-K a quarter of the
+// heads in the same group of 4 (8/2 for 32/8); vLLM's grid one of its three head layouts per
+// (head size, block size), in turn; paged_prefill_attention one of its two head layouts per
+// (pool layout, block size), in turn; the sliding window's paged cases one pool layout per
+// (window, block size), in turn.
 constexpr bool kFewerUnderSanitizer = kvlab_test::kSanitized;
 #else
 constexpr bool kFewerUnderSanitizer = false;
@@ -208,14 +213,18 @@ TEMPLATE_TEST_CASE(
   // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them from point
   // to point (on the CPU emulator fp16 alternates them too): every type sees both layouts.
   const bool every_layout = kEveryLayoutInFp16 && std::is_same<TestType, __half>::value;
-  int point = 0;                      // index of the (head_dim, block_size, heads) point
+  int point = 0;                      // index of the (head_dim, block_size, heads) point run
   int ran[2] = {0, 0};                // cases run per layout: [NHD, HND]
-  constexpr int kPoints = 6 * 4 * 3;  // the grid's points
+  int ran_heads[3] = {0, 0, 0};       // points run per head layout
+  int pair = 0;                       // index of the (head_dim, block_size) pair
   for (int head_dim : {64, 80, 96, 112, 128, 256})
-    for (int block_size : {16, 32, 1, 3})
+    for (int block_size : {16, 32, 1, 3}) {
+      ++pair;
       for (int h = 0; h < 3; ++h) {
+        if (kFewerUnderSanitizer && pair % 3 != h) continue;
         const Heads& heads = grid_heads[h];
         ++point;
+        ++ran_heads[h];
         for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
           const int layout_index = layout == KVLayout::NHD ? 0 : 1;
           if (!every_layout && point % 2 != layout_index) continue;
@@ -233,11 +242,15 @@ TEMPLATE_TEST_CASE(
           check_close<TestType>(got, want);
         }
       }
-  // Every point ran once per layout, or (alternating) half of the points ran each layout.
-  const int per_layout = every_layout ? kPoints : kPoints / 2;
-  CHECK(point == kPoints);
+    }
+  // Every point ran once per layout, or (alternating) half of the points ran each layout; under
+  // the sanitizer a third of the points, each head layout on 8 of the 24 pairs.
+  const int points = kFewerUnderSanitizer ? 6 * 4 : 6 * 4 * 3;
+  const int per_layout = every_layout ? points : points / 2;
+  CHECK(point == points);
   CHECK(ran[0] == per_layout);
   CHECK(ran[1] == per_layout);
+  for (int runs : ran_heads) CHECK(runs == points / 3);
 }
 
 namespace {
@@ -372,9 +385,15 @@ TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
 TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_attention per element",
                    "", float, __half) {
   std::uint64_t seed = 2000;
+  int pair = 0;  // index of the (layout, block_size) pair
+  int ran[2] = {0, 0};  // cases run per head layout
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
-    for (int block_size : {1, 3, 16, 32})
-      for (const Heads& heads : {Heads{8, 2}, Heads{4, 4}}) {
+    for (int block_size : {1, 3, 16, 32}) {
+      ++pair;
+      for (int h = 0; h < 2; ++h) {
+        if (kFewerUnderSanitizer && pair % 2 != h) continue;
+        ++ran[h];
+        const Heads heads = h == 0 ? Heads{8, 2} : Heads{4, 4};
         const AttentionShape shape(heads.num_heads, heads.num_kv_heads, 64);
         CAPTURE(kvlab::to_string(layout), block_size, heads.num_heads);
         kvlab::Rng rng(seed++);
@@ -396,6 +415,10 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
         CHECK(got_counts.qk_dots == want_counts.qk_dots);
         CHECK(got_counts.macs == want_counts.macs);
       }
+    }
+  // Both head layouts on every (layout, block size), or under the sanitizer on half of them each.
+  CHECK(ran[0] == (kFewerUnderSanitizer ? 4 : 8));
+  CHECK(ran[1] == (kFewerUnderSanitizer ? 4 : 8));
 }
 
 // A RaggedBatch read with a sliding window of `window` keys: every block wholly before the
@@ -492,6 +515,9 @@ TEMPLATE_TEST_CASE(
     }
     for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
       for (int block_size : {1, 3, 16}) {
+        // under the sanitizer one pool layout per (window, block size), in turn
+        if (kFewerUnderSanitizer && (window + block_size + (layout == KVLayout::HND)) % 2 == 0)
+          continue;
         SECTION("paged decode and prefill, window " + std::to_string(window) + ", " +
                 kvlab::to_string(layout) + ", blocks of " + std::to_string(block_size)) {
           CAPTURE(window, kvlab::to_string(layout), block_size);
