@@ -8,7 +8,8 @@
 #   bench/cuda/run_on_gpu.sh bench   # the GPU benchmarks and PyTorch on the same shapes, as JSON
 #
 # Needs .deps/ (Eigen, Catch2, Google Benchmark; made by ../shared/gpu/prepare-deps.sh on a
-# development machine and carried along), nvcc, CMake, Ninja; `bench` uses PyTorch if present.
+# development machine and carried along, plus the three files of Debian's unicode-data that the
+# BPE tokenizer's table is made from, in .deps/unicode: see bench/cuda/README.md), nvcc, CMake, Ninja; `bench` uses PyTorch if present.
 # Files written (at most 8 per stage):
 #   tests: build.log, ctest-cuda.log, sanitizer.log
 #   bench: <gpu>-cuda-decode.{json,txt}, <gpu>-torch-decode.{json,txt},
@@ -23,6 +24,7 @@ stage=${1:-}
 configure_and_build() {  # all targets, or those named
   if [ ! -f "$build/build.ninja" ]; then
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps" \
+      -DKVLAB_UNICODE_DATA_DIR="$PWD/.deps/unicode" \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DKVLAB_BUILD_DOCS=OFF -DKVLAB_WARNINGS_AS_ERRORS=ON || return 1
   fi
   cmake --build "$build" -j "$(nproc)" ${1:+--target "$@"}
