@@ -9,7 +9,8 @@
 #
 # Needs .deps/ (Eigen, Catch2, Google Benchmark; made by ../shared/gpu/prepare-deps.sh on a
 # development machine and carried along, plus the three files of Debian's unicode-data that the
-# BPE tokenizer's table is made from, in .deps/unicode: see bench/cuda/README.md), nvcc, CMake, Ninja; `bench` uses PyTorch if present.
+# BPE tokenizer's table is made from, in .deps/unicode: see bench/cuda/README.md), nvcc, CMake,
+# Ninja; `bench` uses PyTorch if present.
 # Files written (at most 8 per stage):
 #   tests: build.log, ctest-cuda.log, sanitizer.log
 #   bench: <gpu>-cuda-decode.{json,txt}, <gpu>-torch-decode.{json,txt},
