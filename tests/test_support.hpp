@@ -21,7 +21,7 @@
 namespace kvlab_test {
 
 /// Whether this build runs under AddressSanitizer (GCC's `__SANITIZE_ADDRESS__`, Clang's
-/// `__has_feature(address_sanitizer)`): scripts/test.sh's second build, at -O1 with every access
+/// `__has_feature(address_sanitizer)`): scripts/test.sh's second build, at -Og with every access
 /// checked, where the longest randomized and grid tests run 10 to 20 times slower. Those tests
 /// then run shorter cases through the same code paths (each says which); the Release build runs
 /// them whole.
