@@ -69,7 +69,7 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # stand-in for compute-sanitizer's memcheck, since the emulator's device memory is exactly sized
 # host memory (racecheck, which cannot be combined with ASan, runs in the first build).
 # The code is compiled at -Og, GCC's optimisation for debugging: under the sanitizers it compiles
-# in 0.6 to 0.7 of the time of -O1 (the shared instances: 36 s of CPU to 23 s; the emulated
+# in 0.55 to 0.65 of the time of -O1 (the shared instances: 36 s of CPU to 23 s; the emulated
 # CUDA tests: 109 s to 60 s, GC settings as above in both), and the tests run as fast as at -O1
 # (the emulated ones 10 % slower); from a fresh clone on 2 cores this build took 313 s, and
 # 454 s at -O1 without the GC settings. The

@@ -1,5 +1,6 @@
 // attention_lab: decode attention on the GPU, kernel by kernel — each version validated against
-// the CPU reference (kvlab::cpu::decode_attention, every element) before it is timed. After
+// kvlab's tuned CPU decode (kvlab::cpu::decode_attention, every element; its own tests check it
+// against the plain-loop oracle, cpu::reference_attention) before it is timed. After
 // llm.c's dev/cuda/attention_forward.cu.
 //
 // The problem: one new query per sequence attends to its cached keys and values; B sequences
@@ -208,7 +209,7 @@ int run(const Options& o) {
   for (Eigen::Index i = 0; i < q.size(); ++i)
     q.data()[i] = to_half_float(static_cast<float>(rng.uniform(-1, 1)));
 
-  // The reference: cpu::decode_attention on each sequence's contiguous cache.
+  // What every version must equal: cpu::decode_attention on each sequence's contiguous cache.
   RowMatrix<float> want(B, shape.q_width());
   for (int s = 0; s < B; ++s) {
     const kvlab::ContiguousKVView<float> cache{
@@ -343,7 +344,7 @@ int run(const Options& o) {
               "max err");
   for (const Version& version : versions) {
     if (o.version != 0 && version.id != o.version) continue;
-    // Validate first: every element against the CPU reference (fp16: rtol 1e-2, atol 1e-4).
+    // Validate first: every element against cpu::decode_attention (fp16: rtol 1e-2, atol 1e-4).
     d_out.fill_bytes(0xFF);  // NaN: an element the version does not write fails
     version.run();
     const RowMatrix<float> got = kc::to_host(d_out, B, shape.q_width());
