@@ -7,10 +7,9 @@
 #   bench/cuda/run_on_gpu.sh tests   # build, ctest -L cuda, compute-sanitizer memcheck + racecheck
 #   bench/cuda/run_on_gpu.sh bench   # the GPU benchmarks and PyTorch on the same shapes, as JSON
 #
-# Needs .deps/ (Eigen, Catch2, Google Benchmark; made by ../shared/gpu/prepare-deps.sh on a
-# development machine and carried along, plus the three files of Debian's unicode-data that the
-# BPE tokenizer's table is made from, in .deps/unicode: see bench/cuda/README.md), nvcc, CMake,
-# Ninja; `bench` uses PyTorch if present.
+# Needs .deps/ (Eigen, Catch2, Google Benchmark and the tokenizer's Unicode data, made by
+# scripts/prepare-gpu-deps.sh on a machine with the Debian packages and carried along), nvcc,
+# CMake, Ninja; `bench` uses PyTorch if present.
 # Files written (at most 8 per stage):
 #   tests: build.log, ctest-cuda.log, sanitizer.log
 #   bench: <gpu>-cuda-decode.{json,txt}, <gpu>-torch-decode.{json,txt},
