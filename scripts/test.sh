@@ -71,9 +71,9 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # The code is compiled at -Og, GCC's optimisation for debugging: under the sanitizers it compiles
 # in 0.55 to 0.65 of the time of -O1 (the shared instances: 36 s of CPU to 23 s; the emulated
 # CUDA tests: 109 s to 60 s, GC settings as above in both), and the tests run as fast as at -O1
-# (the emulated ones 10 % slower); from a fresh clone on 2 cores this build took 313 s, and
-# 454 s at -O1 without the GC settings. The
-# programs of apps/ are not built with the -O3 -march=native of their release builds
+# (the emulated ones 10 % slower); from a fresh clone on 2 cores this build took 293 to 313 s
+# in three runs, and 454 s at -O1 without the GC settings. The programs of apps/ are not built
+# with the -O3 -march=native of their release builds
 # (KVLAB_BENCH_NATIVE), which only slows the instrumented compile: they, the C++ tutorials and
 # the README examples are compiled at -O0 (KVLAB_PROGRAM_OPTIONS; about 0.6 of their compile
 # time at -O1), and their stores come from the shared instances, compiled at -Og like the tests;
