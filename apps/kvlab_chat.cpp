@@ -9,8 +9,6 @@
 //   build/apps/kvlab-chat --backend naive      # no cache: every token recomputes the whole chat
 //   build/apps/kvlab-chat < questions.txt      # one message per line
 // --help lists the options.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -27,7 +25,7 @@
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
 
-#include "cli.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
@@ -52,16 +50,9 @@ std::string mib(std::size_t bytes) {
 
 double per_second(int tokens, double seconds) { return seconds > 0 ? tokens / seconds : 0.0; }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "kvlab-chat: chat with a GGUF model (SmolLM2-135M-Instruct by default) on kvlab's naive, "
-      "cached or paged attention; the KV cache is kept across turns.\n"
-      "Messages come from --turn, else from standard input, one per line (interactive on a "
-      "terminal: /reset starts a new conversation, /quit leaves)."};
+struct Options {
   std::string model_path = default_model();
-  std::string backend_name = "cached", dtype_name = "fp32";
+  std::string backend = "cached", kv_dtype = "fp32";
   std::string system;
   bool system_given = false;
   std::vector<std::string> turns;
@@ -69,42 +60,60 @@ int main(int argc, char** argv) {
   float temperature = 0.0f, top_p = 0.9f;
   std::uint64_t seed = 42;
   bool quiet = false;
-  app.add_option("--model", model_path, "the GGUF file (default: where scripts/get-model.sh puts SmolLM2-135M-Instruct)")
-      ->capture_default_str();
-  app.add_option("--backend", backend_name, "naive (recompute the whole chat every token), cached or paged")
-      ->check(CLI::IsMember({"naive", "cached", "paged"}))
-      ->capture_default_str();
-  app.add_option("--kv-dtype", dtype_name, "how K and V are stored: fp32, fp16, bf16, int8, int4")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8", "int4"}))
-      ->capture_default_str();
-  app.add_option("--window", window, "attend to the last W tokens only (0: all)")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--threads", threads, "OpenMP threads")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--block-size", block_size, "tokens per block of the paged cache")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--context", context, "the longest conversation, in tokens (at most the model's own)")
-      ->check(CLI::Range(2, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--max-new-tokens", max_new_tokens, "the longest reply")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--temperature", temperature, "0: greedy (the default); higher: more varied")
-      ->check(CLI::Range(0.0f, 100.0f))
-      ->capture_default_str();
-  app.add_option("--top-p", top_p, "sample from the smallest set of tokens whose probability reaches P")
-      ->check(CLI::Range(1e-6f, 1.0f))
-      ->capture_default_str();
-  app.add_option("--seed", seed, "the sampler's seed")->capture_default_str();
-  app.add_option("--system", system, "the system prompt (default: the template's own)")
-      ->each([&](const std::string&) { system_given = true; });
-  app.add_option("--turn", turns, "a user message (repeat for several turns; none: read standard input)");
-  app.add_flag("--quiet", quiet, "no statistics after each turn");
-  CLI11_PARSE(app, argc, argv);
+};
 
+// Returns false when --help was given (and printed).
+bool parse_options(int argc, char** argv, Options& o) {
+  using namespace kvlab_support;
+  CLI::App app{
+      "kvlab-chat: chat with a GGUF model (SmolLM2-135M-Instruct by default) on kvlab's naive, "
+      "cached or paged attention; the KV cache is kept across turns.\n"
+      "Messages come from --turn, else from standard input, one per line (interactive on a "
+      "terminal: /reset starts a new conversation, /quit leaves)."};
+  add_file(app, "--model", o.model_path,
+           "the GGUF file (default: where scripts/get-model.sh puts SmolLM2-135M-Instruct)")
+      ->capture_default_str();
+  add_choice(app, "--backend", o.backend,
+             "naive (recompute the whole chat every token), cached or paged",
+             {"naive", "cached", "paged"});
+  add_choice(app, "--kv-dtype", o.kv_dtype, "how K and V are stored",
+             {"fp32", "fp16", "bf16", "int8", "int4"});
+  add_integer(app, "--window", o.window, "attend to the last W tokens only (0: all)", 0, 1 << 20);
+  add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 1024);
+  add_integer(app, "--block-size", o.block_size, "tokens per block of the paged cache", 1, 1 << 16);
+  add_integer(app, "--context", o.context,
+              "the longest conversation, in tokens (at most the model's own)", 2, 1 << 20);
+  add_integer(app, "--max-new-tokens", o.max_new_tokens, "the longest reply", 1, 1 << 20);
+  add_number(app, "--temperature", o.temperature, "0: greedy; higher: more varied", 0.0, 100.0);
+  add_number(app, "--top-p", o.top_p,
+             "sample from the smallest set of tokens whose probability reaches P", 1e-6, 1.0);
+  add_integer(app, "--seed", o.seed, "the sampler's seed", 0, 2147483647L);
+  CLI::Option* system = app.add_option("--system", o.system,
+                                       "the system prompt (default: the template's own)")
+                            ->type_name("TEXT");
+  app.add_option("--turn", o.turns,
+                 "a user message (repeat for several turns; none: read standard input)")
+      ->type_name("TEXT");
+  app.add_flag("--quiet", o.quiet, "no statistics after each turn");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  o.system_given = system->count() > 0;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const auto stop = kvlab_support::read_command_line("kvlab-chat", argc, argv, o, parse_options))
+    return *stop;
+  const std::string& model_path = o.model_path;
+  const std::string &backend_name = o.backend, &dtype_name = o.kv_dtype;
+  const std::vector<std::string>& turns = o.turns;
+  const int context = o.context, block_size = o.block_size, window = o.window,
+            max_new_tokens = o.max_new_tokens;
+  const bool quiet = o.quiet;
   try {
-    kvlab_bench::set_threads(threads);
+    kvlab_support::set_threads(o.threads);
     const kvlab::GgufFile file(model_path);
     auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_gguf_weights(file));
     const kvlab::BpeTokenizer tokenizer = kvlab::BpeTokenizer::from_gguf(file);
@@ -117,8 +126,8 @@ int main(int argc, char** argv) {
     kvlab::LlamaModel model(weights, kvlab::parse_llama_backend(backend_name), block_size, context,
                             kvlab::parse_kv_dtype(dtype_name), window);
     kvlab::ChatSession chat(model, tokenizer, chat_template,
-                            kvlab::Sampler(tokenizer.vocab_size(), temperature, top_p, seed),
-                            system_given ? system : chat_template.default_system());
+                            kvlab::Sampler(tokenizer.vocab_size(), o.temperature, o.top_p, o.seed),
+                            o.system_given ? o.system : chat_template.default_system());
     if (!quiet) {
       std::fprintf(stderr, "kvlab-chat: %s (%s)\n  %s backend, K/V as %s: %zu bytes per token; context %d tokens\n",
                    file.path().c_str(), kvlab::to_string(weights->config).c_str(), backend_name.c_str(),

@@ -32,11 +32,13 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
 
 namespace {
 
-using kvlab_bench::UsageError;
+using kvlab_support::log_log_slope;
+using kvlab_support::median;
 
 // ---------------------------------------------------------------------------------------------
 // The model and the run
@@ -85,12 +87,6 @@ double generate(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>& i
   for (Eigen::Index t = 1; t < inputs.rows(); ++t) outputs.row(t) = decoder.decode(inputs.row(t));
   const auto stop = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::milli>(stop - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t m = values.size() / 2;
-  return values.size() % 2 == 1 ? values[m] : 0.5 * (values[m - 1] + values[m]);
 }
 
 // Runs `decoder` `reps` times on `inputs` and returns the median time; `outputs` holds the last
@@ -326,24 +322,6 @@ struct Series {
   std::vector<double> y;
 };
 
-// The least-squares slope of log y against log n: the exponent k of y ~ n^k (2 for Θ(n²), 1 for
-// Θ(n)), printed in the plot's legend.
-double log_log_slope(const std::vector<double>& ns, const std::vector<double>& y) {
-  double mx = 0, my = 0;
-  for (std::size_t i = 0; i < ns.size(); ++i) {
-    mx += std::log(ns[i]);
-    my += std::log(y[i]);
-  }
-  mx /= static_cast<double>(ns.size());
-  my /= static_cast<double>(ns.size());
-  double sxy = 0, sxx = 0;
-  for (std::size_t i = 0; i < ns.size(); ++i) {
-    sxy += (std::log(ns[i]) - mx) * (std::log(y[i]) - my);
-    sxx += (std::log(ns[i]) - mx) * (std::log(ns[i]) - mx);
-  }
-  return sxx > 0 ? sxy / sxx : 0.0;
-}
-
 // The processor's model name as Linux reports it (/proc/cpuinfo), or "unknown processor".
 std::string processor_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -497,60 +475,34 @@ void write_svg(const std::string& path, const Options& options, const std::vecto
 // Options
 // ---------------------------------------------------------------------------------------------
 
-const char* const kUsage =
-    "usage: kvlab-gap [--layers L] [--max-n N] [--step-max-n N] [--reps R] [--threads T]\n"
-    "                 [--svg FILE] [--help]\n"
-    "  --layers L   attention layers in the model (default 1; the naive decoder is Θ(n³) in\n"
-    "               q·k dots for L > 1, so keep --max-n small then)\n"
-    "  --max-n N    largest n of the generation table; n runs over 64, 128, ... up to N\n"
-    "               (default 2048, N >= 64)\n"
-    "  --step-max-n N  largest n of the per-step table; n runs over 256, 1024, ... up to N\n"
-    "               (default 4096, N >= 256)\n"
-    "  --reps R     runs per decoder and n; the median time is printed (default 5)\n"
-    "  --threads T  OpenMP threads: K/V heads, Eigen products (default 1, so that the\n"
-    "               times do not depend on another core being free)\n"
-    "  --svg FILE   also write a log-log plot of K/V projections and times vs n, for\n"
-    "               whole generations and (with two step rows or more) single steps\n"
-    "  --help       print this and exit\n";
-
-// At most 2^29, so that doubling n up to the limit never overflows an int.
-int parse_int(const std::string& option, const char* text, int minimum) {
-  return kvlab_bench::parse_int(option, text, minimum, 1 << 29);
-}
-
-// Returns false when --help was given (and printed).
+// Returns false when --help was given (and printed). Integers at most 2^29, so that doubling n
+// up to the limit never overflows an int.
 bool parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--layers") {
-      options.layers = parse_int(arg, value, 1);
-      ++i;
-    } else if (arg == "--max-n") {
-      options.max_n = parse_int(arg, value, kFirstN);
-      ++i;
-    } else if (arg == "--step-max-n") {
-      options.step_max_n = parse_int(arg, value, kFirstStepN);
-      ++i;
-    } else if (arg == "--reps") {
-      options.reps = parse_int(arg, value, 1);
-      ++i;
-    } else if (arg == "--threads") {
-      options.threads = parse_int(arg, value, 1);
-      ++i;
-    } else if (arg == "--svg") {
-      options.svg = kvlab_bench::parse_file_name(arg, value);
-      ++i;
-    } else {
-      throw UsageError("unknown option '" + arg +
-                       "': expected one of --layers, --max-n, --step-max-n, --reps, "
-                       "--threads, --svg, --help");
-    }
-  }
-  return true;
+  using namespace kvlab_support;
+  constexpr int kMax = 1 << 29;
+  CLI::App app{
+      "kvlab-gap: the O(n^2)-vs-O(n) gap of decoding without and with a KV cache: exact K/V "
+      "projections and q.k dot products of whole generations and of single decode steps, and "
+      "their median times, checked against their closed forms."};
+  add_integer(app, "--layers", options.layers,
+              "attention layers in the model (the naive decoder is Θ(n³) in q·k dots for L > 1, so "
+              "keep --max-n small then)",
+              1, kMax);
+  add_integer(app, "--max-n", options.max_n,
+              "largest n of the generation table; n runs over 64, 128, ... up to it", kFirstN, kMax);
+  add_integer(app, "--step-max-n", options.step_max_n,
+              "largest n of the per-step table; n runs over 256, 1024, ... up to it", kFirstStepN,
+              kMax);
+  add_integer(app, "--reps", options.reps, "runs per decoder and n; the median time is printed", 1,
+              kMax);
+  add_integer(app, "--threads", options.threads,
+              "OpenMP threads: K/V heads, Eigen products (1 by default, so that the times do not "
+              "depend on another core being free)",
+              1, kMax);
+  add_file(app, "--svg", options.svg,
+           "also write a log-log plot of K/V projections and times vs n, for whole generations "
+           "and (with two step rows or more) single steps");
+  return kvlab_support::parse(app, argc, argv);
 }
 
 }  // namespace
@@ -558,11 +510,11 @@ bool parse_options(int argc, char** argv, Options& options) {
 int main(int argc, char** argv) {
   Options options;
   if (const auto stop =
-          kvlab_bench::read_command_line("kvlab-gap", argc, argv, options, parse_options))
+          kvlab_support::read_command_line("kvlab-gap", argc, argv, options, parse_options))
     return *stop;
-  if (!kvlab_bench::can_write("kvlab-gap", "--svg", options.svg)) return 2;
-  options.threads = kvlab_bench::usable_threads("kvlab-gap", {options.threads}).front();
-  kvlab_bench::set_threads(options.threads);
+  if (!kvlab_support::can_write("kvlab-gap", "--svg", options.svg)) return 2;
+  options.threads = kvlab_support::usable_threads("kvlab-gap", {options.threads}).front();
+  kvlab_support::set_threads(options.threads);
 
   const auto start = std::chrono::steady_clock::now();
   const kvlab::AttentionShape shape(kNumHeads, kNumKvHeads, kHeadDim);

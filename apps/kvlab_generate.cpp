@@ -34,12 +34,12 @@
 #include <kvlab/kvlab.hpp>
 #include <kvlab/model/bpe_tokenizer.hpp>
 
-#include "builtin_model.hpp"
-#include "cli.hpp"
+#include "support/builtin_model.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
-using kvlab_bench::UsageError;
+using kvlab_support::UsageError;
 
 struct Options {
   std::string model;  // empty: the built-in model
@@ -61,117 +61,60 @@ struct Options {
   bool phases = false;  // time each step's phases and print where the time went
 };
 
-const char* const kUsage =
-    "usage: kvlab-generate [--model FILE] [--tokenizer FILE] [--backend naive|cached|paged] "
-    "[--steps N]\n"
-    "                      [--prompt TEXT] [--temperature T] [--top-p P] [--seed S] [--block-size "
-    "B]\n"
-    "                      [--kv-dtype fp32|fp16|bf16|int8|int4] [--window W] [--threads T]\n"
-    "                      [--builtin tiny|stories15M] [--phases] [--quiet] [--help]\n"
-    "  --model FILE        llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, "
-    "stories260K.bin),\n"
-    "                      or a GGUF file (.gguf: SmolLM2-135M-Instruct, with its own "
-    "tokenizer);\n"
-    "                      without it: a built-in model with random weights (see --builtin)\n"
-    "  --tokenizer FILE    llama2.c tokenizer.bin with the model's vocabulary; without it, token "
-    "ids are\n"
-    "                      printed and --prompt is a list of ids\n"
-    "  --backend B         naive (recompute the prefix every step), cached (contiguous KV cache, "
-    "default)\n"
-    "                      or paged (KV cache in blocks)\n"
-    "  --steps N           tokens to generate (default 256; at most what the model's seq_len "
-    "leaves)\n"
-    "  --prompt TEXT       the prompt: text with --tokenizer (BOS is put first), else token ids "
-    "separated\n"
-    "                      by spaces or commas (default: BOS alone, id 1)\n"
-    "  --temperature T     0 is greedy; default 1.0\n"
-    "  --top-p P           nucleus sampling threshold in (0, 1], 1 = off; default 0.9\n"
-    "  --seed S            seed of the sampler (default 42: runs are reproducible)\n"
-    "  --block-size B      tokens per block of the paged backend (default 16)\n"
-    "  --kv-dtype D        how the cached and paged backends store K and V: fp32 (default), "
-    "fp16, bf16,\n"
-    "                      int8 (q8_0: 8.5 bits per value) or int4 (q4_0: 4.5 bits per value)\n"
-    "  --window W          sliding window: each token attends to its last W tokens, itself "
-    "included\n"
-    "                      (cached keeps a ring of 2W - 1 positions, paged gives blocks back)\n"
-    "  --threads T         OpenMP threads (default 1)\n"
-    "  --builtin NAME      the model used without --model: tiny (dim 48, 3 layers, vocab 256; "
-    "default) or\n"
-    "                      stories15M (the stories15M shape: dim 288, 6 layers, vocab 32000, but a "
-    "separate\n"
-    "                      classifier), random weights\n"
-    "  --phases            also print where the time went: the layers' products, the "
-    "classifier,\n"
-    "                      attention, RoPE, the norms, sampling, the rest (a clock read ~20 "
-    "times a layer)\n"
-    "  --quiet             no progress lines on standard error\n"
-    "  --help              print this and exit\n"
-    "Generation stops early when the model draws BOS (id 1), as llama2.c's run does.\n";
-
-using kvlab_bench::need_value;
-using kvlab_bench::parse_int;
-
 // Returns false when --help was given (and printed).
 bool parse_options(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    }
-    if (arg == "--phases") {
-      o.phases = true;
-      continue;
-    }
-    if (arg == "--quiet") {
-      o.quiet = true;
-      continue;
-    }
-    ++i;  // every other option takes a value
-    if (arg == "--model") {
-      o.model = need_value(arg, value);
-    } else if (arg == "--tokenizer") {
-      o.tokenizer = need_value(arg, value);
-    } else if (arg == "--backend") {
-      const std::string name = need_value(arg, value);
-      if (name != "naive" && name != "cached" && name != "paged") {
-        throw UsageError("--backend: expected naive, cached or paged, got '" + name + "'");
-      }
-      o.backend = kvlab::parse_llama_backend(name);
-    } else if (arg == "--steps") {
-      o.steps = parse_int(arg, value, 1, 1L << 30);
-      o.steps_given = true;
-    } else if (arg == "--prompt") {
-      o.prompt = need_value(arg, value);
-      o.prompt_given = true;
-    } else if (arg == "--temperature") {
-      o.temperature = kvlab_bench::parse_double(arg, value, 0.0, 1e6);
-    } else if (arg == "--top-p") {
-      o.top_p = kvlab_bench::parse_double(arg, value, 1e-9, 1.0);
-    } else if (arg == "--seed") {
-      o.seed = static_cast<std::uint64_t>(kvlab_bench::parse_long(arg, value, 0, 2147483647L));
-    } else if (arg == "--block-size") {
-      o.block_size = parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--kv-dtype") {
-      o.kv_dtype = kvlab::parse_kv_dtype(
-          kvlab_bench::parse_choice(arg, value, {"fp32", "fp16", "bf16", "int8", "int4"}));
-    } else if (arg == "--window") {
-      o.window = parse_int(arg, value, 1, 1 << 30);
-    } else if (arg == "--threads") {
-      o.threads = parse_int(arg, value, 1, 256);
-    } else if (arg == "--builtin") {
-      o.builtin = need_value(arg, value);
-      if (o.builtin != "tiny" && o.builtin != "stories15M") {
-        throw UsageError("--builtin: expected tiny or stories15M, got '" + o.builtin + "'");
-      }
-    } else {
-      throw UsageError("unknown option '" + arg +
-                       "': expected one of --model, --tokenizer, --backend, --steps, "
-                       "--prompt, --temperature, --top-p, --seed, --block-size, --kv-dtype, --window, --threads, "
-                       "--builtin, --phases, --quiet, --help");
-    }
-  }
+  using namespace kvlab_support;
+  CLI::App app{
+      "kvlab-generate: text generation from a llama2.c checkpoint, a GGUF file or a built-in "
+      "model through the naive, cached or paged backend, as llama2.c's run does it."};
+  app.footer("Generation stops early when the model draws BOS (id 1), as llama2.c's run does.");
+  std::string backend = "cached", kv_dtype = "fp32";
+  add_file(app, "--model", o.model,
+           "llama2.c checkpoint, legacy version-0 .bin (stories15M.bin, stories260K.bin), or a "
+           "GGUF file (.gguf: SmolLM2-135M-Instruct, with its own tokenizer); without it: a "
+           "built-in model with random weights (see --builtin)");
+  add_file(app, "--tokenizer", o.tokenizer,
+           "llama2.c tokenizer.bin with the model's vocabulary; without it, token ids are printed "
+           "and --prompt is a list of ids");
+  add_choice(app, "--backend", backend,
+             "naive (recompute the prefix every step), cached (contiguous KV cache) or paged (KV "
+             "cache in blocks)",
+             {"naive", "cached", "paged"});
+  CLI::Option* steps = add_integer(app, "--steps", o.steps,
+                                   "tokens to generate (at most what the model's seq_len leaves)",
+                                   1, 1 << 30);
+  CLI::Option* prompt =
+      app.add_option("--prompt", o.prompt,
+                     "the prompt: text with --tokenizer (BOS is put first), else token ids "
+                     "separated by spaces or commas (default: BOS alone, id 1)")
+          ->type_name("TEXT");
+  add_number(app, "--temperature", o.temperature, "0 is greedy", 0.0, 1e6);
+  add_number(app, "--top-p", o.top_p, "nucleus sampling threshold, 1 = off", 1e-9, 1.0);
+  add_integer(app, "--seed", o.seed, "seed of the sampler (runs are reproducible)", 0, 2147483647L);
+  add_integer(app, "--block-size", o.block_size, "tokens per block of the paged backend", 1, 1 << 20);
+  add_choice(app, "--kv-dtype", kv_dtype,
+             "how the cached and paged backends store K and V: fp32, fp16, bf16, int8 (q8_0: 8.5 "
+             "bits per value) or int4 (q4_0: 4.5 bits per value)",
+             {"fp32", "fp16", "bf16", "int8", "int4"});
+  add_integer(app, "--window", o.window,
+              "sliding window: each token attends to its last W tokens, itself included (cached "
+              "keeps a ring of 2W - 1 positions, paged gives blocks back); 0: no window",
+              0, 1 << 30);
+  add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 256);
+  add_choice(app, "--builtin", o.builtin,
+             "the model used without --model: tiny (dim 48, 3 layers, vocab 256) or stories15M "
+             "(the stories15M shape: dim 288, 6 layers, vocab 32000, but a separate classifier), "
+             "random weights",
+             {"tiny", "stories15M"});
+  app.add_flag("--phases", o.phases,
+               "also print where the time went: the layers' products, the classifier, attention, "
+               "RoPE, the norms, sampling, the rest (a clock read ~20 times a layer)");
+  app.add_flag("--quiet", o.quiet, "no progress lines on standard error");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  o.backend = kvlab::parse_llama_backend(backend);
+  o.kv_dtype = kvlab::parse_kv_dtype(kv_dtype);
+  o.steps_given = steps->count() > 0;
+  o.prompt_given = prompt->count() > 0;
   return true;
 }
 
@@ -185,7 +128,7 @@ std::vector<int> parse_ids(const std::string& text, int vocab_size) {
   std::vector<int> ids;
   std::string word;
   while (in >> word) {
-    const int id = parse_int("--prompt", word.c_str(), 0, vocab_size - 1);
+    const int id = static_cast<int>(kvlab_support::parse_integer("--prompt", word, 0, vocab_size - 1));
     ids.push_back(id);
   }
   if (ids.empty())
@@ -212,15 +155,15 @@ bool stdout_is_terminal() {
 }
 
 int run(const Options& o) {
-  kvlab_bench::set_threads(kvlab_bench::usable_threads("kvlab-generate", {o.threads}).front());
+  kvlab_support::set_threads(kvlab_support::usable_threads("kvlab-generate", {o.threads}).front());
 
   // The model.
-  const bool gguf = kvlab_bench::is_gguf(o.model);
+  const bool gguf = kvlab_support::is_gguf(o.model);
   if (gguf && !o.tokenizer.empty()) {
     throw UsageError("--tokenizer: expected none with a GGUF model (the file holds its own), got '" +
                      o.tokenizer + "'");
   }
-  const kvlab_bench::ChosenModel chosen = kvlab_bench::choose_model(o.model, o.builtin);
+  const kvlab_support::ChosenModel chosen = kvlab_support::choose_model(o.model, o.builtin);
   const std::shared_ptr<const kvlab::LlamaWeights>& weights = chosen.weights;
   const std::string& description = chosen.description;
   const kvlab::LlamaConfig& config = weights->config;
@@ -412,7 +355,7 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options options;
   if (const auto stop =
-          kvlab_bench::read_command_line("kvlab-generate", argc, argv, options, parse_options))
+          kvlab_support::read_command_line("kvlab-generate", argc, argv, options, parse_options))
     return *stop;
   try {
     return run(options);

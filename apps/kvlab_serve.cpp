@@ -38,17 +38,13 @@
 #include <kvlab/model/chat.hpp>
 #include <kvlab/serving/state_dot.hpp>
 
-#include "builtin_model.hpp"
-#include "cli.hpp"
+#include "support/builtin_model.hpp"
+#include "support/cli.hpp"
 #include "serve_workload.hpp"
 
 namespace {
 
-using kvlab_bench::need_value;
-using kvlab_bench::parse_double;
-using kvlab_bench::parse_file_name;
-using kvlab_bench::parse_int;
-using kvlab_bench::UsageError;
+using kvlab_support::UsageError;
 
 struct Options {
   std::string model;  // empty: the built-in model
@@ -76,155 +72,92 @@ struct Options {
   bool max_len_given = false, prefix_caching_given = false;
 };
 
-const char* const kUsage =
-    "usage: kvlab-serve [--model FILE | --builtin tiny|stories15M] "
-    "[--policy continuous|static|contiguous]\n"
-    "                   [--block-size N] [--kv-dtype D] [--window W] [--pool-tokens N] [--max-batched-tokens N] "
-    "[--max-running N]\n"
-    "                   [--max-len N] [--watermark N] [--prefix-caching on|off]\n"
-    "                   [--workload FILE | --requests N --seed S --prompt-len MIN:MAX "
-    "--output-len MIN:MAX\n"
-    "                    --rate R --shared-prefix N] [--clock wall|steps] [--threads T]\n"
-    "                   [--json FILE] [--step-log FILE] [--dot PREFIX [--dot-step N]] [--quiet] "
-    "[--help]\n"
-    "  --model FILE            llama2.c checkpoint (legacy version-0 .bin) or GGUF file (.gguf:\n"
-    "                          its workload may be text); without it a built-in model with\n"
-    "                          random weights (--builtin)\n"
-    "  --builtin NAME          tiny (dim 48, 3 layers, vocab 256; default) or stories15M (its\n"
-    "                          shape: dim 288, 6 layers, vocab 32000, separate classifier)\n"
-    "  --policy P              continuous (default): every step, running requests first, then\n"
-    "                          waiting ones FCFS, up to the token budget; static: a batch admitted\n"
-    "                          together, padded to the longest, nobody joins until it ends;\n"
-    "                          contiguous: continuous, but each request reserves --max-len tokens\n"
-    "  --block-size N          tokens per block of the pool (default 16)\n"
-    "  --kv-dtype D            how the pool stores K and V: fp32 (default), fp16, bf16, int8 "
-    "(q8_0,\n"
-    "                          8.5 bits per value) or int4 (q4_0, 4.5 bits per value)\n"
-    "  --window W              sliding window: each token attends to its last W tokens; the pool\n"
-    "                          gives back the blocks before each window (prefix caching is then\n"
-    "                          off: kvlab does not combine the two)\n"
-    "  --pool-tokens N         KV memory, in tokens: a multiple of the block size (default 4096);\n"
-    "                          the same for every policy\n"
-    "  --max-batched-tokens N  token budget per step (default 256; static batches have none)\n"
-    "  --max-running N         requests running at once (static: the batch size; default 16)\n"
-    "  --max-len N             tokens each request reserves under contiguous (default: the\n"
-    "                          model's context)\n"
-    "  --watermark N           free blocks admission leaves for running requests (default 1)\n"
-    "  --prefix-caching on|off share cached prompt blocks (continuous only; default on)\n"
-    "  --workload FILE         requests as JSON lines: {\"prompt\": [ids], \"max_new_tokens\": N,\n"
-    "                          \"arrival\": seconds, \"stop_ids\": [...], \"temperature\": T,\n"
-    "                          \"top_p\": P, \"seed\": S, \"id\": ...}; with a GGUF model\n"
-    "                          \"user\": \"text\" (and \"system\": \"text\") instead of \"prompt\"\n"
-    "  --requests N            generated workload: N requests (default 32)\n"
-    "  --seed S                its seed (default 1)\n"
-    "  --prompt-len MIN:MAX    each prompt's own tokens, uniform (default 8:64), random ids\n"
-    "  --output-len MIN:MAX    max new tokens, uniform (default 8:128); greedy, no stop ids\n"
-    "  --rate R                Poisson arrivals, R requests per second (per step with --clock\n"
-    "                          steps); 0 (default): all at once\n"
-    "  --shared-prefix N       a system prompt of N tokens that every prompt starts with\n"
-    "  --clock wall|steps      time in seconds (default) or in steps (deterministic logs)\n"
-    "  --threads T             OpenMP threads (default 1)\n"
-    "  --json FILE             the run as JSON: settings, figures, every request's output ids\n"
-    "  --step-log FILE         one JSON line per step: who ran, tokens, prefill or decode, blocks\n"
-    "  --dot PREFIX            Graphviz graphs of one step (PREFIX.step.dot: who waited, the\n"
-    "                          batch, the token budget) and of the pool after it (PREFIX.pool.dot:\n"
-    "                          block tables, holders, prefix-cache blocks); dot -Tsvg draws them\n"
-    "  --dot-step N            the step --dot draws, from 0 (default 0)\n"
-    "  --quiet                 no progress lines\n";
-
-// MIN:MAX of `option`, each in [minimum, maximum], MIN <= MAX.
-void parse_range(const std::string& option, const char* text, int minimum, int maximum, int& lo,
-                 int& hi) {
-  const std::string value = need_value(option, text);
-  const std::size_t colon = value.find(':');
-  if (colon == std::string::npos)
-    throw UsageError(option + ": expected MIN:MAX, got '" + value + "'");
-  lo = parse_int(option, value.substr(0, colon).c_str(), minimum, maximum);
-  hi = parse_int(option, value.substr(colon + 1).c_str(), lo, maximum);
-}
-
 bool parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    bool takes_value = true;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--model") {
-      o.model = parse_file_name(arg, value);
-    } else if (arg == "--builtin") {
-      o.builtin = need_value(arg, value);
-      if (o.builtin != "tiny" && o.builtin != "stories15M")
-        throw UsageError(arg + ": expected tiny or stories15M, got '" + o.builtin + "'");
-    } else if (arg == "--policy") {
-      o.policy = kvlab::parse_batching_policy(
-          kvlab_bench::parse_choice(arg, value, {"continuous", "static", "contiguous"}));
-    } else if (arg == "--block-size") {
-      o.block_size = parse_int(arg, value, 1, 1 << 16);
-    } else if (arg == "--kv-dtype") {
-      o.kv_dtype = kvlab::parse_kv_dtype(
-          kvlab_bench::parse_choice(arg, value, {"fp32", "fp16", "bf16", "int8", "int4"}));
-    } else if (arg == "--window") {
-      o.window = parse_int(arg, value, 1, 1 << 30);
-    } else if (arg == "--pool-tokens") {
-      o.pool_tokens = parse_int(arg, value, 1, 1 << 26);
-    } else if (arg == "--max-batched-tokens") {
-      o.max_batched_tokens = parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--max-running") {
-      o.max_running = parse_int(arg, value, 1, 1 << 16);
-    } else if (arg == "--max-len") {
-      o.max_len_given = true;
-      o.max_len = parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--watermark") {
-      o.watermark = parse_int(arg, value, 0, 1 << 20);
-    } else if (arg == "--prefix-caching") {
-      o.prefix_caching_given = true;
-      const std::string p = need_value(arg, value);
-      if (p != "on" && p != "off") throw UsageError(arg + ": expected on or off, got '" + p + "'");
-      o.prefix_caching = p == "on";
-    } else if (arg == "--workload") {
-      o.workload = parse_file_name(arg, value);
-    } else if (arg == "--requests") {
-      o.generated_option = arg;
-      o.spec.requests = parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--seed") {
-      o.generated_option = arg;
-      o.spec.seed = static_cast<std::uint64_t>(kvlab_bench::parse_long(arg, value, 0, 1L << 62));
-    } else if (arg == "--prompt-len") {
-      o.generated_option = arg;
-      parse_range(arg, value, 0, 1 << 20, o.spec.prompt_min, o.spec.prompt_max);
-    } else if (arg == "--output-len") {
-      o.generated_option = arg;
-      parse_range(arg, value, 1, 1 << 20, o.spec.output_min, o.spec.output_max);
-    } else if (arg == "--rate") {
-      o.generated_option = arg;
-      o.spec.rate = parse_double(arg, value, 0.0, 1e9);
-    } else if (arg == "--shared-prefix") {
-      o.generated_option = arg;
-      o.spec.shared_prefix = parse_int(arg, value, 0, 1 << 20);
-    } else if (arg == "--clock") {
-      const std::string c = need_value(arg, value);
-      if (c != "wall" && c != "steps") throw UsageError(arg + ": expected wall or steps, got '" + c + "'");
-      o.clock_steps = c == "steps";
-    } else if (arg == "--threads") {
-      o.threads = parse_int(arg, value, 1, 256);
-    } else if (arg == "--json") {
-      o.json = parse_file_name(arg, value);
-    } else if (arg == "--step-log") {
-      o.step_log = parse_file_name(arg, value);
-    } else if (arg == "--dot") {
-      o.dot = parse_file_name(arg, value);
-    } else if (arg == "--dot-step") {
-      o.dot_step = parse_int(arg, value, 0, 1 << 30);
-    } else if (arg == "--quiet") {
-      o.quiet = true;
-      takes_value = false;
-    } else {
-      throw UsageError("unknown option '" + arg + "'");
-    }
-    if (takes_value) ++i;
-  }
+  using namespace kvlab_support;
+  CLI::App app{
+      "kvlab-serve: a continuous-batching engine (vLLM-style scheduling over a paged KV pool) "
+      "serving a workload of requests, against static batching and contiguous preallocation; "
+      "prints throughput, latency, batch sizes and KV memory."};
+  std::string policy = "continuous", kv_dtype = "fp32", prefix_caching = "on", clock = "wall";
+  add_file(app, "--model", o.model,
+           "llama2.c checkpoint (legacy version-0 .bin) or GGUF file (.gguf: its workload may be "
+           "text); without it a built-in model with random weights (--builtin)");
+  add_choice(app, "--builtin", o.builtin,
+             "tiny (dim 48, 3 layers, vocab 256) or stories15M (its shape: dim 288, 6 layers, "
+             "vocab 32000, separate classifier)",
+             {"tiny", "stories15M"});
+  add_choice(app, "--policy", policy,
+             "continuous: every step, running requests first, then waiting ones FCFS, up to the "
+             "token budget; static: a batch admitted together, padded to the longest, nobody joins "
+             "until it ends; contiguous: continuous, but each request reserves --max-len tokens",
+             {"continuous", "static", "contiguous"});
+  add_integer(app, "--block-size", o.block_size, "tokens per block of the pool", 1, 1 << 16);
+  add_choice(app, "--kv-dtype", kv_dtype,
+             "how the pool stores K and V: fp32, fp16, bf16, int8 (q8_0, 8.5 bits per value) or "
+             "int4 (q4_0, 4.5 bits per value)",
+             {"fp32", "fp16", "bf16", "int8", "int4"});
+  add_integer(app, "--window", o.window,
+              "sliding window: each token attends to its last W tokens; the pool gives back the "
+              "blocks before each window (prefix caching is then off: kvlab does not combine the "
+              "two); 0: no window",
+              0, 1 << 30);
+  add_integer(app, "--pool-tokens", o.pool_tokens,
+              "KV memory, in tokens: a multiple of the block size; the same for every policy", 1,
+              1 << 26);
+  add_integer(app, "--max-batched-tokens", o.max_batched_tokens,
+              "token budget per step (static batches have none)", 1, 1 << 20);
+  add_integer(app, "--max-running", o.max_running, "requests running at once (static: the batch size)",
+              1, 1 << 16);
+  CLI::Option* max_len = add_integer(app, "--max-len", o.max_len,
+                                     "tokens each request reserves under contiguous", 1, 1 << 20)
+                             ->default_str("the model's context");
+  add_integer(app, "--watermark", o.watermark, "free blocks admission leaves for running requests",
+              0, 1 << 20);
+  CLI::Option* prefix = add_choice(app, "--prefix-caching", prefix_caching,
+                                   "share cached prompt blocks (continuous only)", {"on", "off"});
+  add_file(app, "--workload", o.workload,
+           "requests as JSON lines: {\"prompt\": [ids], \"max_new_tokens\": N, \"arrival\": "
+           "seconds, \"stop_ids\": [...], \"temperature\": T, \"top_p\": P, \"seed\": S, "
+           "\"id\": ...}; with a GGUF model \"user\": \"text\" (and \"system\": \"text\") "
+           "instead of \"prompt\"");
+  const std::vector<CLI::Option*> generated = {
+      add_integer(app, "--requests", o.spec.requests, "generated workload: N requests", 1, 1 << 20),
+      add_integer(app, "--seed", o.spec.seed, "its seed", 0, 1LL << 62),
+      add_integer_interval(app, "--prompt-len", o.spec.prompt_min, o.spec.prompt_max,
+                           "each prompt's own tokens, uniform, random ids", 0, 1 << 20),
+      add_integer_interval(app, "--output-len", o.spec.output_min, o.spec.output_max,
+                           "max new tokens, uniform; greedy, no stop ids", 1, 1 << 20),
+      add_number(app, "--rate", o.spec.rate,
+                 "Poisson arrivals, R requests per second (per step with --clock steps); 0: all at "
+                 "once",
+                 0.0, 1e9),
+      add_integer(app, "--shared-prefix", o.spec.shared_prefix,
+                  "a system prompt of N tokens that every prompt starts with", 0, 1 << 20)};
+  add_choice(app, "--clock", clock, "time in seconds (wall) or in steps (deterministic logs)",
+             {"wall", "steps"});
+  add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 256);
+  add_file(app, "--json", o.json, "the run as JSON: settings, figures, every request's output ids");
+  add_file(app, "--step-log", o.step_log,
+           "one JSON line per step: who ran, tokens, prefill or decode, blocks");
+  add_file(app, "--dot", o.dot,
+           "Graphviz graphs of one step (PREFIX.step.dot: who waited, the batch, the token budget) "
+           "and of the pool after it (PREFIX.pool.dot: block tables, holders, prefix-cache "
+           "blocks); dot -Tsvg draws them")
+      ->type_name("PREFIX");
+  CLI::Option* dot_step = add_integer(app, "--dot-step", o.dot_step, "the step --dot draws, from 0",
+                                      0, 1 << 30)
+                              ->default_str("0");
+  app.add_flag("--quiet", o.quiet, "no progress lines");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  o.policy = kvlab::parse_batching_policy(policy);
+  o.kv_dtype = kvlab::parse_kv_dtype(kv_dtype);
+  o.prefix_caching = prefix_caching == "on";
+  o.prefix_caching_given = prefix->count() > 0;
+  o.max_len_given = max_len->count() > 0;
+  o.clock_steps = clock == "steps";
+  if (dot_step->count() == 0) o.dot_step = -1;
+  for (const CLI::Option* option : generated)
+    if (option->count() > 0) o.generated_option = option->get_name();
   if (o.pool_tokens % o.block_size != 0 || o.pool_tokens < o.block_size) {
     throw UsageError("--pool-tokens: expected a multiple of --block-size (" +
                      std::to_string(o.block_size) + "), got " + std::to_string(o.pool_tokens));
@@ -261,14 +194,14 @@ bool parse(int argc, char** argv, Options& o) {
 
 int serve(const Options& o) {
   constexpr const char* kProgram = "kvlab-serve";
-  if (!kvlab_bench::can_write(kProgram, "--json", o.json) ||
-      !kvlab_bench::can_write(kProgram, "--step-log", o.step_log) ||
-      !kvlab_bench::can_write(kProgram, "--dot", o.dot.empty() ? "" : o.dot + ".step.dot") ||
-      !kvlab_bench::can_write(kProgram, "--dot", o.dot.empty() ? "" : o.dot + ".pool.dot")) {
+  if (!kvlab_support::can_write(kProgram, "--json", o.json) ||
+      !kvlab_support::can_write(kProgram, "--step-log", o.step_log) ||
+      !kvlab_support::can_write(kProgram, "--dot", o.dot.empty() ? "" : o.dot + ".step.dot") ||
+      !kvlab_support::can_write(kProgram, "--dot", o.dot.empty() ? "" : o.dot + ".pool.dot")) {
     return 2;
   }
-  kvlab_bench::set_threads(kvlab_bench::usable_threads(kProgram, {o.threads}).front());
-  const kvlab_bench::ChosenModel chosen = kvlab_bench::choose_model(o.model, o.builtin);
+  kvlab_support::set_threads(kvlab_support::usable_threads(kProgram, {o.threads}).front());
+  const kvlab_support::ChosenModel chosen = kvlab_support::choose_model(o.model, o.builtin);
   const std::shared_ptr<const kvlab::LlamaWeights>& weights = chosen.weights;
   const std::string& description = chosen.description;
   if (o.max_len > weights->config.seq_len) {
@@ -308,7 +241,7 @@ int serve(const Options& o) {
   const auto text_request = std::find_if(entries.begin(), entries.end(),
                                          [](const kvlab_serve::WorkloadEntry& e) { return e.has_user; });
   if (text_request != entries.end()) {
-    if (!kvlab_bench::is_gguf(o.model)) {
+    if (!kvlab_support::is_gguf(o.model)) {
       std::fprintf(stderr,
                    "%s: %s: request %zu: user: expected a GGUF model (--model FILE.gguf), whose "
                    "tokenizer and chat template turn text into ids, got %s\n",
@@ -432,7 +365,7 @@ int serve(const Options& o) {
 
 int main(int argc, char** argv) {
   Options options;
-  if (const auto code = kvlab_bench::read_command_line("kvlab-serve", argc, argv, options, parse))
+  if (const auto code = kvlab_support::read_command_line("kvlab-serve", argc, argv, options, parse))
     return *code;
   try {
     return serve(options);

@@ -22,7 +22,8 @@
 //   build/bench/bench_decode_bandwidth --benchmark_repetitions=5
 //   --benchmark_report_aggregates_only=true --benchmark_min_time=0.2
 //   --benchmark_out=bench/results/cpu-decode-bandwidth.json --benchmark_out_format=json
-// Own option: --read_mib=M, the size of the read-bandwidth buffer (default 1024 MiB).
+// Own option: --read_mib=M, the size of the read-bandwidth buffer (default 1024 MiB); --help
+// lists it.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -45,15 +46,15 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
 #include "median_reporter.hpp"
 #include "read_bandwidth.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
 using kvlab_bench::l3_bytes;
 using kvlab_bench::read_bandwidth;
-using kvlab_bench::set_threads;
+using kvlab_support::set_threads;
 
 struct Config {
   const char* name;
@@ -159,30 +160,24 @@ void register_benchmarks() {
   }
 }
 
-// Strips `--read_mib=M` from argv (Google Benchmark rejects flags it does not know).
-std::size_t take_read_mib(int& argc, char** argv) {
-  std::size_t mib = 1024;
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const char* prefix = "--read_mib=";
-    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) {
-      const char* text = argv[i] + std::strlen(prefix);
-      char* end = nullptr;
-      const unsigned long long value = std::strtoull(text, &end, 10);
-      if (end == text || *end != '\0' || value < 1 || value > (1ULL << 20)) {
-        std::fprintf(stderr,
-                     "bench_decode_bandwidth: --read_mib: expected an integer in "
-                     "[1, 1048576], got '%s'\n",
-                     text);
-        std::exit(2);
-      }
-      mib = static_cast<std::size_t>(value);
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  argc = out;
-  return mib;
+// Reads the program's own option, --read_mib=M, into `read_mib` and keeps the other arguments
+// for Google Benchmark in `rest` (argv[0] first). Returns false when --help was given (and
+// printed).
+bool parse_options(int argc, char** argv, std::size_t& read_mib, std::vector<std::string>& rest) {
+  CLI::App app{
+      "bench_decode_bandwidth: the effective bandwidth of cpu::decode_attention (K/V bytes read "
+      "per second) against the machine's read bandwidth, timed by Google Benchmark."};
+  app.footer(
+      "Every other option is Google Benchmark's, written --name=value: --benchmark_filter=REGEX, "
+      "--benchmark_repetitions=N, --benchmark_min_time=S, --benchmark_list_tests, "
+      "--benchmark_format=json, ...");
+  app.allow_extras();
+  kvlab_support::add_integer(app, "--read_mib", read_mib,
+                             "size of the read-bandwidth buffer in MiB (--read_mib=M)", 1, 1 << 20);
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  rest = {argv[0]};
+  for (const std::string& arg : app.remaining()) rest.push_back(arg);
+  return true;
 }
 
 void print_table(const kvlab_bench::MedianReporter& reporter, std::size_t l3) {
@@ -233,9 +228,20 @@ void print_table(const kvlab_bench::MedianReporter& reporter, std::size_t l3) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t read_mib = take_read_mib(argc, argv);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::size_t read_mib = 1024;
+  std::vector<std::string> rest;  // the arguments for Google Benchmark
+  const auto parse = [&rest](int c, char** v, std::size_t& mib) {
+    return parse_options(c, v, mib, rest);
+  };
+  if (const auto stop =
+          kvlab_support::read_command_line("bench_decode_bandwidth", argc, argv, read_mib, parse))
+    return *stop;
+  std::vector<char*> bench_argv;  // [rest.size() + 1], null-terminated as a real argv
+  for (std::string& arg : rest) bench_argv.push_back(arg.data());
+  bench_argv.push_back(nullptr);
+  int bench_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&bench_argc, bench_argv.data());
+  if (benchmark::ReportUnrecognizedArguments(bench_argc, bench_argv.data())) return 2;
 
   // The machine's read bandwidth, before any benchmark (the buffer is freed afterwards).
   {

@@ -56,14 +56,16 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "builtin_model.hpp"
-#include "cli.hpp"
+#include "support/builtin_model.hpp"
 #include "read_bandwidth.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
 
 namespace {
 
 using kvlab::LlamaBackend;
-using kvlab_bench::UsageError;
+using kvlab_support::median;
+using kvlab_support::UsageError;
 
 struct Options {
   int steps = 256;
@@ -114,12 +116,6 @@ struct PrefillResult {
   double layer_gmacs() const { return static_cast<double>(layer_macs) / phases.matmuls * 1e-9; }
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
 std::string default_models_dir() {
   const char* env = std::getenv("KVLAB_MODELS_DIR");
   return env != nullptr && env[0] != '\0' ? env : "../shared/models";
@@ -151,7 +147,7 @@ std::vector<std::pair<const float*, std::size_t>> weight_arrays(const kvlab::Lla
 // Runs every backend on `model` at `threads` threads; appends one Result per backend.
 void run_model(const Model& model, int threads, const Options& o, double dram_gbps,
                std::vector<Result>& results) {
-  kvlab_bench::set_threads(threads);
+  kvlab_support::set_threads(threads);
   const kvlab::LlamaConfig& c = model.weights->config;
   const int steps = std::min(o.steps, c.seq_len);
   // The backends of --backends, cached (the reference of the ratios and the tokens) first.
@@ -247,7 +243,7 @@ PrefillResult run_prefill(const std::string& name,
                           const std::shared_ptr<const kvlab::LlamaWeights>& weights, int tokens,
                           int threads, int reps) {
   using Clock = std::chrono::steady_clock;
-  kvlab_bench::set_threads(threads);
+  kvlab_support::set_threads(threads);
   const kvlab::LlamaConfig& c = weights->config;
   kvlab::Rng rng(7);
   std::vector<int> prompt(static_cast<std::size_t>(tokens));  // [tokens]: ids in [2, vocab)
@@ -469,84 +465,39 @@ void write_json(const std::string& path, const std::vector<Result>& results,
   f << "  ]\n}\n";
 }
 
-const char* const kUsage =
-    "usage: bench_generate [--steps N] [--reps R] [--threads T,...] [--models NAME,...] "
-    "[--models-dir DIR]\n"
-    "                      [--model FILE] [--backends NAME,...] [--block-size B] [--read-mib M]\n"
-    "                      [--prefill P] [--json FILE]\n"
-    "                      [--help]\n"
-    "  --steps N          greedy tokens per run (default 256)\n"
-    "  --reps R           repetitions; medians are printed (default 5)\n"
-    "  --threads T,...    OpenMP thread counts (default 1,2)\n"
-    "  --models NAME,...  of stories260K (from --models-dir; skipped if absent), stories15M-shape "
-    "(random\n"
-    "                     weights), tiny (the built-in model), or none (only --model); default "
-    "stories260K,stories15M-shape\n"
-    "  --models-dir DIR   where stories260K.bin is (default $KVLAB_MODELS_DIR, else "
-    "../shared/models)\n"
-    "  --model FILE       also run this llama2.c checkpoint (e.g. stories15M.bin) or GGUF file (.gguf:\n"
-    "                     SmolLM2-135M-Instruct, dequantized to fp32), and time its prefill too\n"
-    "  --backends B,...   of naive, cached, paged (default all three; cached always runs: it is the\n"
-    "                     reference)\n"
-    "  --block-size B     block size of the paged backend (default 16)\n"
-    "  --read-mib M       size of the main-memory read-bandwidth buffer in MiB (default 1024)\n"
-    "  --prefill P        also time the prefill of a P-token prompt on the stories15M shape and "
-    "--model against\n"
-    "                     Eigen's GEMM (default 512; 0: skip)\n"
-    "  --json FILE        also write the results as JSON\n"
-    "  --help             print this and exit\n";
-
 bool parse_options(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    }
-    kvlab_bench::need_value(arg, value);
-    if (arg == "--steps") {
-      o.steps = kvlab_bench::parse_int(arg, value, 2, 1 << 20);
-    } else if (arg == "--reps") {
-      o.reps = kvlab_bench::parse_int(arg, value, 1, 1000);
-    } else if (arg == "--threads") {
-      o.threads = kvlab_bench::parse_int_list(arg, value, 1, 256);
-    } else if (arg == "--models") {
-      o.models = kvlab_bench::parse_list(arg, value);
-      for (const std::string& m : o.models) {
-        if (m != "stories260K" && m != "stories15M-shape" && m != "tiny" && m != "none") {
-          throw UsageError("--models: expected stories260K, stories15M-shape, tiny or none, got '" +
-                           m + "'");
-        }
-        if (m == "none" && o.models.size() > 1)
-          throw UsageError("--models: expected none alone, got '" + std::string(value) + "'");
-      }
-    } else if (arg == "--backends") {
-      o.backends = kvlab_bench::parse_list(arg, value);
-      for (const std::string& b : o.backends) {
-        if (b != "naive" && b != "cached" && b != "paged")
-          throw UsageError("--backends: expected naive, cached or paged, got '" + b + "'");
-      }
-    } else if (arg == "--models-dir") {
-      o.models_dir = value;
-    } else if (arg == "--model") {
-      o.model_file = value;
-    } else if (arg == "--block-size") {
-      o.block_size = kvlab_bench::parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--read-mib") {
-      o.read_mib = kvlab_bench::parse_int(arg, value, 1, 1 << 16);
-    } else if (arg == "--prefill") {
-      o.prefill = kvlab_bench::parse_int(arg, value, 0, 1 << 16);
-    } else if (arg == "--json") {
-      o.json = kvlab_bench::parse_file_name(arg, value);
-    } else {
-      throw UsageError(
-          "unknown option '" + arg +
-          "': expected one of --steps, --reps, --threads, --models, "
-          "--models-dir, --model, --backends, --block-size, --read-mib, --prefill, --json, --help");
-    }
-    ++i;
-  }
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_generate: tokens per second of the naive, cached and paged backends (greedy "
+      "generation from BOS), against the read bandwidth of the weights; the prefill against "
+      "Eigen's GEMM (medians of repetitions)."};
+  add_integer(app, "--steps", o.steps, "greedy tokens per run", 2, 1 << 20);
+  add_integer(app, "--reps", o.reps, "repetitions; medians are printed", 1, 1000);
+  add_integer_list(app, "--threads", o.threads, "OpenMP thread counts", 1, 256);
+  add_choice_list(app, "--models", o.models,
+                  "stories260K (from --models-dir; skipped if absent), stories15M-shape (random "
+                  "weights), tiny (the built-in model), or none (only --model)",
+                  {"stories260K", "stories15M-shape", "tiny", "none"});
+  add_file(app, "--models-dir", o.models_dir,
+           "where stories260K.bin is (default $KVLAB_MODELS_DIR, else ../shared/models)")
+      ->type_name("DIR");
+  add_file(app, "--model", o.model_file,
+           "also run this llama2.c checkpoint (e.g. stories15M.bin) or GGUF file (.gguf: "
+           "SmolLM2-135M-Instruct, dequantized to fp32), and time its prefill too");
+  add_choice_list(app, "--backends", o.backends,
+                  "the backends timed (cached always runs: it is the reference)",
+                  {"naive", "cached", "paged"});
+  add_integer(app, "--block-size", o.block_size, "block size of the paged backend", 1, 1 << 20);
+  add_integer(app, "--read-mib", o.read_mib, "size of the main-memory read-bandwidth buffer in MiB",
+              1, 1 << 16);
+  add_integer(app, "--prefill", o.prefill,
+              "also time the prefill of a P-token prompt on the stories15M shape and --model "
+              "against Eigen's GEMM (0: skip)",
+              0, 1 << 16);
+  add_file(app, "--json", o.json, "also write the results as JSON");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  if (o.models.size() > 1 && std::find(o.models.begin(), o.models.end(), "none") != o.models.end())
+    throw UsageError("--models: expected none alone, got '" + CLI::detail::join(o.models, ",") + "'");
   return true;
 }
 
@@ -555,10 +506,10 @@ bool parse_options(int argc, char** argv, Options& o) {
 int main(int argc, char** argv) {
   Options o;
   if (const auto stop =
-          kvlab_bench::read_command_line("bench_generate", argc, argv, o, parse_options))
+          kvlab_support::read_command_line("bench_generate", argc, argv, o, parse_options))
     return *stop;
-  if (!kvlab_bench::can_write("bench_generate", "--json", o.json)) return 2;
-  o.threads = kvlab_bench::usable_threads("bench_generate", o.threads);
+  if (!kvlab_support::can_write("bench_generate", "--json", o.json)) return 2;
+  o.threads = kvlab_support::usable_threads("bench_generate", o.threads);
   try {
     std::vector<Model> models;
     const std::string dir = o.models_dir.empty() ? default_models_dir() : o.models_dir;
@@ -590,7 +541,7 @@ int main(int argc, char** argv) {
     if (!o.model_file.empty()) {
       // Named by the file's name without its folder (the figures do not carry a machine's paths).
       const std::string base = o.model_file.substr(o.model_file.find_last_of('/') + 1);
-      models.push_back({base, base, kvlab_bench::choose_model(o.model_file, "tiny").weights});
+      models.push_back({base, base, kvlab_support::choose_model(o.model_file, "tiny").weights});
     }
     if (models.empty()) throw std::runtime_error("no model to run");
     for (const Model& m : models)

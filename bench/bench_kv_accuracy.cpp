@@ -30,13 +30,12 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
 using kvlab::KVDtype;
 using kvlab::RowMatrix;
-using kvlab_bench::UsageError;
 
 constexpr KVDtype kDtypes[] = {KVDtype::fp32, KVDtype::fp16, KVDtype::bf16, KVDtype::int8,
                                KVDtype::int4};
@@ -179,34 +178,18 @@ void model_agreement(const std::string& name, const std::shared_ptr<const kvlab:
   }
 }
 
-const char* const kUsage =
-    "usage: bench_kv_accuracy [--model-dir DIR] [--steps N] [--n N] [--help]\n"
-    "  --model-dir DIR  a folder holding stories260K.bin (without it, the random-weight models "
-    "only)\n"
-    "  --steps N        greedy steps per model (default 256)\n"
-    "  --n N            tokens in the cache of the attention part (default 4096, N >= 16)\n"
-    "  --help           print this and exit\n";
-
 bool parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--model-dir") {
-      options.model_dir = kvlab_bench::parse_file_name(arg, value);
-    } else if (arg == "--steps") {
-      options.steps = kvlab_bench::parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--n") {
-      options.n = kvlab_bench::parse_int(arg, value, 16, 1 << 20);
-    } else {
-      throw UsageError("unknown option '" + arg +
-                       "': expected one of --model-dir, --steps, --n, --help");
-    }
-    ++i;
-  }
-  return true;
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_kv_accuracy: what storing K and V in less precision costs in accuracy: attention "
+      "outputs against the exact attention, and whole models' greedy agreement with fp32 (no "
+      "timing)."};
+  add_file(app, "--model-dir", options.model_dir,
+           "a folder holding stories260K.bin (without it, the random-weight models only)")
+      ->type_name("DIR");
+  add_integer(app, "--steps", options.steps, "greedy steps per model", 1, 1 << 20);
+  add_integer(app, "--n", options.n, "tokens in the cache of the attention part", 16, 1 << 20);
+  return kvlab_support::parse(app, argc, argv);
 }
 
 }  // namespace
@@ -214,7 +197,7 @@ bool parse_options(int argc, char** argv, Options& options) {
 int main(int argc, char** argv) {
   Options options;
   if (const auto stop =
-          kvlab_bench::read_command_line("bench_kv_accuracy", argc, argv, options, parse_options))
+          kvlab_support::read_command_line("bench_kv_accuracy", argc, argv, options, parse_options))
     return *stop;
   try {
     attention_errors(options.n);

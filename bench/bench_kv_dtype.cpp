@@ -31,16 +31,17 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
 #include "read_bandwidth.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
 #include "timing.hpp"
 
 namespace {
 
 using kvlab::KVDtype;
-using kvlab_bench::median;
-using kvlab_bench::set_threads;
-using kvlab_bench::time_per_call;
+using kvlab_support::median;
+using kvlab_support::set_threads;
+using kvlab_support::time_per_call;
 
 struct Config {
   const char* name;
@@ -203,6 +204,8 @@ int main(int argc, char** argv) {
   Options options;
   options.max_n = 32768;
   options.reps = 5;
-  return kvlab_bench::step_bench_main<Result>("bench_kv_dtype", "storage", argc, argv, options, kConfigs,
+  return kvlab_bench::step_bench_main<Result>("bench_kv_dtype",
+      "bench_kv_dtype: one decode step over K/V stored as fp32, fp16, bf16, int8 and int4 (cpu::decode_attention), medians of repetitions, against the read bandwidth.",
+      "storage", argc, argv, options, kConfigs,
                                               run_case, print_table, write_json);
 }

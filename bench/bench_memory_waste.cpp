@@ -74,13 +74,10 @@
 #include <kvlab/analysis/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
-using kvlab_bench::parse_double;
-using kvlab_bench::parse_long;
-using kvlab_bench::UsageError;
 
 constexpr double kPi = 3.14159265358979323846;
 const int kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
@@ -302,48 +299,22 @@ void write_json(const std::string& path, const Options& o, const std::vector<Req
 
 // --- options -------------------------------------------------------------------------------
 
-const char* const kUsage =
-    "usage: bench_memory_waste [--requests N] [--seed S] [--budget-gib G] [--max-len M]\n"
-    "                          [--median T] [--sigma S] [--json FILE]\n"
-    "  --requests N    requests in the synthetic workload (default 100000)\n"
-    "  --seed S        seed of the workload (default 1)\n"
-    "  --budget-gib G  KV-cache budget in GiB (default 20)\n"
-    "  --max-len M     tokens a contiguous cache reserves per request; lengths are clamped to it\n"
-    "                  (default 2048)\n"
-    "  --median T      median total length in tokens (default 256)\n"
-    "  --sigma S       sigma of ln(total length) (default 1.0)\n"
-    "  --json FILE     also write the results as JSON\n";
-
 // Returns false when --help was given (and printed).
 bool parse_options(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--requests") {
-      o.requests = parse_long(arg, value, 1, 1000000);
-    } else if (arg == "--seed") {
-      o.seed = static_cast<std::uint64_t>(parse_long(arg, value, 0, 2147483647));
-    } else if (arg == "--budget-gib") {
-      o.budget_gib = parse_long(arg, value, 1, 1024);
-    } else if (arg == "--max-len") {
-      o.max_len = parse_long(arg, value, 2, 1 << 20);
-    } else if (arg == "--median") {
-      o.median = parse_long(arg, value, 1, 1 << 20);
-    } else if (arg == "--sigma") {
-      o.sigma = parse_double(arg, value, 0.0, 4.0);
-    } else if (arg == "--json") {
-      o.json = kvlab_bench::parse_file_name(arg, value);
-    } else {
-      throw UsageError("unknown option '" + arg +
-                       "': expected one of --requests, --seed, "
-                       "--budget-gib, --max-len, --median, --sigma, --json, --help");
-    }
-    ++i;
-  }
-  return true;
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_memory_waste: how much KV-cache memory contiguous max-length preallocation and "
+      "paging waste, and how many sequences each fits in one budget, on a synthetic workload of "
+      "log-normal lengths (deterministic, no timing)."};
+  add_integer(app, "--requests", o.requests, "requests in the synthetic workload", 1, 1000000);
+  add_integer(app, "--seed", o.seed, "seed of the workload", 0, 2147483647);
+  add_integer(app, "--budget-gib", o.budget_gib, "KV-cache budget in GiB", 1, 1024);
+  add_integer(app, "--max-len", o.max_len,
+              "tokens a contiguous cache reserves per request; lengths are clamped to it", 2, 1 << 20);
+  add_integer(app, "--median", o.median, "median total length in tokens", 1, 1 << 20);
+  add_number(app, "--sigma", o.sigma, "sigma of ln(total length)", 0.0, 4.0);
+  add_file(app, "--json", o.json, "also write the results as JSON");
+  return kvlab_support::parse(app, argc, argv);
 }
 
 }  // namespace
@@ -351,9 +322,9 @@ bool parse_options(int argc, char** argv, Options& o) {
 int main(int argc, char** argv) {
   Options o;
   if (const auto stop =
-          kvlab_bench::read_command_line("bench_memory_waste", argc, argv, o, parse_options))
+          kvlab_support::read_command_line("bench_memory_waste", argc, argv, o, parse_options))
     return *stop;
-  if (!kvlab_bench::can_write("bench_memory_waste", "--json", o.json)) return 2;
+  if (!kvlab_support::can_write("bench_memory_waste", "--json", o.json)) return 2;
 
   const kvlab::ModelConfig model = kvlab::llama2_7b_config();
   const std::uint64_t bytes_per_token = kvlab::bytes_per_token(model, kvlab::KVDtype::fp16);

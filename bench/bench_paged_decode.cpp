@@ -49,16 +49,17 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
 #include "read_bandwidth.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
 #include "timing.hpp"
 
 namespace {
 
-using kvlab_bench::median;
+using kvlab_support::median;
 using kvlab_bench::row_relative_difference;
-using kvlab_bench::set_threads;
-using kvlab_bench::time_per_call;
+using kvlab_support::set_threads;
+using kvlab_support::time_per_call;
 
 struct Config {
   const char* name;
@@ -350,6 +351,8 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
 
 int main(int argc, char** argv) {
   Options options;
-  return kvlab_bench::step_bench_main<Result>("bench_paged_decode", "path", argc, argv, options, kConfigs,
+  return kvlab_bench::step_bench_main<Result>("bench_paged_decode",
+      "bench_paged_decode: the price of paging for one decode step: cpu::paged_decode_attention over block pools (block sizes 1, 16, 32; NHD and HND) against cpu::decode_attention over a contiguous cache, medians of repetitions, against the read bandwidth.",
+      "path", argc, argv, options, kConfigs,
                                               run_case, print_table, write_json);
 }

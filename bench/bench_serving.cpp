@@ -38,13 +38,15 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "builtin_model.hpp"
-#include "cli.hpp"
+#include "support/builtin_model.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
 
 namespace {
 
 using kvlab::BatchingPolicy;
-using kvlab_bench::UsageError;
+using kvlab_support::median;
+using kvlab_support::UsageError;
 
 struct Options {
   int reps = 3;
@@ -58,64 +60,33 @@ struct Options {
   std::string json;
 };
 
-const char* const kUsage =
-    "usage: bench_serving [--models LIST] [--models-dir DIR] [--threads LIST] [--reps N]\n"
-    "                     [--requests N] [--pool-tokens N] [--max-running N] [--block-size N]\n"
-    "                     [--json FILE]\n"
-    "  --models LIST      comma-separated: stories260K (the checkpoint, skipped when absent),\n"
-    "                     stories15M-shape (random weights), tiny (the built-in test model)\n"
-    "                     (default stories260K,stories15M-shape)\n"
-    "  --models-dir DIR   where stories260K.bin is (default $KVLAB_MODELS_DIR, else\n"
-    "                     ../shared/models from the working directory)\n"
-    "  --threads LIST     OpenMP thread counts (default 1,2)\n"
-    "  --reps N           repetitions, medians reported (default 3)\n"
-    "  --requests N       requests of the mixed workload (default 64)\n"
-    "  --pool-tokens N    KV memory of every policy, in tokens (default 4096)\n"
-    "  --max-running N    requests running at once, every policy (default 64)\n"
-    "  --block-size N     tokens per block (default 16)\n"
-    "  --json FILE        write the figures as JSON\n";
-
 bool parse(int argc, char** argv, Options& o) {
-  using namespace kvlab_bench;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--models") {
-      o.models = parse_list(arg, value);
-      for (const std::string& m : o.models)
-        if (m != "stories260K" && m != "stories15M-shape" && m != "tiny")
-          throw UsageError(arg + ": expected stories260K, stories15M-shape or tiny, got '" + m + "'");
-    } else if (arg == "--models-dir") {
-      o.models_dir = parse_file_name(arg, value);
-    } else if (arg == "--threads") {
-      o.threads = parse_int_list(arg, value, 1, 256);
-    } else if (arg == "--reps") {
-      o.reps = parse_int(arg, value, 1, 1000);
-    } else if (arg == "--requests") {
-      o.requests = parse_int(arg, value, 1, 1 << 16);
-    } else if (arg == "--pool-tokens") {
-      o.pool_tokens = parse_int(arg, value, 1, 1 << 24);
-    } else if (arg == "--max-running") {
-      o.max_running = parse_int(arg, value, 1, 1 << 16);
-    } else if (arg == "--block-size") {
-      o.block_size = parse_int(arg, value, 1, 1 << 12);
-    } else if (arg == "--json") {
-      o.json = parse_file_name(arg, value);
-    } else {
-      throw UsageError("unknown option '" + arg + "'");
-    }
-    ++i;
-  }
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_serving: continuous batching against static batching and contiguous "
+      "preallocation on the same model, kernels and KV memory: throughput, concurrency, batched "
+      "decode, prefix caching (medians of repetitions)."};
+  add_choice_list(app, "--models", o.models,
+                  "stories260K (the checkpoint, skipped when absent), stories15M-shape (random "
+                  "weights), tiny (the built-in test model)",
+                  {"stories260K", "stories15M-shape", "tiny"});
+  add_file(app, "--models-dir", o.models_dir,
+           "where stories260K.bin is (default $KVLAB_MODELS_DIR, else ../shared/models from the "
+           "working directory)")
+      ->type_name("DIR");
+  add_integer_list(app, "--threads", o.threads, "OpenMP thread counts", 1, 256);
+  add_integer(app, "--reps", o.reps, "repetitions, medians reported", 1, 1000);
+  add_integer(app, "--requests", o.requests, "requests of the mixed workload", 1, 1 << 16);
+  add_integer(app, "--pool-tokens", o.pool_tokens, "KV memory of every policy, in tokens", 1, 1 << 24);
+  add_integer(app, "--max-running", o.max_running, "requests running at once, every policy", 1, 1 << 16);
+  add_integer(app, "--block-size", o.block_size, "tokens per block", 1, 1 << 12);
+  add_file(app, "--json", o.json, "write the figures as JSON");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
   if (o.pool_tokens % o.block_size != 0)
     throw UsageError("--pool-tokens: expected a multiple of --block-size, got " +
                      std::to_string(o.pool_tokens));
   return true;
 }
-
-double median(std::vector<double> v) { return kvlab::quantile(std::move(v), 0.5); }
 
 struct Run {
   kvlab::ServingSummary summary;
@@ -191,9 +162,9 @@ bool same_outputs(const char* what, const Run& a, const Run& b) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (const auto code = kvlab_bench::read_command_line("bench_serving", argc, argv, o, parse))
+  if (const auto code = kvlab_support::read_command_line("bench_serving", argc, argv, o, parse))
     return *code;
-  if (!kvlab_bench::can_write("bench_serving", "--json", o.json)) return 2;
+  if (!kvlab_support::can_write("bench_serving", "--json", o.json)) return 2;
   std::string dir = o.models_dir;
   if (dir.empty()) {
     const char* env = std::getenv("KVLAB_MODELS_DIR");
@@ -207,7 +178,7 @@ int main(int argc, char** argv) {
         weights = std::make_shared<const kvlab::LlamaWeights>(
             kvlab::load_llama_checkpoint(dir + "/stories260K.bin"));
       } else {
-        weights = kvlab_bench::choose_model("", name == "tiny" ? "tiny" : "stories15M").weights;
+        weights = kvlab_support::choose_model("", name == "tiny" ? "tiny" : "stories15M").weights;
       }
     } catch (const std::exception& e) {
       std::printf("%s: skipped (%s)\n", name.c_str(), e.what());
@@ -235,8 +206,8 @@ int main(int argc, char** argv) {
     }
     batch1.push_back(batch16.front());
 
-    for (int threads : kvlab_bench::usable_threads("bench_serving", o.threads)) {
-      kvlab_bench::set_threads(threads);
+    for (int threads : kvlab_support::usable_threads("bench_serving", o.threads)) {
+      kvlab_support::set_threads(threads);
       std::vector<double> cont, stat, contig, ratio, b16, b1, b_ratio, on_ttft50, off_ttft50,
           on_ttft99, off_ttft99;
       Figures f;

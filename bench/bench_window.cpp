@@ -25,7 +25,8 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "cli.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
 #include "timing.hpp"
 
 namespace {
@@ -37,37 +38,16 @@ struct Options {
   int threads = 1;
 };
 
-const char* const kUsage =
-    "usage: bench_window [--tokens N] [--window W] [--every E] [--threads T] [--help]\n"
-    "  --tokens N   tokens decoded (default 32768)\n"
-    "  --window W   the sliding window (default 1024)\n"
-    "  --every E    record memory and step time every E tokens (default 1024)\n"
-    "  --threads T  OpenMP threads (default 1)\n"
-    "  --help       print this and exit\n";
-
 bool parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--tokens") {
-      o.tokens = kvlab_bench::parse_int(arg, value, 2, 1 << 20);
-    } else if (arg == "--window") {
-      o.window = kvlab_bench::parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--every") {
-      o.every = kvlab_bench::parse_int(arg, value, 1, 1 << 20);
-    } else if (arg == "--threads") {
-      o.threads = kvlab_bench::parse_int(arg, value, 1, 256);
-    } else {
-      throw kvlab_bench::UsageError("unknown option '" + arg +
-                                    "': expected one of --tokens, --window, --every, --threads, "
-                                    "--help");
-    }
-    ++i;
-  }
-  return true;
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_window: what a sliding window saves over a long generation: memory held and decode "
+      "step time of a full cache, a ring and a paged store with blocks given back."};
+  add_integer(app, "--tokens", o.tokens, "tokens decoded", 2, 1 << 20);
+  add_integer(app, "--window", o.window, "the sliding window", 1, 1 << 20);
+  add_integer(app, "--every", o.every, "record memory and step time every E tokens", 1, 1 << 20);
+  add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 256);
+  return kvlab_support::parse(app, argc, argv);
 }
 
 // One decode step of `store` for its sequence `seq`: K/V of one token appended and, when
@@ -87,10 +67,10 @@ void step(kvlab::KVStore<float>& store, int seq, const kvlab::AttentionShape& sh
 
 int main(int argc, char** argv) {
   Options o;
-  if (const auto stop = kvlab_bench::read_command_line("bench_window", argc, argv, o, parse))
+  if (const auto stop = kvlab_support::read_command_line("bench_window", argc, argv, o, parse))
     return *stop;
   try {
-    kvlab_bench::set_threads(o.threads);
+    kvlab_support::set_threads(o.threads);
     const kvlab::AttentionShape shape(32, 8, 128);
     const int w = std::min(o.window, o.tokens);
     kvlab::ContiguousStore<float> full(1, 8, 128, o.tokens);
@@ -133,7 +113,7 @@ int main(int argc, char** argv) {
                                      std::to_string(t));
         }
       }
-      for (int i = 0; i < 3; ++i) median_us[i] = kvlab_bench::median(times[i]);
+      for (int i = 0; i < 3; ++i) median_us[i] = kvlab_support::median(times[i]);
       std::printf("%8d | %-10.1f %10.1f | %-10.2f %10.1f | %-10.2f %10.1f\n", t,
                   static_cast<double>(full.bytes_used()) / (1 << 20), median_us[0],
                   static_cast<double>(ring.bytes_reserved()) / (1 << 20), median_us[1],

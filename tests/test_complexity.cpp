@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvlab/kvlab.hpp"
+#include "support/stats.hpp"
 
 using kvlab::AttentionShape;
 using kvlab::AttentionStack;
@@ -36,19 +37,7 @@ std::vector<CostCounters> run(Decoder& decoder, const RowMatrix<float>& inputs, 
   return totals;
 }
 
-// Least-squares slope of log(y) against log(x).
-double log_log_slope(const std::vector<double>& x, const std::vector<double>& y) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  const double m = static_cast<double>(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double lx = std::log(x[i]), ly = std::log(y[i]);
-    sx += lx;
-    sy += ly;
-    sxx += lx * lx;
-    sxy += lx * ly;
-  }
-  return (m * sxy - sx * sy) / (m * sxx - sx * sx);
-}
+using kvlab_support::log_log_slope;  // the least-squares slope of log y against log x
 
 }  // namespace
 

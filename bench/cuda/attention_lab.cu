@@ -46,14 +46,13 @@
 #include <kvlab/cuda/host_api.cuh>
 #include <kvlab/cuda/paged_kv_cache.cuh>
 
-#include "cli.hpp"  // apps/cli.hpp
 #include "gpu_bench.cuh"
 
 namespace {
 
 namespace kc = kvlab::cuda;
 using kvlab::RowMatrix;
-using kvlab_bench::UsageError;
+using kvlab_support::UsageError;
 
 // --- versions 1 and 2: written here, to show what the library kernel improves on -------------
 
@@ -148,43 +147,28 @@ struct Options {
   std::string json;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help") {
-      std::printf(
-          "usage: attention_lab [--batch B] [--context L] [--heads H] [--kv-heads HKV] [--head-dim "
-          "D]\n"
-          "                     [--version V] [--reps R] [--peak-tbps X] [--json FILE]\n");
-      std::exit(0);
-    } else if (arg == "--batch") {
-      o.batch = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 4096)), ++i;
-    } else if (arg == "--context") {
-      o.context = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1 << 24)), ++i;
-    } else if (arg == "--heads") {
-      o.heads = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1024)), ++i;
-    } else if (arg == "--kv-heads") {
-      o.kv_heads = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1024)), ++i;
-    } else if (arg == "--head-dim") {
-      o.head_dim = static_cast<int>(kvlab_bench::parse_long(arg, value, 8, kc::kMaxHeadDim)), ++i;
-    } else if (arg == "--version") {
-      o.version = static_cast<int>(kvlab_bench::parse_long(arg, value, 0, 7)), ++i;
-    } else if (arg == "--reps") {
-      o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 10000)), ++i;
-    } else if (arg == "--peak-tbps") {
-      o.peak_tbps = kvlab_bench::parse_double(arg, value, 0.0, 100.0), ++i;
-    } else if (arg == "--json") {
-      if (value == nullptr) throw UsageError("--json: expected a file name, got nothing");
-      o.json = value, ++i;
-    } else {
-      throw UsageError("unknown option '" + arg + "'");
-    }
-  }
-  if (o.heads % o.kv_heads != 0) throw UsageError("--heads: expected a multiple of --kv-heads");
-  if (o.head_dim % 8 != 0) throw UsageError("--head-dim: expected a multiple of 8");
-  return o;
+bool parse(int argc, char** argv, Options& o) {
+  using namespace kvlab_support;
+  CLI::App app{
+      "attention_lab: decode attention on the GPU, kernel by kernel: each version validated "
+      "against kvlab's tuned CPU decode, then timed against the GPU's peak bandwidth."};
+  add_integer(app, "--batch", o.batch, "sequences in the batch", 1, 4096);
+  add_integer(app, "--context", o.context, "tokens of each sequence", 1, 1 << 24);
+  add_integer(app, "--heads", o.heads, "query heads", 1, 1024);
+  add_integer(app, "--kv-heads", o.kv_heads, "K/V heads (a divisor of --heads)", 1, 1024);
+  add_integer(app, "--head-dim", o.head_dim, "values per head (a multiple of 8)", 8, kc::kMaxHeadDim);
+  add_integer(app, "--version", o.version, "the kernel version to run (0: all)", 0, 7);
+  add_integer(app, "--reps", o.reps, "timed runs; the median is printed", 1, 10000);
+  add_number(app, "--peak-tbps", o.peak_tbps,
+             "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0, 100.0);
+  add_file(app, "--json", o.json, "also write the results as JSON");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  if (o.heads % o.kv_heads != 0)
+    throw UsageError("--heads: expected a multiple of --kv-heads (" + std::to_string(o.kv_heads) +
+                     "), got " + std::to_string(o.heads));
+  if (o.head_dim % 8 != 0)
+    throw UsageError("--head-dim: expected a multiple of 8, got " + std::to_string(o.head_dim));
+  return true;
 }
 
 float to_half_float(float x) { return __half2float(__float2half(x)); }
@@ -381,5 +365,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kvlab_bench::gpu_main("attention_lab", argc, argv, parse, run);
+  return kvlab_bench::gpu_main<Options>("attention_lab", argc, argv, parse, run);
 }

@@ -35,14 +35,13 @@
 #include <kvlab/cuda/decode_attention.cuh>
 #include <kvlab/cuda/paged_kv_cache.cuh>
 
-#include "cli.hpp"  // apps/cli.hpp
 #include "gpu_bench.cuh"
 
 namespace {
 
 namespace kc = kvlab::cuda;
 using kvlab::RowMatrix;
-using kvlab_bench::UsageError;
+using kvlab_support::UsageError;
 
 struct Options {
   std::vector<int> contexts{1024, 4096, 16384, 32768, 65536, 131072};
@@ -55,50 +54,35 @@ struct Options {
   std::string json;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help") {
-      std::printf(
-          "usage: bench_cuda_decode [--contexts L1,L2,...] [--batches B1,B2,...] [--max-tokens N]\n"
-          "       [--heads H] [--kv-heads HKV] [--head-dim D] [--block-size S] [--layout NHD|HND]\n"
-          "       [--reps R] [--peak-tbps X] [--json FILE]\n");
-      std::exit(0);
-    } else if (arg == "--contexts") {
-      o.contexts = kvlab_bench::parse_int_list(arg, value, 1, 1 << 24), ++i;
-    } else if (arg == "--batches") {
-      o.batches = kvlab_bench::parse_int_list(arg, value, 1, 4096), ++i;
-    } else if (arg == "--max-tokens") {
-      o.max_tokens = kvlab_bench::parse_long(arg, value, 1, 1L << 30), ++i;
-    } else if (arg == "--heads") {
-      o.heads = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1024)), ++i;
-    } else if (arg == "--kv-heads") {
-      o.kv_heads = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1024)), ++i;
-    } else if (arg == "--head-dim") {
-      o.head_dim = static_cast<int>(kvlab_bench::parse_long(arg, value, 8, kc::kMaxHeadDim)), ++i;
-    } else if (arg == "--block-size") {
-      o.block_size = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 4096)), ++i;
-    } else if (arg == "--layout") {
-      const std::string layout = value != nullptr ? value : "";
-      if (layout != "NHD" && layout != "HND")
-        throw UsageError("--layout: expected NHD or HND, got '" + layout + "'");
-      o.layout = layout == "HND" ? kvlab::KVLayout::HND : kvlab::KVLayout::NHD, ++i;
-    } else if (arg == "--reps") {
-      o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 10000)), ++i;
-    } else if (arg == "--peak-tbps") {
-      o.peak_tbps = kvlab_bench::parse_double(arg, value, 0.0, 100.0), ++i;
-    } else if (arg == "--json") {
-      if (value == nullptr) throw UsageError("--json: expected a file name, got nothing");
-      o.json = value, ++i;
-    } else {
-      throw UsageError("unknown option '" + arg + "'");
-    }
-  }
-  if (o.heads % o.kv_heads != 0) throw UsageError("--heads: expected a multiple of --kv-heads");
-  if (o.head_dim % 8 != 0) throw UsageError("--head-dim: expected a multiple of 8");
-  return o;
+bool parse(int argc, char** argv, Options& o) {
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_cuda_decode: decode attention on the GPU over contexts and batches (paged, uniform "
+      "and ragged; contiguous): time, bandwidth and its fraction of the GPU's peak, single pass "
+      "vs split-K."};
+  std::string layout = "NHD";
+  add_integer_list(app, "--contexts", o.contexts, "tokens per sequence", 1, 1 << 24);
+  add_integer_list(app, "--batches", o.batches, "sequences per launch", 1, 4096);
+  add_integer(app, "--max-tokens", o.max_tokens, "batch x context at most (larger cases skipped)", 1,
+              1L << 30);
+  add_integer(app, "--heads", o.heads, "query heads", 1, 1024);
+  add_integer(app, "--kv-heads", o.kv_heads, "K/V heads (a divisor of --heads)", 1, 1024);
+  add_integer(app, "--head-dim", o.head_dim, "values per head (a multiple of 8)", 8, kc::kMaxHeadDim);
+  add_integer(app, "--block-size", o.block_size, "tokens per block of the pool", 1, 4096);
+  add_choice(app, "--layout", layout, "the pool's layout", {"NHD", "HND"});
+  add_integer(app, "--reps", o.reps, "timed runs, each after an L2 flush; the median is printed", 1,
+              10000);
+  add_number(app, "--peak-tbps", o.peak_tbps,
+             "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0, 100.0);
+  add_file(app, "--json", o.json, "also write the results as JSON");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  o.layout = layout == "HND" ? kvlab::KVLayout::HND : kvlab::KVLayout::NHD;
+  if (o.heads % o.kv_heads != 0)
+    throw UsageError("--heads: expected a multiple of --kv-heads (" + std::to_string(o.kv_heads) +
+                     "), got " + std::to_string(o.heads));
+  if (o.head_dim % 8 != 0)
+    throw UsageError("--head-dim: expected a multiple of 8, got " + std::to_string(o.head_dim));
+  return true;
 }
 
 // Elements of `got` outside atol + rtol |want| (fp16: 1e-4, 1e-2).
@@ -308,5 +292,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kvlab_bench::gpu_main("bench_cuda_decode", argc, argv, parse, run);
+  return kvlab_bench::gpu_main<Options>("bench_cuda_decode", argc, argv, parse, run);
 }

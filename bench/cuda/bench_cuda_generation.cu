@@ -28,43 +28,28 @@
 #include <kvlab/model/attention_layer.hpp>
 #include <kvlab/model/decoder.hpp>
 
-#include "cli.hpp"  // apps/cli.hpp
 #include "gpu_bench.cuh"
 
 namespace {
 
 namespace kc = kvlab::cuda;
 using kvlab::RowMatrix;
-using kvlab_bench::UsageError;
 
 struct Options {
   int max_n = 4096, layers = 1, reps = 3;
   std::string json;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--help") {
-      std::printf(
-          "usage: bench_cuda_generation [--max-n N] [--layers L] [--reps R] [--json FILE]\n");
-      std::exit(0);
-    } else if (arg == "--max-n") {
-      o.max_n = static_cast<int>(kvlab_bench::parse_long(arg, value, 2, 1 << 16)), ++i;
-    } else if (arg == "--layers") {
-      o.layers = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 64)), ++i;
-    } else if (arg == "--reps") {
-      o.reps = static_cast<int>(kvlab_bench::parse_long(arg, value, 1, 1000)), ++i;
-    } else if (arg == "--json") {
-      if (value == nullptr) throw UsageError("--json: expected a file name, got nothing");
-      o.json = value, ++i;
-    } else {
-      throw UsageError("unknown option '" + arg + "'");
-    }
-  }
-  return o;
+bool parse(int argc, char** argv, Options& o) {
+  using namespace kvlab_support;
+  CLI::App app{
+      "bench_cuda_generation: the naive-vs-cached gap on the GPU: naive, cached and paged "
+      "decoders generating n tokens, their exact counts and median times."};
+  add_integer(app, "--max-n", o.max_n, "largest n; n runs over 256, 512, ... up to it", 2, 1 << 16);
+  add_integer(app, "--layers", o.layers, "attention layers in the model", 1, 64);
+  add_integer(app, "--reps", o.reps, "runs per decoder and n; the median is printed", 1, 1000);
+  add_file(app, "--json", o.json, "also write the results as JSON");
+  return kvlab_support::parse(app, argc, argv);
 }
 
 // One generation of n tokens: reset, the first token through prefill, n - 1 decode steps.
@@ -151,5 +136,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kvlab_bench::gpu_main("bench_cuda_generation", argc, argv, parse, run);
+  return kvlab_bench::gpu_main<Options>("bench_cuda_generation", argc, argv, parse, run);
 }

@@ -19,7 +19,7 @@
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/numeric.cuh"
 
-#include "cli.hpp"  // apps/cli.hpp
+#include "support/cli.hpp"
 
 namespace kvlab_bench {
 
@@ -135,22 +135,22 @@ inline void write_text(const std::string& path, const std::string& text) {
   if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path);
 }
 
-/// The `main` of a GPU benchmark program: options from `parse(argc, argv)`; without a CUDA
-/// device, "SKIPPED: no CUDA device" and exit code 77 (CTest: Skipped); else `run(options)`'s
-/// exit code. A `UsageError` exits 2 and any other exception 1, each with a message after the
-/// program's `name`.
-template <typename Parse, typename Run>
+/// The `main` of a GPU benchmark program: its options, defaults `Options{}`, read by
+/// `parse(argc, argv, options)` (kvlab_support::read_command_line: --help exits 0, a bad command
+/// line 2); without a CUDA device, "SKIPPED: no CUDA device" and exit code 77 (CTest: Skipped);
+/// else `run(options)`'s exit code, or 1 with a message after the program's `name` when it
+/// throws.
+template <typename Options, typename Parse, typename Run>
 int gpu_main(const char* name, int argc, char** argv, Parse&& parse, Run&& run) {
+  Options options;
+  if (const auto stop = kvlab_support::read_command_line(name, argc, argv, options, parse))
+    return *stop;
   try {
-    const auto options = parse(argc, argv);
     if (!kvlab::cuda::has_device()) {
       std::printf("SKIPPED: no CUDA device\n");
       return 77;
     }
     return run(options);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s: %s (try --help)\n", name, e.what());
-    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 1;

@@ -1,40 +1,144 @@
-// Fuzz target: the command-line parser of one of kvlab's programs (kvlab-gap, kvlab-generate,
-// kvlab-serve, kvlab_stress and the plain benchmarks that read their options with
-// `kvlab_bench::read_command_line`, the step benchmarks' shared parser among them), on arbitrary
-// arguments. This file is compiled once per program (tests/fuzz/CMakeLists.txt): the program's
-// source is included with its `main` renamed (and left out of the object code), so that its own
-// option parser (KVLAB_FUZZ_PARSE) is called on each input. An input is split into arguments at
-// its zero bytes (at most 16). The parser may accept the arguments,
-// print --help, or throw its UsageError; anything else (another exception, a crash, a sanitizer
-// report) is a finding.
+// Fuzz target: the command-line parsers of kvlab's programs (kvlab-gap, kvlab-generate,
+// kvlab-serve, kvlab-chat, kvlab_stress, the plain benchmarks, and the step benchmarks' shared
+// parser), each declared with CLI11 (support/cli.hpp), on arbitrary arguments. One program holds
+// them all: the environment variable KVLAB_FUZZ_PARSER names the one a run fuzzes (one CTest per
+// parser, tests/fuzz/CMakeLists.txt), so that CLI11, most of the compile, is compiled once.
+// Each program's source is included in a namespace of its own with its `main` renamed (a static
+// function nothing calls, left out of the object code), after every header any of them
+// includes (so that their own includes are already done: no header lands inside a namespace).
+// An input is split into arguments at its zero bytes (at most 16). The parser may accept the
+// arguments, print --help, or throw kvlab_support::UsageError (CLI11's errors become it);
+// anything else (another exception, a crash, a sanitizer report) is a finding.
 //
-//   build-fuzz/tests/fuzz/fuzz_cli_kvlab_generate build-fuzz/tests/fuzz/corpus/cli -runs=1000000
-//       -close_fd_mask=1
+//   KVLAB_FUZZ_PARSER=kvlab_serve build-fuzz/tests/fuzz/fuzz_cli build-fuzz/tests/fuzz/corpus/cli
+//       -runs=1000000 -close_fd_mask=1
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
-// main becomes a static function that nothing calls, so the compiler emits neither it nor what
-// only it uses: the parser's code alone is compiled (4 s instead of 20 for kvlab-generate).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <kvlab/analysis/memory_accounting.hpp>
+#include <kvlab/kvlab.hpp>
+#include <kvlab/model/bpe_tokenizer.hpp>
+#include <kvlab/model/chat.hpp>
+#include <kvlab/serving/state_dot.hpp>
+
+#include "allocator_stress.hpp"     // tests/stress
+#include "engine_stress.hpp"        // tests/stress
+#include "paged_cache_stress.hpp"   // tests/stress
+#include "read_bandwidth.hpp"       // bench
+#include "serve_workload.hpp"       // apps
+#include "support/builtin_model.hpp"
+#include "support/cli.hpp"
+#include "support/stats.hpp"
+#include "timing.hpp"  // bench: the step benchmarks' parser
+
 #define main static kvlab_fuzz_program_main
-#include KVLAB_FUZZ_PROGRAM_SOURCE
+namespace fuzz_kvlab_gap {
+#include "apps/kvlab_gap.cpp"
+}
+namespace fuzz_kvlab_generate {
+#include "apps/kvlab_generate.cpp"
+}
+namespace fuzz_kvlab_serve {
+#include "apps/kvlab_serve.cpp"
+}
+namespace fuzz_kvlab_chat {
+#include "apps/kvlab_chat.cpp"
+}
+namespace fuzz_bench_generate {
+#include "bench/bench_generate.cpp"
+}
+namespace fuzz_bench_kv_accuracy {
+#include "bench/bench_kv_accuracy.cpp"
+}
+namespace fuzz_bench_memory_waste {
+#include "bench/bench_memory_waste.cpp"
+}
+namespace fuzz_bench_serving {
+#include "bench/bench_serving.cpp"
+}
+namespace fuzz_bench_window {
+#include "bench/bench_window.cpp"
+}
+namespace fuzz_kvlab_stress {
+#include "tests/stress/kvlab_stress.cpp"
+}
 #undef main
 
 namespace {
 
-#if defined(KVLAB_FUZZ_STEP_BENCH)
 // The parser of the step benchmarks (bench/timing.hpp), in the shape of the others.
 bool parse_step_bench(int argc, char** argv, kvlab_bench::StepBenchOptions& options) {
-  return kvlab_bench::parse_step_bench_options("usage: step benchmark\n", argc, argv, options);
+  return kvlab_bench::parse_step_bench_options("step benchmark", "path", argc, argv, options);
 }
-#endif
 
-// The options type of a parser `bool parse(int argc, char** argv, Options& options)`.
-template <class O>
-O options_of(bool (*)(int, char**, O&));
+// Runs the parser `parse` (`bool parse(int argc, char** argv, Options& options)`) on fresh
+// options; its UsageError is an expected outcome.
+template <class Options>
+void run(bool (*parse)(int, char**, Options&), int argc, char** argv) {
+  Options options;
+  try {
+    (void)parse(argc, argv, options);
+  } catch (const kvlab_support::UsageError&) {}
+}
+
+using Runner = void (*)(int, char**);
+
+struct Parser {
+  const char* name;
+  Runner runner;
+};
+
+// Every parser, by the name KVLAB_FUZZ_PARSER gives.
+const Parser kParsers[] = {
+    {"kvlab_gap", [](int c, char** v) { run(&fuzz_kvlab_gap::parse_options, c, v); }},
+    {"kvlab_generate", [](int c, char** v) { run(&fuzz_kvlab_generate::parse_options, c, v); }},
+    {"kvlab_serve", [](int c, char** v) { run(&fuzz_kvlab_serve::parse, c, v); }},
+    {"kvlab_chat", [](int c, char** v) { run(&fuzz_kvlab_chat::parse_options, c, v); }},
+    {"bench_generate", [](int c, char** v) { run(&fuzz_bench_generate::parse_options, c, v); }},
+    {"bench_kv_accuracy", [](int c, char** v) { run(&fuzz_bench_kv_accuracy::parse_options, c, v); }},
+    {"bench_memory_waste", [](int c, char** v) { run(&fuzz_bench_memory_waste::parse_options, c, v); }},
+    {"bench_serving", [](int c, char** v) { run(&fuzz_bench_serving::parse, c, v); }},
+    {"bench_window", [](int c, char** v) { run(&fuzz_bench_window::parse, c, v); }},
+    {"kvlab_stress", [](int c, char** v) { run(&fuzz_kvlab_stress::parse_options, c, v); }},
+    {"step_bench", [](int c, char** v) { run(&parse_step_bench, c, v); }},
+};
+
+Runner g_runner = nullptr;  // the parser this run fuzzes
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* name = std::getenv("KVLAB_FUZZ_PARSER");
+  for (const Parser& p : kParsers)
+    if (name != nullptr && std::strcmp(name, p.name) == 0) g_runner = p.runner;
+  if (g_runner == nullptr) {
+    std::fprintf(stderr, "fuzz_cli: KVLAB_FUZZ_PARSER: expected one of");
+    for (const Parser& p : kParsers) std::fprintf(stderr, " %s", p.name);
+    std::fprintf(stderr, ", got '%s'\n", name != nullptr ? name : "");
+    std::exit(2);
+  }
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::vector<std::string> args{"program"};  // [argc]: argv[0], then the input's pieces
@@ -51,10 +155,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<char*> argv;  // [argc + 1], null-terminated as a real argv
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-
-  decltype(options_of(&KVLAB_FUZZ_PARSE)) options;
-  try {
-    (void)KVLAB_FUZZ_PARSE(static_cast<int>(args.size()), argv.data(), options);
-  } catch (const kvlab_bench::UsageError&) {}
+  g_runner(static_cast<int>(args.size()), argv.data());
   return 0;
 }

@@ -100,6 +100,8 @@ int main(int argc, char** argv) {
       {"--kv-dtype", "int8", "--backend", "paged", "--block-size", "16"},
       {"--max-n", "4096", "--reps", "3", "--json", "out.json"},
       {"--threads", "1,2", "--window", "-5", "--help"},
+      {"--prompt-len", "8:64", "--policy", "static", "--turn", "Hi", "--prefix-caching", "off"},
+      {"--models", "tiny,none", "--policies", "static,contiguous", "--max-n=2048", "--", "x"},
   };
   const auto joined = [](const std::vector<std::string>& args) {
     std::string out;

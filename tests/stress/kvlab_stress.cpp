@@ -17,28 +17,11 @@
 #include <vector>
 
 #include "allocator_stress.hpp"
-#include "cli.hpp"
 #include "engine_stress.hpp"
 #include "paged_cache_stress.hpp"
+#include "support/cli.hpp"
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: kvlab_stress [options]\n"
-    "Long random operation sequences, every invariant checked after every operation.\n"
-    "  --allocator-ops N  block allocator operations (default 1000000; 0 skips)\n"
-    "  --cache-ops N      paged-cache operations, shared by 6 runs: block sizes 1, 3 and 16,\n"
-    "                     NHD and HND (default 600000; 0 skips)\n"
-    "  --engine-steps N   engine steps per batching policy (continuous with prefix caching,\n"
-    "                     static, contiguous), then a drain (default 3000; 0 skips)\n"
-    "  --policies LIST    the engines' batching policies, comma-separated (default\n"
-    "                     continuous,static,contiguous; one per process measures each one's "
-    "memory)\n"
-    "  --seed S           the generators' seed (default 1)\n"
-    "  --sample-every N   sample the resident memory every N engine steps (default 1000)\n"
-    "  --keep-records     take no request's output: the engine keeps every request's record\n"
-    "  --rss-csv FILE     write the samples: policy,step,requests,records,rss_kib\n"
-    "  --help             this text\n";
 
 struct Options {
   long allocator_ops = 1000000;
@@ -53,50 +36,37 @@ struct Options {
   std::string rss_csv;
 };
 
-using kvlab_bench::UsageError;
-
 bool parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    constexpr long kMax = 1L << 40;
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return false;
-    } else if (arg == "--allocator-ops") {
-      options.allocator_ops = kvlab_bench::parse_long(arg, value, 0, kMax);
-      ++i;
-    } else if (arg == "--cache-ops") {
-      options.cache_ops = kvlab_bench::parse_long(arg, value, 0, kMax);
-      ++i;
-    } else if (arg == "--engine-steps") {
-      options.engine_steps = kvlab_bench::parse_long(arg, value, 0, 1L << 30);
-      ++i;
-    } else if (arg == "--policies") {
-      options.policies.clear();
-      for (const std::string& item : kvlab_bench::parse_list(arg, value))
-        options.policies.push_back(kvlab::parse_batching_policy(
-            kvlab_bench::parse_choice(arg, item.c_str(), {"continuous", "static", "contiguous"})));
-      ++i;
-    } else if (arg == "--seed") {
-      options.seed = kvlab_bench::parse_long(arg, value, 0, kMax);
-      ++i;
-    } else if (arg == "--sample-every") {
-      options.sample_every = kvlab_bench::parse_long(arg, value, 1, 1L << 30);
-      ++i;
-    } else if (arg == "--keep-records") {
-      options.keep_records = true;
-    } else if (arg == "--rss-csv") {
-      options.rss_csv = kvlab_bench::parse_file_name(arg, value);
-      ++i;
-    } else {
-      throw UsageError(
-          "unknown option '" + arg +
-          "': expected one of --allocator-ops, --cache-ops, --engine-steps, --policies, "
-          "--seed, --keep-records, "
-          "--sample-every, --rss-csv, --help");
-    }
-  }
+  using namespace kvlab_support;
+  constexpr long long kMax = 1LL << 40;
+  CLI::App app{
+      "kvlab_stress: long random operation sequences against the block allocator, the paged "
+      "cache and a serving engine under each batching policy, every invariant checked after "
+      "every operation."};
+  std::vector<std::string> policies = {"continuous", "static", "contiguous"};
+  add_integer(app, "--allocator-ops", options.allocator_ops, "block allocator operations (0 skips)",
+              0, kMax);
+  add_integer(app, "--cache-ops", options.cache_ops,
+              "paged-cache operations, shared by 6 runs: block sizes 1, 3 and 16, NHD and HND (0 "
+              "skips)",
+              0, kMax);
+  add_integer(app, "--engine-steps", options.engine_steps,
+              "engine steps per batching policy (continuous with prefix caching, static, "
+              "contiguous), then a drain (0 skips)",
+              0, 1LL << 30);
+  add_choice_list(app, "--policies", policies,
+                  "the engines' batching policies (one per process measures each one's memory)",
+                  {"continuous", "static", "contiguous"});
+  add_integer(app, "--seed", options.seed, "the generators' seed", 0, kMax);
+  add_integer(app, "--sample-every", options.sample_every,
+              "sample the resident memory every N engine steps", 1, 1LL << 30);
+  app.add_flag("--keep-records", options.keep_records,
+               "take no request's output: the engine keeps every request's record");
+  add_file(app, "--rss-csv", options.rss_csv,
+           "write the samples: policy,step,requests,records,rss_kib");
+  if (!kvlab_support::parse(app, argc, argv)) return false;
+  options.policies.clear();
+  for (const std::string& p : policies) options.policies.push_back(kvlab::parse_batching_policy(p));
   return true;
 }
 
@@ -116,9 +86,9 @@ bool exercised(bool ran, const std::string& what) {
 int main(int argc, char** argv) {
   Options options;
   if (const auto stop =
-          kvlab_bench::read_command_line("kvlab_stress", argc, argv, options, parse_options))
+          kvlab_support::read_command_line("kvlab_stress", argc, argv, options, parse_options))
     return *stop;
-  if (!kvlab_bench::can_write("kvlab_stress", "--rss-csv", options.rss_csv)) return 2;
+  if (!kvlab_support::can_write("kvlab_stress", "--rss-csv", options.rss_csv)) return 2;
   const auto seed = static_cast<std::uint64_t>(options.seed);
   bool ok = true;
   try {

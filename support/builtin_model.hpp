@@ -1,5 +1,7 @@
-// The model a program runs: a llama2.c checkpoint, or a built-in model with random weights
-// (kvlab-generate, kvlab-serve and bench_serving choose it the same way).
+/// \file
+/// \brief The model a program runs: a GGUF file, a llama2.c checkpoint, or a built-in model with
+/// random weights (kvlab-generate, kvlab-serve, bench_generate and bench_serving choose it the
+/// same way). Not part of the library.
 #pragma once
 
 #include <memory>
@@ -9,7 +11,7 @@
 #include <kvlab/model/llama_config.hpp>
 #include <kvlab/model/llama_weights.hpp>
 
-namespace kvlab_bench {
+namespace kvlab_support {
 
 /// Weights and the words that name them in a program's output.
 struct ChosenModel {
@@ -17,17 +19,17 @@ struct ChosenModel {
   std::string description;  ///< the file, or "built-in <name> model (random weights, seed S)"
 };
 
-/// The checkpoint `model` when it is not empty; otherwise the built-in model `builtin`: "tiny"
-/// (`LlamaConfig::tiny()`) or "stories15M" (its shape with a separate classifier: with random
-/// weights a shared one makes every token predict itself, see `LlamaConfig::tiny`; a decode step
-/// reads the same bytes).
-/// \throws whatever `load_llama_checkpoint` throws for a bad file.
 /// True when `path` names a GGUF file (by its extension, ".gguf"): the programs read it with
 /// kvlab::load_gguf_weights, and its tokenizer from the same file.
 inline bool is_gguf(const std::string& path) {
   return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
 }
 
+/// The checkpoint `model` when it is not empty; otherwise the built-in model `builtin`: "tiny"
+/// (`LlamaConfig::tiny()`) or "stories15M" (its shape with a separate classifier: with random
+/// weights a shared one makes every token predict itself, see `LlamaConfig::tiny`; a decode step
+/// reads the same bytes).
+/// \throws whatever `load_llama_checkpoint` throws for a bad file.
 inline ChosenModel choose_model(const std::string& model, const std::string& builtin) {
   if (is_gguf(model)) {
     return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_gguf_weights(model)), model};
@@ -43,4 +45,4 @@ inline ChosenModel choose_model(const std::string& model, const std::string& bui
               std::to_string(kvlab::LlamaWeights::kBuiltinSeed) + ")"};
 }
 
-}  // namespace kvlab_bench
+}  // namespace kvlab_support
