@@ -59,6 +59,7 @@
 #include "support/builtin_model.hpp"
 #include "read_bandwidth.hpp"
 #include "support/cli.hpp"
+#include "support/json.hpp"
 #include "support/stats.hpp"
 
 namespace {
@@ -316,13 +317,10 @@ void print_phases(const std::string& model, int threads, const kvlab::PhaseTimes
 }
 
 // The phases as a JSON object (seconds).
-std::string phases_json(const kvlab::PhaseTimes& p, double sampling) {
-  std::ostringstream out;
-  out << "{\"layer_products\": " << p.matmuls << ", \"classifier\": " << p.classifier
-      << ", \"attention\": " << p.attention << ", \"rope\": " << p.rope << ", \"norms\": " << p.norms
-      << ", \"sampling\": " << sampling << ", \"other\": " << p.other()
-      << ", \"model_steps\": " << p.total << "}";
-  return out.str();
+kvlab_support::Json phases_json(const kvlab::PhaseTimes& p, double sampling) {
+  return {{"layer_products", p.matmuls}, {"classifier", p.classifier}, {"attention", p.attention},
+          {"rope", p.rope},               {"norms", p.norms},           {"sampling", sampling},
+          {"other", p.other()},           {"model_steps", p.total}};
 }
 
 void print_prefill(const std::vector<PrefillResult>& prefills, const Options& o) {
@@ -425,44 +423,49 @@ void print_kv_sizes(const Model& model) {
 void write_json(const std::string& path, const std::vector<Result>& results,
                 const std::vector<PrefillResult>& prefills, const Options& o,
                 const std::vector<Model>& models) {
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
-  f << "{\n  \"program\": \"bench_generate\",\n  \"steps\": " << o.steps
-    << ",\n  \"reps\": " << o.reps << ",\n  \"read_bandwidth_buffer_MiB\": " << o.read_mib
-    << ",\n  \"l3_MiB\": " << (kvlab_bench::l3_bytes() >> 20) << ",\n  \"models\": [";
-  for (std::size_t i = 0; i < models.size(); ++i) {
-    f << (i ? ", " : "") << "{\"name\": \"" << models[i].name << "\", \"source\": \""
-      << models[i].source << "\", \"config\": \"" << kvlab::to_string(models[i].weights->config)
-      << "\"}";
+  using kvlab_support::Json;
+  Json json = {{"program", "bench_generate"},
+               {"steps", o.steps},
+               {"reps", o.reps},
+               {"read_bandwidth_buffer_MiB", o.read_mib},
+               {"l3_MiB", kvlab_bench::l3_bytes() >> 20},
+               {"models", Json::array()},
+               {"results", Json::array()},
+               {"prefill", Json::array()}};
+  for (const Model& m : models) {
+    json["models"].push_back(
+        {{"name", m.name}, {"source", m.source}, {"config", kvlab::to_string(m.weights->config)}});
   }
-  f << "],\n  \"results\": [\n";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads << ", \"backend\": \""
-      << r.backend << "\", \"tokens_per_second\": " << r.tokens_per_second
-      << ", \"ms_per_token\": " << r.ms_per_token
-      << ", \"time_ratio_to_cached\": " << r.ratio_to_cached
-      << ", \"kv_projections\": " << r.work.attention.kv_projections
-      << ", \"macs\": " << r.work.macs();
+  for (const Result& r : results) {
+    Json row = {{"model", r.model},
+                {"threads", r.threads},
+                {"backend", r.backend},
+                {"tokens_per_second", r.tokens_per_second},
+                {"ms_per_token", r.ms_per_token},
+                {"time_ratio_to_cached", r.ratio_to_cached},
+                {"kv_projections", r.work.attention.kv_projections},
+                {"macs", r.work.macs()}};
     if (r.backend == "cached") {
-      f << ", \"decode_step_bytes\": " << r.step_bytes << ", \"decode_GB_per_s\": " << r.gbps
-        << ", \"weights_read_GB_per_s\": " << r.weights_read_gbps
-        << ", \"memory_read_GB_per_s\": " << r.dram_read_gbps
-        << ", \"phase_seconds\": " << phases_json(r.phases, r.sampling_seconds);
+      row["decode_step_bytes"] = r.step_bytes;
+      row["decode_GB_per_s"] = r.gbps;
+      row["weights_read_GB_per_s"] = r.weights_read_gbps;
+      row["memory_read_GB_per_s"] = r.dram_read_gbps;
+      row["phase_seconds"] = phases_json(r.phases, r.sampling_seconds);
     }
-    f << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    json["results"].push_back(row);
   }
-  f << "  ],\n  \"prefill\": [\n";
-  for (std::size_t i = 0; i < prefills.size(); ++i) {
-    const PrefillResult& r = prefills[i];
-    f << "    {\"model\": \"" << r.model << "\", \"threads\": " << r.threads
-      << ", \"tokens\": " << r.tokens << ", \"seconds\": " << r.seconds << ", \"macs\": " << r.macs
-      << ", \"GMAC_per_s\": " << r.gmacs() << ", \"gemm_GMAC_per_s\": " << r.gemm_gmacs
-      << ", \"layer_products_GMAC_per_s\": " << r.layer_gmacs()
-      << ", \"phase_seconds\": " << phases_json(r.phases, 0) << "}"
-      << (i + 1 < prefills.size() ? "," : "") << "\n";
+  for (const PrefillResult& r : prefills) {
+    json["prefill"].push_back({{"model", r.model},
+                               {"threads", r.threads},
+                               {"tokens", r.tokens},
+                               {"seconds", r.seconds},
+                               {"macs", r.macs},
+                               {"GMAC_per_s", r.gmacs()},
+                               {"gemm_GMAC_per_s", r.gemm_gmacs},
+                               {"layer_products_GMAC_per_s", r.layer_gmacs()},
+                               {"phase_seconds", phases_json(r.phases, 0)}});
   }
-  f << "  ]\n}\n";
+  kvlab_support::write_json_file(path, json);
 }
 
 bool parse_options(int argc, char** argv, Options& o) {

@@ -33,6 +33,7 @@
 
 #include "read_bandwidth.hpp"
 #include "support/cli.hpp"
+#include "support/json.hpp"
 #include "support/stats.hpp"
 #include "timing.hpp"
 
@@ -183,19 +184,22 @@ void print_table(const std::vector<Result>& results, const Options& options,
 
 void write_json(const std::string& path, const std::vector<Result>& results, const Options& options,
                 const std::vector<double>& read_gbps) {
-  std::ofstream file(path);
-  if (!file) throw std::runtime_error("--json: expected a writable file, got '" + path + "'");
-  kvlab_bench::write_step_bench_json_head(file, "bench_kv_dtype", options, read_gbps);
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    file << "    {\"shape\": \"" << r.shape << "\", \"n\": " << r.n << ", \"threads\": " << r.threads
-         << ", \"kv_dtype\": \"" << r.dtype << "\", \"kv_MiB\": " << r.mib
-         << ", \"bytes_ratio_to_fp32\": " << r.bytes_ratio << ", \"median_us\": " << r.seconds * 1e6
-         << ", \"GB_per_s\": " << r.gbps << ", \"fraction_of_read_bandwidth\": " << r.fraction
-         << ", \"time_ratio_to_fp32\": " << r.ratio << ", \"error_vs_fp32\": " << r.error << "}"
-         << (i + 1 < results.size() ? "," : "") << "\n";
+  kvlab_support::Json json = kvlab_bench::step_bench_json_head("bench_kv_dtype", options, read_gbps);
+  json["results"] = kvlab_support::Json::array();
+  for (const Result& r : results) {
+    json["results"].push_back({{"shape", r.shape},
+                               {"n", r.n},
+                               {"threads", r.threads},
+                               {"kv_dtype", r.dtype},
+                               {"kv_MiB", r.mib},
+                               {"bytes_ratio_to_fp32", r.bytes_ratio},
+                               {"median_us", r.seconds * 1e6},
+                               {"GB_per_s", r.gbps},
+                               {"fraction_of_read_bandwidth", r.fraction},
+                               {"time_ratio_to_fp32", r.ratio},
+                               {"error_vs_fp32", r.error}});
   }
-  file << "  ]\n}\n";
+  kvlab_support::write_json_file(path, json);
 }
 
 }  // namespace

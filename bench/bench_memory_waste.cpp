@@ -75,6 +75,7 @@
 #include <kvlab/kvlab.hpp>
 
 #include "support/cli.hpp"
+#include "support/json.hpp"
 
 namespace {
 
@@ -260,41 +261,47 @@ void write_json(const std::string& path, const Options& o, const std::vector<Req
                 const std::vector<std::int64_t>& sorted, double mean_len, long clamped_high,
                 long clamped_low, std::uint64_t bytes_per_token, std::uint64_t budget,
                 const std::vector<Row>& rows) {
-  std::ofstream out(path);
-  out.precision(10);
+  using kvlab_support::Json;
   const auto pct = [&](double q) {
     return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1))];
   };
-  out << "{\n  \"program\": \"bench_memory_waste\",\n";
-  out << "  \"workload\": {\"requests\": " << requests.size() << ", \"seed\": " << o.seed
-      << ", \"total_length\": \"lognormal, rounded, clamped to [2, max_len]\", \"median\": "
-      << o.median << ", \"sigma\": " << o.sigma << ", \"max_len\": " << o.max_len
-      << ", \"prompt\": \"1 + floor(u * (L - 1)), u uniform in [0, 1)\", \"mean_total\": "
-      << mean_len << ", \"p50_total\": " << pct(0.5) << ", \"p90_total\": " << pct(0.9)
-      << ", \"p99_total\": " << pct(0.99) << ", \"clamped_to_max_len\": " << clamped_high
-      << ", \"clamped_to_2\": " << clamped_low << "},\n";
-  out << "  \"model\": {\"name\": \"Llama-2-7B\", \"dtype\": \"fp16\", \"bytes_per_token\": "
-      << bytes_per_token << "},\n";
-  out << "  \"budget_bytes\": " << budget << ",\n  \"budget_tokens\": " << budget / bytes_per_token
-      << ",\n  \"layouts\": [\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    out << "    {\"layout\": \"" << r.layout << "\", \"block_size\": " << r.block_size
-        << ", \"reserved_bytes_at_finish\": " << r.finish.reserved_bytes
-        << ", \"used_bytes_at_finish\": " << r.finish.used_bytes
-        << ", \"waste_at_finish\": " << r.finish.waste_fraction()
-        << ", \"lifetime_reserved_token_steps\": " << r.lifetime.reserved
-        << ", \"lifetime_used_token_steps\": " << r.lifetime.used
-        << ", \"waste_lifetime\": " << r.lifetime.waste()
-        << ", \"unused_tokens_per_request_at_finish\": " << r.tail_per_request
-        << ", \"pool_blocks\": " << r.pool_blocks << ", \"sequences_mean\": " << r.seq_mean
-        << ", \"sequences_min\": " << r.seq_min << ", \"sequences_max\": " << r.seq_max
-        << ", \"rounds\": " << r.rounds
-        << ", \"replayed_on_paged_kv_cache\": " << (r.checked ? "true" : "false") << "}"
-        << (i + 1 < rows.size() ? "," : "") << "\n";
+  Json json = {{"program", "bench_memory_waste"},
+               {"workload",
+                {{"requests", requests.size()},
+                 {"seed", o.seed},
+                 {"total_length", "lognormal, rounded, clamped to [2, max_len]"},
+                 {"median", o.median},
+                 {"sigma", o.sigma},
+                 {"max_len", o.max_len},
+                 {"prompt", "1 + floor(u * (L - 1)), u uniform in [0, 1)"},
+                 {"mean_total", mean_len},
+                 {"p50_total", pct(0.5)},
+                 {"p90_total", pct(0.9)},
+                 {"p99_total", pct(0.99)},
+                 {"clamped_to_max_len", clamped_high},
+                 {"clamped_to_2", clamped_low}}},
+               {"model", {{"name", "Llama-2-7B"}, {"dtype", "fp16"}, {"bytes_per_token", bytes_per_token}}},
+               {"budget_bytes", budget},
+               {"budget_tokens", budget / bytes_per_token},
+               {"layouts", Json::array()}};
+  for (const Row& r : rows) {
+    json["layouts"].push_back({{"layout", r.layout},
+                               {"block_size", r.block_size},
+                               {"reserved_bytes_at_finish", r.finish.reserved_bytes},
+                               {"used_bytes_at_finish", r.finish.used_bytes},
+                               {"waste_at_finish", r.finish.waste_fraction()},
+                               {"lifetime_reserved_token_steps", r.lifetime.reserved},
+                               {"lifetime_used_token_steps", r.lifetime.used},
+                               {"waste_lifetime", r.lifetime.waste()},
+                               {"unused_tokens_per_request_at_finish", r.tail_per_request},
+                               {"pool_blocks", r.pool_blocks},
+                               {"sequences_mean", r.seq_mean},
+                               {"sequences_min", r.seq_min},
+                               {"sequences_max", r.seq_max},
+                               {"rounds", r.rounds},
+                               {"replayed_on_paged_kv_cache", r.checked}});
   }
-  out << "  ]\n}\n";
-  if (!out) throw std::runtime_error("--json: could not write '" + path + "'");
+  kvlab_support::write_json_file(path, json);
 }
 
 // --- options -------------------------------------------------------------------------------

@@ -40,6 +40,7 @@
 
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
+#include "support/json.hpp"
 #include "support/stats.hpp"
 
 namespace {
@@ -300,35 +301,46 @@ int main(int argc, char** argv) {
     }
   }
   if (!o.json.empty()) {
-    std::ofstream out(o.json);
-    out << "{\"reps\":" << o.reps << ",\"requests\":" << o.requests
-        << ",\"pool_tokens\":" << o.pool_tokens << ",\"block_size\":" << o.block_size
-        << ",\"max_running\":" << o.max_running << ",\"results\":[";
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      const Figures& f = all[i];
-      out << (i == 0 ? "" : ",") << "\n{\"model\":\"" << f.model << "\",\"threads\":" << f.threads
-          << ",\"continuous_tok_s\":" << f.continuous_tok_s << ",\"static_tok_s\":" << f.static_tok_s
-          << ",\"contiguous_tok_s\":" << f.contiguous_tok_s
-          << ",\"continuous_over_static\":" << f.continuous_over_static
-          << ",\"mean_running_paged\":" << f.mean_running_paged
-          << ",\"peak_running_paged\":" << f.peak_running_paged
-          << ",\"mean_running_contiguous\":" << f.mean_running_contiguous
-          << ",\"peak_running_contiguous\":" << f.peak_running_contiguous
-          << ",\"static_mean_running\":" << f.static_mean_running
-          << ",\"loaded_running_paged\":" << f.loaded_running_paged
-          << ",\"loaded_running_contiguous\":" << f.loaded_running_contiguous
-          << ",\"loaded_running_static\":" << f.loaded_running_static
-          << ",\"preemptions\":" << f.preemptions << ",\"batch16_tok_s\":" << f.batch16_tok_s
-          << ",\"batch1_tok_s\":" << f.batch1_tok_s << ",\"batch16_over_1\":" << f.batch16_over_1
-          << ",\"prefix_on_prefill_tokens\":" << f.prefix_on_prefill
-          << ",\"prefix_off_prefill_tokens\":" << f.prefix_off_prefill
-          << ",\"prefix_hit_rate\":" << f.prefix_hit_rate
-          << ",\"prefix_on_ttft_p50_s\":" << f.prefix_on_ttft_p50
-          << ",\"prefix_off_ttft_p50_s\":" << f.prefix_off_ttft_p50
-          << ",\"prefix_on_ttft_p99_s\":" << f.prefix_on_ttft_p99
-          << ",\"prefix_off_ttft_p99_s\":" << f.prefix_off_ttft_p99 << "}";
+    using kvlab_support::Json;
+    Json json = {{"reps", o.reps},
+                 {"requests", o.requests},
+                 {"pool_tokens", o.pool_tokens},
+                 {"block_size", o.block_size},
+                 {"max_running", o.max_running},
+                 {"results", Json::array()}};
+    for (const Figures& f : all) {
+      json["results"].push_back({{"model", f.model},
+                                 {"threads", f.threads},
+                                 {"continuous_tok_s", f.continuous_tok_s},
+                                 {"static_tok_s", f.static_tok_s},
+                                 {"contiguous_tok_s", f.contiguous_tok_s},
+                                 {"continuous_over_static", f.continuous_over_static},
+                                 {"mean_running_paged", f.mean_running_paged},
+                                 {"peak_running_paged", f.peak_running_paged},
+                                 {"mean_running_contiguous", f.mean_running_contiguous},
+                                 {"peak_running_contiguous", f.peak_running_contiguous},
+                                 {"static_mean_running", f.static_mean_running},
+                                 {"loaded_running_paged", f.loaded_running_paged},
+                                 {"loaded_running_contiguous", f.loaded_running_contiguous},
+                                 {"loaded_running_static", f.loaded_running_static},
+                                 {"preemptions", f.preemptions},
+                                 {"batch16_tok_s", f.batch16_tok_s},
+                                 {"batch1_tok_s", f.batch1_tok_s},
+                                 {"batch16_over_1", f.batch16_over_1},
+                                 {"prefix_on_prefill_tokens", f.prefix_on_prefill},
+                                 {"prefix_off_prefill_tokens", f.prefix_off_prefill},
+                                 {"prefix_hit_rate", f.prefix_hit_rate},
+                                 {"prefix_on_ttft_p50_s", f.prefix_on_ttft_p50},
+                                 {"prefix_off_ttft_p50_s", f.prefix_off_ttft_p50},
+                                 {"prefix_on_ttft_p99_s", f.prefix_on_ttft_p99},
+                                 {"prefix_off_ttft_p99_s", f.prefix_off_ttft_p99}});
     }
-    out << "]}\n";
+    try {
+      kvlab_support::write_json_file(o.json, json);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_serving: --json: %s\n", e.what());
+      return 1;
+    }
   }
   return 0;
 }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 
 #include "read_bandwidth.hpp"
 #include "support/cli.hpp"
+#include "support/json.hpp"
 
 namespace kvlab_bench {
 
@@ -75,17 +75,20 @@ inline std::vector<double> measure_read_bandwidth(const StepBenchOptions& option
   return gbps;
 }
 
-/// Writes the head of a decode-step benchmark's JSON file, up to and including `"results": [`.
-inline void write_step_bench_json_head(std::ostream& file, const char* program,
-                                       const StepBenchOptions& options,
-                                       const std::vector<double>& read_gbps) {
-  file << "{\n  \"program\": \"" << program << "\",\n  \"reps\": " << options.reps
-       << ",\n  \"min_time_s\": " << options.min_time << ",\n  \"l3_MiB\": " << (l3_bytes() >> 20)
-       << ",\n  \"read_bandwidth_buffer_MiB\": " << options.read_mib
-       << ",\n  \"read_bandwidth_GBps\": {";
+/// The head of a decode-step benchmark's JSON file: the program, its options, the L3 size and
+/// the read bandwidth at each thread count; the caller adds "results".
+inline kvlab_support::Json step_bench_json_head(const char* program, const StepBenchOptions& options,
+                                                const std::vector<double>& read_gbps) {
+  kvlab_support::Json head;
+  head["program"] = program;
+  head["reps"] = options.reps;
+  head["min_time_s"] = options.min_time;
+  head["l3_MiB"] = l3_bytes() >> 20;
+  head["read_bandwidth_buffer_MiB"] = options.read_mib;
+  head["read_bandwidth_GBps"] = kvlab_support::Json::object();
   for (std::size_t t = 0; t < options.threads.size(); ++t)
-    file << (t ? ", " : "") << "\"" << options.threads[t] << "\": " << read_gbps[t];
-  file << "},\n  \"results\": [\n";
+    head["read_bandwidth_GBps"][std::to_string(options.threads[t])] = read_gbps[t];
+  return head;
 }
 
 /// The `main` of a decode-step benchmark `program` (described by `about` in its --help), whose

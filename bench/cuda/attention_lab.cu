@@ -47,6 +47,7 @@
 #include <kvlab/cuda/paged_kv_cache.cuh>
 
 #include "gpu_bench.cuh"
+#include "support/json.hpp"
 
 namespace {
 
@@ -318,11 +319,10 @@ int run(const Options& o) {
 
   const double bytes = 2.0 * 2.0 * B * static_cast<double>(L) * o.kv_heads * d;  // K and V, fp16
   kvlab_bench::GpuTimer timer;
-  std::string json =
-      "{\n  \"gpu\": \"" + gpu + "\", \"peak_tbps\": " + std::to_string(peak) +
-      ", \"batch\": " + std::to_string(B) + ", \"context\": " + std::to_string(L) +
-      ", \"heads\": " + std::to_string(o.heads) + ", \"kv_heads\": " + std::to_string(o.kv_heads) +
-      ", \"head_dim\": " + std::to_string(d) + ", \"dtype\": \"fp16\",\n  \"versions\": [";
+  kvlab_support::Json json = {{"gpu", gpu},           {"peak_tbps", peak}, {"batch", B},
+                              {"context", L},         {"heads", o.heads},  {"kv_heads", o.kv_heads},
+                              {"head_dim", d},        {"dtype", "fp16"},
+                              {"versions", kvlab_support::Json::array()}};
   int failures = 0;
   std::printf("%-3s %-44s %12s %10s %8s %10s\n", "v", "kernel", "time (us)", "GB/s", "of peak",
               "max err");
@@ -351,14 +351,14 @@ int run(const Options& o) {
     const double tbps = bytes / (us * 1e-6) / 1e12;
     std::printf("%-3d %-44s %12.1f %10.1f %7.1f%% %10.1e\n", version.id, version.what, us,
                 tbps * 1000, peak > 0 ? 100 * tbps / peak : 0.0, max_err);
-    json += std::string(json.back() == '[' ? "\n" : ",\n") +
-            "    {\"version\": " + std::to_string(version.id) + ", \"kernel\": \"" + version.what +
-            "\", \"time_us\": " + std::to_string(us) + ", \"tbps\": " + std::to_string(tbps) +
-            ", \"fraction_of_peak\": " + std::to_string(peak > 0 ? tbps / peak : 0.0) +
-            ", \"max_abs_error\": " + std::to_string(max_err) + "}";
+    json["versions"].push_back({{"version", version.id},
+                                {"kernel", version.what},
+                                {"time_us", us},
+                                {"tbps", tbps},
+                                {"fraction_of_peak", peak > 0 ? tbps / peak : 0.0},
+                                {"max_abs_error", max_err}});  // infinite (a NaN): null
   }
-  json += "\n  ]\n}\n";
-  if (!o.json.empty()) kvlab_bench::write_text(o.json, json);
+  if (!o.json.empty()) kvlab_support::write_json_file(o.json, json);
   return failures == 0 ? 0 : 1;
 }
 

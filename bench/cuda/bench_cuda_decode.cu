@@ -36,6 +36,7 @@
 #include <kvlab/cuda/paged_kv_cache.cuh>
 
 #include "gpu_bench.cuh"
+#include "support/json.hpp"
 
 namespace {
 
@@ -257,34 +258,36 @@ int run(const Options& o) {
   }
 
   if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write " + o.json);
-    std::fprintf(f,
-                 "{\n  \"program\": \"bench_cuda_decode\",\n  \"gpu\": \"%s\", \"sm_count\": %d, "
-                 "\"peak_tbps\": %.3f, "
-                 "\"copy_tbps\": %.3f,\n  \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
-                 "\"dtype\": \"fp16\", "
-                 "\"block_size\": %d, \"layout\": \"%s\", \"reps\": %d,\n  \"cases\": [",
-                 gpu.c_str(), sm_count, peak, copy, o.heads, o.kv_heads, o.head_dim, o.block_size,
-                 kvlab::to_string(o.layout), o.reps);
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      std::string lengths;
-      for (int len : r.lengths) lengths += (lengths.empty() ? "" : ", ") + std::to_string(len);
+    using kvlab_support::Json;
+    Json json = {{"program", "bench_cuda_decode"},
+                 {"gpu", gpu},
+                 {"sm_count", sm_count},
+                 {"peak_tbps", peak},
+                 {"copy_tbps", copy},
+                 {"heads", o.heads},
+                 {"kv_heads", o.kv_heads},
+                 {"head_dim", o.head_dim},
+                 {"dtype", "fp16"},
+                 {"block_size", o.block_size},
+                 {"layout", kvlab::to_string(o.layout)},
+                 {"reps", o.reps},
+                 {"cases", Json::array()}};
+    for (const Result& r : results) {
       const double split_tbps = r.kv_bytes / (r.split_us * 1e-6) / 1e12;
-      std::fprintf(
-          f,
-          "%s\n    {\"kind\": \"%s\", \"batch\": %d, \"context\": %d, \"ragged\": %s, \"lengths\": "
-          "[%s], "
-          "\"kv_bytes\": %.0f, \"single_pass_us\": %.3f, \"split_k_us\": %.3f, "
-          "\"split_k_partitions\": %d, "
-          "\"single_pass_tbps\": %.4f, \"split_k_tbps\": %.4f, \"split_k_fraction_of_peak\": %.4f}",
-          i == 0 ? "" : ",", r.kind.c_str(), r.batch, r.context, r.ragged ? "true" : "false",
-          lengths.c_str(), r.kv_bytes, r.single_us, r.split_us, r.partitions,
-          r.kv_bytes / (r.single_us * 1e-6) / 1e12, split_tbps, peak > 0 ? split_tbps / peak : 0.0);
+      json["cases"].push_back({{"kind", r.kind},
+                               {"batch", r.batch},
+                               {"context", r.context},
+                               {"ragged", r.ragged},
+                               {"lengths", r.lengths},
+                               {"kv_bytes", r.kv_bytes},
+                               {"single_pass_us", r.single_us},
+                               {"split_k_us", r.split_us},
+                               {"split_k_partitions", r.partitions},
+                               {"single_pass_tbps", r.kv_bytes / (r.single_us * 1e-6) / 1e12},
+                               {"split_k_tbps", split_tbps},
+                               {"split_k_fraction_of_peak", peak > 0 ? split_tbps / peak : 0.0}});
     }
-    std::fprintf(f, "\n  ]\n}\n");
-    std::fclose(f);
+    kvlab_support::write_json_file(o.json, json);
   }
   return failures == 0 ? 0 : 1;
 }

@@ -29,11 +29,14 @@
 #include <kvlab/model/decoder.hpp>
 
 #include "gpu_bench.cuh"
+#include "support/json.hpp"
+#include "support/stats.hpp"
 
 namespace {
 
 namespace kc = kvlab::cuda;
 using kvlab::RowMatrix;
+using kvlab_support::median;
 
 struct Options {
   int max_n = 4096, layers = 1, reps = 3;
@@ -85,11 +88,15 @@ int run(const Options& o) {
   std::printf("%6s | %12s %12s | %12s %12s | %10s %10s %10s | %7s\n", "n", "naive K/V",
               "cached K/V", "naive dots", "cached dots", "naive ms", "cached ms", "paged ms",
               "ratio");
-  std::string json = "{\n  \"program\": \"bench_cuda_generation\", \"gpu\": \"" +
-                     kvlab_bench::device_name() + "\", \"layers\": " + std::to_string(o.layers) +
-                     ", \"d_model\": 256, \"heads\": 4, \"kv_heads\": 4, "
-                     "\"head_dim\": 64, \"reps\": " +
-                     std::to_string(o.reps) + ",\n  \"results\": [";
+  kvlab_support::Json json = {{"program", "bench_cuda_generation"},
+                              {"gpu", kvlab_bench::device_name()},
+                              {"layers", o.layers},
+                              {"d_model", 256},
+                              {"heads", 4},
+                              {"kv_heads", 4},
+                              {"head_dim", 64},
+                              {"reps", o.reps},
+                              {"results", kvlab_support::Json::array()}};
   int failures = 0;
   for (int n = 256; n <= o.max_n; n *= 2) {
     kc::NaiveDecoder<float> naive(stack);
@@ -103,10 +110,6 @@ int run(const Options& o) {
       const double c = generate(paged, tokens, n, y_paged);
       if (r > 0) t_naive.push_back(a), t_cached.push_back(b), t_paged.push_back(c);
     }
-    const auto median = [](std::vector<double> x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
     const double gap =
         std::max(max_relative_gap(y_naive, y_cached), max_relative_gap(y_paged, y_cached));
     if (gap > 1) ++failures;
@@ -119,17 +122,16 @@ int run(const Options& o) {
                 static_cast<unsigned long long>(cc.qk_dots), median(t_naive), median(t_cached),
                 median(t_paged), median(t_naive) / median(t_cached), gap > 1 ? "  MISMATCH" : "");
     std::fflush(stdout);
-    json += std::string(n == 256 ? "\n" : ",\n") + "    {\"n\": " + std::to_string(n) +
-            ", \"naive_kv_projections\": " + std::to_string(cn.kv_projections) +
-            ", \"cached_kv_projections\": " + std::to_string(cc.kv_projections) +
-            ", \"naive_qk_dots\": " + std::to_string(cn.qk_dots) +
-            ", \"cached_qk_dots\": " + std::to_string(cc.qk_dots) +
-            ", \"naive_ms\": " + std::to_string(median(t_naive)) +
-            ", \"cached_ms\": " + std::to_string(median(t_cached)) +
-            ", \"paged_ms\": " + std::to_string(median(t_paged)) + "}";
+    json["results"].push_back({{"n", n},
+                               {"naive_kv_projections", cn.kv_projections},
+                               {"cached_kv_projections", cc.kv_projections},
+                               {"naive_qk_dots", cn.qk_dots},
+                               {"cached_qk_dots", cc.qk_dots},
+                               {"naive_ms", median(t_naive)},
+                               {"cached_ms", median(t_cached)},
+                               {"paged_ms", median(t_paged)}});
   }
-  json += "\n  ]\n}\n";
-  if (!o.json.empty()) kvlab_bench::write_text(o.json, json);
+  if (!o.json.empty()) kvlab_support::write_json_file(o.json, json);
   return failures == 0 ? 0 : 1;
 }
 

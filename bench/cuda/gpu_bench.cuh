@@ -126,15 +126,6 @@ inline std::string device_name() {
   return prop.name;
 }
 
-/// Writes `text` to the file `path`.
-/// \throws std::runtime_error naming the path if it cannot be written.
-inline void write_text(const std::string& path, const std::string& text) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) throw std::runtime_error("cannot write " + path);
-  const bool ok = std::fputs(text.c_str(), f) >= 0;
-  if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path);
-}
-
 /// The `main` of a GPU benchmark program: its options, defaults `Options{}`, read by
 /// `parse(argc, argv, options)` (kvlab_support::read_command_line: --help exits 0, a bad command
 /// line 2); without a CUDA device, "SKIPPED: no CUDA device" and exit code 77 (CTest: Skipped);
