@@ -19,6 +19,8 @@
 
 #include <Eigen/Dense>
 
+#include "support/stats.hpp"
+
 namespace kvlab_bench {
 
 /// Sums `data[0, count)` with `threads` threads, each summing one contiguous chunk with Eigen
@@ -68,8 +70,7 @@ inline double read_bandwidth(const std::vector<std::pair<const float*, std::size
     const auto stop = std::chrono::steady_clock::now();
     gbps.push_back(bytes * 1e-9 / std::chrono::duration<double>(stop - start).count());
   }
-  std::sort(gbps.begin(), gbps.end());
-  return gbps[gbps.size() / 2];
+  return kvlab_support::median(gbps);
 }
 
 /// The L3 size in bytes as Linux reports it for cpu0 (32 MiB if unknown).

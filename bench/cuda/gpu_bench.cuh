@@ -20,6 +20,7 @@
 #include "kvlab/cuda/numeric.cuh"
 
 #include "support/cli.hpp"
+#include "support/stats.hpp"
 
 namespace kvlab_bench {
 
@@ -69,8 +70,7 @@ class GpuTimer {
       KVLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
       times.push_back(1000.0 * ms);
     }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return kvlab_support::median(times);
   }
 
  private:
