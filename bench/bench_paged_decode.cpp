@@ -89,7 +89,7 @@ struct Pool {
   // [num_blocks, block_size, num_kv_heads, head_dim] (NHD) or [num_blocks, num_kv_heads,
   // block_size, head_dim] (HND)
   std::vector<float> k, v;
-  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};
+  kvlab::BlockTables tables{{0, 1}, {0}, {1}, kvlab::BlockSize{1}, kvlab::NumBlocks{1}};
   kvlab::PagedKVView<float> view;
 
   Pool(const kvlab::ContiguousKVView<float>& cache, int block_size, kvlab::KVLayout layout) {

@@ -43,7 +43,7 @@ struct NoRounding {
 template <typename T = float>
 struct RaggedBatch {
   std::vector<T> k, v;                                // the pool: [num_blocks, ...] in `layout`
-  kvlab::BlockTables tables{{0, 1}, {0}, {1}, 1, 1};  // replaced in the constructor
+  kvlab::BlockTables tables{{0, 1}, {0}, {1}, kvlab::BlockSize{1}, kvlab::NumBlocks{1}};  // replaced in the constructor
   kvlab::PagedKVView<T> view;                         // host pointers into k, v, tables
   std::vector<int> lengths;                           // [batch]
 

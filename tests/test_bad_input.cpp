@@ -191,10 +191,11 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
   using V = std::vector<std::int32_t>;
   const char* ctor =
       "kvlab::BlockTables::BlockTables(std::vector< std::int32_t > indptr, std::vector< "
-      "std::int32_t > indices, std::vector< std::int32_t > last_page_len, int block_size, int "
-      "num_blocks)";
+      "std::int32_t > indices, std::vector< std::int32_t > last_page_len, BlockSize block_size, "
+      "NumBlocks num_blocks)";
   const auto make = [](V indptr, V indices, V last, int block_size, int num_blocks) {
-    return [=] { kvlab::BlockTables t(indptr, indices, last, block_size, num_blocks); };
+    return [=] { kvlab::BlockTables t(indptr, indices, last, kvlab::BlockSize{block_size},
+                              kvlab::NumBlocks{num_blocks}); };
   };
   refuses<InvalidArgument>(ctor, input::kSize, no_state, make({0, 1}, {0}, {1}, 4, 0),
                            names("num_blocks", ">= 1", "0"));
@@ -223,22 +224,22 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
 
   const char* from_lists =
       "kvlab::BlockTables::from_lists(const std::vector< std::vector< std::int32_t > > &blocks, "
-      "const std::vector< int > &lengths, int block_size, int num_blocks)";
+      "const std::vector< int > &lengths, BlockSize block_size, NumBlocks num_blocks)";
   refuses<InvalidArgument>(
       from_lists, input::kShape, no_state,
       [] {
-        (void)kvlab::BlockTables::from_lists({{0, 1}}, {4}, 4, 4);
+        (void)kvlab::BlockTables::from_lists({{0, 1}}, {4}, kvlab::BlockSize{4}, kvlab::NumBlocks{4});
       },
       names("blocks[0].size()", "1 (ceil(lengths[0] / block_size))", "2"));
   refuses<InvalidArgument>(
       from_lists, input::kShape, no_state,
       [] {
-        (void)kvlab::BlockTables::from_lists({{0}}, {4, 4}, 4, 4);
+        (void)kvlab::BlockTables::from_lists({{0}}, {4, 4}, kvlab::BlockSize{4}, kvlab::NumBlocks{4});
       },
       names("lengths.size()", "1 (blocks.size())", "2"));
   refuses<InvalidArgument>(
       from_lists, input::kSize, no_state,
-      [] { (void)kvlab::BlockTables::from_lists({{0}}, {0}, 4, 4); },
+      [] { (void)kvlab::BlockTables::from_lists({{0}}, {0}, kvlab::BlockSize{4}, kvlab::NumBlocks{4}); },
       names("lengths[0]", ">= 1", "0"));
 
   const char* shuffled =
@@ -262,7 +263,8 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
       [&] { (void)kvlab::BlockTables::shuffled({3}, 4, -1, rng); },
       names("spare_blocks", ">= 0", "-1"));
 
-  const kvlab::BlockTables tables({0, 1, 3}, {2, 0, 1}, {3, 2}, 4, 4);
+  const kvlab::BlockTables tables({0, 1, 3}, {2, 0, 1}, {3, 2}, kvlab::BlockSize{4},
+                                   kvlab::NumBlocks{4});
   const char* seq_len = "kvlab::BlockTables::seq_len(int seq) const";
   refuses<InvalidArgument>(
       seq_len, input::kRange, no_state, [&] { (void)tables.seq_len(2); },
@@ -434,7 +436,7 @@ TEST_CASE("PagedKVCache: bad input is refused and changes nothing") {
   refuses<InvalidArgument>(
       view, input::kRange, state, [&] { (void)cache->view(-1, live_tables); },
       names("layer", "in [0, 2)", "-1"));
-  const kvlab::BlockTables other({0, 1}, {0}, {1}, 4, 7);
+  const kvlab::BlockTables other({0, 1}, {0}, {1}, kvlab::BlockSize{4}, kvlab::NumBlocks{7});
   refuses<InvalidArgument>(
       view, input::kShape, state, [&] { (void)cache->view(0, other); },
       names("tables.num_blocks()", "6 (num_blocks)", "7"));
@@ -1604,7 +1606,7 @@ TEST_CASE("More of the library: layers, weights, stores, the model's batch, gene
       "kvlab::paged_cache_footprint(const PagedKVCacheBase &cache, std::uint64_t bytes_per_token)",
       input::kSize, no_state, [&] { (void)kvlab::paged_cache_footprint(*pool, 0); },
       names("bytes_per_token", ">= 1", "0"));
-  const kvlab::BlockTables tables({0, 1}, {0}, {1}, 4, 8);
+  const kvlab::BlockTables tables({0, 1}, {0}, {1}, kvlab::BlockSize{4}, kvlab::NumBlocks{8});
   std::vector<float> k(64), v(64);
   const char* view =
       "kvlab::BlockTables::view(const T *k, const T *v, int num_kv_heads, int head_dim, KVLayout "

@@ -11,13 +11,15 @@
 #include "kvlab/core/random.hpp"
 #include "test_support.hpp"
 
+using kvlab::BlockSize;
 using kvlab::BlockTables;
 using kvlab::InvalidArgument;
+using kvlab::NumBlocks;
 using kvlab_test::names;
 
 TEST_CASE("from_lists builds the CSR arrays") {
   // Block size 4: lengths 4 (one full block), 5 (one full + 1), 3 (one partial block).
-  const BlockTables t = BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, 4, 10);
+  const BlockTables t = BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, BlockSize{4}, NumBlocks{10});
   CHECK(t.batch() == 3);
   CHECK(t.indptr() == std::vector<std::int32_t>{0, 1, 3, 4});
   CHECK(t.indices() == std::vector<std::int32_t>{7, 2, 9, 0});
@@ -25,9 +27,9 @@ TEST_CASE("from_lists builds the CSR arrays") {
   CHECK(t.seq_len(0) == 4);
   CHECK(t.seq_len(1) == 5);
   CHECK(t.seq_len(2) == 3);
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, 4, 10), InvalidArgument,
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, BlockSize{4}, NumBlocks{10}), InvalidArgument,
                        names("blocks[0].size()", "1 (ceil(lengths[0] / block_size))", "2"));
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, 4, 10), InvalidArgument,
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, BlockSize{4}, NumBlocks{10}), InvalidArgument,
                        names("lengths[0]", ">= 1", "0"));
 }
 
@@ -75,7 +77,7 @@ TEST_CASE(
           order.begin() + static_cast<std::ptrdiff_t>(next + static_cast<std::size_t>(pages)));
       next += static_cast<std::size_t>(pages);
     }
-    const BlockTables tables = BlockTables::from_lists(lists, lengths, block_size, num_blocks);
+    const BlockTables tables = BlockTables::from_lists(lists, lengths, BlockSize{block_size}, NumBlocks{num_blocks});
     std::vector<float> pool_k(
         static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
     const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim, layout);
@@ -118,8 +120,8 @@ TEST_CASE(
 TEST_CASE("malformed tables are rejected, naming the element") {
   const auto make = [](std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
                        std::vector<std::int32_t> last, int num_blocks = 8, int block_size = 4) {
-    return BlockTables(std::move(indptr), std::move(indices), std::move(last), block_size,
-                       num_blocks);
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last),
+                       BlockSize{block_size}, NumBlocks{num_blocks});
   };
   CHECK_NOTHROW(make({0, 2, 3}, {5, 1, 7}, {4, 1}));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 5}), InvalidArgument,

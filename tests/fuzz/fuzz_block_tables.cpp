@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int i = 0; i + 1 < indptr_size; ++i) last_page_len.push_back(in.in(-1, 9));
 
   kvlab_fuzz::expect_typed_errors_only([&] {
-    const kvlab::BlockTables tables(indptr, indices, last_page_len, block_size, num_blocks);
+    const kvlab::BlockTables tables(indptr, indices, last_page_len, kvlab::BlockSize{block_size},
+                                    kvlab::NumBlocks{num_blocks});
     for (int s = 0; s < tables.batch(); ++s) {  // every sequence's length from its CSR row
       const int pages =
           indptr[static_cast<std::size_t>(s) + 1] - indptr[static_cast<std::size_t>(s)];

@@ -16,6 +16,20 @@
 
 namespace kvlab {
 
+/// Tokens per block of a paged pool, as a type of its own: where a block size and a block count
+/// are passed side by side (`BlockTables(indptr, indices, last_page_len, BlockSize{16},
+/// NumBlocks{64})`), the two cannot be swapped, and a call with two plain ints does not compile.
+struct BlockSize {
+  explicit constexpr BlockSize(int tokens) : value(tokens) {}
+  int value;  ///< tokens per block
+};
+
+/// Blocks in a paged pool, as a type of its own (see `BlockSize`).
+struct NumBlocks {
+  explicit constexpr NumBlocks(int blocks) : value(blocks) {}
+  int value;  ///< blocks in the pool
+};
+
 /// Owns the CSR arrays of a batch's block tables (see `PagedKVView` for their meaning) and
 /// guarantees their invariants: `indptr` starts at 0 and grows by at least one block per
 /// sequence, every index is a block of the pool, and `1 <= last_page_len[s] <= block_size`.
@@ -30,19 +44,19 @@ class BlockTables {
   /// \param block_size     tokens per block, >= 1
   /// \param num_blocks     blocks in the pool the indices point into, >= 1
   ///
-  /// Sizes come in kvlab's one order everywhere: `block_size`, then `num_blocks` (as
-  /// `PagedKVCache` and `PagedSequences` take them).
+  /// The two sizes have types of their own (`BlockSize{16}, NumBlocks{64}`): swapped, or given as
+  /// plain ints, they do not compile.
   /// \throws InvalidArgument naming the first array element that breaks an invariant.
   BlockTables(std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
-              std::vector<std::int32_t> last_page_len, int block_size, int num_blocks)
+              std::vector<std::int32_t> last_page_len, BlockSize block_size, NumBlocks num_blocks)
       : indptr_(std::move(indptr)),
         indices_(std::move(indices)),
         last_page_len_(std::move(last_page_len)),
-        num_blocks_(num_blocks),
-        block_size_(block_size) {
+        num_blocks_(num_blocks.value),
+        block_size_(block_size.value) {
     constexpr const char* kWhere = "kvlab::BlockTables";
-    detail::require_at_least(kWhere, "num_blocks", num_blocks, 1);
-    detail::require_at_least(kWhere, "block_size", block_size, 1);
+    detail::require_at_least(kWhere, "num_blocks", num_blocks_, 1);
+    detail::require_at_least(kWhere, "block_size", block_size_, 1);
     detail::require_at_least(kWhere, "indptr.size()", indptr_.size(), std::size_t{2});
     const std::size_t batch = indptr_.size() - 1;
     detail::require_equal(kWhere, "indptr[0]", indptr_[0], 0);
@@ -54,26 +68,26 @@ class BlockTables {
                      indptr_[s + 1]);
       }
       const std::int64_t pages = indptr_[s + 1] - indptr_[s];
-      if (pages > INT_MAX / block_size) {
+      if (pages > INT_MAX / block_size_) {
         detail::fail(kWhere, "indptr[" + std::to_string(s + 1) + "]",
-                     "a sequence of at most " + std::to_string(INT_MAX / block_size) + " blocks",
+                     "a sequence of at most " + std::to_string(INT_MAX / block_size_) + " blocks",
                      std::to_string(pages) + " blocks");
       }
     }
     detail::require_equal(kWhere, "indices.size()", indices_.size(),
                           static_cast<std::size_t>(indptr_.back()), "indptr[batch]");
     for (std::size_t i = 0; i < indices_.size(); ++i) {
-      if (indices_[i] != kReleasedBlock && (indices_[i] < 0 || indices_[i] >= num_blocks)) {
+      if (indices_[i] != kReleasedBlock && (indices_[i] < 0 || indices_[i] >= num_blocks_)) {
         detail::fail(kWhere, "indices[" + std::to_string(i) + "]",
-                     "in [0, " + std::to_string(num_blocks) + ") or kReleasedBlock (-1)",
+                     "in [0, " + std::to_string(num_blocks_) + ") or kReleasedBlock (-1)",
                      indices_[i]);
       }
     }
     detail::require_equal(kWhere, "last_page_len.size()", last_page_len_.size(), batch, "batch");
     for (std::size_t s = 0; s < batch; ++s) {
-      if (last_page_len_[s] < 1 || last_page_len_[s] > block_size) {
+      if (last_page_len_[s] < 1 || last_page_len_[s] > block_size_) {
         detail::fail(kWhere, "last_page_len[" + std::to_string(s) + "]",
-                     "in [1, block_size (" + std::to_string(block_size) + ")]", last_page_len_[s]);
+                     "in [1, block_size (" + std::to_string(block_size_) + ")]", last_page_len_[s]);
       }
     }
   }
@@ -82,23 +96,25 @@ class BlockTables {
   /// (each list must hold exactly ceil(length / block_size) blocks).
   /// \throws InvalidArgument if a list has the wrong number of blocks, or as the constructor.
   static BlockTables from_lists(const std::vector<std::vector<std::int32_t>>& blocks,
-                                const std::vector<int>& lengths, int block_size, int num_blocks) {
+                                const std::vector<int>& lengths, BlockSize block_size,
+                                NumBlocks num_blocks) {
     constexpr const char* kWhere = "kvlab::BlockTables::from_lists";
-    detail::require_at_least(kWhere, "block_size", block_size, 1);
+    const int tokens = block_size.value;  // per block
+    detail::require_at_least(kWhere, "block_size", tokens, 1);
     detail::require_equal(kWhere, "lengths.size()", lengths.size(), blocks.size(), "blocks.size()");
     std::vector<std::int32_t> indptr{0}, indices, last_page_len;
     for (std::size_t s = 0; s < blocks.size(); ++s) {
       const std::string name = "blocks[" + std::to_string(s) + "].size()";
       detail::require_at_least(kWhere, "lengths[" + std::to_string(s) + "]", lengths[s], 1);
-      const int pages = (lengths[s] - 1) / block_size + 1;
+      const int pages = (lengths[s] - 1) / tokens + 1;
       detail::require_equal(kWhere, name, blocks[s].size(), static_cast<std::size_t>(pages),
                             "ceil(lengths[" + std::to_string(s) + "] / block_size)");
       indices.insert(indices.end(), blocks[s].begin(), blocks[s].end());
       indptr.push_back(static_cast<std::int32_t>(indices.size()));
-      last_page_len.push_back(lengths[s] - (pages - 1) * block_size);
+      last_page_len.push_back(lengths[s] - (pages - 1) * tokens);
     }
-    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len), block_size,
-                       num_blocks);
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len),
+                       block_size, num_blocks);
   }
 
   /// Tables of sequences of `lengths` tokens whose blocks are taken from a shuffled pool of
@@ -135,7 +151,7 @@ class BlockTables {
                          order.begin() + static_cast<std::ptrdiff_t>(next + count));
       next += count;
     }
-    return from_lists(lists, lengths, block_size, num_blocks);
+    return from_lists(lists, lengths, BlockSize{block_size}, NumBlocks{num_blocks});
   }
 
   /// Sequences in the batch.

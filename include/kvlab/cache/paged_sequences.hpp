@@ -287,7 +287,8 @@ class PagedSequences {
       lists.push_back(s.blocks);
       lengths.push_back(s.length);
     }
-    return BlockTables::from_lists(lists, lengths, block_size_, allocator_.num_blocks());
+    return BlockTables::from_lists(lists, lengths, BlockSize{block_size_},
+                                  NumBlocks{allocator_.num_blocks()});
   }
 
  private:
