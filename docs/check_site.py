@@ -8,15 +8,17 @@ be non-empty and, for an SVG, be well-formed XML with an <svg> root. Each page o
 show, in full, every output it embeds (`\\verbinclude`, as the program printed it) and every image
 it shows (`\\image html`).
 
-The browser pass (docs/cdp_browser.py) opens every page of docs/pages in Chromium and fails on
-an uncaught JavaScript exception, a console error, a resource that did not load, an image or SVG
+The browser pass (Selenium driving a headless Chromium through chromedriver) opens every page of
+docs/pages and fails on an uncaught JavaScript exception, a console error, a resource that did
+not load (the browser's log), an image or SVG
 that did not render, a picture cut off (wider than its text column, or an SVG without a viewBox
 shown narrower than drawn), or an empty navigation tree; it saves screenshots of the pages named
 by --screenshot.
 
 Exit status: 0 when all is well; 1 with one line per problem; 77 (CTest: skipped) when the site
-has not been built, or when Chromium is not installed (after the static pass has passed), unless
-KVLAB_REQUIRE_BROWSER=1, when a missing browser is a failure. Standard library only.
+has not been built, or when Chromium, chromedriver or Selenium is not installed (after the static
+pass has passed), unless KVLAB_REQUIRE_BROWSER=1, when a missing browser is a failure. Standard
+library, and Selenium for the browser pass.
 
 The site, its .md pages (under INPUT) and the folders of the embedded outputs (EXAMPLE_PATH) are
 read from the Doxyfile that built it.
@@ -254,27 +256,123 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
-def browse(html, page_names, screenshots, chromium):
-    """The browser pass; returns its problems."""
-    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-    from cdp_browser import Browser, BrowserError
-    pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name)) for name in page_names]
+# Runs in the page after it has loaded: waits (at most 3 s) for Doxygen's navigation tree to be
+# filled in by its scripts, then reports what did not render and which pictures stick out of the
+# text column (and so are cut off).
+PAGE_REPORT = r"""
+(async () => {
+  const navItems = () => document.querySelectorAll('#nav-tree-contents li').length;
+  const end = Date.now() + 3000;
+  while (document.getElementById('nav-tree') && navItems() === 0 && Date.now() < end)
+    await new Promise(r => setTimeout(r, 50));
+  const brokenImages = [...document.images]
+    .filter(i => !i.complete || i.naturalWidth === 0).map(i => i.getAttribute('src'));
+  const brokenObjects = [...document.querySelectorAll('object[data]')].filter(o => {
+    const doc = o.contentDocument, box = o.getBoundingClientRect();
+    return !doc || !doc.documentElement || doc.documentElement.localName !== 'svg' ||
+           box.width === 0 || box.height === 0;
+  }).map(o => o.getAttribute('data'));
+  // A picture is cut off when it runs under the table of contents or past the page's content,
+  // or when an SVG without a viewBox is shown narrower than it was drawn (it does not scale).
+  const toc = document.querySelector('div.toc');
+  const clippedPictures = [...document.querySelectorAll('div.image img, div.image object')]
+    .filter(p => {
+      const box = p.getBoundingClientRect(), contents = p.closest('div.contents');
+      let limit = contents ? contents.getBoundingClientRect().right : window.innerWidth;
+      if (toc) {
+        const t = toc.getBoundingClientRect();
+        if (t.width > 0 && t.left > box.left) limit = Math.min(limit, t.left);
+      }
+      const svg = p.localName === 'object' && p.contentDocument && p.contentDocument.documentElement;
+      const unscaled = svg && svg.localName === 'svg' && !svg.hasAttribute('viewBox') &&
+                       parseFloat(svg.getAttribute('width')) > box.width + 1;
+      return box.width > 0 && (box.right > limit + 1 || unscaled);
+    }).map(p => p.getAttribute('src') || p.getAttribute('data'));
+  return {title: document.title, hasNavTree: !!document.getElementById('nav-tree'),
+          navItems: navItems(), brokenImages, brokenObjects, clippedPictures};
+})()
+"""
+
+
+# What the browser's log reports for a page: its uncaught exceptions, console errors and failed
+# loads are SEVERE entries (Chromium's log, through chromedriver).
+def log_problems(entries):
+    return [f"browser log: {e.get('message', '').strip()}" for e in entries
+            if e.get("level") == "SEVERE"]
+
+
+def browse(html, page_names, screenshots, chromium, chromedriver, width=1280, height=1000,
+           timeout=20):
+    """The browser pass, with Selenium driving a headless Chromium through chromedriver; returns
+    its problems. Each page is opened (a load may take `timeout` seconds), then PAGE_REPORT runs
+    in it, and its browser log is read; a page named in `screenshots` is photographed at
+    width x height."""
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={width},{height}", "--no-first-run", "--disable-extensions",
+                "--disable-background-networking", "--disable-sync", "--disable-component-update",
+                "--allow-file-access-from-files"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     problems = []
     try:
-        with Browser(chromium) as browser:
-            for name, found in sorted(browser.check(pages).items()):
-                problems += [f"{name} in Chromium: {p}" for p in found]
+        driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    except WebDriverException as e:
+        return [f"Chromium ({chromium}) through {chromedriver} did not start: {e.msg}"]
+    try:
+        driver.set_page_load_timeout(timeout)
+        driver.set_script_timeout(10)
+        # The viewport itself, not the window around it, at width x height (the screenshots').
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        for name in page_names:
+            found = []
+            try:
+                driver.get((html / name).resolve().as_uri())
+                page = driver.execute_async_script(
+                    "const done = arguments[arguments.length - 1];\n"
+                    "(" + PAGE_REPORT.strip() + ").then(done, e => done({error: String(e)}));")
+                if "error" in page:
+                    found.append(f"the check's own script failed: {page['error']}")
+                else:
+                    found += [f"image not loaded: {src}" for src in page["brokenImages"]]
+                    found += [f"SVG object not rendered: {data}" for data in page["brokenObjects"]]
+                    found += [f"picture wider than its text column, cut off: {p}"
+                              for p in page["clippedPictures"]]
+                    if page["hasNavTree"] and page["navItems"] == 0:
+                        found.append("the navigation tree on the left is empty (its scripts did "
+                                     "not fill it)")
+                found += log_problems(driver.get_log("browser"))
                 shot = ""
                 if name in screenshots:
+                    driver.save_screenshot(screenshots[name])
                     size = png_size(screenshots[name])
-                    if size != (browser.width, browser.height):
-                        problems.append(f"{name}: the screenshot {screenshots[name]} is not a "
-                                        f"{browser.width}x{browser.height} PNG (read: {size})")
+                    if size != (width, height):
+                        found.append(f"the screenshot {screenshots[name]} is not a "
+                                     f"{width}x{height} PNG (read: {size})")
                     shot = f", screenshot {screenshots[name]}"
-                print(f"  {name}: {len(found)} problem(s){shot}")
-    except BrowserError as e:
-        problems.append(f"Chromium ({chromium}): {e}")
+            except WebDriverException as e:
+                found.append(f"it did not open or answer: {e.msg}")
+                shot = ""
+            problems += [f"{name} in Chromium: {p}" for p in found]
+            print(f"  {name}: {len(found)} problem(s){shot}")
+    finally:
+        driver.quit()
     return problems
+
+
+def find_chromedriver():
+    """chromedriver (Debian: chromium-driver), when it and Selenium are installed; else None."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("chromedriver")
 
 
 def main():
@@ -320,14 +418,17 @@ def main():
     browser_problems = []
     if not args.static_only:
         chromium = find_chromium(args.chromium)
-        if chromium is None:
-            what = f"'{args.chromium}'" if args.chromium else "chromium"
+        chromedriver = find_chromedriver()
+        if chromium is None or chromedriver is None:
+            what = (f"'{args.chromium}'" if args.chromium else "chromium") if chromium is None \
+                else "Selenium and chromedriver"
             if site.problems or os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
-                browser_problems.append(f"browser pass: {what} is not installed "
-                                        "(Debian: apt install chromium)")
+                browser_problems.append(f"browser pass: {what} is not installed (Debian: apt "
+                                        "install chromium chromium-driver python3-selenium)")
             else:
                 print(f"check_site: SKIPPED: the browser pass needs {what}, which is not "
-                      "installed (Debian: apt install chromium); the static pass passed")
+                      "installed (Debian: apt install chromium chromium-driver "
+                      "python3-selenium); the static pass passed")
                 return SKIPPED
         else:
             for png in screenshots.values():
@@ -338,8 +439,8 @@ def main():
             browser_problems += [f"{n}, to be photographed, is not in the site"
                                  for n in screenshots if n not in names]
             start = time.monotonic()
-            print(f"check_site: browser pass ({chromium}), {len(names)} pages:")
-            browser_problems += browse(html, names, screenshots, chromium)
+            print(f"check_site: browser pass ({chromium}, Selenium), {len(names)} pages:")
+            browser_problems += browse(html, names, screenshots, chromium, chromedriver)
             print(f"check_site: browser pass: {len(browser_problems)} problem(s) "
                   f"({time.monotonic() - start:.1f} s)")
         print_problems(browser_problems)

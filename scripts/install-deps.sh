@@ -2,7 +2,7 @@
 # Installs the Debian/Ubuntu packages kvlab builds with, if any is missing (with sudo when
 # not root). Run by scripts/run.sh and scripts/test.sh; safe to run again.
 set -euo pipefail
-packages=(cmake g++ clang make ninja-build libeigen3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev unicode-data python3-pip doxygen graphviz doxygen-awesome-css libjs-mathjax chromium)
+packages=(cmake g++ clang make ninja-build libeigen3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev unicode-data python3-pip doxygen graphviz doxygen-awesome-css libjs-mathjax chromium chromium-driver python3-selenium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,7 +22,7 @@ $sudo apt-get update -qq
 if [[ " ${missing[*]} " == *" chromium "* ]] && ! apt-cache show chromium >/dev/null 2>&1; then
   echo "kvlab: no 'chromium' package here (Ubuntu ships it as a snap): the docs' browser check will be skipped"
   kept=()
-  for p in "${missing[@]}"; do [ "$p" = chromium ] || kept+=("$p"); done
+  for p in "${missing[@]}"; do [ "$p" = chromium ] || [ "$p" = chromium-driver ] || kept+=("$p"); done
   missing=("${kept[@]}")
   [ ${#missing[@]} -gt 0 ] || exit 0
 fi
