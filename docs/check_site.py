@@ -8,9 +8,9 @@ be non-empty and, for an SVG, be well-formed XML with an <svg> root. Each page o
 show, in full, every output it embeds (`\\verbinclude`, as the program printed it) and every image
 it shows (`\\image html`).
 
-The browser pass (Selenium driving a headless Chromium through chromedriver) opens every page of
-docs/pages and fails on an uncaught JavaScript exception, a console error, a resource that did
-not load (the browser's log), an image or SVG
+The browser pass drives a headless Chromium with Selenium, through chromedriver (Debian:
+python3-selenium, chromium-driver). It opens every page of docs/pages in turn and fails on an
+uncaught JavaScript exception, a console error, a resource that did not load, an image or SVG
 that did not render, a picture cut off (wider than its text column, or an SVG without a viewBox
 shown narrower than drawn), or an empty navigation tree; it saves screenshots of the pages named
 by --screenshot.
@@ -18,15 +18,16 @@ by --screenshot.
 Exit status: 0 when all is well; 1 with one line per problem; 77 (CTest: skipped) when the site
 has not been built, or when Chromium, chromedriver or Selenium is not installed (after the static
 pass has passed), unless KVLAB_REQUIRE_BROWSER=1, when a missing browser is a failure. Standard
-library, and Selenium for the browser pass.
+library only, but for Selenium in the browser pass.
 
 The site, its .md pages (under INPUT) and the folders of the embedded outputs (EXAMPLE_PATH) are
 read from the Doxyfile that built it.
 
 usage: check_site.py --doxyfile build/docs/Doxyfile [--html DIR] [--screenshot PAGE.html=OUT.png]...
-                     [--static-only] [--chromium PATH]
+                     [--static-only] [--chromium PATH] [--chromedriver PATH]
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -236,12 +237,29 @@ def page_sources(inputs):
     return sources
 
 
-def find_chromium(given):
-    for name in [given] if given else ["chromium", "chromium-browser", "google-chrome"]:
+def find_program(given, names):
+    """The path of `given`, or of the first of `names` on the PATH; None if there is none."""
+    for name in [given] if given else names:
         path = shutil.which(name)
         if path:
             return path
     return None
+
+
+def load_webdriver():
+    """Selenium's webdriver package, or the reason it cannot be imported (a string). Debian's
+    python3-selenium is installed for the system's python3: the CTest runs this script with it
+    where CMake's Python lacks Selenium (docs/CMakeLists.txt)."""
+    try:
+        from selenium import webdriver
+        return webdriver
+    except ImportError as e:
+        return f"{sys.executable}: {e}"
+
+
+def failure(e):
+    """The message of one of Browser.failures: chromedriver's, without Selenium's stack trace."""
+    return getattr(e, "msg", None) or str(e)
 
 
 def png_size(path):
@@ -291,88 +309,218 @@ PAGE_REPORT = r"""
   return {title: document.title, hasNavTree: !!document.getElementById('nav-tree'),
           navItems: navItems(), brokenImages, brokenObjects, clippedPictures};
 })()
-"""
+""".strip()  # "return" and the expression on one line: a line break after it would return nothing
 
 
-# What the browser's log reports for a page: its uncaught exceptions, console errors and failed
-# loads are SEVERE entries (Chromium's log, through chromedriver).
-def log_problems(entries):
-    return [f"browser log: {e.get('message', '').strip()}" for e in entries
-            if e.get("level") == "SEVERE"]
+class BrowserError(Exception):
+    """The browser or chromedriver did not start, died, or did not answer in time."""
 
 
-def browse(html, page_names, screenshots, chromium, chromedriver, width=1280, height=1000,
-           timeout=20):
-    """The browser pass, with Selenium driving a headless Chromium through chromedriver; returns
-    its problems. Each page is opened (a load may take `timeout` seconds), then PAGE_REPORT runs
-    in it, and its browser log is read; a page named in `screenshots` is photographed at
-    width x height."""
-    from selenium import webdriver
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.chrome.service import Service
+class Browser:
+    """One headless Chromium driven by Selenium through chromedriver; use as a context manager, so
+    that both always end. Chromedriver keeps two logs of the tab: the browser's log (uncaught
+    exceptions, console errors, failed loads) and the DevTools events of its Network domain (the
+    "performance" log), from which the pass learns when a page's loads are over."""
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={width},{height}", "--no-first-run", "--disable-extensions",
-                "--disable-background-networking", "--disable-sync", "--disable-component-update",
-                "--allow-file-access-from-files"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    problems = []
-    try:
-        driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
-    except WebDriverException as e:
-        return [f"Chromium ({chromium}) through {chromedriver} did not start: {e.msg}"]
-    try:
-        driver.set_page_load_timeout(timeout)
-        driver.set_script_timeout(10)
-        # The viewport itself, not the window around it, at width x height (the screenshots').
-        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
-            "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
-        for name in page_names:
-            found = []
+    def __init__(self, webdriver, chromium, chromedriver, width=1280, height=1000, timeout=20.0):
+        import urllib3
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.remote.remote_connection import RemoteConnection
+        self.webdriver, self.chromium, self.chromedriver = webdriver, chromium, chromedriver
+        # What a command to chromedriver raises when it, or the browser, fails or does not
+        # answer: chromedriver's error, or one of the HTTP connection to it (a timeout: urllib3's).
+        self.failures = (WebDriverException, OSError, urllib3.exceptions.HTTPError)
+        self.width, self.height, self.timeout = width, height, timeout
+        self.driver = None
+        # Every command has a deadline (a page's load the longest), so a hung browser or
+        # chromedriver fails the check instead of hanging it.
+        RemoteConnection.set_timeout(timeout + 10)
+        self._start()
+
+    def _start(self):
+        from selenium.webdriver.chrome.service import Service
+        options = self.webdriver.ChromeOptions()
+        options.binary_location = self.chromium
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    f"--window-size={self.width},{self.height}", "--no-first-run",
+                    "--no-default-browser-check", "--disable-extensions",
+                    "--disable-background-networking", "--disable-sync",
+                    "--disable-component-update", "--allow-file-access-from-files"):
+            options.add_argument(arg)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+        options.add_experimental_option("perfLoggingPrefs", {"enableNetwork": True,
+                                                             "enablePage": False})
+        try:
+            # An explicit chromedriver: Selenium never looks for (or downloads) one of its own.
+            self.driver = self.webdriver.Chrome(
+                service=Service(executable_path=self.chromedriver), options=options)
+        except self.failures as e:
+            raise BrowserError(f"could not start it through {self.chromedriver}: "
+                               f"{failure(e)}") from e
+        try:
+            self.driver.set_page_load_timeout(self.timeout)
+            self.driver.set_script_timeout(self.timeout)
+            # The viewport itself, not the window around it, at width x height (the screenshots').
+            self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+                "width": self.width, "height": self.height, "deviceScaleFactor": 1,
+                "mobile": False})
+        except self.failures as e:
+            self.close()
+            raise BrowserError(f"it did not answer: {failure(e)}") from e
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Ends Chromium and chromedriver."""
+        if self.driver is not None:
             try:
-                driver.get((html / name).resolve().as_uri())
-                page = driver.execute_async_script(
-                    "const done = arguments[arguments.length - 1];\n"
-                    "(" + PAGE_REPORT.strip() + ").then(done, e => done({error: String(e)}));")
-                if "error" in page:
-                    found.append(f"the check's own script failed: {page['error']}")
-                else:
-                    found += [f"image not loaded: {src}" for src in page["brokenImages"]]
-                    found += [f"SVG object not rendered: {data}" for data in page["brokenObjects"]]
-                    found += [f"picture wider than its text column, cut off: {p}"
-                              for p in page["clippedPictures"]]
-                    if page["hasNavTree"] and page["navItems"] == 0:
-                        found.append("the navigation tree on the left is empty (its scripts did "
-                                     "not fill it)")
-                found += log_problems(driver.get_log("browser"))
-                shot = ""
-                if name in screenshots:
-                    driver.save_screenshot(screenshots[name])
-                    size = png_size(screenshots[name])
-                    if size != (width, height):
-                        found.append(f"the screenshot {screenshots[name]} is not a "
-                                     f"{width}x{height} PNG (read: {size})")
-                    shot = f", screenshot {screenshots[name]}"
-            except WebDriverException as e:
-                found.append(f"it did not open or answer: {e.msg}")
-                shot = ""
-            problems += [f"{name} in Chromium: {p}" for p in found]
-            print(f"  {name}: {len(found)} problem(s){shot}")
-    finally:
-        driver.quit()
+                self.driver.quit()
+            except self.failures:
+                pass  # quit() stops chromedriver, and so Chromium, even when the browser hung
+            self.driver = None
+
+    def _events(self):
+        """The DevTools events chromedriver recorded since the last call."""
+        return [json.loads(e["message"])["message"] for e in self.driver.get_log("performance")]
+
+    def check(self, pages):
+        """Loads each (name, url, screenshot or None) of `pages` in turn; returns {name: [problem,
+        ...]} with an empty list for a page that showed none, and writes a PNG of the viewport to
+        each page's `screenshot`. Every wait has its own deadline: a page's load (`timeout`), then
+        its loads settling (3 s) and its navigation tree (3 s); a page that did not load in time
+        (its scripts may be stuck) is left with its browser: the next page opens in a new one."""
+        from selenium.common.exceptions import JavascriptException, TimeoutException
+        results, previous = {}, None
+        try:
+            for name, url, screenshot in pages:
+                # What the previous page logged after its report (a late exception) is its own.
+                self._log(results, previous)
+                self._events()
+                previous, problems = name, results.setdefault(name, [])
+                try:
+                    self.driver.get(url)
+                except TimeoutException:
+                    problems.append(f"it did not finish loading within {self.timeout:g} s")
+                    previous = None
+                    self.close()
+                    self._start()
+                    continue
+                frame = self.driver.execute_cdp_cmd("Page.getFrameTree", {})["frameTree"]["frame"]
+                events = self._events()
+                if frame.get("unreachableUrl"):
+                    failed = [e["params"].get("errorText") for e in events
+                              if e["method"] == "Network.loadingFailed"
+                              and e["params"].get("type") == "Document"]
+                    problems.append(f"it did not open: {failed[-1] if failed else frame['url']}")
+                    continue
+                self._settle(events)
+                try:
+                    problems += describe_report(self.driver.execute_script("return " + PAGE_REPORT))
+                except JavascriptException as e:
+                    problems.append(f"the check's own script failed: {e.msg}")
+                if screenshot:
+                    with open(screenshot, "wb") as f:
+                        f.write(self.driver.get_screenshot_as_png())
+            self._log(results, previous)
+        except self.failures as e:
+            raise BrowserError(f"it died or did not answer: {failure(e)}") from e
+        return results
+
+    def _settle(self, events, quiet=0.2, limit=3.0):
+        """Waits until the tab has no file loading and has started none for `quiet` s, or for at
+        most `limit` s: the files that scripts load after the page's load event (the navigation
+        tree's index, the search box's images, MathJax's parts) are in by then. `events`: the
+        DevTools events since the page began to load. Chromium's own "networkIdle" would wait
+        0.5 s after the last load, for every page."""
+        pending, start = set(), time.monotonic()
+        last = start
+        while True:
+            for event in events:
+                method, request = event["method"], event["params"].get("requestId")
+                if method == "Network.requestWillBeSent":
+                    pending.add(request)
+                elif method in ("Network.loadingFinished", "Network.loadingFailed"):
+                    pending.discard(request)
+                if method.startswith("Network."):
+                    last = time.monotonic()
+            now = time.monotonic()
+            if (not pending and now - last >= quiet) or now - start >= limit:
+                return
+            time.sleep(0.05)
+            events = self._events()
+
+    def _log(self, results, name):
+        """Adds the errors of the browser's log since the last call to page `name`'s problems."""
+        problems = [describe_log_entry(e) for e in self.driver.get_log("browser")]
+        if name is not None:
+            results[name] += [p for p in problems if p]
+
+
+def describe_report(page):
+    """The problems in PAGE_REPORT's answer."""
+    problems = [f"image not loaded: {src}" for src in page["brokenImages"]]
+    problems += [f"SVG object not rendered: {data}" for data in page["brokenObjects"]]
+    problems += [f"picture wider than its text column, cut off: {picture}"
+                 for picture in page["clippedPictures"]]
+    if page["hasNavTree"] and page["navItems"] == 0:
+        problems.append("the navigation tree on the left is empty (its scripts did not fill it)")
     return problems
 
 
-def find_chromedriver():
-    """chromedriver (Debian: chromium-driver), when it and Selenium are installed; else None."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
+def describe_log_entry(entry):
+    """A line for an entry of the browser's log that reports an error, or None for any other.
+
+    Chromedriver writes an uncaught exception as "URL LINE:COLUMN Uncaught Error: ..." (LINE
+    counted from 0), a console error as "URL LINE:COLUMN ARGUMENTS" (strings quoted), a failed
+    load as "URL - Failed to load resource: net::ERR_...". It logs console.error and a failed
+    console.assert alike, both at level SEVERE."""
+    if entry.get("level") != "SEVERE":
         return None
-    return shutil.which("chromedriver")
+    source, message = entry.get("source"), entry.get("message", "")
+    located = re.match(r"(\S+) (\d+):\d+ (.*)", message, re.S)
+    if source == "javascript":
+        if not located:
+            return f"JavaScript exception: {message.splitlines()[0] if message else '?'}"
+        url, line, text = located.groups()
+        text = text.removeprefix("Uncaught ").splitlines()
+        return f"JavaScript exception at {url}:{int(line) + 1}: {text[0] if text else '?'}"
+    if source == "console-api":
+        text = located.group(3) if located else message
+        try:  # a single string argument, unquoted as console.error wrote it
+            value = json.loads(text)
+            text = value if isinstance(value, str) else text
+        except ValueError:
+            pass
+        return f"console error: {text}"
+    if source == "network":
+        url, _, text = message.partition(" - ")
+        return f"browser log error: {text} {url}".rstrip()
+    return f"browser log error: {message}"
+
+
+def browse(html, page_names, screenshots, chromium, chromedriver, webdriver):
+    """The browser pass; returns its problems."""
+    pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name)) for name in page_names]
+    problems = []
+    try:
+        with Browser(webdriver, chromium, chromedriver) as browser:
+            for name, found in sorted(browser.check(pages).items()):
+                problems += [f"{name} in Chromium: {p}" for p in found]
+                shot = ""
+                if name in screenshots:
+                    size = png_size(screenshots[name])
+                    if size != (browser.width, browser.height):
+                        problems.append(f"{name}: the screenshot {screenshots[name]} is not a "
+                                        f"{browser.width}x{browser.height} PNG (read: {size})")
+                    shot = f", screenshot {screenshots[name]}"
+                print(f"  {name}: {len(found)} problem(s){shot}")
+    except BrowserError as e:
+        problems.append(f"Chromium ({chromium}): {e}")
+    return problems
 
 
 def main():
@@ -384,6 +532,8 @@ def main():
                         help="a page of the site to photograph, and where the PNG goes")
     parser.add_argument("--static-only", action="store_true", help="no browser pass")
     parser.add_argument("--chromium", help="the browser (default: chromium on the PATH)")
+    parser.add_argument("--chromedriver",
+                        help="Selenium's driver of it (default: chromedriver on the PATH)")
     args = parser.parse_args()
     screenshots = {}
     for item in args.screenshot:
@@ -417,18 +567,26 @@ def main():
     print_problems(site.problems)
     browser_problems = []
     if not args.static_only:
-        chromium = find_chromium(args.chromium)
-        chromedriver = find_chromedriver()
-        if chromium is None or chromedriver is None:
-            what = (f"'{args.chromium}'" if args.chromium else "chromium") if chromium is None \
-                else "Selenium and chromedriver"
+        chromium = find_program(args.chromium, ["chromium", "chromium-browser", "google-chrome"])
+        chromedriver = find_program(args.chromedriver, ["chromedriver"])
+        webdriver = load_webdriver()
+        missing = []  # (what, its Debian package)
+        if chromium is None:
+            missing.append((f"'{args.chromium}'" if args.chromium else "chromium", "chromium"))
+        if chromedriver is None:
+            missing.append((f"'{args.chromedriver}'" if args.chromedriver else "chromedriver",
+                            "chromium-driver"))
+        if isinstance(webdriver, str):
+            missing.append((f"Selenium ({webdriver})", "python3-selenium"))
+        if missing:
+            what = " and ".join(w for w, _ in missing)
+            verb = "is" if len(missing) == 1 else "are"
+            install = f"Debian: apt install {' '.join(p for _, p in missing)}"
             if site.problems or os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
-                browser_problems.append(f"browser pass: {what} is not installed (Debian: apt "
-                                        "install chromium chromium-driver python3-selenium)")
+                browser_problems.append(f"browser pass: {what} {verb} not installed ({install})")
             else:
-                print(f"check_site: SKIPPED: the browser pass needs {what}, which is not "
-                      "installed (Debian: apt install chromium chromium-driver "
-                      "python3-selenium); the static pass passed")
+                print(f"check_site: SKIPPED: the browser pass needs {what}, which {verb} not "
+                      f"installed ({install}); the static pass passed")
                 return SKIPPED
         else:
             for png in screenshots.values():
@@ -439,8 +597,10 @@ def main():
             browser_problems += [f"{n}, to be photographed, is not in the site"
                                  for n in screenshots if n not in names]
             start = time.monotonic()
-            print(f"check_site: browser pass ({chromium}, Selenium), {len(names)} pages:")
-            browser_problems += browse(html, names, screenshots, chromium, chromedriver)
+            print(f"check_site: browser pass ({chromium} through {chromedriver}, Selenium "
+                  f"{sys.modules['selenium'].__version__}), "
+                  f"{len(names)} pages:")
+            browser_problems += browse(html, names, screenshots, chromium, chromedriver, webdriver)
             print(f"check_site: browser pass: {len(browser_problems)} problem(s) "
                   f"({time.monotonic() - start:.1f} s)")
         print_problems(browser_problems)

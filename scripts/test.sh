@@ -48,8 +48,9 @@ step "docs (Doxygen warnings are errors)"
 cmake --build build --target docs
 
 step "the site checked: links, images, embedded outputs, and in headless Chromium JavaScript errors"
-# docs/check_site.py (the CTest docs_site_check), about 10 s; KVLAB_REQUIRE_BROWSER makes a
-# missing chromium (or chromium-driver, python3-selenium) a failure instead of a skip. Screenshots: build/docs/screenshots/*.png.
+# docs/check_site.py (the CTest docs_site_check), about 15 s; KVLAB_REQUIRE_BROWSER makes a
+# missing chromium (or chromium-driver, python3-selenium) a failure instead of a skip.
+# Screenshots: build/docs/screenshots/*.png.
 # Where the distribution has no chromium package (Ubuntu: a snap only), the browser pass is
 # skipped, visibly; where it has one (installed, or known to apt), a missing browser fails.
 require_browser=0

@@ -86,6 +86,17 @@ inline CLI::Validator number_in(double minimum, double maximum) {
       "");
 }
 
+// Accepts one of `choices` ("expected a, b or c, got 'x'").
+inline CLI::Validator one_of(const std::vector<std::string>& choices) {
+  return CLI::Validator(
+      [choices](std::string& text) -> std::string {
+        for (const std::string& c : choices)
+          if (text == c) return "";
+        return expected_got(alternatives(choices), text);
+      },
+      "");
+}
+
 }  // namespace detail
 
 /// The integer `text`, an item inside the value of `option` (a token id of a list), in
@@ -168,13 +179,7 @@ inline CLI::Option* add_integer_interval(CLI::App& app, const std::string& name,
 inline CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& value,
                                const std::string& help, const std::vector<std::string>& choices) {
   return app.add_option(name, value, help)
-      ->check(CLI::Validator(
-          [choices](std::string& text) -> std::string {
-            for (const std::string& c : choices)
-              if (text == c) return "";
-            return detail::expected_got(detail::alternatives(choices), text);
-          },
-          ""))
+      ->check(detail::one_of(choices))
       ->type_name(CLI::detail::join(choices, "|"))
       ->capture_default_str();
 }
@@ -186,13 +191,7 @@ inline CLI::Option* add_choice_list(CLI::App& app, const std::string& name,
                                     const std::vector<std::string>& choices) {
   return app.add_option(name, values, help)
       ->delimiter(',')
-      ->check(CLI::Validator(
-          [choices](std::string& text) -> std::string {
-            for (const std::string& c : choices)
-              if (text == c) return "";
-            return detail::expected_got(detail::alternatives(choices), text);
-          },
-          ""))
+      ->check(detail::one_of(choices))
       ->type_name(CLI::detail::join(choices, "|") + ",...")
       ->capture_default_str();
 }

@@ -53,7 +53,6 @@ namespace {
 
 namespace kc = kvlab::cuda;
 using kvlab::RowMatrix;
-using kvlab_support::UsageError;
 
 // --- versions 1 and 2: written here, to show what the library kernel improves on -------------
 
@@ -164,11 +163,7 @@ bool parse(int argc, char** argv, Options& o) {
              "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0, 100.0);
   add_file(app, "--json", o.json, "also write the results as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
-  if (o.heads % o.kv_heads != 0)
-    throw UsageError("--heads: expected a multiple of --kv-heads (" + std::to_string(o.kv_heads) +
-                     "), got " + std::to_string(o.heads));
-  if (o.head_dim % 8 != 0)
-    throw UsageError("--head-dim: expected a multiple of 8, got " + std::to_string(o.head_dim));
+  kvlab_bench::check_head_options(o.heads, o.kv_heads, o.head_dim);
   return true;
 }
 

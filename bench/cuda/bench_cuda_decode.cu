@@ -42,7 +42,6 @@ namespace {
 
 namespace kc = kvlab::cuda;
 using kvlab::RowMatrix;
-using kvlab_support::UsageError;
 
 struct Options {
   std::vector<int> contexts{1024, 4096, 16384, 32768, 65536, 131072};
@@ -78,11 +77,7 @@ bool parse(int argc, char** argv, Options& o) {
   add_file(app, "--json", o.json, "also write the results as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
   o.layout = layout == "HND" ? kvlab::KVLayout::HND : kvlab::KVLayout::NHD;
-  if (o.heads % o.kv_heads != 0)
-    throw UsageError("--heads: expected a multiple of --kv-heads (" + std::to_string(o.kv_heads) +
-                     "), got " + std::to_string(o.heads));
-  if (o.head_dim % 8 != 0)
-    throw UsageError("--head-dim: expected a multiple of 8, got " + std::to_string(o.head_dim));
+  kvlab_bench::check_head_options(o.heads, o.kv_heads, o.head_dim);
   return true;
 }
 

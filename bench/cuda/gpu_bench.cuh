@@ -126,6 +126,17 @@ inline std::string device_name() {
   return prop.name;
 }
 
+/// Checks the attention shape given to a GPU benchmark's --heads, --kv-heads and --head-dim.
+/// \throws kvlab_support::UsageError unless heads is a multiple of kv_heads and head_dim of 8.
+inline void check_head_options(int heads, int kv_heads, int head_dim) {
+  if (heads % kv_heads != 0)
+    throw kvlab_support::UsageError("--heads: expected a multiple of --kv-heads (" +
+                                    std::to_string(kv_heads) + "), got " + std::to_string(heads));
+  if (head_dim % 8 != 0)
+    throw kvlab_support::UsageError("--head-dim: expected a multiple of 8, got " +
+                                    std::to_string(head_dim));
+}
+
 /// The `main` of a GPU benchmark program: its options, defaults `Options{}`, read by
 /// `parse(argc, argv, options)` (kvlab_support::read_command_line: --help exits 0, a bad command
 /// line 2); without a CUDA device, "SKIPPED: no CUDA device" and exit code 77 (CTest: Skipped);
