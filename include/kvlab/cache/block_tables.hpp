@@ -20,12 +20,14 @@ namespace kvlab {
 /// are passed side by side (`BlockTables(indptr, indices, last_page_len, BlockSize{16},
 /// NumBlocks{64})`), the two cannot be swapped, and a call with two plain ints does not compile.
 struct BlockSize {
+  /// `tokens` per block (checked by the function it is given to: >= 1).
   explicit constexpr BlockSize(int tokens) : value(tokens) {}
   int value;  ///< tokens per block
 };
 
 /// Blocks in a paged pool, as a type of its own (see `BlockSize`).
 struct NumBlocks {
+  /// `blocks` in the pool (checked by the function it is given to: >= 1).
   explicit constexpr NumBlocks(int blocks) : value(blocks) {}
   int value;  ///< blocks in the pool
 };
