@@ -66,7 +66,7 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # read of a score or output that was never written shows up as a failed comparison. -g1: line
 # tables for the sanitizers' stack traces, without the full debug info that slows the build;
 # it replaces CMake's Debug flags ("-g"), which come after CMAKE_CXX_FLAGS and would win.
-# Every CUDA test on the CPU emulator (tests/cuda_emulation) runs under ASan + UBSan too: a CPU
+# Every CUDA test on the CPU emulator (emulator/) runs under ASan + UBSan too: a CPU
 # stand-in for compute-sanitizer's memcheck, since the emulator's device memory is exactly sized
 # host memory (racecheck, which cannot be combined with ASan, runs in the first build).
 # The code is compiled at -Og, GCC's optimisation for debugging: under the sanitizers it compiles

@@ -192,11 +192,17 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
   const char* ctor =
       "kvlab::BlockTables::BlockTables(std::vector< std::int32_t > indptr, std::vector< "
       "std::int32_t > indices, std::vector< std::int32_t > last_page_len, BlockSize block_size, "
-      "NumBlocks num_blocks)";
-  const auto make = [](V indptr, V indices, V last, int block_size, int num_blocks) {
+      "NumBlocks num_blocks, int window=0)";
+  const auto make = [](V indptr, V indices, V last, int block_size, int num_blocks,
+                       int window = 0) {
     return [=] { kvlab::BlockTables t(indptr, indices, last, kvlab::BlockSize{block_size},
-                              kvlab::NumBlocks{num_blocks}); };
+                              kvlab::NumBlocks{num_blocks}, window); };
   };
+  refuses<InvalidArgument>(ctor, input::kValue, no_state, make({0, 1}, {0}, {1}, 4, 4, -3),
+                           names("window", ">= 0", "-3"));
+  refuses<InvalidArgument>(ctor, input::kState, no_state,
+                           make({0, 1}, {kvlab::kReleasedBlock}, {1}, 4, 4),
+                           names("indices[0]", "in [0, 4) (kReleasedBlock only in tables with a window)", "-1"));
   refuses<InvalidArgument>(ctor, input::kSize, no_state, make({0, 1}, {0}, {1}, 4, 0),
                            names("num_blocks", ">= 1", "0"));
   refuses<InvalidArgument>(ctor, input::kSize, no_state, make({0, 1}, {0}, {1}, 0, 4),
@@ -211,7 +217,7 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
   refuses<InvalidArgument>(ctor, input::kShape, no_state, make({0, 2}, {0}, {1}, 4, 4),
                            names("indices.size()", "2 (indptr[batch])", "1"));
   refuses<InvalidArgument>(ctor, input::kRange, no_state, make({0, 1}, {4}, {1}, 4, 4),
-                           names("indices[0]", "in [0, 4) or kReleasedBlock (-1)", "4"));
+                           names("indices[0]", "in [0, 4) (kReleasedBlock only in tables with a window)", "4"));
   refuses<InvalidArgument>(ctor, input::kShape, no_state, make({0, 1}, {0}, {1, 1}, 4, 4),
                            names("last_page_len.size()", "1 (batch)", "2"));
   refuses<InvalidArgument>(ctor, input::kRange, no_state, make({0, 1}, {0}, {5}, 4, 4),
@@ -224,7 +230,8 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
 
   const char* from_lists =
       "kvlab::BlockTables::from_lists(const std::vector< std::vector< std::int32_t > > &blocks, "
-      "const std::vector< int > &lengths, BlockSize block_size, NumBlocks num_blocks)";
+      "const std::vector< int > &lengths, BlockSize block_size, NumBlocks num_blocks, int "
+      "window=0)";
   refuses<InvalidArgument>(
       from_lists, input::kShape, no_state,
       [] {
@@ -464,6 +471,44 @@ TEST_CASE("PagedKVCache: bad input is refused and changes nothing") {
       append, input::kState, state, [&] { (void)cache->append(live, row, row); },
       names("num_layers()", "1 (a cache of one layer; with more, reserve then write each layer)",
             "2"));
+
+  // A checkpoint: values of blocks outside the pool; one of another pool, or one put back while
+  // a reserved slot is unwritten.
+  kvlab::PagedKVCacheBase::Checkpoint saved = cache->checkpoint();
+  const auto saved_state = [&] {
+    std::vector<double> values = state_of(*cache);
+    values.push_back(static_cast<double>(saved.blocks.size()));
+    values.push_back(static_cast<double>(saved.values.size()));
+    return values;
+  };
+  refuses<InvalidArgument>(
+      "kvlab::PagedKVCacheBase::save_values(Checkpoint &saved, const std::vector< std::int32_t > "
+      "&blocks) const",
+      input::kRange, saved_state, [&] { cache->save_values(saved, {0, 6}); },
+      names("blocks[1]", "in [0, 6)", "6"));
+  const char* restore = "kvlab::PagedKVCacheBase::restore(Checkpoint &&saved)";
+  for (int other_size : {7, 0}) {  // another block count, then another block size
+    const kvlab::PagedKVCache<double> another(2, 2, 2, other_size == 0 ? 2 : 4,
+                                              other_size == 0 ? 6 : other_size);
+    refuses<InvalidArgument>(
+        restore, input::kShape, saved_state, [&] { cache->restore(another.checkpoint()); },
+        other_size == 0 ? names("saved.book.block_size()", "4 (block_size)", "2")
+                        : names("saved.book.allocator().num_blocks()", "6 (num_blocks)", "7"));
+  }
+  kvlab::PagedKVCacheBase::Checkpoint short_values = cache->checkpoint();
+  cache->save_values(short_values, {0});
+  short_values.values.pop_back();
+  refuses<InvalidArgument>(
+      restore, input::kShape, saved_state, [&] { cache->restore(std::move(short_values)); },
+      names("saved.values.size()",
+            std::to_string(cache->block_bytes()) + " (saved.blocks.size() * block bytes)",
+            std::to_string(cache->block_bytes() - 1)));
+  (void)cache->reserve(live, 1);  // a slot reserved, not written (so the values cannot be read)
+  refuses<InvalidArgument>(
+      restore, input::kState,
+      [&] { return state_of(static_cast<const kvlab::PagedKVCacheBase&>(*cache)); },
+      [&] { cache->restore(std::move(saved)); },
+      names("pool", "every reserved slot written (no step open)", "1 unwritten in layer 0"));
 }
 
 TEST_CASE("ContiguousKVCache: bad input is refused and changes nothing") {
@@ -578,7 +623,9 @@ TEST_CASE("PagedSequences: bad input is refused and changes nothing") {
     refuses<InvalidArgument>(
         e, input::kRange, state, [&] { call(9); }, names("seq", "a live sequence id", "9"));
   }
-  const char* reserve = "kvlab::PagedSequences::reserve(int seq, int n, CopyBlock &&copy_block)";
+  const char* reserve =
+      "kvlab::PagedSequences::reserve(int seq, int n, CopyBlock &&copy_block, const char "
+      "*function=\"reserve\")";
   const auto no_copy = [](std::int32_t, std::int32_t, int) {};
   refuses<InvalidArgument>(
       reserve, input::kSize, state, [&] { (void)book.reserve(live, 0, no_copy); },
@@ -612,7 +659,8 @@ TEST_CASE("PagedSequences: bad input is refused and changes nothing") {
   refuses<InvalidArgument>(
       truncate, input::kRange, state, [&] { book.truncate(live, 6); },
       names("length", "in [0, 5]", "6"));
-  const char* tables = "kvlab::PagedSequences::tables(const std::vector< int > &seqs) const";
+  const char* tables =
+      "kvlab::PagedSequences::tables(const std::vector< int > &seqs, int window=0) const";
   refuses<InvalidArgument>(
       tables, input::kState, state,
       [&] {
@@ -648,6 +696,18 @@ TEST_CASE("PagedSequences: bad input is refused and changes nothing") {
   refuses<InvalidArgument>(
       front, input::kRange, state, [&] { (void)book.release_front(8, 0); },
       names("seq", "a live sequence id", "8"));
+  {  // tables without a window, of a sequence whose first block went back out of one
+    kvlab::PagedSequences windowed(4, 4, "kvlab::PagedSequences");
+    const int seq = windowed.add_sequence();
+    (void)windowed.reserve(seq, 6, no_copy);
+    (void)windowed.release_front(seq, 4);
+    refuses<InvalidArgument>(
+        tables, input::kState, [&] { return windowed.blocks(seq); },
+        [&] { (void)windowed.tables({seq}); },
+        names("seqs[0]", "a sequence that holds all its blocks (window is 0)",
+              "0 (its first block went back out of a window)"));
+    CHECK(windowed.tables({seq}, 4).indices()[0] == kvlab::kReleasedBlock);
+  }
   const char* window = "kvlab::PagedSequences::release_out_of_window(int seq, int window)";
   refuses<InvalidArgument>(
       window, input::kSize, state, [&] { (void)book.release_out_of_window(live, -1); },
@@ -1168,7 +1228,13 @@ TEST_CASE("LlamaConfig setters, the model and the decoders refuse bad sizes") {
   const auto model_state = [&] { return model.tokens(); };
   refuses<InvalidArgument>(
       "kvlab::LlamaModel::decode(int token)", input::kRange, model_state,
-      [&] { (void)model.decode(256); }, names("tokens[0]", "an id in [0, 256)", "256"));
+      [&] { (void)model.decode(256); }, names("token", "an id in [0, 256)", "256"));
+  kvlab::LlamaModel full(weights, kvlab::LlamaBackend::Cached, 16, 3);
+  full.prefill({1, 2, 3});
+  refuses<kvlab::CapacityError>(
+      "kvlab::LlamaModel::decode(int token)", input::kOverflow, [&] { return full.tokens(); },
+      [&] { (void)full.decode(4); },
+      names("position()", "below max_tokens (3): a position for the token", "3"));
   refuses<InvalidArgument>(
       "kvlab::LlamaModel::forward(const std::vector< int > &tokens)", input::kEmpty, model_state,
       [&] { (void)model.forward({}); }, names("tokens.size()", ">= 1", "0"));
@@ -1774,6 +1840,27 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
       new_token_rows, input::kState, [&] { return rows.rows(); },
       [&] { kvlab::new_token_rows(batch, rows, rows); },
       names("out", "a matrix other than x", "x"));
+  const char* add_residual =
+      "kvlab::add_residual(const StepBatch &batch, RowMatrix< T > &x, const RowMatrix< T > &out)";
+  const auto rows_state = [&] { return std::vector<double>(rows.data(), rows.data() + rows.size()); };
+  refuses<InvalidArgument>(
+      add_residual, input::kShape, rows_state,
+      [&] { kvlab::add_residual(batch, rows, RowMatrix<double>(RowMatrix<double>::Ones(3, 4))); },
+      names("out.rows()", "2 (x.rows() or the step's new rows)", "3"));
+  refuses<InvalidArgument>(
+      add_residual, input::kShape, rows_state,
+      [&] { kvlab::add_residual(batch, rows, RowMatrix<double>(RowMatrix<double>::Ones(2, 3))); },
+      names("out.cols()", "4 (x.cols())", "3"));
+  // A step opened while one is open: refused, naming the caller, and the open one stays open.
+  RowMatrix<double> more_inputs;
+  refuses<InvalidArgument>(
+      "kvlab::OpenStep::OpenStep(KVStore< T > &store, const std::vector< int > &seqs, const "
+      "std::vector< std::int32_t > &new_indptr, const RowMatrix< T > &new_inputs, RowMatrix< T > "
+      "&inputs, const char *caller)",
+      input::kState, [&] { return std::vector<int>{store.length(seq), batch.rows()}; },
+      [&] { kvlab::OpenStep<double> again(store, {seq}, {0, 2}, x, more_inputs, "kvlab::MyModel"); },
+      names("step", "no step open (end_step or abort_step first)", "a step open"));
+  CHECK_NOTHROW(store.step());  // still open: a refused OpenStep does not abort another's step
   // Every per-sequence member of the step's batch checks its index.
   for (const char* e :
        {"kvlab::StepBatch::seq(int i) const", "kvlab::StepBatch::first(int i) const",

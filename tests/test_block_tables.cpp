@@ -119,9 +119,10 @@ TEST_CASE(
 
 TEST_CASE("malformed tables are rejected, naming the element") {
   const auto make = [](std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
-                       std::vector<std::int32_t> last, int num_blocks = 8, int block_size = 4) {
+                       std::vector<std::int32_t> last, int num_blocks = 8, int block_size = 4,
+                       int window = 0) {
     return BlockTables(std::move(indptr), std::move(indices), std::move(last),
-                       BlockSize{block_size}, NumBlocks{num_blocks});
+                       BlockSize{block_size}, NumBlocks{num_blocks}, window);
   };
   CHECK_NOTHROW(make({0, 2, 3}, {5, 1, 7}, {4, 1}));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 5}), InvalidArgument,
@@ -129,12 +130,19 @@ TEST_CASE("malformed tables are rejected, naming the element") {
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {0, 1}), InvalidArgument,
                        names("last_page_len[0]", "in [1, block_size (4)]", "0"));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 8, 7}, {4, 1}), InvalidArgument,
-                       names("indices[1]", "in [0, 8) or kReleasedBlock (-1)", "8"));
-  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, -2, 7}, {4, 1}), InvalidArgument,
+                       names("indices[1]", "in [0, 8) (kReleasedBlock only in tables with a window)", "8"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, -2, 7}, {4, 1}, 8, 4, 6), InvalidArgument,
                        names("indices[1]", "in [0, 8) or kReleasedBlock (-1)", "-2"));
-  // -1 is a block given back out of a sliding window: a table may hold it, and a view without
-  // a window refuses it (the kernels check that no query's window reaches one)
-  CHECK_NOTHROW(make({0, 2, 3}, {kvlab::kReleasedBlock, 1, 7}, {4, 1}));
+  // -1 is a block given back out of a sliding window: tables with a window may hold it (the
+  // kernels check that no query's window reaches one), and the views carry the window; tables
+  // without one refuse it where they are made, not in a kernel later.
+  const BlockTables windowed = make({0, 2, 3}, {kvlab::kReleasedBlock, 1, 7}, {4, 1}, 8, 4, 6);
+  CHECK(windowed.window() == 6);
+  CHECK(windowed.view<float>(nullptr, nullptr, 1, 1).window == 6);
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {kvlab::kReleasedBlock, 1, 7}, {4, 1}), InvalidArgument,
+                       names("indices[0]", "in [0, 8) (kReleasedBlock only in tables with a window)", "-1"));
+  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 1}, 8, 4, -1), InvalidArgument,
+                       names("window", ">= 0", "-1"));
   CHECK_THROWS_MATCHES(make({0, 2, 2}, {5, 1}, {4, 1}), InvalidArgument,
                        names("indptr[2]", "> indptr[1] (2)", "2"));
   CHECK_THROWS_MATCHES(make({1, 2}, {5, 1}, {4}), InvalidArgument, names("indptr[0]", "0", "1"));

@@ -409,12 +409,12 @@ TEST_CASE("errors name the argument and leave the model unchanged") {
     model.prefill({1, 2, 3});
     twin.prefill({1, 2, 3});
     CHECK_THROWS_MATCHES(model.decode(256), InvalidArgument,
-                         names("tokens[0]", "an id in [0, 256)", "256"));
+                         names("token", "an id in [0, 256)", "256"));
     // The message names the public function called, not an internal one.
     CHECK_THROWS_WITH(model.decode(256), Catch::StartsWith("kvlab::LlamaModel::decode: "));
     CHECK_THROWS_WITH(model.prefill({-1}), Catch::StartsWith("kvlab::LlamaModel::prefill: "));
     CHECK_THROWS_MATCHES(model.decode(-1), InvalidArgument,
-                         names("tokens[0]", "an id in [0, 256)", "-1"));
+                         names("token", "an id in [0, 256)", "-1"));
     CHECK_THROWS_MATCHES(model.forward({}), InvalidArgument, names("tokens.size()", ">= 1", "0"));
     CHECK_THROWS_MATCHES(model.forward({4, 5, 6, 7, 8, 9}), CapacityError,
                          names("tokens.size()", "at most 5 (max_tokens 8, position 3)", "6"));

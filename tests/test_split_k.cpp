@@ -2,7 +2,7 @@
 // needed): the split-K merge (core/softmax_state.hpp) against one pass over all keys, and the
 // kernels' index math (cuda/attention_plan.hpp): partitions, lanes, GQA tiles, shared-memory
 // layout, query rows of ragged batches, paged addressing, counts. The kernels themselves run on
-// the CPU emulator (tests/cuda_emulation) against the CPU paths, so no model of them is kept
+// the CPU emulator (emulator/) against the CPU paths, so no model of them is kept
 // here: it could drift from the kernel it claims to copy.
 //
 // Tolerances: merges in double are compared with the long-double one pass at 1e-12 relative

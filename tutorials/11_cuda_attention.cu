@@ -18,7 +18,7 @@
 //   cmake --build build --target tutorial_11_cuda_attention && build/tutorials/11_cuda_attention
 // Without a GPU it prints "SKIPPED: no CUDA device" and exits with 77 (CTest: Skipped). The
 // build also makes build/tutorials/11_cuda_attention_emulated: this same program compiled by the
-// host compiler against the CPU emulator of CUDA in tests/cuda_emulation, which runs everywhere
+// host compiler against the CPU emulator of CUDA in emulator/, which runs everywhere
 // (its kernels run on the CPU, one block after another; it checks results, not speed).
 //
 // Next: bench/cuda/attention_lab.cu — the kernel versions side by side, validated, then timed.

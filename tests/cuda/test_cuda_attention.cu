@@ -16,7 +16,7 @@
 //  - int8 and int4 caches (q8_0, q4_0 blocks made by the CPU caches) through the contiguous and
 //    paged kernels, against the CPU kernels on the same blocks, at fp32 tolerance.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
-// (tests/cuda_emulation, KVLAB_CUDA_EMULATION) the same tests run with shorter contexts, vLLM's
+// (emulator/, KVLAB_CUDA_EMULATION) the same tests run with shorter contexts, vLLM's
 // grid and decode_attention with fewer heads in the same groups, and fp16 alternating the grid's
 // pool layouts: see `kContext` below.
 #include <cuda_runtime.h>

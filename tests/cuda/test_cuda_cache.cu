@@ -10,7 +10,7 @@
 //    through two layers), and their counters; and with K/V stored as fp16, bf16, int8 and int4
 //    and with a sliding window, against the CPU decoders of the same storage and window.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp); the CPU emulator
-// (tests/cuda_emulation) runs them unchanged.
+// (emulator/) runs them unchanged.
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 

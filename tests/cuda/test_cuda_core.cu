@@ -1,6 +1,6 @@
 // The vocabulary headers (core/) under nvcc: the same KVLAB_HOST_DEVICE functions give the
 // same answers on the device as on the host. Runs on a GPU machine (skipped without one) and on
-// the CPU emulator (tests/cuda_emulation).
+// the CPU emulator (emulator/).
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 

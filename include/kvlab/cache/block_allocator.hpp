@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/fault_points.hpp"
 
 namespace kvlab {
 
@@ -51,6 +52,7 @@ class BlockAllocator {
   std::vector<std::int32_t> allocate(int n) {
     constexpr const char* kWhere = "kvlab::BlockAllocator::allocate";
     detail::require_at_least(kWhere, "n", n, 0);
+    KVLAB_FAULT_POINT("BlockAllocator::allocate");
     if (n > num_free()) {
       detail::fail<OutOfBlocks>(kWhere, "n",
                                 "at most " + std::to_string(num_free()) + " (free blocks of " +

@@ -39,26 +39,33 @@ class BlockTables {
  public:
   /// Tables from their CSR arrays, checked.
   /// \param indptr         [batch + 1], batch >= 1
-  /// \param indices        [indptr[batch]], each in [0, num_blocks), or `kReleasedBlock` for a
-  ///                       block gone back to the pool out of a sliding window (a view refuses
-  ///                       it unless its window leaves it unread)
+  /// \param indices        [indptr[batch]], each in [0, num_blocks), or — in tables with a
+  ///                       window — `kReleasedBlock` for a block gone back to the pool out of
+  ///                       the sliding window (a kernel refuses it unless the window leaves it
+  ///                       unread)
   /// \param last_page_len  [batch], each in [1, block_size]
   /// \param block_size     tokens per block, >= 1
   /// \param num_blocks     blocks in the pool the indices point into, >= 1
+  /// \param window         the sliding window the tables are read with, in keys (0: none, the
+  ///                       default); the views carry it (`PagedKVView::window`)
   ///
   /// The two sizes have types of their own (`BlockSize{16}, NumBlocks{64}`): swapped, or given as
   /// plain ints, they do not compile.
-  /// \throws InvalidArgument naming the first array element that breaks an invariant.
+  /// \throws InvalidArgument naming the first array element that breaks an invariant (a
+  ///         `kReleasedBlock` in tables without a window is one: no block is released there).
   BlockTables(std::vector<std::int32_t> indptr, std::vector<std::int32_t> indices,
-              std::vector<std::int32_t> last_page_len, BlockSize block_size, NumBlocks num_blocks)
+              std::vector<std::int32_t> last_page_len, BlockSize block_size, NumBlocks num_blocks,
+              int window = 0)
       : indptr_(std::move(indptr)),
         indices_(std::move(indices)),
         last_page_len_(std::move(last_page_len)),
         num_blocks_(num_blocks.value),
-        block_size_(block_size.value) {
+        block_size_(block_size.value),
+        window_(window) {
     constexpr const char* kWhere = "kvlab::BlockTables";
     detail::require_at_least(kWhere, "num_blocks", num_blocks_, 1);
     detail::require_at_least(kWhere, "block_size", block_size_, 1);
+    detail::require_at_least(kWhere, "window", window_, 0);
     detail::require_at_least(kWhere, "indptr.size()", indptr_.size(), std::size_t{2});
     const std::size_t batch = indptr_.size() - 1;
     detail::require_equal(kWhere, "indptr[0]", indptr_[0], 0);
@@ -79,9 +86,12 @@ class BlockTables {
     detail::require_equal(kWhere, "indices.size()", indices_.size(),
                           static_cast<std::size_t>(indptr_.back()), "indptr[batch]");
     for (std::size_t i = 0; i < indices_.size(); ++i) {
-      if (indices_[i] != kReleasedBlock && (indices_[i] < 0 || indices_[i] >= num_blocks_)) {
+      const bool released = window_ > 0 && indices_[i] == kReleasedBlock;
+      if (!released && (indices_[i] < 0 || indices_[i] >= num_blocks_)) {
         detail::fail(kWhere, "indices[" + std::to_string(i) + "]",
-                     "in [0, " + std::to_string(num_blocks_) + ") or kReleasedBlock (-1)",
+                     "in [0, " + std::to_string(num_blocks_) + ")" +
+                         (window_ > 0 ? " or kReleasedBlock (-1)"
+                                      : " (kReleasedBlock only in tables with a window)"),
                      indices_[i]);
       }
     }
@@ -95,11 +105,12 @@ class BlockTables {
   }
 
   /// Tables from one list of physical blocks per sequence and the sequences' lengths in tokens
-  /// (each list must hold exactly ceil(length / block_size) blocks).
+  /// (each list must hold exactly ceil(length / block_size) blocks), read with `window` (as the
+  /// constructor's).
   /// \throws InvalidArgument if a list has the wrong number of blocks, or as the constructor.
   static BlockTables from_lists(const std::vector<std::vector<std::int32_t>>& blocks,
                                 const std::vector<int>& lengths, BlockSize block_size,
-                                NumBlocks num_blocks) {
+                                NumBlocks num_blocks, int window = 0) {
     constexpr const char* kWhere = "kvlab::BlockTables::from_lists";
     const int tokens = block_size.value;  // per block
     detail::require_at_least(kWhere, "block_size", tokens, 1);
@@ -116,7 +127,7 @@ class BlockTables {
       last_page_len.push_back(lengths[s] - (pages - 1) * tokens);
     }
     return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len),
-                       block_size, num_blocks);
+                       block_size, num_blocks, window);
   }
 
   /// Tables of sequences of `lengths` tokens whose blocks are taken from a shuffled pool of
@@ -162,6 +173,8 @@ class BlockTables {
   int block_size() const { return block_size_; }
   /// Blocks in the pool.
   int num_blocks() const { return num_blocks_; }
+  /// The sliding window the tables are read with, in keys (0: none).
+  int window() const { return window_; }
   /// CSR row pointers, [batch + 1].
   const std::vector<std::int32_t>& indptr() const { return indptr_; }
   /// Physical block ids, [indptr[batch]].
@@ -206,6 +219,7 @@ class BlockTables {
     out.indices = indices_.data();
     out.layout = layout;
     out.last_page_len = last_page_len_.data();
+    out.window = window_;
     return out;
   }
   /// The view of temporary tables would point into arrays freed at the end of the statement:
@@ -220,6 +234,7 @@ class BlockTables {
   std::vector<std::int32_t> last_page_len_;  // [batch]
   int num_blocks_;
   int block_size_;
+  int window_;  // keys, 0: none
 };
 
 }  // namespace kvlab

@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvlab/cache/block_allocator.hpp"
@@ -114,14 +117,7 @@ class PagedKVCacheBase {
   /// count as unwritten in every layer until `write` fills them.
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks
   ///         the blocks (nothing changes).
-  std::vector<std::int64_t> reserve(int seq, int n) {
-    std::vector<std::int64_t> slots = book_.reserve(
-        seq, n,
-        [this](std::int32_t from, std::int32_t to, int tokens) { copy_block(from, to, tokens); });
-    for (int l = 0; l < num_layers_; ++l)
-      for (std::int64_t slot : slots) mark(l, slot, false);
-    return slots;
-  }
+  std::vector<std::int64_t> reserve(int seq, int n) { return reserve_for("reserve", seq, n); }
 
   /// Starts a sequence that shares every block of `seq` (reference counts + 1) and returns its
   /// id. No K/V is copied until one of them appends into the shared last block. A sequence with
@@ -186,9 +182,68 @@ class PagedKVCacheBase {
     book_.free_sequence(seq);
   }
 
-  /// The block tables of a batch of live, non-empty sequences, in the order given.
+  /// The block tables of a batch of live, non-empty sequences, in the order given, with the pool's
+  /// window (`BlockTables::window`).
   /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
-  BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
+  BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs, window_); }
+
+  /// A saved state of the pool, for `restore`: its bookkeeping (every sequence's block table,
+  /// the allocator's reference counts and free list) and the stored K and V of chosen blocks.
+  struct Checkpoint {
+    PagedSequences book;               ///< the bookkeeping as it was
+    std::vector<std::int32_t> blocks;  ///< [saved blocks]: whose values are kept below
+    std::vector<unsigned char> values;  ///< their K and V, every layer, as stored
+  };
+  /// Bytes of one block's stored K and V, every layer: what `save_values` keeps per block.
+  std::size_t block_bytes() const {
+    return 2 * at(num_layers_) * at(block_size()) * token_bytes();
+  }
+  /// The bookkeeping as it is now, without values (`save_values` adds them). Its size is that of
+  /// the block tables: a pool's values are not copied.
+  Checkpoint checkpoint() const { return Checkpoint{book_, {}, {}}; }
+  /// Keeps in `saved` the stored K and V (every layer) of `blocks`, which `restore` writes back:
+  /// the blocks that may be overwritten before it (freed, and perhaps taken by a new sequence).
+  /// \throws InvalidArgument if a block is out of range.
+  void save_values(Checkpoint& saved, const std::vector<std::int32_t>& blocks) const {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] < 0 || blocks[i] >= allocator().num_blocks()) {
+        detail::fail("kvlab::PagedKVCache::save_values", "blocks[" + std::to_string(i) + "]",
+                     "in [0, " + std::to_string(allocator().num_blocks()) + ")", blocks[i]);
+      }
+    }
+    std::vector<unsigned char> values(blocks.size() * block_bytes());  // [blocks, block bytes]
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      copy_values_out(blocks[i], values.data() + i * block_bytes());
+    saved.blocks = blocks;
+    saved.values = std::move(values);
+  }
+  /// Puts the pool back as it was at `checkpoint`: every sequence and block table, the
+  /// allocator, and the values of the blocks that `save_values` kept (`saved` is consumed; no
+  /// memory is allocated). What the checkpoint does not hold is the caller's to know: blocks it
+  /// did not save must not have been overwritten since. Every reserved slot must be written
+  /// (no step open in a store over the pool): which slots are written is not saved.
+  /// \throws InvalidArgument (nothing changes) if `saved` is of a pool of another size or a
+  ///         reserved slot is unwritten.
+  void restore(Checkpoint&& saved) {
+    constexpr const char* kWhere = "kvlab::PagedKVCache::restore";
+    detail::require_equal(kWhere, "saved.book.block_size()", saved.book.block_size(),
+                          block_size(), "block_size");
+    detail::require_equal(kWhere, "saved.book.allocator().num_blocks()",
+                          saved.book.allocator().num_blocks(), allocator().num_blocks(),
+                          "num_blocks");
+    detail::require_equal(kWhere, "saved.values.size()", saved.values.size(),
+                          saved.blocks.size() * block_bytes(), "saved.blocks.size() * block bytes");
+    for (int l = 0; l < num_layers_; ++l) {
+      if (unwritten_[at(l)] != 0) {
+        detail::fail(kWhere, "pool", "every reserved slot written (no step open)",
+                     std::to_string(unwritten_[at(l)]) + " unwritten in layer " +
+                         std::to_string(l));
+      }
+    }
+    book_ = std::move(saved.book);
+    for (std::size_t i = 0; i < saved.blocks.size(); ++i)
+      copy_values_in(saved.blocks[i], saved.values.data() + i * block_bytes());
+  }
 
  protected:
   /// The bookkeeping of an empty pool whose stored elements are `unit_bytes` bytes each, holding
@@ -249,11 +304,26 @@ class PagedKVCacheBase {
   /// Copies the bookkeeping (the derived cache copies its values beside it).
   PagedKVCacheBase& operator=(const PagedKVCacheBase&) = default;
 
+  /// `reserve(seq, n)` for the public function `function` (of this class), which errors name.
+  std::vector<std::int64_t> reserve_for(const char* function, int seq, int n) {
+    std::vector<std::int64_t> slots = book_.reserve(
+        seq, n,
+        [this](std::int32_t from, std::int32_t to, int tokens) { copy_block(from, to, tokens); },
+        function);
+    for (int l = 0; l < num_layers_; ++l)
+      for (std::int64_t slot : slots) mark(l, slot, false);
+    return slots;
+  }
   /// A layer, or a slot, as the index of the per-layer and per-slot vectors.
   static std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
   /// Copies the stored K and V of the first `tokens` slots of block `from` into block `to`, in
   /// every layer (copy on write; the written marks are the base's).
   virtual void copy_block_data(std::int32_t from, std::int32_t to, int tokens) = 0;
+  /// Copies block `block`'s stored K and V, every layer, to `out` (`block_bytes()` bytes).
+  virtual void copy_values_out(std::int32_t block, unsigned char* out) const = 0;
+  /// Writes block `block`'s stored K and V, every layer, from `in` (`block_bytes()` bytes, from
+  /// `copy_values_out`).
+  virtual void copy_values_in(std::int32_t block, const unsigned char* in) = 0;
 
   /// Throws InvalidArgument (naming `where`) if a token that `view` reaches was reserved and
   /// never written in `layer`.
@@ -401,10 +471,17 @@ class PagedKVCache : public PagedKVCacheBase {
                           "a cache of one layer; with more, reserve then write each layer");
     detail::require_at_least(kWhere, "k.rows()", static_cast<long>(k.rows()), 1L);
     check_rows(kWhere, k, v, static_cast<long>(k.rows()), "k.rows()");
-    const std::vector<std::int64_t> slots = this->reserve(seq, static_cast<int>(k.rows()));
+    detail::require_storable<S>(kWhere, "k", k);  // before anything changes (write checks again)
+    detail::require_storable<S>(kWhere, "v", v);
+    const std::vector<std::int64_t> slots =
+        this->reserve_for("append", seq, static_cast<int>(k.rows()));
     write(0, slots, k, v);
     return slots;
   }
+
+  /// Removed: room for `n` tokens is `reserve(seq, n)`, which returns their slots; then
+  /// `write(layer, slots, k, v)` in each layer. An old call fails to compile, naming `reserve`.
+  std::vector<std::int64_t> append(int seq, int n) = delete;  // use reserve(seq, n), then write
 
   /// Stores keys and values of tokens at `slots` (from `reserve`) in `layer`. Any slot of the
   /// pool is accepted, as in vLLM's slot mapping: writing into a slot that `reserve` did not just
@@ -511,6 +588,32 @@ class PagedKVCache : public PagedKVCacheBase {
                     values->begin() +
                         pool.slot_offset(static_cast<std::int64_t>(to) * this->block_size(), h));
         }
+      }
+    }
+  }
+
+  // A block's elements in one layer's K (or V): in both layouts a block is one run of
+  // block_size * num_kv_heads * row_units elements, from block * that.
+  std::size_t block_elements() const {
+    return at(this->block_size()) * at(this->num_kv_heads()) *
+           at(this->head_dim() / KVStorage<S>::kValues);
+  }
+  void copy_values_out(std::int32_t block, unsigned char* out) const override {
+    static_assert(std::is_trivially_copyable<S>::value, "stored values are copied as bytes");
+    const std::size_t n = block_elements(), bytes = n * sizeof(S);
+    for (int l = 0; l < this->num_layers(); ++l) {
+      for (const std::vector<S>* values : {&k_[at(l)], &v_[at(l)]}) {
+        std::memcpy(out, values->data() + at(block) * n, bytes);
+        out += bytes;
+      }
+    }
+  }
+  void copy_values_in(std::int32_t block, const unsigned char* in) override {
+    const std::size_t n = block_elements(), bytes = n * sizeof(S);
+    for (int l = 0; l < this->num_layers(); ++l) {
+      for (std::vector<S>* values : {&k_[at(l)], &v_[at(l)]}) {
+        std::memcpy(values->data() + at(block) * n, in, bytes);
+        in += bytes;
       }
     }
   }

@@ -129,34 +129,37 @@ class PagedSequences {
   /// `to`, in every layer).
   /// \throws InvalidArgument if `seq` is not live or `n < 1`; OutOfBlocks if the pool lacks
   ///         the blocks; whatever `copy_block` throws. Nothing changes in any of these cases.
+  /// Errors name `function` (the public function the caller called; `reserve` by default).
   template <typename CopyBlock>
-  std::vector<std::int64_t> reserve(int seq, int n, CopyBlock&& copy_block) {
-    const ReservePlan plan = plan_reserve("reserve", seq, n);
-    Sequence& s = find("reserve", seq);
+  std::vector<std::int64_t> reserve(int seq, int n, CopyBlock&& copy_block,
+                                    const char* function = "reserve") {
+    const ReservePlan plan = plan_reserve(function, seq, n);
+    Sequence& s = find(function, seq);
     const int filled = plan.filled;
     const bool copy_last = plan.copy_last;
     const int new_blocks = plan.new_blocks;
     const int needed = plan.needed();
     if (needed > allocator_.num_free()) {
-      detail::fail<OutOfBlocks>(where("reserve").c_str(), "free blocks",
+      detail::fail<OutOfBlocks>(where(function).c_str(), "free blocks",
                                 "at least " + std::to_string(needed) + " for " + std::to_string(n) +
                                     " tokens of sequence " + std::to_string(seq),
                                 allocator_.num_free());
     }
+    // The memory first, then every block at once (the copy first): a failure changes nothing.
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(n));  // [n]
+    s.blocks.reserve(s.blocks.size() + static_cast<std::size_t>(new_blocks));
+    const std::vector<std::int32_t> taken = allocator_.allocate(needed);  // [needed]
     if (copy_last) {  // copy on write: this sequence gets a private copy of the shared block
-      const std::int32_t copy = allocator_.allocate();
       try {
-        copy_block(s.blocks.back(), copy, filled);
+        copy_block(s.blocks.back(), taken.front(), filled);
       } catch (...) {
-        allocator_.release(copy);  // nothing changed
+        for (auto b = taken.rbegin(); b != taken.rend(); ++b) allocator_.release(*b);  // as before
         throw;
       }
       allocator_.release(s.blocks.back());
-      s.blocks.back() = copy;
+      s.blocks.back() = taken.front();
     }
-    const std::vector<std::int32_t> fresh = allocator_.allocate(new_blocks);
-    s.blocks.insert(s.blocks.end(), fresh.begin(), fresh.end());
-    std::vector<std::int64_t> slots(static_cast<std::size_t>(n));  // [n]
+    s.blocks.insert(s.blocks.end(), taken.begin() + (copy_last ? 1 : 0), taken.end());
     for (int i = 0; i < n; ++i) {
       const int pos = s.length + i;
       slots[static_cast<std::size_t>(i)] =
@@ -271,9 +274,12 @@ class PagedSequences {
     sequences_.erase(seq);
   }
 
-  /// The block tables of a batch of live, non-empty sequences, in the order given.
-  /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
-  BlockTables tables(const std::vector<int>& seqs) const {
+  /// The block tables of a batch of live, non-empty sequences, in the order given, read with
+  /// the sliding window `window` (0: none; a sequence whose blocks went back out of a window,
+  /// `release_front`, needs one).
+  /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty,
+  ///         or holds a released block and `window` is 0.
+  BlockTables tables(const std::vector<int>& seqs, int window = 0) const {
     const std::string at = where("tables");
     detail::require_at_least(at.c_str(), "seqs.size()", seqs.size(), std::size_t{1});
     std::vector<std::vector<std::int32_t>> lists;
@@ -284,11 +290,15 @@ class PagedSequences {
       const Sequence& s = find("tables", seq, name);
       if (s.length == 0)
         detail::fail(at.c_str(), name, "a non-empty sequence", std::to_string(seq) + " (empty)");
+      if (window == 0 && !s.blocks.empty() && s.blocks.front() == kReleasedBlock) {
+        detail::fail(at.c_str(), name, "a sequence that holds all its blocks (window is 0)",
+                     std::to_string(seq) + " (its first block went back out of a window)");
+      }
       lists.push_back(s.blocks);
       lengths.push_back(s.length);
     }
     return BlockTables::from_lists(lists, lengths, BlockSize{block_size_},
-                                  NumBlocks{allocator_.num_blocks()});
+                                  NumBlocks{allocator_.num_blocks()}, window);
   }
 
  private:

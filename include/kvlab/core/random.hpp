@@ -38,6 +38,9 @@ class Rng {
   /// A generator whose sequence is fixed by `seed`.
   explicit Rng(std::uint64_t seed) : state_(seed) {}
 
+  /// The state: `Rng(state())` goes on with this generator's sequence.
+  std::uint64_t state() const { return state_; }
+
   /// The next 64 random bits.
   std::uint64_t next_u64() {
     std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);

@@ -244,7 +244,7 @@ class PagedKVCache {
   /// The block tables (host) of a batch of live, non-empty sequences, in the order given;
   /// `DeviceBlockTables(tables(seqs))` copies them to the device for `view`.
   /// \throws InvalidArgument if `seqs` is empty or names a sequence that is not live or empty.
-  BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs); }
+  BlockTables tables(const std::vector<int>& seqs) const { return book_.tables(seqs, window_); }
 
   /// The view of `layer` through `tables`, every pointer in device memory: what
   /// `cuda::paged_decode_attention` reads. Valid while both live and until the next reserve, fork

@@ -250,26 +250,16 @@ RowMatrix<T> run_stack(const AttentionStack<T>& stack, KVStore<T>& store,
                         static_cast<long>(stack.d_model()), "d_model");
   CostCounters work;
   RowMatrix<T> h;  // [step rows, d_model]: the current layer's input, one row per step row
-  const StepBatch& batch = store.begin_step(seqs, x_indptr, x, h, caller);
-  try {
-    StepScratch<T> scratch;
-    RowMatrix<T> out;  // [rows that carry on, d_model]
-    for (int l = 0; l < stack.num_layers(); ++l) {
-      const AttentionLayer<T>& layer = stack.layer(l);
-      const bool top = l + 1 == stack.num_layers();
-      attention_step(layer.shape(), layer.weights(), nullptr, store, l, top, h, out, scratch, work);
-      if (out.rows() != h.rows()) {  // the top layer of a recomputing step: the new tokens only
-        RowMatrix<T> kept;
-        new_token_rows(batch, h, kept);
-        h = std::move(kept);
-      }
-      h += out;  // the residual
-    }
-    store.end_step();
-  } catch (...) {
-    store.abort_step();  // every sequence back to its length before the step
-    throw;
+  OpenStep<T> open_step(store, seqs, x_indptr, x, h, caller);  // aborted unless committed
+  StepScratch<T> scratch;
+  RowMatrix<T> out;  // [rows that carry on, d_model]
+  for (int l = 0; l < stack.num_layers(); ++l) {
+    const AttentionLayer<T>& layer = stack.layer(l);
+    const bool top = l + 1 == stack.num_layers();
+    attention_step(layer.shape(), layer.weights(), nullptr, store, l, top, h, out, scratch, work);
+    add_residual(open_step.batch(), h, out);
   }
+  open_step.commit();
   if (counters != nullptr) *counters += work;
   return h;  // [x.rows(), d_model]
 }

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kvlab/config.hpp"
 #include "kvlab/core/counters.hpp"
+#include "kvlab/core/fault_points.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/cpu/layer_ops.hpp"
 #include "kvlab/matrix.hpp"
@@ -59,6 +61,30 @@ void new_token_rows(const StepBatch& batch, const RowMatrix<T>& x, RowMatrix<T>&
     out.middleRows(batch.new_begin(i), n) =
         x.middleRows(batch.row_begin(i) + batch.computed(i) - n, n);
   }
+}
+
+/// The residual: `x += out`, where `out` is a layer's output for the step's query rows. When the
+/// layer computed fewer rows than `x` holds (the top layer of a recomputing step: the new
+/// tokens only), `x` is first cut to those rows (`new_token_rows`).
+/// \param batch  the step
+/// \param x      [batch.rows() or batch.new_rows(), width]: the residual stream (resized to
+///               out's rows)
+/// \param out    [batch.rows() or batch.new_rows(), width]
+/// \throws InvalidArgument (`x` unchanged) if `out` has neither shape.
+template <typename T>
+void add_residual(const StepBatch& batch, RowMatrix<T>& x, const RowMatrix<T>& out) {
+  constexpr const char* kWhere = "kvlab::add_residual";
+  detail::require_equal(kWhere, "out.cols()", static_cast<long>(out.cols()),
+                        static_cast<long>(x.cols()), "x.cols()");
+  if (out.rows() != x.rows()) {  // the new tokens' rows only
+    detail::require_equal(kWhere, "out.rows()", static_cast<long>(out.rows()),
+                          static_cast<long>(batch.new_rows()),
+                          "x.rows() or the step's new rows");
+    RowMatrix<T> kept;  // [new rows, width]
+    new_token_rows(batch, x, kept);
+    x = std::move(kept);
+  }
+  x += out;  // the residual
 }
 
 /// One layer's attention over the rows of the step open in `store` — the only place where kvlab
@@ -117,6 +143,7 @@ void attention_step(const AttentionShape& shape, const AttentionWeights<T>& w,
   });
   // 2. Keep them (or hold them for this layer).
   timed(times, &PhaseTimes::attention, [&] { store.append(layer, scratch.k, scratch.v); });
+  KVLAB_FAULT_POINT("attention_step");  // a test's fault, after the store changed
   // 3. Queries of the rows whose outputs carry on, rotated the same way.
   if (new_only) {
     new_token_rows(batch, xb, scratch.xq);  // [query rows, d_model]

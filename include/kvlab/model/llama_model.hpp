@@ -196,11 +196,23 @@ class LlamaModel {
   }
 
   /// Feeds one token and returns the logits after it, [vocab_size].
-  /// \throws as `forward(tokens)`.
+  /// \throws InvalidArgument if `token` is outside [0, vocab_size), or for a model built over a
+  ///         store; CapacityError if no position is left (`position() == max_tokens()`).
+  ///         Either way nothing changes.
   RowVector<float> decode(int token) {
-    return step({own_chunk("kvlab::LlamaModel::decode", {token})}, false,
-                "kvlab::LlamaModel::decode", true)
-        .row(0);
+    constexpr const char* kWhere = "kvlab::LlamaModel::decode";
+    SequenceChunk chunk = own_chunk(kWhere, {token});
+    if (token < 0 || token >= config().vocab_size) {
+      detail::fail(kWhere, "token", "an id in [0, " + std::to_string(config().vocab_size) + ")",
+                   token);
+    }
+    if (position() >= max_tokens_) {
+      detail::fail<CapacityError>(
+          kWhere, "position()",
+          "below max_tokens (" + std::to_string(max_tokens_) + "): a position for the token",
+          position());
+    }
+    return step({std::move(chunk)}, false, kWhere, true).row(0);
   }
 
   /// Forgets every token of the model's own sequence and zeroes the counters (a contiguous
@@ -358,34 +370,23 @@ class LlamaModel {
 
     LlamaCounters counters;
     RowMatrix<float> x;  // [step rows, dim]: the residual stream of every row the step computes
-    const StepBatch& plan = store_->begin_step(seqs, new_indptr, embedded, x, where);
-    try {
-      // 2. The layers.
-      // Buffers reused from layer to layer: with the MLP's allocated afresh for each layer, a
-      // 512-token prefill of the stories15M shape took about 4,500 more page faults (new pages,
-      // zeroed by the system) and 1.04× (1 thread) to 1.19× (2 threads) the time
-      // (`bench/results/README.md`, "the prefill's fresh pages").
-      StepScratch<float> scratch;
-      MlpScratch mlp_scratch;
-      RowMatrix<float> xb, out;  // [step rows, dim], [rows that carry on, dim]
-      for (int l = 0; l < c.n_layers; ++l) {
-        const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
-        const bool top = l + 1 == c.n_layers;
-        timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb, c.norm_eps); });  // attention's
-        attention_step(shape_, AttentionWeights<float>{w.wq, w.wk, w.wv, w.wo}, &rope_, *store_, l,
-                       top, xb, out, scratch, counters.attention, times);
-        if (out.rows() != x.rows()) {  // the top layer of a recomputing step: new tokens only
-          RowMatrix<float> kept;
-          new_token_rows(plan, x, kept);
-          x = std::move(kept);
-        }
-        x += out;             // the residual
-        mlp(w, x, mlp_scratch, counters, times);  // x += MLP(x)
-      }
-      store_->end_step();
-    } catch (...) {
-      store_->abort_step();  // every sequence back to its length before the step
-      throw;
+    OpenStep<float> open_step(*store_, seqs, new_indptr, embedded, x, where);  // aborted unless committed
+    // 2. The layers.
+    // Buffers reused from layer to layer: with the MLP's allocated afresh for each layer, a
+    // 512-token prefill of the stories15M shape took about 4,500 more page faults (new pages,
+    // zeroed by the system) and 1.04× (1 thread) to 1.19× (2 threads) the time
+    // (`bench/results/README.md`, "the prefill's fresh pages").
+    StepScratch<float> scratch;
+    MlpScratch mlp_scratch;
+    RowMatrix<float> xb, out;  // [step rows, dim], [rows that carry on, dim]
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
+      const bool top = l + 1 == c.n_layers;
+      timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb, c.norm_eps); });  // attention's
+      attention_step(shape_, AttentionWeights<float>{w.wq, w.wk, w.wv, w.wo}, &rope_, *store_, l,
+                     top, xb, out, scratch, counters.attention, times);
+      add_residual(open_step.batch(), x, out);
+      mlp(w, x, mlp_scratch, counters, times);  // x += MLP(x)
     }
     // 3. Final RMSNorm and classifier, on the rows whose logits are wanted: x now holds the
     // new tokens, sequence after sequence.
@@ -405,6 +406,12 @@ class LlamaModel {
                                 static_cast<std::uint64_t>(c.dim) *
                                 static_cast<std::uint64_t>(c.vocab_size);
 
+    // 4. The step kept: the store's (a failure anywhere above aborted it), then the model's own.
+    std::size_t own_tokens = tokens_.size();
+    for (const SequenceChunk& chunk : batch)
+      if (chunk.seq == seq_) own_tokens += chunk.tokens.size();
+    tokens_.reserve(own_tokens);  // so that nothing below can fail
+    open_step.commit();
     for (const SequenceChunk& chunk : batch)
       if (chunk.seq == seq_)
         tokens_.insert(tokens_.end(), chunk.tokens.begin(), chunk.tokens.end());

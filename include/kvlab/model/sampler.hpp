@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/fault_points.hpp"
 #include "kvlab/core/random.hpp"
 #include "kvlab/cpu/softmax.hpp"
 #include "kvlab/matrix.hpp"
@@ -142,6 +143,7 @@ class Sampler {
     detail::require_equal("kvlab::Sampler::sample", "logits.size()",
                           static_cast<long>(logits.size()), static_cast<long>(vocab_size_),
                           "vocab_size");
+    KVLAB_FAULT_POINT("Sampler::sample");
     if (temperature_ == 0.0f) return sample_argmax(logits.data(), vocab_size_);
     probs_.assign(logits.data(), logits.data() + vocab_size_);  // [vocab_size]
     for (float& p : probs_) p /= temperature_;                  // logits / temperature
@@ -154,6 +156,12 @@ class Sampler {
   /// A uniform float in [0, 1) from the top 24 bits of the generator (as run.c's `random_f32`:
   /// every value is exactly representable, and 1 is never returned).
   float next_coin() { return static_cast<float>(rng_.next_u64() >> 40) * (1.0f / 16777216.0f); }
+
+  /// The generator's state: `set_generator_state` with it makes the sampler draw the same
+  /// tokens again (an engine undoing a failed step does).
+  std::uint64_t generator_state() const { return rng_.state(); }
+  /// Puts the generator back to `state` (from `generator_state`).
+  void set_generator_state(std::uint64_t state) { rng_ = Rng(state); }
 
  private:
   int vocab_size_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -112,9 +113,11 @@ class Engine {
   /// `EngineClock::Steps`). Returns true if a step ran (its record is `last_step()`).
   /// \throws InvalidArgument when every request has finished (nothing to wait for);
   ///         InvariantViolation if requests are unfinished and none can ever run (a bug).
-  ///         Whatever the forward pass throws (host memory exhausted) propagates: the pool's
-  ///         sequences are back at their lengths (`KVStore::abort_step`), but the scheduler's
-  ///         decisions for the step stand, so the engine cannot step again.
+  ///         Whatever the planning, the forward pass or a draw throws (host memory exhausted)
+  ///         propagates with the step undone: the pool, its block tables, the prefix cache,
+  ///         every queue and request, the samplers and the kept logits are as before the call
+  ///         (`Scheduler::abort_step`), and the next call runs the same step. (The model's work
+  ///         counters keep what the failed step did.)
   bool step() {
     if (done()) detail::fail("kvlab::Engine::step", "requests", "one not finished", "none");
     if (!started_) {
@@ -140,14 +143,24 @@ class Engine {
     // One forward pass over every chunk, then a token for each chunk that ends its request.
     std::vector<SequenceChunk> batch;  // [chunks]
     for (const ScheduledChunk& c : plan.chunks) batch.push_back(SequenceChunk{c.seq, c.tokens});
-    const RowMatrix<float> logits = model_.forward_batch(batch);  // [chunks, vocab_size]
-    std::vector<int> drawn(plan.chunks.size(), -1);               // [chunks]
-    for (std::size_t i = 0; i < plan.chunks.size(); ++i) {
-      const ScheduledChunk& c = plan.chunks[i];
-      if (!c.samples || c.kind == ChunkKind::Padding) continue;
-      const RowVector<float> row = logits.row(static_cast<Eigen::Index>(i));
-      drawn[i] = sampler(c.request).sample(row);
-      if (config_.keep_logits) kept_logits(c.request).push_back(row);
+    std::vector<int> drawn(plan.chunks.size(), -1);  // [chunks]
+    std::vector<std::uint64_t> generators;           // [chunks drawn]: each sampler's state before
+    try {
+      const RowMatrix<float> logits = model_.forward_batch(batch);  // [chunks, vocab_size]
+      generators.reserve(plan.chunks.size());
+      for (std::size_t i = 0; i < plan.chunks.size(); ++i) {
+        const ScheduledChunk& c = plan.chunks[i];
+        if (!c.samples || c.kind == ChunkKind::Padding) continue;
+        const RowVector<float> row = logits.row(static_cast<Eigen::Index>(i));
+        generators.push_back(sampler(c.request).generator_state());
+        const int token = sampler(c.request).sample(row);
+        if (config_.keep_logits) kept_logits(c.request).push_back(row);
+        drawn[i] = token;  // set last: drawn[i] >= 0 means the logits were kept too
+      }
+    } catch (...) {  // the model aborted its store's step; now the rest, newest first
+      undo_draws(plan, drawn, generators);
+      scheduler_.abort_step();
+      throw;
     }
     if (config_.clock == EngineClock::Steps) virtual_time_ += 1.0;
     const double end = now();
@@ -232,6 +245,18 @@ class Engine {
                                                           KVLayout::NHD, config.window);
       return PoolAndStore{pool, std::make_shared<PagedStore<float, S>>(pool)};
     });
+  }
+
+  // Undoes the draws of a failed step: every sampler that drew (or was drawing) goes back to
+  // its state `generators[k]` before, and the logits kept for a draw go.
+  void undo_draws(const StepPlan& plan, const std::vector<int>& drawn,
+                  const std::vector<std::uint64_t>& generators) {
+    for (std::size_t i = 0, k = 0; i < plan.chunks.size() && k < generators.size(); ++i) {
+      const ScheduledChunk& c = plan.chunks[i];
+      if (!c.samples || c.kind == ChunkKind::Padding) continue;
+      sampler(c.request).set_generator_state(generators[k++]);
+      if (config_.keep_logits && drawn[i] >= 0) kept_logits(c.request).pop_back();
+    }
   }
 
   StepRecord log_entry(const StepPlan& plan, double begin) const {

@@ -79,6 +79,28 @@ class PrefixCache {
     if (hash == nullptr) detail::fail("kvlab::PrefixCache", "hash", "a function", "nullptr");
   }
 
+  /// A copy, with its own LRU queue (the index into the queue is rebuilt for the copy's).
+  PrefixCache(const PrefixCache& other)
+      : block_size_(other.block_size_),
+        hash_(other.hash_),
+        entries_(other.entries_),
+        by_hash_(other.by_hash_),
+        by_block_(other.by_block_),
+        lru_(other.lru_),
+        next_id_(other.next_id_) {
+    for (auto it = lru_.begin(); it != lru_.end(); ++it) lru_at_[*it] = it;
+  }
+  /// Copies `other` (see the copy constructor).
+  PrefixCache& operator=(const PrefixCache& other) {
+    if (this != &other) *this = PrefixCache(other);
+    return *this;
+  }
+  /// Moves: the queue's nodes move with it, so the index stays valid.
+  PrefixCache(PrefixCache&&) = default;
+  /// Moves (see the move constructor).
+  PrefixCache& operator=(PrefixCache&&) = default;
+  ~PrefixCache() = default;
+
   /// Tokens per block.
   int block_size() const { return block_size_; }
   /// Blocks held by the cache.

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -257,22 +259,41 @@ class Scheduler {
     }
     if (!std::isfinite(now))
       detail::fail("kvlab::Scheduler::schedule", "now", "a finite time", now);
-    plan_ = StepPlan{};
-    taken_ = 0;
-    while (!pending_.empty() && request(pending_.front()).request.arrival <= now) {
-      RequestState& r = state(pending_.front());
-      pending_.pop_front();
-      r.status = RequestStatus::Waiting;
-      r.queue_order = next_queue_order_++;
-      waiting_.push_back(r.id);
-    }
-    if (config_.policy == BatchingPolicy::Static) {
-      schedule_static(now);
-    } else {
-      schedule_continuous(now);
+    save_before_step();
+    try {
+      while (!pending_.empty() && request(pending_.front()).request.arrival <= now) {
+        RequestState& r = changing(pending_.front());
+        pending_.pop_front();
+        r.status = RequestStatus::Waiting;
+        r.queue_order = next_queue_order_++;
+        waiting_.push_back(r.id);
+      }
+      if (config_.policy == BatchingPolicy::Static) {
+        schedule_static(now);
+      } else {
+        schedule_continuous(now);
+      }
+      save_freed_values();
+    } catch (...) {  // host memory exhausted while planning: as before the call
+      undo_step();
+      throw;
     }
     open_ = !plan_.chunks.empty();
+    if (!open_) undo_.reset();  // nothing runs: what changed (arrivals, preemptions) stands
     return plan_;
+  }
+
+  /// Undoes the step that `schedule` planned and `complete_step` has not ended, after the
+  /// forward pass or a draw failed: the queues, every request, the prefix cache and the pool —
+  /// its block tables, its allocator, and the values of the blocks the plan freed (preempted or
+  /// evicted) and the step may have overwritten — are again as they were before `schedule`,
+  /// and the next `schedule` at the same time plans the same step. Call it once any store over
+  /// the pool has aborted its own step (`KVStore::abort_step`; `LlamaModel` does that as the
+  /// failure leaves it). Does nothing when no step is open; allocates no memory.
+  /// \throws InvalidArgument (nothing changes) if a store's step is still open over the pool.
+  void abort_step() {
+    if (!open_) return;
+    undo_step();
   }
 
   /// Ends the step planned by `schedule`: every chunk's tokens are now in its sequence, and
@@ -295,6 +316,7 @@ class Scheduler {
       }
     }
     open_ = false;
+    undo_.reset();  // the step stands
     std::vector<int> finished;
     for (std::size_t i = 0; i < plan_.chunks.size(); ++i) {
       const ScheduledChunk& c = plan_.chunks[i];
@@ -482,7 +504,10 @@ class Scheduler {
   // blocks when the free list alone cannot cover the step.
   void take(RequestState& r, int need) {
     const int short_by = taken_ + need - pool_->allocator().num_free();
-    if (short_by > 0) plan_.evicted_blocks += cache_.evict(*pool_, short_by);
+    if (short_by > 0) {
+      changing_cache();
+      plan_.evicted_blocks += cache_.evict(*pool_, short_by);
+    }
     taken_ += need;
     const int from_promise = std::min(need, r.promised);
     r.promised -= from_promise;
@@ -517,7 +542,7 @@ class Scheduler {
     int budget = config_.max_batched_tokens;
     // 2. Running requests, oldest first.
     for (std::size_t i = 0; i < running_.size() && budget > 0;) {
-      RequestState& r = state(running_[i]);
+      RequestState& r = changing(running_[i]);
       const int n = std::min(r.remaining(), budget);
       const int need = pool_->blocks_needed(r.seq, n);
       bool self_preempted = false;
@@ -539,7 +564,7 @@ class Scheduler {
     // 3. Waiting requests, first come first served, when nobody was preempted.
     while (plan_.preempted.empty() && !waiting_.empty() && budget > 0 &&
            static_cast<int>(running_.size()) < config_.max_running) {
-      RequestState& r = state(waiting_.front());
+      RequestState& r = changing(waiting_.front());
       const PrefixCache::Match hit =
           config_.prefix_caching ? cache_.match(r.tokens) : PrefixCache::Match{};
       const int hit_tokens = hit.tokens(pool_->block_size());
@@ -552,6 +577,7 @@ class Scheduler {
                                     static_cast<int>(hit.blocks.size());
       if (reserve + config_.watermark_blocks > unpromised() - evictable_hits) break;  // FCFS
       waiting_.pop_front();
+      changing_cache();
       cache_.take(hit.blocks);
       r.seq = pool_->add_sequence(hit.blocks);
       r.chain = hit.entries;
@@ -587,7 +613,8 @@ class Scheduler {
   // Preempts running_[i]: its blocks go back, it returns to the front of the queue and will
   // compute its prompt and output again.
   void preempt(std::size_t i) {
-    RequestState& r = state(running_[i]);
+    RequestState& r = changing(running_[i]);
+    changing_cache();  // release gives cached blocks back to it
     release(r);
     r.computed = 0;
     r.chain.clear();
@@ -618,7 +645,7 @@ class Scheduler {
         ++members;
       }
       for (std::size_t m = 0; m < members; ++m) {
-        RequestState& r = state(waiting_.front());
+        RequestState& r = changing(waiting_.front());
         waiting_.pop_front();
         r.seq = pool_->add_sequence({});
         r.status = RequestStatus::Running;
@@ -634,7 +661,7 @@ class Scheduler {
     for (int id : running_)
       longest_prompt = std::max(longest_prompt, static_cast<int>(state(id).request.prompt.size()));
     for (int id : running_) {
-      RequestState& r = state(id);
+      RequestState& r = changing(id);
       if (r.status == RequestStatus::Finished) {  // a pad row, while the others finish
         if (pool_->length(r.seq) >= max_tokens_) continue;
         take(r, pool_->blocks_needed(r.seq, 1));
@@ -700,6 +727,72 @@ class Scheduler {
     }
   }
 
+  // What `abort_step` puts back: the state before `schedule`, the parts a step rarely changes
+  // saved as it changes them.
+  struct Undo {
+    std::deque<int> pending, waiting;
+    std::vector<int> running;
+    long last_first_admission = -1;
+    bool admitted_out_of_order = false;
+    int promised_total = 0, preemptions = 0, spared = 0;
+    long next_queue_order = 0;
+    StepPlan plan;                               // the previous step's (check_invariants reads it)
+    PagedKVCacheBase::Checkpoint pool;           // with the values of the blocks the plan freed
+    std::vector<RequestState> requests;          // each request the step changed, as it was
+    std::unordered_set<int> saved;               // their ids
+    std::optional<PrefixCache> cache;            // as it was, once the step changes it
+  };
+  // Saves what any step may change; the rest is saved as it changes (`changing`,
+  // `changing_cache`, `save_freed_values`).
+  void save_before_step() {
+    Undo u{pending_, waiting_, running_, last_first_admission_, admitted_out_of_order_,
+           promised_total_, preemptions_, spared_, next_queue_order_, std::move(plan_),
+           pool_->checkpoint(), {}, {}, {}};
+    plan_ = StepPlan{};
+    taken_ = 0;
+    undo_ = std::move(u);
+  }
+  // Request id's record, saved first if this step has not changed it yet.
+  RequestState& changing(int id) {
+    RequestState& r = state(id);
+    if (undo_->saved.insert(id).second) undo_->requests.push_back(r);
+    return r;
+  }
+  // Saves the prefix cache if this step has not changed it yet.
+  void changing_cache() {
+    if (!undo_->cache) undo_->cache = cache_;
+  }
+  // Keeps the values of the blocks that held K/V before the step and are free now (preempted or
+  // evicted): the step may hand them to new tokens and overwrite them.
+  void save_freed_values() {
+    if (plan_.preempted.empty() && plan_.evicted_blocks == 0) return;
+    const BlockAllocator& before = undo_->pool.book.allocator();
+    std::vector<std::int32_t> freed;  // [blocks freed by the plan]
+    for (std::int32_t b = 0; b < before.num_blocks(); ++b)
+      if (before.ref_count(b) > 0 && pool_->allocator().ref_count(b) == 0) freed.push_back(b);
+    pool_->save_values(undo_->pool, freed);
+  }
+  // Puts back everything saved for the step (moves only: nothing is allocated).
+  void undo_step() {
+    Undo& u = *undo_;
+    pool_->restore(std::move(u.pool));  // first: it refuses an open store step
+    pending_ = std::move(u.pending);
+    waiting_ = std::move(u.waiting);
+    running_ = std::move(u.running);
+    last_first_admission_ = u.last_first_admission;
+    admitted_out_of_order_ = u.admitted_out_of_order;
+    promised_total_ = u.promised_total;
+    preemptions_ = u.preemptions;
+    spared_ = u.spared;
+    next_queue_order_ = u.next_queue_order;
+    plan_ = std::move(u.plan);
+    for (RequestState& r : u.requests) state(r.id) = std::move(r);
+    if (u.cache) cache_ = std::move(*u.cache);
+    open_ = false;
+    taken_ = 0;
+    undo_.reset();
+  }
+
   std::shared_ptr<PagedKVCacheBase> pool_;
   SchedulerConfig config_;
   int max_tokens_;
@@ -720,6 +813,7 @@ class Scheduler {
   int preemptions_ = 0;                 // preemptions so far
   int spared_ = 0;                      // recomputing requests passed over as victims
   long next_queue_order_ = 0;           // FCFS counter
+  std::optional<Undo> undo_;            // from schedule to complete_step or abort_step
 };
 
 }  // namespace kvlab

@@ -100,6 +100,8 @@ struct StepBatch {
 ///     last rows) attend causally to the sequence's keys, through this store's kernel;
 ///  4. `end_step()` (the new tokens are now part of their sequences), or `abort_step()` after an
 ///     error (every sequence back to its length before the step).
+/// A model opens a step with an `OpenStep`, which makes the fourth call for it: `abort_step`
+/// unless the step was committed, whatever was thrown inside it.
 /// Between steps, sequences are added, forked, truncated and freed.
 ///
 /// Every public member checks its arguments first and throws (`InvalidArgument`, naming the
@@ -392,6 +394,45 @@ class KVStore {
   int head_dim_;
   StepBatch step_;     // the open step
   bool open_ = false;  // a step is open
+};
+
+/// A step of a `KVStore`, open while this object lives: `begin_step` when it is made,
+/// `end_step` at `commit`, and `abort_step` when it goes without a commit — so that whatever a
+/// layer throws, every sequence is back at its length before the step. The one step protocol of
+/// every model (`run_stack`, `LlamaModel`):
+/// \code
+/// OpenStep<float> step(store, seqs, new_indptr, embedded, x, "kvlab::MyModel::forward");
+/// for (int l = 0; l < layers; ++l) { /* attention_step(..., store, l, ...), add_residual */ }
+/// step.commit();  // or leave by an exception: the step is aborted
+/// \endcode
+template <typename T>
+class OpenStep {
+ public:
+  /// Opens a step: `store.begin_step(seqs, new_indptr, new_inputs, inputs, caller)`.
+  /// \throws whatever `begin_step` throws (nothing is open then).
+  OpenStep(KVStore<T>& store, const std::vector<int>& seqs,
+           const std::vector<std::int32_t>& new_indptr, const RowMatrix<T>& new_inputs,
+           RowMatrix<T>& inputs, const char* caller)
+      : store_(store), batch_(store.begin_step(seqs, new_indptr, new_inputs, inputs, caller)) {}
+  OpenStep(const OpenStep&) = delete;
+  OpenStep& operator=(const OpenStep&) = delete;
+  /// Aborts the step unless it was committed (`KVStore::abort_step`, which does not throw).
+  ~OpenStep() {
+    if (!committed_) store_.abort_step();
+  }
+
+  /// The open step's rows (`KVStore::begin_step`'s result).
+  const StepBatch& batch() const { return batch_; }
+  /// Ends the step keeping its tokens (`KVStore::end_step`).
+  void commit() {
+    store_.end_step();
+    committed_ = true;
+  }
+
+ private:
+  KVStore<T>& store_;
+  const StepBatch& batch_;  // the store's open step
+  bool committed_ = false;
 };
 
 }  // namespace kvlab

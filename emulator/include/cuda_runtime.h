@@ -69,10 +69,10 @@
 
 #if defined(__CUDACC__)
 #error \
-    "tests/cuda_emulation/include/cuda_runtime.h emulates CUDA on the CPU: compile with a host compiler"
+    "emulator/include/cuda_runtime.h emulates CUDA on the CPU: compile with a host compiler"
 #endif
 #if !defined(KVLAB_CUDA_EMULATION)
-#error "tests/cuda_emulation/include/cuda_runtime.h is for builds with -DKVLAB_CUDA_EMULATION"
+#error "emulator/include/cuda_runtime.h is for builds with -DKVLAB_CUDA_EMULATION"
 #endif
 
 // Shared variables are static: one block runs at a time (defined before the toolkit's

@@ -1,4 +1,4 @@
-// The CPU emulator behind tests/cuda_emulation/include/cuda_runtime.h (the model and its limits
+// The CPU emulator behind emulator/include/cuda_runtime.h (the model and its limits
 // are described there): device memory, the runtime calls kvlab uses, and kernel launches whose
 // threads run as fibers, one block at a time.
 #include <cuda_runtime.h>
@@ -283,7 +283,7 @@ void enter(const Fiber& f) { threadIdx = f.tid; }
 // --- racecheck
 // ------------------------------------------------------------------------------------
 //
-// Built with KVLAB_EMULATION_RACECHECK (tests/cuda_emulation/CMakeLists.txt), the kernels' code
+// Built with KVLAB_EMULATION_RACECHECK (emulator/CMakeLists.txt), the kernels' code
 // calls `access` before every load and store it makes through memory: GCC's kernel-address
 // sanitizer in its out-of-line form emits those calls (__asan_load4_noabort, ...) and leaves the
 // runtime to the program; this file is that runtime. Each byte of shared memory (the block's
