@@ -36,7 +36,7 @@
 #include <kvlab/kvlab.hpp>
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
-#include <kvlab/serving/state_dot.hpp>
+#include <kvlab/report/state_dot.hpp>
 
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the files kvlab-serve writes with --json and --step-log (kvlab/serving/report.hpp) for
+"""Checks the files kvlab-serve writes with --json and --step-log (kvlab/report/run_json.hpp) for
 a run of apps/examples/workload.jsonl: both parse as JSON; the run holds every request of the
 workload, in order, under the workload's own ids, each with its prompt and at most
 max_new_tokens output ids; the step log holds one object per step of the run.

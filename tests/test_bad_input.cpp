@@ -21,7 +21,7 @@
 #include "kvlab/model/chat.hpp"
 #include "model_writers.hpp"
 #include "kvlab/kvlab.hpp"
-#include "kvlab/serving/state_dot.hpp"
+#include "kvlab/report/state_dot.hpp"
 
 using kvlab::InvalidArgument;
 using kvlab::RowMatrix;
@@ -783,6 +783,37 @@ TEST_CASE("Scheduler and Engine: bad requests and calls are refused and change n
       ctor, input::kEmpty, no_state,
       [&] { kvlab::Scheduler s(pool, kvlab::SchedulerConfig{}, 32, 10, nullptr); },
       names("hash", "a function", "nullptr"));
+  // Each policy's class refuses a configuration of another; make_scheduler builds any.
+  kvlab::SchedulerConfig static_config;
+  static_config.policy = kvlab::BatchingPolicy::Static;
+  refuses<InvalidArgument>(
+      ctor, input::kState, no_state, [&] { kvlab::Scheduler s(pool, static_config, 32, 10); },
+      names("config.policy",
+            "continuous (this class's; make_scheduler builds the class of any policy)", "static"));
+  refuses<InvalidArgument>(
+      "kvlab::StaticScheduler::StaticScheduler(std::shared_ptr< PagedKVCacheBase > pool, "
+      "SchedulerConfig config, int max_tokens, int vocab_size, PrefixCache::HashFunction "
+      "hash=PrefixCache::chain_hash)",
+      input::kState, no_state,
+      [&] { kvlab::StaticScheduler s(pool, kvlab::SchedulerConfig{}, 32, 10); },
+      names("config.policy",
+            "static (this class's; make_scheduler builds the class of any policy)", "continuous"));
+  refuses<InvalidArgument>(
+      "kvlab::ContiguousScheduler::ContiguousScheduler(std::shared_ptr< PagedKVCacheBase > pool, "
+      "SchedulerConfig config, int max_tokens, int vocab_size, PrefixCache::HashFunction "
+      "hash=PrefixCache::chain_hash)",
+      input::kState, no_state,
+      [&] { kvlab::ContiguousScheduler s(pool, static_config, 32, 10); },
+      names("config.policy",
+            "contiguous (this class's; make_scheduler builds the class of any policy)", "static"));
+  refuses<InvalidArgument>(
+      "kvlab::make_scheduler(std::shared_ptr< PagedKVCacheBase > pool, const SchedulerConfig "
+      "&config, int max_tokens, int vocab_size, PrefixCache::HashFunction "
+      "hash=PrefixCache::chain_hash)",
+      input::kSize, no_state, [&] { (void)kvlab::make_scheduler(pool, static_config, 0, 10); },
+      names("max_tokens", ">= 1", "0"));
+  CHECK(dynamic_cast<kvlab::StaticScheduler*>(
+            kvlab::make_scheduler(pool, static_config, 32, 10).get()) != nullptr);
 
   kvlab::Scheduler scheduler(pool, kvlab::SchedulerConfig{}, 32, 10);
   scheduler.submit(request_of({1, 2, 3}, 1));
@@ -1992,6 +2023,16 @@ TEST_CASE("The model's steps, the random numbers and the reports refuse bad inpu
       blocks_for, input::kOverflow, no_state, [&] { (void)scheduler.blocks_for(LONG_MAX); },
       names("tokens", "at most " + std::to_string(4L * INT_MAX) + " (INT_MAX blocks of 4)",
             std::to_string(LONG_MAX)));
+  // The budget under every policy's scheduler: its errors name it unless a caller is given.
+  const kvlab::PrefixCache cache(4);
+  const kvlab::BlockBudget budget(*pool, cache);
+  refuses<InvalidArgument>(
+      "kvlab::BlockBudget::blocks_for(long tokens, const char *caller=\"kvlab::BlockBudget::"
+      "blocks_for\") const",
+      input::kSize, no_state, [&] { (void)budget.blocks_for(-2); },
+      names("tokens", ">= 0", "-2"));
+  CHECK_THROWS_WITH(budget.blocks_for(-2), Catch::StartsWith("kvlab::BlockBudget::blocks_for: "));
+  CHECK_THROWS_WITH(scheduler.blocks_for(-2), Catch::StartsWith("kvlab::Scheduler::blocks_for: "));
   kvlab::EngineConfig config;
   config.clock = kvlab::EngineClock::Steps;
   kvlab::Engine engine(std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin()),
@@ -2016,7 +2057,7 @@ TEST_CASE(
   kvlab::SchedulerConfig contiguous;
   contiguous.policy = kvlab::BatchingPolicy::Contiguous;
   contiguous.max_len = 8;
-  kvlab::Scheduler scheduler(pool, contiguous, 32, 10);
+  kvlab::ContiguousScheduler scheduler(pool, contiguous, 32, 10);
   scheduler.submit(request_of({1, 2}, 2));
   const auto state = [&] { return state_of(scheduler); };
   const char* submit = "kvlab::Scheduler::submit(const Request &r)";

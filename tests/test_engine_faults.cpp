@@ -28,10 +28,10 @@
 
 #include "kvlab/kvlab.hpp"
 #include "model_writers.hpp"
+#include "serving_helpers.hpp"
 
 using kvlab::BatchingPolicy;
 using kvlab::Engine;
-using kvlab::EngineClock;
 using kvlab::EngineConfig;
 using kvlab::Request;
 
@@ -273,30 +273,13 @@ int check_faults(const EngineConfig& c, const std::vector<Request>& requests) {
 // `n` requests of prompts 3..30 tokens (the first `shared` common to all), outputs 3..16, one
 // arrival each step; every other one sampled at temperature 0.8 (seeded).
 std::vector<Request> workload(int n, int shared, std::uint64_t seed) {
-  kvlab::WorkloadSpec spec;
-  spec.requests = n;
-  spec.seed = seed;
-  spec.prompt_min = 3;
-  spec.prompt_max = 30;
-  spec.output_min = 3;
-  spec.output_max = 16;
-  spec.shared_prefix = shared;
-  std::vector<Request> requests = kvlab::make_workload(spec, 256);
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    requests[i].arrival = static_cast<double>(i);
-    if (i % 2 == 0) requests[i].sampling.temperature = 0.8f;
-  }
+  std::vector<Request> requests = kvlab_test::arriving_workload(n, shared, 30, 3, 16, 1.0, seed);
+  for (std::size_t i = 0; i < requests.size(); i += 2) requests[i].sampling.temperature = 0.8f;
   return requests;
 }
 
 EngineConfig config(int block_size, int num_blocks) {
-  EngineConfig c;
-  c.block_size = block_size;
-  c.num_blocks = num_blocks;
-  c.clock = EngineClock::Steps;
-  c.keep_logits = true;
-  c.check_invariants = true;
-  return c;
+  return kvlab_test::step_clock_config(block_size, num_blocks);
 }
 
 }  // namespace

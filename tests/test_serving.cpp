@@ -28,6 +28,7 @@
 
 #include "kvlab/kvlab.hpp"
 #include "model_writers.hpp"
+#include "serving_helpers.hpp"
 #include "test_support.hpp"
 
 using kvlab::BatchingPolicy;
@@ -105,27 +106,11 @@ double check_against_alone(const Engine& engine, const std::vector<Request>& req
 // A workload of `n` requests: prompts of 3..40 tokens (the first `shared` tokens common to all),
 // outputs of 4..24 tokens, one arrival every `gap` steps.
 std::vector<Request> mixed_workload(int n, int shared, double gap, std::uint64_t seed) {
-  kvlab::WorkloadSpec spec;
-  spec.requests = n;
-  spec.seed = seed;
-  spec.prompt_min = 3;
-  spec.prompt_max = 40;
-  spec.output_min = 4;
-  spec.output_max = 24;
-  spec.shared_prefix = shared;
-  std::vector<Request> requests = kvlab::make_workload(spec, 256);
-  for (std::size_t i = 0; i < requests.size(); ++i) requests[i].arrival = gap * static_cast<double>(i);
-  return requests;
+  return kvlab_test::arriving_workload(n, shared, 40, 4, 24, gap, seed);
 }
 
 EngineConfig test_config(int block_size, int num_blocks) {
-  EngineConfig c;
-  c.block_size = block_size;
-  c.num_blocks = num_blocks;
-  c.clock = EngineClock::Steps;
-  c.keep_logits = true;
-  c.check_invariants = true;
-  return c;
+  return kvlab_test::step_clock_config(block_size, num_blocks);
 }
 
 std::unique_ptr<Engine> run_engine(const EngineConfig& config, const std::vector<Request>& requests,

@@ -1,4 +1,4 @@
-// The state diagrams (include/kvlab/cache/pool_dot.hpp, include/kvlab/serving/state_dot.hpp):
+// The state diagrams (include/kvlab/report/pool_dot.hpp, include/kvlab/report/state_dot.hpp):
 // the dot text is parsed back into nodes, labels and edges and compared with the state it draws
 // — after a fork and a copy on write, with a holder that is not a sequence, with blocks given
 // back out of a sliding window, with prefix-cache hits and a waiting queue — and, where Graphviz
@@ -20,9 +20,9 @@
 
 #include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/cache/paged_sequences.hpp"
-#include "kvlab/cache/pool_dot.hpp"
+#include "kvlab/report/pool_dot.hpp"
 #include "kvlab/serving/engine.hpp"
-#include "kvlab/serving/state_dot.hpp"
+#include "kvlab/report/state_dot.hpp"
 #include "model_writers.hpp"
 
 namespace {

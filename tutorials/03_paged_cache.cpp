@@ -19,7 +19,7 @@
 //
 // Next: 04_paged_attention.cpp — attention through the block tables.
 
-#include <kvlab/cache/pool_dot.hpp>
+#include <kvlab/report/pool_dot.hpp>
 #include <kvlab/kvlab.hpp>
 
 #include <algorithm>

@@ -18,7 +18,11 @@
 ///    stack and its decoders, the Llama model, its readers (llama2.c checkpoints, GGUF files),
 ///    tokenizer, sampler and generation loop. The GGUF files' byte-level BPE tokenizer
 ///    (`kvlab/model/bpe_tokenizer.hpp`) is not included here: it reads a Unicode table that
-///    kvlab's CMake build generates (see `unicode_classes.hpp`); include it where you need it.
+///    kvlab's CMake build generates (see `unicode_classes.hpp`); include it where you need it;
+///  - `serving/`: continuous batching — requests, the schedulers, the prefix cache, the engine;
+///  - `report/`: what is shown of the state — the serving run as JSON (`run_json.hpp`, included
+///    here) and the Graphviz pictures of a pool and of a scheduler's state (`pool_dot.hpp`,
+///    `state_dot.hpp`, included where you draw).
 #pragma once
 
 #include "kvlab/analysis/kv_cache_size.hpp"
@@ -67,14 +71,19 @@
 #include "kvlab/store/contiguous_store.hpp"
 #include "kvlab/store/kv_store.hpp"
 #include "kvlab/store/paged_store.hpp"
+#include "kvlab/serving/block_budget.hpp"
+#include "kvlab/serving/contiguous_scheduler.hpp"
 #include "kvlab/serving/engine.hpp"
+#include "kvlab/serving/make_scheduler.hpp"
 #include "kvlab/serving/prefix_cache.hpp"
-#include "kvlab/serving/report.hpp"
 #include "kvlab/serving/request.hpp"
 #include "kvlab/serving/scheduler.hpp"
+#include "kvlab/serving/scheduler_invariants.hpp"
+#include "kvlab/serving/static_scheduler.hpp"
 #include "kvlab/serving/step_plan.hpp"
 #include "kvlab/serving/summary.hpp"
 #include "kvlab/serving/workload.hpp"
+#include "kvlab/report/run_json.hpp"
 #include "kvlab/store/recompute_store.hpp"
 
 /// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention

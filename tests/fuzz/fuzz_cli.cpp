@@ -39,7 +39,7 @@
 #include <kvlab/kvlab.hpp>
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
-#include <kvlab/serving/state_dot.hpp>
+#include <kvlab/report/state_dot.hpp>
 
 #include "allocator_stress.hpp"     // tests/stress
 #include "engine_stress.hpp"        // tests/stress

@@ -26,6 +26,7 @@
 #include "kvlab/model/llama_weights.hpp"
 #include "kvlab/model/sampler.hpp"
 #include "kvlab/serving/request.hpp"
+#include "kvlab/serving/make_scheduler.hpp"
 #include "kvlab/serving/scheduler.hpp"
 #include "kvlab/serving/step_plan.hpp"
 #include "kvlab/store/paged_store.hpp"
@@ -80,8 +81,8 @@ class Engine {
       : config_(config),
         paged_(make_pool(weights, config)),
         model_(std::move(weights), paged_.store, config.max_tokens),
-        scheduler_(paged_.pool, config.scheduler, model_.max_tokens(), model_.config().vocab_size,
-                   config.hash) {}
+        scheduler_(make_scheduler(paged_.pool, config.scheduler, model_.max_tokens(),
+                                  model_.config().vocab_size, config.hash)) {}
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -93,7 +94,7 @@ class Engine {
   ///         cannot fit the pool alone, ...). Nothing changes: the engine goes on serving the
   ///         others.
   int submit(const Request& r) {
-    const int id = scheduler_.submit(r);
+    const int id = scheduler_->submit(r);
     samplers_.emplace_back(std::in_place, model_.config().vocab_size, r.sampling.temperature,
                            r.sampling.top_p, r.sampling.seed);
     logits_.emplace_back();
@@ -101,7 +102,7 @@ class Engine {
   }
 
   /// True when every submitted request has finished.
-  bool done() const { return scheduler_.unfinished() == 0; }
+  bool done() const { return scheduler_->unfinished() == 0; }
   /// The engine's time now (0 before the first step).
   double now() const {
     if (config_.clock == EngineClock::Steps) return virtual_time_;
@@ -125,12 +126,12 @@ class Engine {
       start_ = std::chrono::steady_clock::now();
     }
     const double begin = now();
-    const StepPlan& plan = scheduler_.schedule(begin);
+    const StepPlan& plan = scheduler_->schedule(begin);
     if (plan.chunks.empty()) {  // nothing runnable: wait for the next arrival
-      const double next = scheduler_.next_arrival();
+      const double next = scheduler_->next_arrival();
       if (!std::isfinite(next)) {  // unfinished requests, none can run and none will arrive
         throw InvariantViolation("kvlab::Engine::step: " +
-                                 std::to_string(scheduler_.unfinished()) +
+                                 std::to_string(scheduler_->unfinished()) +
                                  " requests unfinished, none can run and none is pending");
       }
       if (config_.clock == EngineClock::Steps) {
@@ -159,13 +160,13 @@ class Engine {
       }
     } catch (...) {  // the model aborted its store's step; now the rest, newest first
       undo_draws(plan, drawn, generators);
-      scheduler_.abort_step();
+      scheduler_->abort_step();
       throw;
     }
     if (config_.clock == EngineClock::Steps) virtual_time_ += 1.0;
     const double end = now();
     StepRecord record = log_entry(plan, begin);
-    record.finished = scheduler_.complete_step(drawn, end);
+    record.finished = scheduler_->complete_step(drawn, end);
     // A finished request draws no more: its sampler's buffers (vocab_size long) go.
     for (int id : record.finished) sampler_slot(id).reset();
     drop_freed();  // records of requests forgotten while their static batch ran
@@ -174,7 +175,7 @@ class Engine {
     ++steps_;
     if (config_.keep_step_log) log_.push_back(record);
     last_ = std::move(record);
-    if (config_.check_invariants) scheduler_.check_invariants();
+    if (config_.check_invariants) scheduler_->check_invariants();
     return true;
   }
 
@@ -188,7 +189,7 @@ class Engine {
 
   /// What request `id` got so far.
   /// \throws InvalidArgument if no request has that id, or its output was taken.
-  const RequestOutput& output(int id) const { return scheduler_.request(id).output; }
+  const RequestOutput& output(int id) const { return scheduler_->request(id).output; }
   /// Hands over finished request `id`'s output and forgets the request: its record, and its
   /// logits with `EngineConfig::keep_logits`, are freed (`Scheduler::forget`), and `output(id)`,
   /// `logits(id)` and `scheduler().request(id)` refuse it from then on. A long-running engine
@@ -198,13 +199,13 @@ class Engine {
   /// \throws InvalidArgument (nothing changes) if no request has that id, it has not finished,
   ///         or its output was taken already.
   RequestOutput take_output(int id) {
-    const RequestState& r = scheduler_.request(id);  // checks the id
+    const RequestState& r = scheduler_->request(id);  // checks the id
     if (r.status != RequestStatus::Finished)
       detail::fail("kvlab::Engine::take_output", "id", "a finished request",
                    std::to_string(id) + " (not finished)");
     RequestOutput out = r.output;
     kept_logits(id) = {};
-    scheduler_.forget(id);
+    scheduler_->forget(id);
     drop_freed();
     return out;
   }
@@ -212,7 +213,7 @@ class Engine {
   /// too), with `EngineConfig::keep_logits`; empty otherwise.
   /// \throws InvalidArgument if no request has that id, or its output was taken.
   const std::vector<RowVector<float>>& logits(int id) const {
-    scheduler_.request(id);  // checks the id
+    scheduler_->request(id);  // checks the id
     return logits_[static_cast<std::size_t>(id - first_kept_)];
   }
   /// One record per step that ran, in order (empty without `EngineConfig::keep_step_log`).
@@ -222,7 +223,7 @@ class Engine {
   /// Steps that ran.
   int steps() const { return steps_; }
   /// The scheduler (read-only): requests, queues, pool, prefix cache, invariants.
-  const Scheduler& scheduler() const { return scheduler_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
   /// The model (read-only): its shape and counters.
   const LlamaModel& model() const { return model_; }
   /// The settings.
@@ -273,18 +274,18 @@ class Engine {
   }
   void fill_memory(StepRecord& r) const {
     const BlockAllocator& alloc = paged_.pool->allocator();
-    r.waiting = static_cast<int>(scheduler_.waiting().size());
-    r.running = static_cast<int>(scheduler_.running().size());
-    r.blocks_cached = scheduler_.prefix_cache().evictable_blocks();
+    r.waiting = static_cast<int>(scheduler_->waiting().size());
+    r.running = static_cast<int>(scheduler_->running().size());
+    r.blocks_cached = scheduler_->prefix_cache().evictable_blocks();
     r.blocks_free = alloc.num_free();
     r.blocks_used = alloc.num_used() - r.blocks_cached;
-    r.blocks_reserved = scheduler_.promised_blocks();
+    r.blocks_reserved = scheduler_->promised_blocks();
   }
 
   EngineConfig config_;
   PoolAndStore paged_;  // the blocks every request's K/V live in, and the model's store over them
   LlamaModel model_;
-  Scheduler scheduler_;
+  std::unique_ptr<Scheduler> scheduler_;  // the policy's (make_scheduler)
   // Request id's sampler and kept logits are at id - first_kept_, as the scheduler's records.
   std::optional<Sampler>& sampler_slot(int id) {
     return samplers_[static_cast<std::size_t>(id - first_kept_)];
@@ -292,7 +293,7 @@ class Engine {
   Sampler& sampler(int id) { return *sampler_slot(id); }
   // Drops the samplers and logits of the requests whose records the scheduler freed.
   void drop_freed() {
-    while (first_kept_ < scheduler_.num_requests() - scheduler_.kept_records()) {
+    while (first_kept_ < scheduler_->num_requests() - scheduler_->kept_records()) {
       samplers_.pop_front();
       logits_.pop_front();
       ++first_kept_;

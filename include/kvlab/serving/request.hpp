@@ -1,8 +1,8 @@
 /// \file
 /// \brief `Request`, what a user asks a serving engine for (a prompt, how many tokens, when to
-/// stop, how to sample, when it arrives), and `RequestOutput`, what it gets back (the
-/// generated ids, why generation ended, when each token came). Used by `Scheduler` and
-/// `Engine`; checked in `tests/test_serving.cpp`.
+/// stop, how to sample, when it arrives), `RequestOutput`, what it gets back (the generated
+/// ids, why generation ended, when each token came), and `RequestState`, the request as a
+/// scheduler tracks it. Used by `Scheduler` and `Engine`; checked in `tests/test_serving.cpp`.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +72,35 @@ struct RequestOutput {
                                   : (token_times.back() - token_times.front()) /
                                         static_cast<double>(token_times.size() - 1);
   }
+};
+
+/// Where a request is.
+enum class RequestStatus {
+  Pending,   ///< submitted, its arrival time not reached
+  Waiting,   ///< arrived (or preempted), in the queue
+  Running,   ///< holds a sequence in the pool
+  Finished,  ///< done; its output is final
+};
+
+/// A request as the scheduler tracks it.
+struct RequestState {
+  int id = -1;                 ///< its id (the order of submission)
+  Request request;             ///< what was asked
+  RequestOutput output;        ///< what it got so far
+  RequestStatus status = RequestStatus::Pending;  ///< where it is
+  std::vector<int> tokens;     ///< [P + generated] prompt, then generated ids
+  int computed = 0;            ///< tokens whose K/V are in its sequence (its length in the pool)
+  int seq = -1;                ///< its sequence in the pool, or -1
+  int promised = 0;            ///< blocks reserved for it and not yet taken
+  bool recomputing = false;    ///< preempted, and not yet back where it was
+  std::vector<std::int64_t> chain;  ///< [full blocks cached] its prefix-cache entries, in order
+  long queue_order = -1;       ///< when it first entered the waiting queue (FCFS order)
+  /// `Scheduler::forget` was called: the record is no longer readable, and its vectors are
+  /// freed once no static batch needs it.
+  bool forgotten = false;
+
+  /// Tokens known and not yet in the sequence.
+  int remaining() const { return static_cast<int>(tokens.size()) - computed; }
 };
 
 }  // namespace kvlab

@@ -2,9 +2,10 @@
 /// \brief `Scheduler`: continuous batching over a paged pool, the vLLM v1 rule — a token budget
 /// per step, running requests first, then waiting ones first come first served; chunked
 /// prefill; admission only when the blocks fit with a watermark to spare; preemption by
-/// recompute, newest first; automatic prefix caching — and the two baselines it is measured
-/// against (static batching, contiguous preallocation). Checked in `tests/test_serving.cpp`:
-/// the invariants after every step of random workloads, the same tokens as each request alone.
+/// recompute, newest first; automatic prefix caching. The baselines it is measured against
+/// derive from it (`ContiguousScheduler`, `StaticScheduler`; `make_scheduler`), its invariants
+/// are checked in `scheduler_invariants.hpp`. Checked in `tests/test_serving.cpp`: the
+/// invariants after every step of random workloads, the same tokens as each request alone.
 #pragma once
 
 #include <algorithm>
@@ -21,40 +22,12 @@
 
 #include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/config.hpp"
+#include "kvlab/serving/block_budget.hpp"
 #include "kvlab/serving/prefix_cache.hpp"
 #include "kvlab/serving/request.hpp"
 #include "kvlab/serving/step_plan.hpp"
 
 namespace kvlab {
-
-/// Where a request is.
-enum class RequestStatus {
-  Pending,   ///< submitted, its arrival time not reached
-  Waiting,   ///< arrived (or preempted), in the queue
-  Running,   ///< holds a sequence in the pool
-  Finished,  ///< done; its output is final
-};
-
-/// A request as the scheduler tracks it.
-struct RequestState {
-  int id = -1;                 ///< its id (the order of submission)
-  Request request;             ///< what was asked
-  RequestOutput output;        ///< what it got so far
-  RequestStatus status = RequestStatus::Pending;  ///< where it is
-  std::vector<int> tokens;     ///< [P + generated] prompt, then generated ids
-  int computed = 0;            ///< tokens whose K/V are in its sequence (its length in the pool)
-  int seq = -1;                ///< its sequence in the pool, or -1
-  int promised = 0;            ///< blocks reserved for it and not yet taken
-  bool recomputing = false;    ///< preempted, and not yet back where it was
-  std::vector<std::int64_t> chain;  ///< [full blocks cached] its prefix-cache entries, in order
-  long queue_order = -1;       ///< when it first entered the waiting queue (FCFS order)
-  /// `Scheduler::forget` was called: the record is no longer readable, and its vectors are
-  /// freed once no static batch needs it.
-  bool forgotten = false;
-
-  /// Tokens known and not yet in the sequence.
-  int remaining() const { return static_cast<int>(tokens.size()) - computed; }
-};
 
 /// Decides, step by step, which requests run and with how many tokens, and keeps the pool's
 /// blocks for them.
@@ -84,35 +57,29 @@ struct RequestState {
 /// fits the pool alone always finishes. The price: when every newer running request is
 /// recomputing, a request that needs a block preempts itself, even the oldest.
 ///
-/// **Memory accounting.** Blocks are free, held by sequences, held only by the prefix cache
-/// (evictable), or promised: `free + evictable - promised` is what admission and growth may
-/// use. Blocks are taken when the engine runs the step; the cache's blocks are evicted just
-/// before, as needed.
+/// **Memory accounting** (`BlockBudget`). Blocks are free, held by sequences, held only by the
+/// prefix cache (evictable), or promised: `free + evictable - promised` is what admission and
+/// growth may use. Blocks are taken when the engine runs the step; the cache's blocks are
+/// evicted just before, as needed.
 ///
-/// **Baselines.** `BatchingPolicy::Static` and `BatchingPolicy::Contiguous` (see there) run
-/// through the same `schedule` / `complete_step` calls.
+/// **Baselines.** `ContiguousScheduler` and `StaticScheduler` (`BatchingPolicy::Contiguous` and
+/// `BatchingPolicy::Static`) derive from this class and change what a policy decides — what an
+/// admission reserves, how a step is planned, when memory goes back — through the same
+/// `schedule` / `complete_step` calls; `make_scheduler` builds the one a configuration names.
 class Scheduler {
  public:
-  /// A scheduler over `pool` for a model of `max_tokens` positions and `vocab_size` tokens.
+  /// A scheduler over `pool` for a model of `max_tokens` positions and `vocab_size` tokens,
+  /// under the continuous policy (`config.policy`; the baselines are the derived classes).
   /// The pool must hold no sequence yet; the scheduler owns its sequences from now on.
-  /// \throws InvalidArgument for a null or non-empty pool, or a bad setting (prefix caching
-  ///         over a pool with a sliding window among them).
+  /// \throws InvalidArgument for a null or non-empty pool, or a bad setting (another policy;
+  ///         prefix caching over a pool with a sliding window among them).
   Scheduler(std::shared_ptr<PagedKVCacheBase> pool, SchedulerConfig config, int max_tokens,
             int vocab_size, PrefixCache::HashFunction hash = PrefixCache::chain_hash)
-      : pool_(checked(std::move(pool))),
-        config_(checked(config, max_tokens, vocab_size)),
-        max_tokens_(max_tokens),
-        vocab_size_(vocab_size),
-        cache_(pool_->block_size(), hash) {
-    if (config_.max_len == 0) config_.max_len = max_tokens_;
-    if (pool_->window() > 0 && config_.prefix_caching) {
-      detail::fail("kvlab::Scheduler", "config.prefix_caching",
-                   "false with a sliding window (the pool gives back the blocks before each "
-                   "window, and a cached prefix is a run of blocks from the first: kvlab does "
-                   "not combine them)",
-                   "true");
-    }
-  }
+      : Scheduler(BatchingPolicy::Continuous, std::move(pool), config, max_tokens, vocab_size,
+                  hash) {}
+  virtual ~Scheduler() = default;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
 
   /// The settings (with `max_len` resolved).
   const SchedulerConfig& config() const { return config_; }
@@ -170,7 +137,7 @@ class Scheduler {
     return pending_.empty() ? INFINITY : request(pending_.front()).request.arrival;
   }
   /// Blocks promised to requests and not yet taken.
-  int promised_blocks() const { return promised_total_; }
+  int promised_blocks() const { return budget_.promised(); }
   /// Preemptions so far.
   int preemptions() const { return preemptions_; }
   /// Times a recomputing request was passed over when choosing whom to preempt.
@@ -179,16 +146,7 @@ class Scheduler {
   /// Blocks needed for a sequence of `tokens` tokens.
   /// \throws InvalidArgument if `tokens` is negative or needs more blocks than an `int` counts.
   int blocks_for(long tokens) const {
-    constexpr const char* kWhere = "kvlab::Scheduler::blocks_for";
-    const long block = pool_->block_size();
-    detail::require_at_least(kWhere, "tokens", tokens, 0L);
-    if (tokens > static_cast<long>(INT_MAX) * block) {
-      detail::fail(kWhere, "tokens",
-                   "at most " + std::to_string(static_cast<long>(INT_MAX) * block) +
-                       " (INT_MAX blocks of " + std::to_string(block) + ")",
-                   tokens);
-    }
-    return static_cast<int>((tokens + block - 1) / block);
+    return budget_.blocks_for(tokens, "kvlab::Scheduler::blocks_for");
   }
 
   /// Adds a request; it is seen from its arrival time on. Returns its id.
@@ -219,12 +177,8 @@ class Scheduler {
     // The longest its sequence gets: the last token drawn is never fed.
     const long longest =
         std::min(static_cast<long>(r.prompt.size()) + r.max_new_tokens - 1, long{max_tokens_});
-    if (config_.policy == BatchingPolicy::Contiguous && longest > config_.max_len) {
-      detail::fail(kWhere, "request.prompt.size() + request.max_new_tokens - 1",
-                   "at most max_len (" + std::to_string(config_.max_len) + ")",
-                   static_cast<long>(r.prompt.size()) + r.max_new_tokens - 1);
-    }
-    const int alone = std::max(admission_blocks(r, longest), blocks_for(longest));
+    check_request(r, longest);
+    const int alone = std::max(blocks_alone(r, longest), blocks_for(longest));
     if (alone + config_.watermark_blocks > pool_->allocator().num_blocks()) {
       detail::fail(kWhere, "request",
                    "a request that fits the pool alone: " +
@@ -268,11 +222,7 @@ class Scheduler {
         r.queue_order = next_queue_order_++;
         waiting_.push_back(r.id);
       }
-      if (config_.policy == BatchingPolicy::Static) {
-        schedule_static(now);
-      } else {
-        schedule_continuous(now);
-      }
+      plan_step(now);
       save_freed_values();
     } catch (...) {  // host memory exhausted while planning: as before the call
       undo_step();
@@ -325,10 +275,8 @@ class Scheduler {
       if (c.kind == ChunkKind::Padding && c.seq != state(c.request).seq) {
         // A member's prompt padding, on a scratch sequence: its blocks go back to the member.
         RequestState& member = state(c.request);
-        const int blocks = blocks_for(static_cast<long>(c.tokens.size()));
         pool_->free_sequence(c.seq);
-        member.promised += blocks;
-        promised_total_ += blocks;
+        budget_.promise(member, blocks_for(static_cast<long>(c.tokens.size())));
         continue;
       }
       RequestState& r = state(c.request);
@@ -337,22 +285,7 @@ class Scheduler {
       cache_blocks(r);
       if (c.samples && append(r, drawn[i], now)) finished.push_back(r.id);
     }
-    if (config_.policy == BatchingPolicy::Static) {
-      bool all_done = !running_.empty();
-      for (int id : running_) all_done = all_done && state(id).status == RequestStatus::Finished;
-      if (all_done) {  // the batch ends: only now its memory is given back
-        for (int id : running_) {
-          release(state(id));
-          if (state(id).forgotten) drop(state(id));  // forgotten while the batch ran
-        }
-        running_.clear();
-      }
-    } else {
-      for (int id : finished) {
-        release(state(id));
-        running_.erase(std::find(running_.begin(), running_.end(), id));
-      }
-    }
+    release_finished(finished);
     return finished;
   }
 
@@ -368,110 +301,80 @@ class Scheduler {
   ///  - requests were first admitted in the order they arrived (FCFS);
   ///  - the prefix cache's own rules (`PrefixCache::check`).
   /// \throws InvariantViolation naming the first broken rule.
-  void check_invariants() const {
-    const auto broken = [](const std::string& what) {
-      throw InvariantViolation("kvlab::Scheduler::check_invariants: " + what);
-    };
-    const BlockAllocator& alloc = pool_->allocator();
-    std::vector<int> holders(static_cast<std::size_t>(alloc.num_blocks()), 0);  // [num_blocks]
-    int held = 0;
-    std::vector<int> owned;  // [requests holding a sequence] their sequences, sorted
-    for (const RequestState& r : requests_)
-      if (r.seq >= 0) owned.push_back(r.seq);
-    std::sort(owned.begin(), owned.end());
-    for (int seq : pool_->sequences()) {
-      if (!std::binary_search(owned.begin(), owned.end(), seq))
-        broken("sequence " + std::to_string(seq) + " belongs to no request (leaked)");
-      for (std::int32_t b : pool_->blocks(seq))
-        if (b != kReleasedBlock) ++holders[static_cast<std::size_t>(b)];  // skip the window's
-    }
-    for (int b = 0; b < alloc.num_blocks(); ++b) {
-      const int expected = holders[static_cast<std::size_t>(b)] + (cache_.holds(b) ? 1 : 0);
-      if (alloc.ref_count(b) != expected) {
-        broken("block " + std::to_string(b) + " has reference count " +
-               std::to_string(alloc.ref_count(b)) + " but " + std::to_string(expected) +
-               " holders");
-      }
-      if (expected > 0) ++held;
-    }
-    if (held + alloc.num_free() != alloc.num_blocks())
-      broken(std::to_string(held) + " blocks held + " + std::to_string(alloc.num_free()) +
-             " free != " + std::to_string(alloc.num_blocks()) + " (a block leaked)");
-    int promised = 0, running = 0;
-    for (const RequestState& r : requests_) {
-      promised += r.promised;
-      const std::string who = "request " + std::to_string(r.id);
-      if (r.status == RequestStatus::Running) {
-        ++running;
-        if (!pool_->contains(r.seq) || pool_->length(r.seq) != r.computed)
-          broken(who + " runs without a sequence of its computed length");
-      } else if (r.seq >= 0 && !(config_.policy == BatchingPolicy::Static &&
-                                 r.status == RequestStatus::Finished && in_batch(r.id))) {
-        broken(who + " holds a sequence while not running");
-      }
-      if (r.status != RequestStatus::Running && r.promised != 0 && !in_batch(r.id))
-        broken(who + " holds promised blocks while not running");
-    }
-    if (open_) broken("a step is open");
-    if (promised != promised_total_) broken("promised blocks do not add up");
-    if (alloc.num_free() + cache_.evictable_blocks() < promised_total_)
-      broken("more blocks promised than free or evictable");
-    if (config_.policy != BatchingPolicy::Static && plan_.tokens() > config_.max_batched_tokens)
-      broken("the last step fed " + std::to_string(plan_.tokens()) + " tokens, budget " +
-             std::to_string(config_.max_batched_tokens));
-    if (static_cast<int>(running_.size()) > config_.max_running || running > config_.max_running)
-      broken(std::to_string(running_.size()) + " requests running, max_running " +
-             std::to_string(config_.max_running));
-    if (admitted_out_of_order_)
-      broken("requests were first admitted out of arrival order (not FCFS)");
-    cache_.check(*pool_);
-  }
+  /// (Defined in `scheduler_invariants.hpp`, a file of its own.)
+  void check_invariants() const;
 
- private:
-  static std::shared_ptr<PagedKVCacheBase> checked(std::shared_ptr<PagedKVCacheBase> pool) {
-    if (!pool) detail::fail("kvlab::Scheduler", "pool", "a non-null pool", "nullptr");
-    detail::require_equal("kvlab::Scheduler", "pool->sequences().size()",
-                          pool->sequences().size(), std::size_t{0}, "an empty pool");
-    return pool;
-  }
-  static SchedulerConfig checked(SchedulerConfig c, int max_tokens, int vocab_size) {
-    constexpr const char* kWhere = "kvlab::Scheduler";
-    detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
-    detail::require_at_least(kWhere, "vocab_size", vocab_size, 1);
-    detail::require_at_least(kWhere, "config.max_batched_tokens", c.max_batched_tokens, 1);
-    detail::require_at_least(kWhere, "config.max_running", c.max_running, 1);
-    detail::require_at_least(kWhere, "config.watermark_blocks", c.watermark_blocks, 0);
-    if (c.max_len < 0 || c.max_len > max_tokens)
-      detail::fail(kWhere, "config.max_len", "in [0, " + std::to_string(max_tokens) + "]",
-                   c.max_len);
-    if (c.policy != BatchingPolicy::Continuous) c.prefix_caching = false;
-    return c;
-  }
-  void check_ids(const char* where, const char* name, const std::vector<int>& ids) const {
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || ids[i] >= vocab_size_) {
-        detail::fail(where, std::string(name) + "[" + std::to_string(i) + "]",
-                     "an id in [0, " + std::to_string(vocab_size_) + ")", ids[i]);
-      }
+ protected:
+  /// The scheduler of policy `policy` (which `config.policy` must name) — a derived class's.
+  /// \throws as the public constructor.
+  Scheduler(BatchingPolicy policy, std::shared_ptr<PagedKVCacheBase> pool, SchedulerConfig config,
+            int max_tokens, int vocab_size, PrefixCache::HashFunction hash)
+      : pool_(checked(std::move(pool))),
+        config_(checked(config, policy, max_tokens, vocab_size)),
+        max_tokens_(max_tokens),
+        vocab_size_(vocab_size),
+        cache_(pool_->block_size(), hash),
+        budget_(*pool_, cache_) {
+    if (config_.max_len == 0) config_.max_len = max_tokens_;
+    if (pool_->window() > 0 && config_.prefix_caching) {
+      detail::fail("kvlab::Scheduler", "config.prefix_caching",
+                   "false with a sliding window (the pool gives back the blocks before each "
+                   "window, and a cached prefix is a run of blocks from the first: kvlab does "
+                   "not combine them)",
+                   "true");
     }
   }
 
-  // Request id's record, which must be kept (id >= first_kept_).
+  // --- what a policy decides (the continuous policy's here; the baselines override) ---------
+
+  /// Refuses (InvalidArgument, naming `kvlab::Scheduler::submit`) a request the policy cannot
+  /// serve, whose longest sequence is `longest` tokens; the continuous policy serves any.
+  virtual void check_request(const Request& /*r*/, long /*longest*/) const {}
+  /// Blocks request `r` (longest sequence `longest` tokens) reserves when admitted alone: its
+  /// prompt's.
+  virtual int blocks_alone(const Request& r, long /*longest*/) const {
+    return blocks_for(static_cast<long>(r.prompt.size()));
+  }
+  /// Blocks reserved for waiting request `r` when it is admitted with a prefix-cache hit of
+  /// `hit_blocks` blocks: those of all its tokens, less the hit.
+  virtual int admission_reserve(const RequestState& r, int hit_blocks) const {
+    return blocks_for(static_cast<long>(r.tokens.size())) - hit_blocks;
+  }
+  /// Plans the step at time `now` into `plan_` (arrivals have joined the waiting queue): the
+  /// vLLM rule (see the class).
+  virtual void plan_step(double now) { plan_continuous(now); }
+  /// After a step, gives back what the requests that `finished` in it held.
+  virtual void release_finished(const std::vector<int>& finished) {
+    for (int id : finished) {
+      release(state(id));
+      running_.erase(std::find(running_.begin(), running_.end(), id));
+    }
+  }
+  /// Whether a step's tokens are bounded by `max_batched_tokens` (`check_invariants`).
+  virtual bool has_token_budget() const { return true; }
+
+  // --- what the policies plan with ------------------------------------------------------
+
+  /// Request `id`'s record, which must be kept (`id >= first_kept_`); unchecked.
   RequestState& state(int id) { return requests_[static_cast<std::size_t>(id - first_kept_)]; }
+  /// Request `id`'s record (read-only), which must be kept; unchecked.
   const RequestState& state(int id) const {
     return requests_[static_cast<std::size_t>(id - first_kept_)];
   }
-  void check_id(const char* where, int id) const {
-    if (id < 0 || id >= num_requests())
-      detail::fail(where, "id", "in [0, " + std::to_string(num_requests()) + ")", id);
+  /// Request `id`'s record, to be changed by the step being planned: saved first (for
+  /// `abort_step`) if the step has not changed it yet.
+  RequestState& changing(int id) {
+    RequestState& r = state(id);
+    if (undo_->saved.insert(id).second) undo_->requests.push_back(r);
+    return r;
   }
-  // Notes r's first admission, for the FCFS check of check_invariants.
+  /// Notes `r`'s first admission, for the FCFS check of `check_invariants`.
   void first_admission(const RequestState& r) {
     if (r.queue_order < last_first_admission_) admitted_out_of_order_ = true;
     last_first_admission_ = r.queue_order;
   }
-  // Frees forgotten request r's vectors; then the records at the front that are forgotten and
-  // freed go (ids stay: state(id) indexes from first_kept_).
+  /// Frees forgotten request r's vectors; then the records at the front that are forgotten and
+  /// freed go (ids stay: state(id) indexes from first_kept_).
   void drop(RequestState& r) {
     r.request = Request{};
     r.output = RequestOutput{};
@@ -482,39 +385,20 @@ class Scheduler {
       ++first_kept_;
     }
   }
-  bool in_batch(int id) const {
-    return std::find(running_.begin(), running_.end(), id) != running_.end();
-  }
-  // Blocks a request reserves when admitted alone under the policy (its prompt, or the
-  // contiguous reservation, or a static batch of one).
-  int admission_blocks(const Request& r, long longest) const {
-    switch (config_.policy) {
-      case BatchingPolicy::Contiguous: return blocks_for(config_.max_len);
-      case BatchingPolicy::Static: return blocks_for(longest) + 1;
-      case BatchingPolicy::Continuous: break;
-    }
-    return blocks_for(static_cast<long>(r.prompt.size()));
-  }
-  // Blocks that admission and growth may still use: free (less what this step takes) plus
-  // evictable, less every promise.
-  int unpromised() const {
-    return pool_->allocator().num_free() - taken_ + cache_.evictable_blocks() - promised_total_;
-  }
-  // Takes `need` blocks for request r in this step: from its promise first; evicts cached
-  // blocks when the free list alone cannot cover the step.
+  /// Blocks that admission and growth may still use (`BlockBudget::unpromised`).
+  int unpromised() const { return budget_.unpromised(); }
+  /// Takes `need` blocks for request r in this step: from its promise first; evicts cached
+  /// blocks when the free list alone cannot cover the step.
   void take(RequestState& r, int need) {
-    const int short_by = taken_ + need - pool_->allocator().num_free();
+    const int short_by = budget_.short_by(need);
     if (short_by > 0) {
       changing_cache();
       plan_.evicted_blocks += cache_.evict(*pool_, short_by);
     }
-    taken_ += need;
-    const int from_promise = std::min(need, r.promised);
-    r.promised -= from_promise;
-    promised_total_ -= from_promise;
+    budget_.take(r, need);
   }
-  // Gives back everything request r holds: its sequence (its cached blocks stay in the cache)
-  // and its promise.
+  /// Gives back everything request r holds: its sequence (its cached blocks stay in the cache)
+  /// and its promise.
   void release(RequestState& r) {
     if (r.seq >= 0) {
       const std::vector<std::int32_t> blocks = pool_->blocks(r.seq);  // [ceil(computed / bs)]
@@ -522,10 +406,9 @@ class Scheduler {
       cache_.released(*pool_, blocks);
       r.seq = -1;
     }
-    promised_total_ -= r.promised;
-    r.promised = 0;
+    budget_.release_promise(r);
   }
-  // The chunk of request r for its next n tokens.
+  /// The chunk of request r for its next n tokens.
   ScheduledChunk chunk(const RequestState& r, int n) const {
     ScheduledChunk c;
     c.request = r.id;
@@ -538,7 +421,61 @@ class Scheduler {
     return c;
   }
 
-  void schedule_continuous(double now) {
+  std::shared_ptr<PagedKVCacheBase> pool_;  ///< the pool whose sequences the scheduler owns
+  SchedulerConfig config_;                  ///< the settings, `max_len` resolved
+  int max_tokens_;                          ///< the model's positions
+  int vocab_size_;                          ///< the model's tokens
+  PrefixCache cache_;                       ///< full blocks already computed, by their tokens
+  BlockBudget budget_;                      ///< the pool's blocks as admission sees them
+  std::deque<int> waiting_;                 ///< arrived or preempted requests, front first
+  std::vector<int> running_;                ///< admission order (a static batch: its members)
+  StepPlan plan_;                           ///< the step being planned, then the last step's
+
+ private:
+  static std::shared_ptr<PagedKVCacheBase> checked(std::shared_ptr<PagedKVCacheBase> pool) {
+    if (!pool) detail::fail("kvlab::Scheduler", "pool", "a non-null pool", "nullptr");
+    detail::require_equal("kvlab::Scheduler", "pool->sequences().size()",
+                          pool->sequences().size(), std::size_t{0}, "an empty pool");
+    return pool;
+  }
+  static SchedulerConfig checked(SchedulerConfig c, BatchingPolicy policy, int max_tokens,
+                                 int vocab_size) {
+    constexpr const char* kWhere = "kvlab::Scheduler";
+    if (c.policy != policy) {
+      detail::fail(kWhere, "config.policy",
+                   std::string(to_string(policy)) +
+                       " (this class's; make_scheduler builds the class of any policy)",
+                   to_string(c.policy));
+    }
+    detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
+    detail::require_at_least(kWhere, "vocab_size", vocab_size, 1);
+    detail::require_at_least(kWhere, "config.max_batched_tokens", c.max_batched_tokens, 1);
+    detail::require_at_least(kWhere, "config.max_running", c.max_running, 1);
+    detail::require_at_least(kWhere, "config.watermark_blocks", c.watermark_blocks, 0);
+    if (c.max_len < 0 || c.max_len > max_tokens)
+      detail::fail(kWhere, "config.max_len", "in [0, " + std::to_string(max_tokens) + "]",
+                   c.max_len);
+    if (c.policy != BatchingPolicy::Continuous) c.prefix_caching = false;  // the baselines never share
+    return c;
+  }
+  void check_ids(const char* where, const char* name, const std::vector<int>& ids) const {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab_size_) {
+        detail::fail(where, std::string(name) + "[" + std::to_string(i) + "]",
+                     "an id in [0, " + std::to_string(vocab_size_) + ")", ids[i]);
+      }
+    }
+  }
+
+  void check_id(const char* where, int id) const {
+    if (id < 0 || id >= num_requests())
+      detail::fail(where, "id", "in [0, " + std::to_string(num_requests()) + ")", id);
+  }
+  bool in_batch(int id) const {
+    return std::find(running_.begin(), running_.end(), id) != running_.end();
+  }
+  // The vLLM rule (see the class).
+  void plan_continuous(double now) {
     int budget = config_.max_batched_tokens;
     // 2. Running requests, oldest first.
     for (std::size_t i = 0; i < running_.size() && budget > 0;) {
@@ -571,10 +508,7 @@ class Scheduler {
       int evictable_hits = 0;  // hit blocks that only the cache holds: no longer evictable
       for (std::int32_t b : hit.blocks)
         evictable_hits += pool_->allocator().ref_count(b) == 1 ? 1 : 0;
-      const int reserve = config_.policy == BatchingPolicy::Contiguous
-                              ? blocks_for(config_.max_len)
-                              : blocks_for(static_cast<long>(r.tokens.size())) -
-                                    static_cast<int>(hit.blocks.size());
+      const int reserve = admission_reserve(r, static_cast<int>(hit.blocks.size()));
       if (reserve + config_.watermark_blocks > unpromised() - evictable_hits) break;  // FCFS
       waiting_.pop_front();
       changing_cache();
@@ -582,8 +516,7 @@ class Scheduler {
       r.seq = pool_->add_sequence(hit.blocks);
       r.chain = hit.entries;
       r.computed = hit_tokens;
-      r.promised = reserve;
-      promised_total_ += reserve;
+      budget_.promise(r, reserve);
       r.status = RequestStatus::Running;
       if (r.output.first_scheduled < 0) {
         r.output.first_scheduled = now;
@@ -625,69 +558,6 @@ class Scheduler {
     running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
     waiting_.push_front(r.id);
     plan_.preempted.push_back(r.id);
-  }
-
-  void schedule_static(double now) {
-    if (running_.empty()) {  // form a batch: FCFS, as many as fit the padded rectangle
-      long longest_prompt = 0, longest_output = 0;
-      std::size_t members = 0;
-      int reserve = 0;  // blocks per member
-      while (members < waiting_.size() && static_cast<int>(members) < config_.max_running) {
-        const Request& next = request(waiting_[members]).request;
-        const long p = std::max(longest_prompt, static_cast<long>(next.prompt.size()));
-        const long o = std::max(longest_output, static_cast<long>(next.max_new_tokens));
-        // Each member's padded sequence, and one block for its pad rows' scratch sequence.
-        const int per = blocks_for(std::min(p + o - 1, long{max_tokens_})) + 1;
-        if (static_cast<long>(members + 1) * per + config_.watermark_blocks > unpromised()) break;
-        longest_prompt = p;
-        longest_output = o;
-        reserve = per;
-        ++members;
-      }
-      for (std::size_t m = 0; m < members; ++m) {
-        RequestState& r = changing(waiting_.front());
-        waiting_.pop_front();
-        r.seq = pool_->add_sequence({});
-        r.status = RequestStatus::Running;
-        r.promised = reserve;
-        promised_total_ += reserve;
-        r.output.first_scheduled = now;
-        first_admission(r);
-        plan_.admitted.push_back(r.id);
-        running_.push_back(r.id);
-      }
-    }
-    int longest_prompt = 0;
-    for (int id : running_)
-      longest_prompt = std::max(longest_prompt, static_cast<int>(state(id).request.prompt.size()));
-    for (int id : running_) {
-      RequestState& r = changing(id);
-      if (r.status == RequestStatus::Finished) {  // a pad row, while the others finish
-        if (pool_->length(r.seq) >= max_tokens_) continue;
-        take(r, pool_->blocks_needed(r.seq, 1));
-        ScheduledChunk pad;
-        pad.request = id;
-        pad.seq = r.seq;
-        pad.first_position = pool_->length(r.seq);
-        pad.tokens = {0};
-        pad.kind = ChunkKind::Padding;
-        plan_.chunks.push_back(pad);
-        continue;
-      }
-      const int n = r.remaining();  // the whole prompt, or one decode token
-      take(r, pool_->blocks_needed(r.seq, n));
-      plan_.chunks.push_back(chunk(r, n));
-      const int pad_rows = longest_prompt - n;
-      if (r.computed == 0 && pad_rows > 0) {  // the prompt padded to the batch's longest
-        ScheduledChunk pad;  // on a scratch sequence, freed after the step
-        pad.request = id;
-        pad.seq = pool_->add_sequence({});
-        take(r, blocks_for(pad_rows));
-        pad.tokens.assign(static_cast<std::size_t>(pad_rows), 0);
-        pad.kind = ChunkKind::Padding;
-        plan_.chunks.push_back(pad);
-      }
-    }
   }
 
   // Appends token `t` drawn for request r at time `now`; returns true when r finished.
@@ -734,7 +604,8 @@ class Scheduler {
     std::vector<int> running;
     long last_first_admission = -1;
     bool admitted_out_of_order = false;
-    int promised_total = 0, preemptions = 0, spared = 0;
+    int preemptions = 0, spared = 0;
+    BlockBudget budget;
     long next_queue_order = 0;
     StepPlan plan;                               // the previous step's (check_invariants reads it)
     PagedKVCacheBase::Checkpoint pool;           // with the values of the blocks the plan freed
@@ -746,17 +617,11 @@ class Scheduler {
   // `changing_cache`, `save_freed_values`).
   void save_before_step() {
     Undo u{pending_, waiting_, running_, last_first_admission_, admitted_out_of_order_,
-           promised_total_, preemptions_, spared_, next_queue_order_, std::move(plan_),
+           preemptions_, spared_, budget_, next_queue_order_, std::move(plan_),
            pool_->checkpoint(), {}, {}, {}};
     plan_ = StepPlan{};
-    taken_ = 0;
+    budget_.start_step();
     undo_ = std::move(u);
-  }
-  // Request id's record, saved first if this step has not changed it yet.
-  RequestState& changing(int id) {
-    RequestState& r = state(id);
-    if (undo_->saved.insert(id).second) undo_->requests.push_back(r);
-    return r;
   }
   // Saves the prefix cache if this step has not changed it yet.
   void changing_cache() {
@@ -781,7 +646,8 @@ class Scheduler {
     running_ = std::move(u.running);
     last_first_admission_ = u.last_first_admission;
     admitted_out_of_order_ = u.admitted_out_of_order;
-    promised_total_ = u.promised_total;
+    budget_ = u.budget;
+    budget_.start_step();
     preemptions_ = u.preemptions;
     spared_ = u.spared;
     next_queue_order_ = u.next_queue_order;
@@ -789,26 +655,16 @@ class Scheduler {
     for (RequestState& r : u.requests) state(r.id) = std::move(r);
     if (u.cache) cache_ = std::move(*u.cache);
     open_ = false;
-    taken_ = 0;
     undo_.reset();
   }
 
-  std::shared_ptr<PagedKVCacheBase> pool_;
-  SchedulerConfig config_;
-  int max_tokens_;
-  int vocab_size_;
-  PrefixCache cache_;
+
   std::deque<RequestState> requests_;   // [kept records] request id at id - first_kept_
   int first_kept_ = 0;                  // the oldest kept record's id
   std::deque<int> pending_;             // not arrived yet, by arrival time
-  std::deque<int> waiting_;             // arrived or preempted, front first
-  std::vector<int> running_;            // admission order (a static batch: its members)
   long last_first_admission_ = -1;      // queue_order of the latest first admission
   bool admitted_out_of_order_ = false;  // a first admission came before an earlier one's
-  StepPlan plan_;                       // the last step's plan
   bool open_ = false;                   // a planned step not completed yet
-  int taken_ = 0;                       // blocks the open step takes from the free list
-  int promised_total_ = 0;              // sum of every request's promised blocks
   int unfinished_ = 0;                  // requests not finished
   int preemptions_ = 0;                 // preemptions so far
   int spared_ = 0;                      // recomputing requests passed over as victims
@@ -817,3 +673,5 @@ class Scheduler {
 };
 
 }  // namespace kvlab
+
+#include "kvlab/serving/scheduler_invariants.hpp"  // Scheduler::check_invariants

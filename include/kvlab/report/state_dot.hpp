@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kvlab/cache/pool_dot.hpp"
+#include "kvlab/report/pool_dot.hpp"
 #include "kvlab/config.hpp"
 #include "kvlab/serving/engine.hpp"
 #include "kvlab/serving/scheduler.hpp"
