@@ -53,7 +53,7 @@ constexpr std::uint64_t kInputSeed = 7;     // token inputs (drawn per n)
 constexpr int kFirstN = 64;
 constexpr int kFirstStepN = 256;  // the per-step table: 256, 1024, 4096, ...
 // Per step, max |naive - cached| / max(1, max |naive|): the rule and the float tolerance of
-// tests/test_decoders.cpp (same values, summed in different orders: rounding only).
+// tests/model/test_decoders.cpp (same values, summed in different orders: rounding only).
 constexpr double kTolerance = 1e-5;
 
 struct Options {

@@ -1,6 +1,6 @@
 /// \file
 /// \brief kvlab-serve's workload file, read with nlohmann/json; checked by
-/// tests/test_serve_workload.cpp, the program's CTests and tests/fuzz/fuzz_workload.cpp.
+/// tests/apps/test_serve_workload.cpp, the program's CTests and tests/fuzz/fuzz_workload.cpp.
 ///
 /// JSON lines, one request per line (blank lines skipped), e.g.
 ///   {"id": "a", "prompt": [1, 403, 9], "max_new_tokens": 32, "arrival": 0.5}

@@ -16,7 +16,7 @@
 // paged/contiguous, the median over repetitions of the ratio within one repetition (paths timed
 // seconds apart, not minutes: memory bandwidth on a virtualised machine drifts). Before timing,
 // every paged output is checked against the contiguous one (max row-relative difference <= 1e-5,
-// the float tolerance of tests/test_paged_attention.cpp); a mismatch exits non-zero.
+// the float tolerance of tests/cpu/test_paged_attention.cpp); a mismatch exits non-zero.
 //
 // The limit of each path: in the same repetitions, every path's K and V bytes are also read by a
 // plain vectorised sum, no attention, in the order its decode step reads them and split between

@@ -1,6 +1,6 @@
 // A ragged batch of sequences in a host block pool, built the way vLLM's paged-attention tests
-// build theirs: the one helper of the CPU tests (test_paged_attention, test_split_k), the CUDA
-// tests and the paged benchmarks. Host code only (Eigen for the per-sequence matrices).
+// build theirs: the one helper of the CPU tests (test_paged_attention, test_attention_plan), the
+// CUDA tests and the paged benchmarks. Host code only (Eigen for the per-sequence matrices).
 #pragma once
 
 #include <cstdint>
@@ -42,10 +42,11 @@ struct NoRounding {
 /// that a float reference sees exactly the values the GPU stores.
 template <typename T = float>
 struct RaggedBatch {
-  std::vector<T> k, v;                                // the pool: [num_blocks, ...] in `layout`
-  kvlab::BlockTables tables{{0, 1}, {0}, {1}, kvlab::BlockSize{1}, kvlab::NumBlocks{1}};  // replaced in the constructor
-  kvlab::PagedKVView<T> view;                         // host pointers into k, v, tables
-  std::vector<int> lengths;                           // [batch]
+  std::vector<T> k, v;  // the pool: [num_blocks, ...] in `layout`
+  kvlab::BlockTables tables{
+      {0, 1}, {0}, {1}, kvlab::BlockSize{1}, kvlab::NumBlocks{1}};  // replaced in the constructor
+  kvlab::PagedKVView<T> view;  // host pointers into k, v, tables
+  std::vector<int> lengths;    // [batch]
 
   template <typename Round = NoRounding>
   RaggedBatch(const kvlab::AttentionShape& shape, int block_size, std::vector<int> seq_lengths,

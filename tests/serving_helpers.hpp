@@ -1,4 +1,4 @@
-// Helpers shared by the serving tests (test_serving.cpp, test_engine_faults.cpp): a workload of
+// Helpers shared by the serving tests (test_engine.cpp, test_engine_faults.cpp): a workload of
 // requests arriving one after another, and an engine configuration on the step clock.
 #pragma once
 

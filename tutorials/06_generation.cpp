@@ -41,7 +41,7 @@ namespace {
 using kvlab::LlamaBackend;
 
 // Logits of two backends differ by rounding only (sums in other orders): about 1e-7 relative
-// here. 3e-5 relative to max(1, |largest logit|) is the bound of tests/test_llama_model.cpp.
+// here. 3e-5 relative to max(1, |largest logit|) is the bound of tests/model/test_llama_model.cpp.
 constexpr double kRtol = 3e-5;
 
 double rel_diff(const kvlab::RowVector<float>& a, const kvlab::RowVector<float>& b) {

@@ -37,9 +37,9 @@ case "$stage" in
     start=$(date +%s)
     configure_and_build > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
     echo "built in $(( $(date +%s) - start )) s"
-    echo "== ctest -L cuda (CUDA tests, tutorial 11, benchmark smoke runs) and the CPU split-K test"
+    echo "== ctest -L cuda (CUDA tests, tutorial 11, benchmark smoke runs) and the CPU tests of the kernels' arithmetic"
     ctest --test-dir "$build" -L cuda --output-on-failure -j 4 --timeout 900 2>&1 | tee "$out/ctest-cuda.log" | tail -25
-    ctest --test-dir "$build" -R '^test_split_k' 2>&1 | tail -3
+    ctest --test-dir "$build" -R '^test_(softmax_state|attention_plan):' 2>&1 | tail -3
     echo "== compute-sanitizer (memcheck, racecheck): every kernel, the caches and the decoders"
     : > "$out/sanitizer.log"
     runs=(

@@ -1,12 +1,14 @@
 /// \file
-/// \brief How a cache stores the keys and values it is given: `KVDtype` (fp32, fp16, bf16, int8,
-/// int4) and `KVStorage<S>`, the one place where a row of values becomes stored elements of type
-/// `S` and back — `float` as is, `Eigen::half` and `Eigen::bfloat16` rounded to nearest even,
-/// `BlockQ8_0` and `BlockQ4_0` quantized per block of 32 values with an fp16 scale — with the
-/// bound on what each loses, derived below and checked exhaustively in
-/// `tests/test_kv_storage.cpp`. The caches encode a row when it is appended; the attention
-/// kernels decode the rows they read, one at a time (never a decoded copy of the cache), and read
-/// int8 and int4 rows block by block without decoding them (`levels`, `cpu/row_runs.hpp`).
+/// \brief How a cache stores the keys and values it is given: `KVDtype` and `KVStorage<S>`.
+///
+/// `KVDtype` names the storage types (fp32, fp16, bf16, int8, int4). `KVStorage<S>` is the one
+/// place where a row of values becomes stored elements of type `S` and back: `float` as is,
+/// `Eigen::half` and `Eigen::bfloat16` rounded to nearest even, `BlockQ8_0` and `BlockQ4_0`
+/// quantized per block of 32 values with an fp16 scale. The bound on what each loses is derived
+/// below and checked exhaustively in `tests/test_kv_storage.cpp`. The caches encode a row when it
+/// is appended; the attention kernels decode the rows they read, one at a time (never a decoded
+/// copy of the cache), and read int8 and int4 rows block by block without decoding them (`levels`,
+/// `cpu/row_runs.hpp`).
 ///
 /// Beside `matrix.hpp`, below every folder: the caches (`cache/`) and the kernels (`cpu/`) both
 /// read it.

@@ -1,9 +1,10 @@
 /// \file
-/// \brief Umbrella header of kvlab's CUDA side: device memory and errors, the naive, decode and
-/// paged attention kernels (with split-K), the device KV caches and their write kernels, the
-/// convenience overloads for host data, and the decoders with a CUDA backend. Include it from a
-/// `.cu` file compiled by nvcc and link `kvlab::cuda`; it includes the CPU umbrella too, so both
-/// sides of every comparison are at hand.
+/// \brief Umbrella header of kvlab's CUDA side.
+///
+/// It includes device memory and errors, the naive, decode and paged attention kernels (with
+/// split-K), the device KV caches and their write kernels, the convenience overloads for host data,
+/// and the decoders with a CUDA backend. Include it from a `.cu` file compiled by nvcc and link
+/// `kvlab::cuda`; it includes the CPU umbrella too, so both sides of every comparison are at hand.
 #pragma once
 
 #include "kvlab/cuda/attention_plan.hpp"

@@ -1,6 +1,7 @@
 /// \file
-/// \brief The host side's matrix vocabulary: Eigen's row-major matrices in kvlab's token-major
-/// layout, and a portable random fill for them. Used by the caches, the CPU kernels, the models
+/// \brief The host side's matrix vocabulary: Eigen's row-major matrices and a portable random fill.
+///
+/// The matrices are in kvlab's token-major layout. Used by the caches, the CPU kernels, the models
 /// and the host side of the CUDA API alike, so it sits beside `config.hpp`, below every folder
 /// (`core/` stays free of Eigen: its headers compile for the device too).
 #pragma once

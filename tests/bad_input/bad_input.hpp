@@ -1,8 +1,8 @@
-// The bad-input table's cases (tests/test_bad_input.cpp): one call with one bad argument must
-// throw kvlab's exception type with a message naming the argument, the expected and the actual
-// value, and leave the object's observable state as it was. Every case is counted by entry point
-// and input class; with KVLAB_BAD_INPUT_TABLE set, the counts are written to that file at exit
-// (check_table.py reads them, and makes the docs page from them).
+// The bad-input table's cases (tests/<folder>/test_<folder>_bad_input.cpp): one call with one
+// bad argument must throw kvlab's exception type with a message naming the argument, the
+// expected and the actual value, and leave the object's observable state as it was. Every case
+// is counted by entry point and input class; with KVLAB_BAD_INPUT_TABLE set, the counts are
+// written to that file at exit (check_table.py reads them, and makes the docs page from them).
 #pragma once
 
 #include <catch2/catch.hpp>

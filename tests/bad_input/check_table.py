@@ -127,7 +127,8 @@ def write_page(path, public, rows, cases):
     out = ["# Bad input, entry point by entry point {#bad_input_table}", "",
            "Every public function and constructor of kvlab that takes an argument, from the "
            "headers (Doxygen's list, checked by the test `bad_input_table`: a new public name "
-           "without a row fails), and what `tests/test_bad_input.cpp` tries on it. Each case "
+           "without a row fails), and what the test program `test_bad_input` (one file per "
+           "folder, `tests/<folder>/test_<folder>_bad_input.cpp`) tries on it. Each case "
            "asserts kvlab's exception type, a message naming the argument with the expected and "
            "the actual value, and the object's observable state unchanged, compared before and "
            "after. Generated from the test's own run at build time.", "",

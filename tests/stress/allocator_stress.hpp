@@ -1,5 +1,5 @@
 // A long random sequence of block-allocator operations, checked after every operation against
-// a model of who holds which block. Run short by tests/test_block_allocator.cpp, long by
+// a model of who holds which block. Run short by tests/cache/test_block_allocator.cpp, long by
 // kvlab_stress.
 #pragma once
 

@@ -1,6 +1,6 @@
 // A long-lived serving engine under a stream of random requests: the scheduler's and the prefix
 // cache's invariants after every step, finished requests rerun alone, resident memory sampled.
-// Run short by tests/test_serving.cpp, long by kvlab_stress.
+// Run short by tests/serving/test_engine.cpp, long by kvlab_stress.
 #pragma once
 
 #include <algorithm>
@@ -63,7 +63,7 @@ namespace detail {
 // The first relative lead of the winning logit below which a greedy draw is a near-tie: a
 // request's rows share products with other requests' rows in the engine (another row count
 // changes the GEMM's blocking), so its logits differ from its alone run by rounding only —
-// test_serving.cpp measured at most 6.2e-7 (relative), and its tolerance is 3e-5.
+// test_engine.cpp measured at most 6.2e-7 (relative), and its tolerance is 3e-5.
 constexpr double kNearTie = 2 * 3e-5;
 
 // Reruns finished greedy request `id` alone (`generate`'s loop on a cached model of its own)

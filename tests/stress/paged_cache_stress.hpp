@@ -1,6 +1,6 @@
 // A long random sequence of paged-cache operations (add, append, fork, truncate, free), checked
 // after every operation against a model of each sequence's tokens. Run short by
-// tests/test_paged_kv_cache.cpp (which also writes and reads tokens with these helpers), long by
+// tests/cache/test_paged_kv_cache.cpp (which also writes and reads tokens with these helpers), long by
 // kvlab_stress.
 #pragma once
 

@@ -1,7 +1,9 @@
 /// \file
-/// \brief KV-cache size calculator: bytes per token and for a whole cache, for any model
-/// configuration and storage precision, with the configurations of five published models.
-/// Checked against hand-computed sizes in `tests/test_kv_cache_size.cpp`.
+/// \brief KV-cache size calculator: bytes per token and for a whole cache.
+///
+/// It works for any model configuration and storage precision, and comes with the configurations of
+/// five published models. Checked against hand-computed sizes in
+/// `tests/analysis/test_kv_cache_size.cpp`.
 ///
 /// The size of a KV cache is
 ///

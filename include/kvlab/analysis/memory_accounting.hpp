@@ -1,9 +1,11 @@
 /// \file
-/// \brief Memory accounting of KV caches: bytes reserved and bytes used under contiguous
-/// max-length preallocation and under paging, the waste between them, how many sequences fit
-/// in a byte budget, and the footprint of a live `PagedKVCache`. Checked in
-/// `tests/test_memory_accounting.cpp` against hand-computed values and against a real
-/// PagedKVCache driven through random appends, forks and frees.
+/// \brief Memory accounting of KV caches under contiguous preallocation and under paging.
+///
+/// It computes the bytes reserved and the bytes used under contiguous max-length preallocation and
+/// under paging, the waste between them, how many sequences fit in a byte budget, and the footprint
+/// of a live `PagedKVCache`. Checked in `tests/analysis/test_memory_accounting.cpp` against
+/// hand-computed values and against a real PagedKVCache driven through random appends, forks and
+/// frees.
 ///
 /// Two ways to keep the KV caches of many sequences, each sequence holding `len` tokens:
 ///

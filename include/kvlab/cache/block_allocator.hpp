@@ -1,7 +1,8 @@
 /// \file
-/// \brief `BlockAllocator`: a fixed pool of physical KV blocks with a free list and reference
-/// counts, the memory manager under a paged KV cache. Checked in the tests against a simple
-/// model over 10^5 random operations.
+/// \brief `BlockAllocator`: the memory manager under a paged KV cache.
+///
+/// It keeps a fixed pool of physical KV blocks with a free list and reference counts. Checked in
+/// the tests against a simple model over 10^5 random operations.
 #pragma once
 
 #include <cstdint>

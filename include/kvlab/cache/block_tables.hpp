@@ -1,7 +1,8 @@
 /// \file
-/// \brief `BlockTables`: the block tables of a batch of sequences in CSR form (indptr,
-/// indices, last_page_len), checked on construction, and the `PagedKVView` they give over a
-/// block pool.
+/// \brief `BlockTables`: the block tables of a batch of sequences in CSR form.
+///
+/// The tables (indptr, indices, last_page_len) are checked on construction, and give the
+/// `PagedKVView` over a block pool.
 #pragma once
 
 #include <climits>

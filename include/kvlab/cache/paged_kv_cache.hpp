@@ -1,9 +1,10 @@
 /// \file
-/// \brief `PagedKVCache`: the KV caches of many sequences in one pool of fixed-size blocks,
-/// reached through per-sequence block tables; blocks are allocated on demand, shared between
-/// forked sequences by reference count and copied on write. `PagedKVCacheBase` is its
-/// bookkeeping, which does not depend on how values are stored (the scheduler reads only that). Checked in the tests against a
-/// model over 10^5 random operations.
+/// \brief `PagedKVCache`: the KV caches of many sequences in one pool of fixed-size blocks.
+///
+/// The blocks are reached through per-sequence block tables; they are allocated on demand, shared
+/// between forked sequences by reference count and copied on write. `PagedKVCacheBase` is its
+/// bookkeeping, which does not depend on how values are stored (the scheduler reads only that).
+/// Checked in the tests against a model over 10^5 random operations.
 #pragma once
 
 #include <algorithm>

@@ -1,9 +1,10 @@
 /// \file
-/// \brief `PagedSequences`: the bookkeeping of a paged KV cache — which blocks each sequence
-/// holds, in which order, and how many tokens — with allocation on demand, fork by reference
-/// count and copy on write; the K/V storage is the owner's (host memory in `PagedKVCache`,
-/// device memory in `cuda::PagedKVCache`). Checked in the tests against a model over 10^5
-/// random operations.
+/// \brief `PagedSequences`: the bookkeeping of a paged KV cache.
+///
+/// It records which blocks each sequence holds, in which order, and how many tokens, with
+/// allocation on demand, fork by reference count and copy on write. The K/V storage is the owner's
+/// (host memory in `PagedKVCache`, device memory in `cuda::PagedKVCache`). Checked in the tests
+/// against a model over 10^5 random operations.
 #pragma once
 
 #include <algorithm>

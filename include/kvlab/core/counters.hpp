@@ -1,6 +1,8 @@
 /// \file
-/// \brief `CostCounters`: exact counts of the work an attention path does (projections, dot
-/// products, bytes of K/V read, multiply-accumulates). Tests compare them with closed forms.
+/// \brief `CostCounters`: exact counts of the work an attention path does.
+///
+/// It counts projections, dot products, bytes of K/V read and multiply-accumulates. Tests compare
+/// the counts with closed forms.
 #pragma once
 
 #include <cstddef>

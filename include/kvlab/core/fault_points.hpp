@@ -7,7 +7,7 @@
 /// at each point it passes; the hook throws to inject a fault there. Without the macro a point
 /// compiles to nothing. The points: `"attention_step"` (after a layer's K and V are kept, before
 /// they are attended), `"Sampler::sample"` (before a draw) and `"BlockAllocator::allocate"`
-/// (before blocks are taken). Used by `tests/test_engine_faults.cpp`.
+/// (before blocks are taken). Used by `tests/serving/test_engine_faults.cpp`.
 #pragma once
 
 #ifdef KVLAB_FAULT_INJECTION

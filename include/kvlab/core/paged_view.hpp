@@ -1,7 +1,9 @@
 /// \file
-/// \brief `PagedKVView`: the documented layout of a paged KV cache — a block pool addressed
-/// through per-sequence block tables in CSR form — as plain pointers and sizes that host and
-/// device code read the same way. The addressing is checked in the tests.
+/// \brief `PagedKVView`: the documented layout of a paged KV cache, for host and device code.
+///
+/// The cache is a block pool addressed through per-sequence block tables in CSR form, given as
+/// plain pointers and sizes that host and device code read the same way. The addressing is checked
+/// in the tests.
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,12 @@
 /// \file
-/// \brief The byte layouts of the quantized K/V storage — `BlockQ8_0` (int8) and `BlockQ4_0`
-/// (int4), each 32 values of one head's row with one fp16 scale, llama.cpp's q8_0 and q4_0 forms
-/// (and `BlockQ4_1`, the weight format of the same family that GGUF files use)
-/// — and `StorageUnit`, how many values one stored element holds, which the cache views use to
-/// address rows of any storage type. Host and device, no Eigen; the encoding and decoding live in
-/// `kv_storage.hpp`, on top of the block-level functions here (`detail::quantize_block`,
-/// `detail::dequantize`), which the CUDA kernels call too.
+/// \brief The byte layouts of the quantized K/V storage, and `StorageUnit`.
+///
+/// `BlockQ8_0` (int8) and `BlockQ4_0` (int4) each hold 32 values of one head's row with one fp16
+/// scale, llama.cpp's q8_0 and q4_0 forms; `BlockQ4_1` is the weight format of the same family that
+/// GGUF files use. `StorageUnit` gives how many values one stored element holds, which the cache
+/// views use to address rows of any storage type. Host and device, no Eigen; the encoding and
+/// decoding live in `kv_storage.hpp`, on top of the block-level functions here
+/// (`detail::quantize_block`, `detail::dequantize`), which the CUDA kernels call too.
 #pragma once
 
 #include <cmath>

@@ -1,8 +1,9 @@
 /// \file
-/// \brief The partial softmax state of a subset of a query's keys, and how the partial results
-/// of two disjoint subsets merge into the result over both (the log-sum-exp rule): the
-/// arithmetic of split-K ("flash-decoding"), shared by host and device code. Checked in the
-/// tests against one pass over all keys. How the keys are cut is in `core/split_k.hpp`.
+/// \brief The partial softmax state of a subset of a query's keys, and how two such states merge.
+///
+/// The partial results of two disjoint subsets merge into the result over both by the log-sum-exp
+/// rule: the arithmetic of split-K ("flash-decoding"), shared by host and device code. Checked in
+/// the tests against one pass over all keys. How the keys are cut is in `core/split_k.hpp`.
 #pragma once
 
 #include <cmath>

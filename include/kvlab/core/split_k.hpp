@@ -1,7 +1,8 @@
 /// \file
-/// \brief How split-K ("flash-decoding") cuts a sequence's keys into partitions of whole units
-/// (the blocks of a paged cache, so a partition never splits a block), shared by host and
-/// device code. The partial results of the partitions merge by `merge_softmax_states`
+/// \brief How split-K ("flash-decoding") cuts a sequence's keys into partitions of whole units.
+///
+/// The units are the blocks of a paged cache, so a partition never splits a block. Shared by host
+/// and device code. The partial results of the partitions merge by `merge_softmax_states`
 /// (`core/softmax_state.hpp`). Checked in the tests for every length, part count and unit.
 #pragma once
 

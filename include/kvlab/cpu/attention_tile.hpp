@@ -1,15 +1,23 @@
 /// \file
-/// \brief The inner loop shared by `cpu::decode_attention` (contiguous cache) and
-/// `cpu::paged_decode_attention` / `cpu::paged_prefill_attention` (paged cache): a tile of
-/// queries of one GQA group attends to the key and value rows of one K/V head, wherever those
-/// rows are stored and in whatever type (`KVStorage`: rows of int8 or int4 blocks, and of fp16 or
-/// bf16 values (fp32 for GQA groups of 4 or more) where the build has their vector form, are read
-/// in runs of consecutive rows, never decoded into memory, `row_runs.hpp`; other fp32 rows under a
-/// tile of several query rows (a prefill) as matrix products over spans of rows; other rows one
-/// token's rows at a time, decoded as they are read when not stored as the queries' type;
-/// `attend_path_counts` counts which). It computes what
-/// `cpu::reference_attention` computes over the rows as stored, for the tile's rows and heads.
+/// \brief The inner loop of the CPU decode and prefill kernels: a tile of queries attends to one
+/// K/V head's rows, wherever and however they are stored.
+///
+/// Shared by `cpu::decode_attention` (contiguous cache) and `cpu::paged_decode_attention` /
+/// `cpu::paged_prefill_attention` (paged cache). `attend_partial` computes what
+/// `cpu::reference_attention` computes over the rows as stored, for a tile's rows and heads,
+/// through `ContiguousRows` or `PagedRows`, by one of three read paths (`read_path`): in runs of
+/// consecutive rows (`row_runs.hpp`; int8 and int4 rows always, fp16 and bf16 rows, and fp32 rows
+/// for GQA groups of 4 or more, where the build has their vector form), as matrix products over
+/// spans of rows (other fp32 rows under a prefill tile), or one token's rows at a time (the rest,
+/// decoded as read where stored in another type). `attend_path_counts` counts which ran.
 /// Internal (`cpu::detail`); tested through the public kernels.
+///
+/// \par Measured
+/// `bench/results/README.md`: "the prefill's attention tile" (`kDecodeQueryTile`), "after the
+/// row-by-row loop left Eigen's dot" (`dot_row`, `add_scaled_row`), "the K/V rows asked for ahead
+/// of their reading" and "a second ask, a page ahead, into the L2" (`row_asks`, `ask_rows_ahead`;
+/// which pools and rows ask, in `bench/results/cpu-prefetch-ahead.txt`), and "K/V rows read in
+/// runs" (which rows take `ReadPath::runs`).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +32,7 @@
 #include "kvlab/core/shape.hpp"
 #include "kvlab/core/softmax_state.hpp"
 #include "kvlab/core/views.hpp"
+#include "kvlab/cpu/prefetch.hpp"
 #include "kvlab/cpu/row_runs.hpp"
 #include "kvlab/kv_storage.hpp"
 #include "kvlab/matrix.hpp"
@@ -33,10 +42,7 @@ namespace kvlab::cpu {
 /// Query rows processed together by the decode kernels (a decode step has one per sequence; a
 /// prefill, one tile after another). A prefill tile over fp32 rows computes its scores and value
 /// sums as matrix products of this many rows per query head, and Eigen's GEMM computes rows in
-/// blocks of three vectors (48 floats with AVX-512, 24 with AVX2): tiles of 48 rows made the
-/// attention of a 512-token prefill of the stories15M shape (6 heads of 48) take 0.86× the time of
-/// tiles of 16, where 32 took 0.92×, 64 1.05× and 128 1.13× (machine D, `bench/results/README.md`,
-/// "the prefill's attention tile").
+/// blocks of three vectors (48 floats with AVX-512, 24 with AVX2).
 constexpr int kDecodeQueryTile = 48;
 
 namespace detail {
@@ -165,8 +171,7 @@ struct PagedRows {
   std::ptrdiff_t head_stride() const { return cache.head_stride(); }
   /// Whether the kernels ask for rows ahead of their reading (`prefetch_row`): in the HND pool,
   /// not in the NHD pool, where a token's rows of all heads are one contiguous read that the
-  /// memory's own prefetcher follows (asked for ahead, a decode step measured up to 1.40× slower,
-  /// `bench/results/cpu-prefetch-ahead.txt`).
+  /// memory's own prefetcher follows (asks there made a decode step slower).
   bool asks_ahead() const { return cache.layout == KVLayout::HND; }
   /// Key row `pos + ahead` of head `head`, given `row`, its key row `pos`: in the same block, or
   /// through the block table.
@@ -259,9 +264,9 @@ void add_scaled_row(T weight, const T* row, int n, T* acc) {
 /// `head_stride()` apart, `row_bytes` each; `prefetch_row`) `ahead` positions after position
 /// `pos` into the L1 cache and `far` positions after it into the L2 (each only where that position
 /// is before `end`; `far` 0: none), given `row`, the first head's row at `pos` (`key_later`,
-/// `value_later`). Kept out of line: inlined into `attend_partial`'s per-row loops, it made them
-/// large enough that the compiler stopped inlining the walk over the rows, and stories260K's
-/// paged decode (head_dim 8, where no row is asked for) made 10 % fewer tokens per second.
+/// `value_later`). Kept out of line: inlined into the per-row loops, it made them large enough
+/// that the compiler stopped inlining the walk over the rows, which slowed even the steps that ask
+/// for nothing.
 template <bool kKeys, typename Source, typename S>
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((noinline))
@@ -281,11 +286,11 @@ void ask_rows_ahead(const Source& source, int pos, const S* row, int ahead, int 
 /// of each head see: [first, last) of each head's queries.
 template <typename S>
 struct RowRun {
-  int pos = 0;                      ///< position of the first row
-  int count = 0;                    ///< rows in the run
-  int first = 0;                    ///< first query of a head that sees them
-  int last = 0;                     ///< one past the last
-  const S* rows[kRowRun];           ///< [count]: the rows of the tile's first K/V head
+  int pos = 0;             ///< position of the first row
+  int count = 0;           ///< rows in the run
+  int first = 0;           ///< first query of a head that sees them
+  int last = 0;            ///< one past the last
+  const S* rows[kRowRun];  ///< [count]: the rows of the tile's first K/V head
 };
 
 /// Hands the rows at positions [begin, end) to `on_run` in runs, in order: each run as long as
@@ -330,32 +335,305 @@ struct AttentionTile {
   int window = 0;          ///< W >= 1: row at position p sees keys (p - W, p]; 0: all up to p
 };
 
+/// The keys that each query of a tile sees, and the queries that see each key: query qi of a K/V
+/// head (0 <= qi < `per_head`; row qi / group of the tile, group member qi % group) sees keys
+/// [band_start(qi), visible(qi)); key pos is seen by queries [first_seeing(pos), last_seeing(pos))
+/// of each head. A query's scores and weights of key pos are in column pos − key_lo of
+/// `TileScratch::probs`.
+struct TileGeometry {
+  int heads = 1;           ///< K/V heads of the tile
+  int head_dim = 0;        ///< values per head
+  int group = 1;           ///< query heads per K/V head
+  int per_head = 1;        ///< queries of one K/V head in the tile: rows · group
+  int first_position = 0;  ///< position of the tile's first row
+  int window = 0;          ///< W >= 1: each row sees its last W keys; 0: all up to itself
+  int key_lo = 0;          ///< the tile's first key: its first row's band start, or key_begin
+  int span = 0;            ///< one past the tile's last key; its last row sees up to it
+  int shared = 0;          ///< keys [0, shared) are seen by every row (before the causal corner)
+
+  /// The geometry of `tile` under `shape`.
+  TileGeometry(const AttentionShape& shape, const AttentionTile& tile)
+      : heads(tile.heads),
+        head_dim(shape.head_dim()),
+        group(shape.group_size()),
+        per_head(tile.rows * shape.group_size()),
+        first_position(tile.first_position),
+        window(tile.window),
+        key_lo(
+            std::max(tile.key_begin, kvlab::first_visible_key(tile.first_position, tile.window))),
+        span(tile.key_end),
+        shared(tile.first_position + 1) {}
+
+  /// Queries of the tile, all heads: [heads · per_head].
+  int queries() const { return heads * per_head; }
+  /// One past query qi's last key.
+  int visible(int qi) const { return std::min(span, shared + qi / group); }
+  /// Query qi's first key: its band's first key (key_lo for the tile's first row).
+  int band_start(int qi) const {
+    return std::max(key_lo, kvlab::first_visible_key(first_position + qi / group, window));
+  }
+  /// The first query of a head that sees key `pos` (0 outside the causal corner).
+  int first_seeing(int pos) const { return pos < shared ? 0 : (pos - shared + 1) * group; }
+  /// One past the last query of a head that sees key `pos`: with a window, the rows at positions
+  /// below pos + W.
+  int last_seeing(int pos) const {
+    return window > 0 ? std::min(per_head, (pos + window - first_position) * group) : per_head;
+  }
+};
+
+/// How `attend_partial` reads a tile's K/V rows (`attend_path_counts` counts each).
+enum class ReadPath {
+  runs,      ///< in runs of consecutive rows (`row_runs.hpp`), never decoded into memory
+  products,  ///< scores and value sums as matrix products over spans of rows (Eigen's GEMM)
+  rows,      ///< one token's rows at a time, decoded as read where stored in another type
+};
+
+/// Whether rows stored as `S` can be read in runs under queries of type `T`: always for quantized
+/// blocks, and fp32, fp16 and bf16 rows where this build has their vector form (`kVectorRows`).
+template <typename T, typename S>
+constexpr bool kReadsRuns = kQuantizedStorage<S> || kVectorRows<T, S>;
+
+/// How a tile of `rows` query rows reads rows stored as `S` (queries of type `T`, `group` queries
+/// per K/V head): in runs for quantized blocks, and for other rows that have a vector form when
+/// head_dim is whole blocks of 32 — fp32 rows only for groups of four or more, where a row loaded
+/// once serves enough queries (for MHA the runs are slower than reading each row on its own);
+/// else as matrix products for a prefill tile (several rows) over rows stored as `T`; else one row
+/// at a time.
+template <typename T, typename S>
+ReadPath read_path(int head_dim, int group, int rows) {
+  if (kQuantizedStorage<S> || (kReadsRuns<T, S> && head_dim % kQuantBlock == 0 &&
+                               (!std::is_same<S, T>::value || group >= 4)))
+    return ReadPath::runs;
+  if (std::is_same<S, T>::value && rows > 1) return ReadPath::products;
+  return ReadPath::rows;
+}
+
+/// Which rows `attend_partial` asks for before it reads them (`cpu/prefetch.hpp`): at the row of
+/// position pos, the same heads' rows `ahead` positions on into the L1 cache and `far` positions
+/// on into the L2 (0: none), where those positions are before `end`.
+struct RowAsks {
+  int ahead = 0;              ///< positions ahead asked into the L1; 0: no asks at all
+  int far = 0;                ///< positions ahead asked into the L2; 0: none
+  int nearest = 0;            ///< the nearer of the two (of those asked)
+  int end = 0;                ///< one past the last key: nothing asked at or past it
+  int heads = 1;              ///< K/V heads asked for at each position
+  std::size_t row_bytes = 0;  ///< one head's row as stored
+
+  /// The asks at key rows (`Keys` = std::true_type) or value rows, at position `pos` whose first
+  /// head's row is `row`.
+  template <typename Keys, typename Source, typename S>
+  void at(Keys, const Source& source, int pos, const S* row) const {
+    if (ahead != 0 && pos + nearest < end)
+      ask_rows_ahead<Keys::value>(source, pos, row, ahead, far, end, heads, row_bytes);
+  }
+};
+
+/// The asks of a tile of `geometry` over rows stored as `S`, read `by_runs` or not. Asked for:
+/// fp32, fp16 and bf16 rows (quantized blocks are paced by their decoding, not by the memory)
+/// where the source asks ahead (`asks_ahead`: the contiguous cache and the HND pool) and the pass
+/// reads at least `kPrefetchMinBytes` of a head's rows; also `kPrefetchFar` bytes on where rows
+/// are read one by one (an MHA step) over at least `kPrefetchFarMinBytes` per head.
+template <typename S, typename Source>
+RowAsks row_asks(const Source& source, const TileGeometry& geometry, bool by_runs) {
+  RowAsks asks;
+  asks.end = geometry.span;
+  asks.heads = geometry.heads;
+  asks.row_bytes = storage_row_bytes<S>(geometry.head_dim);
+  const std::size_t range_bytes =  // one head's rows read by the pass
+      static_cast<std::size_t>(geometry.span - geometry.key_lo) * asks.row_bytes;
+  asks.ahead = !kQuantizedStorage<S> && source.asks_ahead() && range_bytes >= kPrefetchMinBytes
+                   ? rows_ahead(asks.row_bytes)
+                   : 0;
+  asks.far = asks.ahead != 0 && !by_runs && range_bytes >= kPrefetchFarMinBytes
+                 ? rows_ahead(asks.row_bytes, kPrefetchFar)
+                 : 0;
+  asks.nearest = asks.far != 0 ? std::min(asks.ahead, asks.far) : asks.ahead;
+  return asks;
+}
+
+/// Step 2 of every read path: each query's visible scores in `scratch.probs` become
+/// exp(score − max) (all <= 1, the largest exactly 1), and `scratch.state` keeps the max and their
+/// sum. `zero_unseen`: the scores of keys outside each query's band are set to 0 (the products
+/// path computed them; they must weigh nothing in step 3).
+template <typename T>
+void exp_scores(const TileGeometry& g, bool zero_unseen, TileScratch<T>& scratch) {
+  RowMatrix<T>& probs = scratch.probs;  // [queries, padded span]
+  for (int qi = 0; qi < g.queries(); ++qi) {
+    const int start = g.band_start(qi % g.per_head), stop = g.visible(qi % g.per_head);
+    // [stop - start]: the query's band
+    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, start - g.key_lo), stop - start);
+    const T max = x.maxCoeff();
+    x = (x - max).exp();
+    scratch.state[static_cast<std::size_t>(qi)] = SoftmaxState<T>{max, x.sum()};
+    if (zero_unseen) {
+      probs.row(qi).head(start - g.key_lo).setZero();
+      probs.row(qi).segment(stop - g.key_lo, g.span - stop).setZero();
+    }
+  }
+}
+
+/// `attend_partial` reading rows in runs (`ReadPath::runs`): each run of consecutive rows seen by
+/// the same queries (`for_each_row_run`) is scored against all of them at once (`score_row_run`),
+/// then added to their sums (`add_row_run`); each row is loaded once for its whole GQA group.
+template <typename T, typename Source>
+void attend_by_runs(const TileGeometry g, const RowAsks asks, T scale, const Source& source,
+                    TileScratch<T>& scratch) {
+  using S = typename Source::Stored;
+  RowMatrix<T>& queries = scratch.queries;  // [queries, head_dim]
+  RowMatrix<T>& probs = scratch.probs;      // [queries, padded span]
+  RowMatrix<T>& acc = scratch.acc;          // [queries, head_dim]
+  const int hd = g.head_dim, per_head = g.per_head;
+  // f(j, rows_of_j, run) for each run and K/V head j, with head j's rows of the run.
+  const auto for_each_head_run = [&](const auto& walk, auto keys, const auto& f) {
+    for_each_row_run<S>(
+        walk, g.key_lo, g.span, run_rows<S>(), [&](int pos) { return g.first_seeing(pos); },
+        [&](int pos) { return g.last_seeing(pos); },
+        [&](const RowRun<S>& run) {
+          if (asks.ahead != 0)
+            for (int r = 0; r < run.count; ++r) asks.at(keys, source, run.pos + r, run.rows[r]);
+          for (int j = 0; j < g.heads; ++j) {
+            const S* rows_of_j[kRowRun];  // [run.count]: head j's rows of the run
+            for (int r = 0; r < run.count; ++r)
+              rows_of_j[r] = run.rows[r] + j * source.head_stride();
+            f(j, rows_of_j, run);
+          }
+        });
+  };
+  // 1. Scores.
+  for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); }, std::true_type{},
+                    [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
+                      score_row_run(rows_of_j, run.count, hd, &queries(j * per_head + run.first, 0),
+                                    run.last - run.first, scale,
+                                    &probs(j * per_head + run.first, run.pos - g.key_lo),
+                                    probs.cols());
+                    });
+  // 2.
+  exp_scores(g, false, scratch);
+  // 3. Values. A run's rows are asked for before they are read (`prefetch_rows`), except where
+  // the tile's heads of a token lie side by side (the NHD pool: one contiguous read per token).
+  const bool heads_side_by_side =
+      g.heads > 1 &&
+      static_cast<std::size_t>(source.head_stride()) * sizeof(S) == storage_row_bytes<S>(hd);
+  for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); }, std::false_type{},
+                    [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
+                      add_row_run(rows_of_j, run.count, hd,
+                                  &probs(j * per_head + run.first, run.pos - g.key_lo),
+                                  probs.cols(), run.last - run.first,
+                                  &acc(j * per_head + run.first, 0), !heads_side_by_side);
+                    });
+}
+
+/// `attend_partial` as matrix products (`ReadPath::products`: rows stored as `T`, a tile of several
+/// query rows): over each span of evenly spaced rows (`key_spans`, `value_spans`) the scores are
+/// the tile's queries times the span's key rows, and the sums the weights times its value rows.
+/// Every query is scored against every key of the tile's range, seen or not; step 2 sets the
+/// unseen ones to 0. (Without a window that is the causal corner, at most rows·(rows−1)/2 scores
+/// per query head; the counters count the products of the keys each query sees, as for the other
+/// paths.)
+template <typename T, typename Source>
+void attend_by_products(const TileGeometry g, T scale, const Source& source,
+                        TileScratch<T>& scratch) {
+  RowMatrix<T>& queries = scratch.queries;  // [queries, head_dim]
+  RowMatrix<T>& probs = scratch.probs;      // [queries, padded span]
+  RowMatrix<T>& acc = scratch.acc;          // [queries, head_dim]
+  const int hd = g.head_dim, per_head = g.per_head;
+  const std::ptrdiff_t head_stride = source.head_stride();
+  // 1. Scores. The scale before the product: Eigen folds it into the GEMM (written after it, the
+  // product goes through a temporary and a second pass).
+  source.key_spans(g.key_lo, g.span, [&](int pos, int count, const T* row, std::ptrdiff_t stride) {
+    for (int j = 0; j < g.heads; ++j) {
+      // [count, head_dim]: head j's key rows of the span
+      const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> keys(
+          row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
+      probs.block(j * per_head, pos - g.key_lo, per_head, count).noalias() =
+          scale * (queries.middleRows(j * per_head, per_head) * keys.transpose());
+    }
+  });
+  // 2.
+  exp_scores(g, true, scratch);
+  // 3. Values.
+  source.value_spans(g.key_lo, g.span,
+                     [&](int pos, int count, const T* row, std::ptrdiff_t stride) {
+                       for (int j = 0; j < g.heads; ++j) {
+                         // [count, head_dim]: head j's value rows of the span
+                         const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> values(
+                             row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
+                         acc.middleRows(j * per_head, per_head).noalias() +=
+                             probs.block(j * per_head, pos - g.key_lo, per_head, count) * values;
+                       }
+                     });
+}
+
+/// `attend_partial` one token's rows at a time (`ReadPath::rows`): each key row scored against the
+/// queries that see it (`dot_row`), each value row added to their sums (`add_scaled_row`). Rows
+/// stored in another type than `T` (fp16, bf16 without their vector form) are decoded one token's
+/// rows at a time into `scratch.row`: never a copy of the cache.
+template <typename T, typename Source>
+void attend_row_by_row(const TileGeometry g, const RowAsks asks, T scale, const Source& source,
+                       TileScratch<T>& scratch) {
+  using S = typename Source::Stored;
+  RowMatrix<T>& queries = scratch.queries;  // [queries, head_dim]
+  RowMatrix<T>& probs = scratch.probs;      // [queries, padded span]
+  RowMatrix<T>& acc = scratch.acc;          // [queries, head_dim]
+  const int hd = g.head_dim, per_head = g.per_head;
+  constexpr bool kDecoded = !std::is_same<S, T>::value;
+  const std::ptrdiff_t head_stride = kDecoded ? hd : source.head_stride();  // in the rows as T
+  scratch.row.resize(kDecoded ? static_cast<std::size_t>(g.heads) * static_cast<std::size_t>(hd)
+                              : 0);  // [heads * head_dim]
+  // A token's rows of the tile's heads as T: where they are stored, or decoded into scratch.row.
+  const auto as_t = [&](const S* stored) -> const T* {
+    if constexpr (kDecoded) {
+      for (int j = 0; j < g.heads; ++j)
+        KVStorage<S>::decode(stored + j * source.head_stride(), hd, scratch.row.data() + j * hd);
+      return scratch.row.data();
+    } else {
+      return stored;
+    }
+  };
+  // 1. Scores.
+  source.keys(g.key_lo, g.span, [&](int pos, const S* stored) {
+    const int first = g.first_seeing(pos), last = g.last_seeing(pos);
+    asks.at(std::true_type{}, source, pos, stored);
+    const T* row = as_t(stored);
+    for (int j = 0; j < g.heads; ++j) {
+      const T* key = row + j * head_stride;  // [head_dim]
+      for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
+        probs(qi, pos - g.key_lo) = scale * dot_row(&queries(qi, 0), key, hd);
+    }
+  });
+  // 2.
+  exp_scores(g, false, scratch);
+  // 3. Values.
+  source.values(g.key_lo, g.span, [&](int pos, const S* stored) {
+    const int first = g.first_seeing(pos), last = g.last_seeing(pos);
+    asks.at(std::false_type{}, source, pos, stored);
+    const T* row = as_t(stored);
+    for (int j = 0; j < g.heads; ++j) {
+      const T* value = row + j * head_stride;  // [head_dim]
+      for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
+        add_scaled_row(probs(qi, pos - g.key_lo), value, hd, &acc(qi, 0));
+    }
+  });
+}
+
 /// The unnormalised attention of the query rows of `tile` for the query heads of its K/V heads,
 /// over the keys in [key_begin, key_end) that each row sees, read through `source`
-/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`; rows of int8 or int4 blocks, and of fp16
-/// or bf16 values (and fp32 for groups of 4 or more) where the build has their vector form, in
-/// runs of up to `run_rows` rows, `score_row_run` and `add_row_run`; other rows stored as `T`,
-/// for a tile of several rows, as matrix products over each span of evenly spaced rows
-/// (`key_spans`, `value_spans`: Eigen's GEMM, the tile's queries against the span's rows); other
-/// rows stored in another type than `T` decoded one token at a time as they are read,
-/// `KVStorage::decode`). Leaves in
-/// `scratch`, for query `qi`
+/// (`ContiguousRows` or `PagedRows` from head `tile.hk0`). Leaves in `scratch`, for query `qi`
 /// (K/V head hk0 + j, row i, group member g at qi = (j * rows + i) * group + g): `state[qi]`
 /// (max score and Σ exp(score − max)) and `acc.row(qi)` (Σ exp(score − max) · value), the form
 /// in which partial results over disjoint key ranges merge (`merge_softmax_states`).
 ///
-/// The queries of the groups and of the tile's rows are gathered; then
+/// The queries of the groups and of the tile's rows are gathered; then one of three read paths
+/// (`read_path`: `attend_by_runs`, `attend_by_products`, `attend_row_by_row`) computes, each in
+/// its own way:
 ///  1. the key rows are streamed once (for each token, the rows of the `heads` K/V heads), and
 ///     each one is scored against every query of its group that sees it;
-///  2. each query's visible scores become exp(score − max), and their sum is kept;
+///  2. each query's visible scores become exp(score − max), and their sum is kept (`exp_scores`);
 ///  3. the value rows are streamed once, and each one is added to every query's sum with its
 ///     weight exp(score − max).
-/// In steps 1 and 3, at each row it reads, it asks for the same heads' row `rows_ahead` positions
-/// on (`kPrefetchAhead` bytes), where the source asks ahead (`asks_ahead`: the contiguous cache
-/// and the HND pool), the rows are fp32, fp16 or bf16 values (not quantized blocks) and the pass
-/// reads at least `kPrefetchMinBytes` of a head's rows: a hint that changes no result.
-/// Each query's arithmetic is the same whatever `heads` is: it changes only the order in which
-/// rows are read (one head at a time suits the head-major contiguous cache and HND pool, all
+/// Rows are asked for ahead of their reading where `row_asks` says so: a hint that changes no
+/// result. Each query's arithmetic is the same whatever `heads` is: it changes only the order in
+/// which rows are read (one head at a time suits the head-major contiguous cache and HND pool, all
 /// heads of a token at once suits the token-major NHD pool). A key range other than [0,
 /// first_position + rows) — one partition of a split context — is for a single row
 /// (`rows == 1`), which sees every key up to its position. With a window each row sees only its
@@ -364,221 +642,41 @@ struct AttentionTile {
 template <typename T, typename Source>
 void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T>>& q,
                     const AttentionTile& tile, const Source& source, TileScratch<T>& scratch) {
-  const int row0 = tile.row0, rows = tile.rows, first_position = tile.first_position;
-  const int hk0 = tile.hk0, heads = tile.heads, key_begin = tile.key_begin;
-  const int group = shape.group_size();
-  const int hd = shape.head_dim();
-  const T scale = static_cast<T>(shape.scale());
-  const int per_head = rows * group;  // queries of one K/V head in the tile
-  const int m = heads * per_head;
-  // keys of the range: [key_begin, span), the tile's last row sees them all
-  const int span = tile.key_end;
-  const int window = tile.window;
-  // the tile's first key: its first row's band starts W - 1 keys before it
-  const int key_lo = std::max(key_begin, kvlab::first_visible_key(first_position, window));
-  // A token's rows of the tile's heads, as T: where they are stored when stored as T, else
-  // decoded into scratch.row (heads * head_dim values, head j at j * head_dim). Only that one
-  // token's rows are ever decoded: never a copy of the cache. (Rows read in runs are not decoded
-  // into memory at all: steps 1 and 3 read them block by block.)
   using S = typename Source::Stored;
-  // Runs of rows (`row_runs.hpp`: each row loaded once for all the queries that see it, several
-  // rows in flight, the sums held in registers) are how rows stored in quantized blocks are
-  // always read, and fp32, fp16 and bf16 rows where this build has their vector form
-  // (`kVectorRows`) and head_dim is whole blocks of 32 — fp32 rows only for GQA groups of four
-  // queries or more: for MHA (one query per row) the runs measured 1.7–2.4× slower than reading
-  // each row on its own, and groups of 2 and 3 were not measured, so they keep that loop.
-  // Otherwise each token's rows are read on their own, decoded first when stored in another type
-  // than T.
-  constexpr bool kRuns = kQuantizedStorage<S> || kVectorRows<T, S>;
-  const bool by_runs = kQuantizedStorage<S> || (kRuns && hd % kQuantBlock == 0 &&
-                                                (!std::is_same<S, T>::value || group >= 4));
-  // A prefill tile (several query rows) over rows stored as T that runs do not read: the scores
-  // and the value sums are matrix products (Eigen's GEMM) over each span of evenly spaced rows
-  // (`key_spans`, `value_spans`). They compute every query's score with every key of the tile's
-  // range, seen or not; the unseen ones are set to 0 after step 2, so they add nothing in step 3.
-  // (Without a window that is the causal corner, at most rows·(rows−1)/2 scores per query head;
-  // the counters count the products of the keys each query sees, as for the other two ways.)
-  const bool by_products = std::is_same<S, T>::value && !by_runs && rows > 1;
-  const bool decoded = !std::is_same<S, T>::value && !by_runs;
-  AttendPathCounts& paths = attend_path_counts();
-  (by_runs ? paths.runs : by_products ? paths.products : paths.rows).fetch_add(1);
-  const std::ptrdiff_t head_stride = decoded ? hd : source.head_stride();  // in the rows as T
-  scratch.row.resize(decoded ? static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd) : 0);
-  const auto as_t = [&](const S* stored) -> const T* {
-    if constexpr (std::is_same<S, T>::value) {
-      return stored;
-    } else {  // fp16, bf16 read row by row (rows read in runs are not decoded: steps 1 and 3)
-      for (int j = 0; j < heads; ++j)
-        KVStorage<S>::decode(stored + j * source.head_stride(), hd, scratch.row.data() + j * hd);
-      return scratch.row.data();
-    }
-  };
-  RowMatrix<T>& queries = scratch.queries;  // [m, head_dim]
-  // [m, padded_span(span - key_lo)]: key pos in column pos - key_lo
-  RowMatrix<T>& probs = scratch.probs;
-  RowMatrix<T>& acc = scratch.acc;  // [m, head_dim]
-  queries.resize(m, hd);
-  for (int j = 0; j < heads; ++j)
-    for (int i = 0; i < rows; ++i)
-      for (int g = 0; g < group; ++g)
-        queries.row(j * per_head + i * group + g) =
-            q.block(row0 + i, ((hk0 + j) * group + g) * hd, 1, hd);
-  // Query qi (< per_head) of a head sees keys [0, shared + qi / group]: all of them see [0,
-  // shared), and the tile's later rows see up to `rows - 1` more (the causal corner).
-  const int shared = first_position + 1;
-  // end of qi's keys
-  const auto visible = [&](int qi) { return std::min(span, shared + qi / group); };
-  // start of qi's keys: its band's first key (key_lo for the tile's first row)
-  const auto band_start = [&](int qi) {
-    return std::max(key_lo, kvlab::first_visible_key(first_position + qi / group, window));
-  };
-  // The first query of a head that sees key `pos` (0 outside the corner).
-  const auto first_seeing = [&](int pos) { return pos < shared ? 0 : (pos - shared + 1) * group; };
-  // One past the last query of a head that sees key `pos`: with a window, the rows at positions
-  // below pos + W.
-  const auto last_seeing = [&](int pos) {
-    return window > 0 ? std::min(per_head, (pos + window - first_position) * group) : per_head;
-  };
-  // Runs of consecutive rows seen by the same queries
-  // (`for_each_row_run`): f(j, rows, run) for each run and K/V head j, with head j's rows of it.
-  // Rows asked for before they are read (`prefetch_row`), where the source asks ahead: at the
-  // row of position pos, the same heads' rows `ahead` positions on into the L1 cache and `far`
-  // positions on into the L2 (`rows_ahead`: `kPrefetchAhead` and `kPrefetchFar` bytes), wherever
-  // the layout puts them (`ask_rows_ahead`).
-  const std::size_t row_bytes = storage_row_bytes<S>(hd);  // one head's row as stored
-  const std::size_t range_bytes = static_cast<std::size_t>(span - key_lo) * row_bytes;  // per head
-  const bool long_range = range_bytes >= kPrefetchMinBytes;
-  // Rows of quantized blocks are not asked for: decoding their blocks, not the memory, sets the
-  // pace, and the asks cost more than they gave (int4 steps 1.04–1.23× slower, int8 0.75–1.12×,
-  // `bench/results/cpu-prefetch-ahead.txt`).
-  const int ahead =
-      !kQuantizedStorage<S> && source.asks_ahead() && long_range ? rows_ahead(row_bytes) : 0;
-  // Rows read one by one (an MHA step) over at least `kPrefetchFarMinBytes` per head are also
-  // asked for `far` positions on, into the L2; rows read in runs are not: their GQA step, four
-  // multiply-adds per value read, measured 1.10× slower with those asks over a cache in main
-  // memory and 1.22–1.25× from the caches, where an MHA step took 0.91–0.94× the time
-  // (`bench/results/cpu-prefetch-ahead.txt`, §7).
-  const int far = ahead != 0 && !by_runs && range_bytes >= kPrefetchFarMinBytes
-                      ? rows_ahead(row_bytes, kPrefetchFar)
-                      : 0;
-  if (ahead != 0) paths.asked_ahead.fetch_add(1);
-  if (far != 0) paths.asked_far.fetch_add(1);
-  // At row `row` of position pos: ask for the key (kKeys) or value rows `ahead` and `far`
-  // positions on.
-  const int nearest = far != 0 ? std::min(ahead, far) : ahead;
-  const auto ask_ahead = [&](auto keys, int pos, const S* row) {
-    if (pos + nearest < span)
-      ask_rows_ahead<decltype(keys)::value>(source, pos, row, ahead, far, span, heads, row_bytes);
-  };
-  const auto for_each_head_run = [&](const auto& walk, auto keys, const auto& f) {
-    for_each_row_run<S>(walk, key_lo, span, run_rows<S>(), first_seeing, last_seeing,
-                        [&](const RowRun<S>& run) {
-                          if (ahead != 0)
-                            for (int r = 0; r < run.count; ++r)
-                              ask_ahead(keys, run.pos + r, run.rows[r]);
-                          for (int j = 0; j < heads; ++j) {
-                            const S* rows_of_j[kRowRun];  // [run.count]: head j's rows of the run
-                            for (int r = 0; r < run.count; ++r)
-                              rows_of_j[r] = run.rows[r] + j * source.head_stride();
-                            f(j, rows_of_j, run);
-                          }
-                        });
-  };
+  const TileGeometry g(shape, tile);
+  const ReadPath path = read_path<T, S>(g.head_dim, g.group, tile.rows);
+  const RowAsks asks = row_asks<S>(source, g, path == ReadPath::runs);
+  AttendPathCounts& counts = attend_path_counts();
+  (path == ReadPath::runs       ? counts.runs
+   : path == ReadPath::products ? counts.products
+                                : counts.rows)
+      .fetch_add(1);
+  if (asks.ahead != 0) counts.asked_ahead.fetch_add(1);
+  if (asks.far != 0) counts.asked_far.fetch_add(1);
 
-  // 1. Scores: each key row is read once and met by every query of its group that sees it.
-  probs.resize(m, padded_span<T>(span - key_lo));
-  if (by_runs) {
-    if constexpr (kRuns)
-      for_each_head_run([&](int b, int e, auto&& f) { source.keys(b, e, f); }, std::true_type{},
-                        [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
-                          score_row_run(rows_of_j, run.count, hd,
-                                        &queries(j * per_head + run.first, 0), run.last - run.first,
-                                        scale, &probs(j * per_head + run.first, run.pos - key_lo),
-                                        probs.cols());
-                        });
-  } else if (by_products) {
-    if constexpr (std::is_same<S, T>::value)
-      source.key_spans(key_lo, span, [&](int pos, int count, const T* row, std::ptrdiff_t stride) {
-        for (int j = 0; j < heads; ++j) {
-          // [count, head_dim]: head j's key rows of the span
-          const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> keys(
-              row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
-          // The scale before the product: Eigen folds it into the GEMM. Written after it, the
-          // product went through a temporary and a second pass, and a prefill tile's attention
-          // took 1.14× the time.
-          probs.block(j * per_head, pos - key_lo, per_head, count).noalias() =
-              scale * (queries.middleRows(j * per_head, per_head) * keys.transpose());
-        }
-      });
-  } else if constexpr (!kQuantizedStorage<S>) {
-    source.keys(key_lo, span, [&](int pos, const S* stored) {
-      const int first = first_seeing(pos), last = last_seeing(pos);
-      if (ahead != 0) ask_ahead(std::true_type{}, pos, stored);
-      const T* row = as_t(stored);
-      for (int j = 0; j < heads; ++j) {
-        const T* key = row + j * head_stride;  // [head_dim]
-        for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
-          probs(qi, pos - key_lo) = scale * dot_row(&queries(qi, 0), key, hd);
-      }
-    });
-  }
-  // 2. exp(score - max) of each query's visible scores (all <= 1, the largest exactly 1), and their
-  // sum.
-  scratch.state.resize(static_cast<std::size_t>(m));
-  for (int qi = 0; qi < m; ++qi) {
-    // [visible keys]: the query's band
-    const int start = band_start(qi % per_head);
-    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> x(&probs(qi, start - key_lo),
-                                                     visible(qi % per_head) - start);
-    const T max = x.maxCoeff();
-    x = (x - max).exp();
-    scratch.state[static_cast<std::size_t>(qi)] = SoftmaxState<T>{max, x.sum()};
-    if (by_products) {  // the scores of keys the query does not see weigh nothing in step 3
-      probs.row(qi).head(start - key_lo).setZero();
-      probs.row(qi)
-          .segment(visible(qi % per_head) - key_lo, span - visible(qi % per_head))
-          .setZero();
-    }
-  }
-  // 3. Values: each value row is read once and added to every query's sum. A run's rows are
-  // asked for before they are read (`prefetch_rows`), except where the tile's heads of a token
-  // lie side by side (the NHD pool: one contiguous read per token), where that measured slower.
-  acc.setZero(m, hd);
-  if (by_runs) {
-    const bool heads_side_by_side =
-        heads > 1 &&
-        static_cast<std::size_t>(source.head_stride()) * sizeof(S) == storage_row_bytes<S>(hd);
-    if constexpr (kRuns)
-      for_each_head_run([&](int b, int e, auto&& f) { source.values(b, e, f); }, std::false_type{},
-                        [&](int j, const S* const* rows_of_j, const RowRun<S>& run) {
-                          add_row_run(rows_of_j, run.count, hd,
-                                      &probs(j * per_head + run.first, run.pos - key_lo),
-                                      probs.cols(), run.last - run.first,
-                                      &acc(j * per_head + run.first, 0), !heads_side_by_side);
-                        });
-  } else if (by_products) {
-    if constexpr (std::is_same<S, T>::value)
-      source.value_spans(key_lo, span,
-                         [&](int pos, int count, const T* row, std::ptrdiff_t stride) {
-                           for (int j = 0; j < heads; ++j) {
-                             // [count, head_dim]: head j's value rows of the span
-                             const Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>> values(
-                                 row + j * head_stride, count, hd, Eigen::OuterStride<>(stride));
-                             acc.middleRows(j * per_head, per_head).noalias() +=
-                                 probs.block(j * per_head, pos - key_lo, per_head, count) * values;
-                           }
-                         });
-  } else if constexpr (!kQuantizedStorage<S>) {
-    source.values(key_lo, span, [&](int pos, const S* stored) {
-      const int first = first_seeing(pos), last = last_seeing(pos);
-      if (ahead != 0) ask_ahead(std::false_type{}, pos, stored);
-      const T* row = as_t(stored);
-      for (int j = 0; j < heads; ++j) {
-        const T* value = row + j * head_stride;  // [head_dim]
-        for (int qi = j * per_head + first; qi < j * per_head + last; ++qi)
-          add_scaled_row(probs(qi, pos - key_lo), value, hd, &acc(qi, 0));
-      }
-    });
+  RowMatrix<T>& queries = scratch.queries;  // [heads * rows * group, head_dim]
+  queries.resize(g.queries(), g.head_dim);
+  for (int j = 0; j < tile.heads; ++j)
+    for (int i = 0; i < tile.rows; ++i)
+      for (int m = 0; m < g.group; ++m)
+        queries.row(j * g.per_head + i * g.group + m) =
+            q.block(tile.row0 + i, ((tile.hk0 + j) * g.group + m) * g.head_dim, 1, g.head_dim);
+  // [heads * rows * group, padded_span(span - key_lo)]: key pos in column pos - key_lo
+  scratch.probs.resize(g.queries(), padded_span<T>(g.span - g.key_lo));
+  scratch.state.resize(static_cast<std::size_t>(g.queries()));
+  scratch.acc.setZero(g.queries(), g.head_dim);
+
+  const T scale = static_cast<T>(shape.scale());
+  switch (path) {
+    case ReadPath::runs:
+      if constexpr (kReadsRuns<T, S>) attend_by_runs(g, asks, scale, source, scratch);
+      break;
+    case ReadPath::products:
+      if constexpr (std::is_same<S, T>::value) attend_by_products(g, scale, source, scratch);
+      break;
+    case ReadPath::rows:
+      if constexpr (!kQuantizedStorage<S>) attend_row_by_row(g, asks, scale, source, scratch);
+      break;
   }
 }
 
@@ -617,7 +715,8 @@ inline void count_tiled_attention(const AttentionShape& shape, std::size_t row_b
   std::uint64_t rows_streamed = 0;
   for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
     const int end = first_position + r0 + std::min(kDecodeQueryTile, q_len - r0);
-    rows_streamed += static_cast<std::uint64_t>(end - first_visible_key(first_position + r0, window));
+    rows_streamed +=
+        static_cast<std::uint64_t>(end - first_visible_key(first_position + r0, window));
   }
   add_attention_counts(shape, row_bytes, keys, rows_streamed, counters);
 }

@@ -1,6 +1,7 @@
 /// \file
-/// \brief Decode attention: one or more new queries attend to a contiguous KV cache. Keys and
-/// values are streamed once per K/V head for the whole GQA group. Computes
+/// \brief Decode attention: one or more new queries attend to a contiguous KV cache.
+///
+/// Keys and values are streamed once per K/V head for the whole GQA group. Computes
 /// `cpu::reference_attention`; checked against it and `naive_attention` in the tests.
 #pragma once
 

@@ -1,8 +1,15 @@
 /// \file
-/// \brief The matrix products and norms of a decoder layer on the CPU: `cpu::linear` (a batch of
-/// rows times a weight matrix stored `[out, in]`, llama2.c's `matmul`; the CPU twin of
-/// `cuda::linear`) and `cpu::rmsnorm`. Checked in the model tests against one thread and
-/// against llama2.c's forward pass.
+/// \brief The matrix products and norms of a decoder layer on the CPU.
+///
+/// They are `cpu::linear`, a batch of rows times a weight matrix stored `[out, in]` (llama2.c's
+/// `matmul`; the CPU twin of `cuda::linear`), and `cpu::rmsnorm`. Checked in the model tests
+/// against one thread and against llama2.c's forward pass.
+///
+/// \par Measured
+/// `bench/results/README.md`, "the baseline for the whole-model targets" (bench_generate: one row
+/// of `cpu::linear` read in order, `detail::linear_one_row`, against Eigen's matrix-vector
+/// product) and "small heads without Eigen's overhead, and fewer parallel regions" (the threads of
+/// `linear`).
 #pragma once
 
 #include <cmath>
@@ -14,7 +21,7 @@
 #include <omp.h>
 #endif
 
-#include "kvlab/cpu/row_runs.hpp"  // KVLAB_ROW_RUNS_AVX2, detail::avx2::dot
+#include "kvlab/cpu/simd_avx2.hpp"  // KVLAB_ROW_RUNS_AVX2, detail::avx2::dot
 
 #if KVLAB_ROW_RUNS_AVX2
 /// 1: `cpu::linear` of one float row reads W with AVX2 and FMA (`detail::linear_one_row`).
@@ -43,9 +50,8 @@ namespace detail {
 /// y[o] = W.row(o) · x for o in [0, rows): the decode step's product of one row by a weight
 /// matrix stored [rows, in] (row-major, `w`), W read strictly in order, one row after the other,
 /// each with four independent chains of multiply-adds. It computes what `x * w.transpose()`
-/// computes, summed in another order. Eigen's product reads four rows of W side by side; on the
-/// machine of `bench/results/README.md` ("bench_generate … machine A") the in-order read streamed
-/// the 15M model's weights 1.56–1.85× faster, as fast as a plain sum over the same arrays.
+/// computes, summed in another order. Eigen's product reads four rows of W side by side, which
+/// streamed the weights more slowly than this in-order read.
 inline void linear_one_row(const float* w, const float* x, Eigen::Index rows, Eigen::Index in,
                            float* y) {
   for (Eigen::Index o = 0; o < rows; ++o) y[o] = avx2::dot(w + o * in, x, in);  // row o: [in]

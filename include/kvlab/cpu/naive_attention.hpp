@@ -1,7 +1,8 @@
 /// \file
-/// \brief Naive causal attention: every score of the `[q_len, kv_len]` matrix is computed and
-/// stored, then masked, softmaxed and multiplied by V, with matrix products — the textbook form
-/// of `cpu::reference_attention`, checked against it in the tests.
+/// \brief Naive causal attention: the textbook form of `cpu::reference_attention`.
+///
+/// Every score of the `[q_len, kv_len]` matrix is computed and stored, then masked, softmaxed and
+/// multiplied by V, with matrix products. Checked against `cpu::reference_attention` in the tests.
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,13 @@
 /// \file
-/// \brief Paged attention: the new queries of a ragged batch of sequences attend to their keys
-/// and values in a block pool, read through the batch's block tables. Same arithmetic as
-/// `decode_attention` on a contiguous cache; checked against it, against a triple loop, with
-/// NaN in every unused slot and with block tables in random physical order.
+/// \brief Paged attention: the new queries of a ragged batch of sequences attend to a block pool.
+///
+/// Each sequence's keys and values are read from the block pool through the batch's block tables.
+/// Same arithmetic as `decode_attention` on a contiguous cache; checked against it, against a
+/// triple loop, with NaN in every unused slot and with block tables in random physical order.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #if defined(_OPENMP)
 #include <omp.h>
@@ -83,6 +85,22 @@ PagedAttentionPlan plan_paged_attention(const AttentionShape& shape, const Paged
 
 namespace detail {
 
+/// What the calls of the paged kernels ran since the program started (`paged_attention`): how
+/// they divided their work, as executed, not as planned. The tests read these counts to assert
+/// that a case ran the split it is about.
+struct PagedSplitCounts {
+  std::atomic<std::uint64_t> split_k{0};     ///< calls that cut contexts into partitions (split-K)
+  std::atomic<std::uint64_t> partitions{0};  ///< partitions attended by those calls
+  std::atomic<std::uint64_t> merges{0};      ///< partitions merged into an earlier one
+  std::atomic<std::uint64_t> by_heads{0};    ///< calls that ran (sequence, K/V head range) items
+  std::atomic<std::uint64_t> head_items{0};  ///< (sequence, head range) items run by those calls
+};
+/// The counts of every call of the paged kernels of the program.
+inline PagedSplitCounts& paged_split_counts() {
+  static PagedSplitCounts counts;
+  return counts;
+}
+
 /// Split-K decode: one query per sequence, each sequence's blocks cut into up to `parts`
 /// partitions of whole blocks (`partition_size`), every (sequence, partition) a work item that
 /// reads whole token rows of its blocks; the partial results of a sequence are then merged in
@@ -129,15 +147,20 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
               state.begin() + static_cast<std::ptrdiff_t>(slot(item, 0)));
     acc.middleRows(item * heads, heads) = scratch.acc;
   });
+  PagedSplitCounts& counts = paged_split_counts();
+  counts.split_k.fetch_add(1);
+  counts.partitions.fetch_add(static_cast<std::uint64_t>(items));
   // Merge each sequence's partitions into its first, in order, and normalise.
   for (int first = 0; first < items;) {
     const int s = partitions[static_cast<std::size_t>(first)].seq;
     int next = first + 1;
-    for (; next < items && partitions[static_cast<std::size_t>(next)].seq == s; ++next)
+    for (; next < items && partitions[static_cast<std::size_t>(next)].seq == s; ++next) {
       for (int h = 0; h < heads; ++h) {
         merge_softmax_states(state[slot(first, h)], &acc(first * heads + h, 0),
                              state[slot(next, h)], &acc(next * heads + h, 0), hd);
       }
+      counts.merges.fetch_add(1);
+    }
     for (int h = 0; h < heads; ++h) {
       out.block(qo_indptr[s], h * hd, 1, hd) =
           acc.row(first * heads + h) / state[slot(first, h)].sum;
@@ -190,6 +213,9 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
         attend_tile(shape, q, tile, rows_from, scratch, out);
       }
     });
+    PagedSplitCounts& counts = paged_split_counts();
+    counts.by_heads.fetch_add(1);
+    counts.head_items.fetch_add(static_cast<std::uint64_t>(cache.batch * chunks));
   }
 
   if (counters != nullptr) {

@@ -1,8 +1,9 @@
 /// \file
-/// \brief `cpu::reference_attention`: causal grouped-query attention written as plain loops, the
-/// way llama2.c's `run.c` writes it — the oracle that every other attention path in kvlab
-/// computes (naive, decode and paged, on the CPU and on the GPU) and is tested against — with an
-/// optional sliding window.
+/// \brief `cpu::reference_attention`: causal grouped-query attention written as plain loops.
+///
+/// It is written the way llama2.c's `run.c` writes it, with an optional sliding window: the oracle
+/// that every other attention path in kvlab computes (naive, decode and paged, on the CPU and on
+/// the GPU) and is tested against.
 #pragma once
 
 #include <cmath>

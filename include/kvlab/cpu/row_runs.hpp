@@ -1,7 +1,9 @@
 /// \file
-/// \brief How the CPU attention kernels read a run of consecutive K/V rows against several queries
-/// at once: `score_row_run` (a run of key rows scored against several queries) and `add_row_run`
-/// (a run of value rows added into several queries' sums). A row is read in blocks of 32 values
+/// \brief Runs of consecutive K/V rows read against several queries at once: `score_row_run`
+/// and `add_row_run`.
+///
+/// A run of key rows is scored against several queries (`score_row_run`), a run of value rows
+/// added into several queries' sums (`add_row_run`). A row is read in blocks of 32 values
 /// (`kQuantBlock`):
 ///  - rows stored in quantized blocks (`BlockQ8_0`, `BlockQ4_0`) are never decoded. Block b of a
 ///    row holds the values d_b · x_b[i] (`KVStorage<S>::levels`), so
@@ -14,52 +16,31 @@
 ///
 /// Two forms of the same arithmetic, chosen when the header is compiled:
 ///  - portable: plain loops, one row and one query at a time (the form to read);
-///  - AVX2 with FMA (compiled with `-mavx2 -mfma`, or `-march=native` on a CPU that has them,
-///    and not by nvcc; fp16 rows also need F16C): a block's values are made floats once in vector
-///    registers and used for up to four queries; the scores of four rows are computed side by
-///    side, and the value rows of a run are added block by block into sums that stay in registers
-///    for the whole run. This is what lets one decode step read its K and V at the memory's speed
-///    (`bench/bench_decode_bandwidth.cpp`, `bench/bench_kv_dtype.cpp`): each row is loaded once for
-///    all the queries of its GQA group, several rows are in flight, and no query's sum goes through
-///    memory between rows.
-/// `kRowRunsAvx2` says which form a build has, `kVectorRows<T, S>` whether it applies to queries
-/// of type T and rows stored as S. Internal (`cpu::detail`), used by `attention_tile.hpp`; tested
-/// against the decoded rows in `tests/test_row_runs.cpp`, built both ways.
+///  - AVX2 with FMA (`simd_avx2.hpp`; fp16 rows also need F16C): a block's values are made
+///    floats once in vector registers and used for up to four queries; the scores of several rows
+///    are computed side by side, and the value rows of a run are added block by block into sums
+///    that stay in registers for the whole run. Each row is loaded once for all the queries of its
+///    GQA group, several rows are in flight, and no query's sum goes through memory between rows.
+/// `kVectorRows<T, S>` says whether the AVX2 form applies to queries of type T and rows stored as
+/// S. Internal (`cpu::detail`), used by `attention_tile.hpp`; tested against the decoded rows in
+/// `tests/cpu/test_row_runs.cpp`, built both ways.
+///
+/// \par Measured
+/// `bench/results/README.md`, "K/V rows read in runs" (bench_kv_dtype: int8, int4, fp16 and bf16
+/// steps against fp32; the run lengths of `run_rows`) and "the value rows asked for before they
+/// are read" (bench_decode_bandwidth: `prefetch_rows`); the GQA key pass two rows at a time
+/// (`score_row_pairs_four_queries`) in `bench/results/cpu-prefetch-ahead.txt`, section 8.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <type_traits>
 
 #include "kvlab/core/quant_blocks.hpp"
+#include "kvlab/cpu/prefetch.hpp"
+#include "kvlab/cpu/simd_avx2.hpp"
 #include "kvlab/kv_storage.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDACC__)
-#include <immintrin.h>
-/// 1: this build reads runs of rows with AVX2 and FMA (the compiler targets both; not nvcc).
-#define KVLAB_ROW_RUNS_AVX2 1
-#else
-/// 0: this build reads runs of rows with plain loops (no AVX2 with FMA targeted, or nvcc).
-#define KVLAB_ROW_RUNS_AVX2 0
-#endif
-
 namespace kvlab::cpu::detail {
-
-/// Whether `S` is a quantized block (`BlockQ8_0`, `BlockQ4_0`): its rows are read block by
-/// block with the scale taken out of each block's sum instead of being decoded.
-template <typename S>
-constexpr bool kQuantizedStorage = StorageUnit<S>::kValues == kQuantBlock;
-
-/// Whether this build reads runs of rows with AVX2 and FMA (true) or with plain loops (false).
-constexpr bool kRowRunsAvx2 = KVLAB_ROW_RUNS_AVX2 != 0;
-
-/// Whether this build converts fp16 with F16C (the compiler targets it).
-#if defined(__F16C__)
-constexpr bool kRowRunsF16c = true;
-#else
-constexpr bool kRowRunsF16c = false;
-#endif
 
 /// Whether this build has the AVX2 form for float queries over rows stored as `S`: int8, int4,
 /// fp32, bf16, and fp16 where the compiler also targets F16C (its conversion instruction).
@@ -74,110 +55,11 @@ constexpr bool kVectorRows = (kRowRunsAvx2 && std::is_same<T, float>::value) &&
 constexpr int kRowRun = 16;
 
 /// Rows per run for rows stored as `S`: `kRowRun` rows of quantized blocks, 4 rows of fp32, fp16
-/// or bf16 values. A run's value rows are read across, block by block from row to row, and such
-/// strides over long runs of large rows are prefetched poorly by the memory: at head_dim 128,
-/// runs of 4 fp16 rows made a decode step faster than runs of 16 where its cache lay beyond the
-/// L3, and runs of 4 fp32 rows faster than runs of 2 (`bench/results/README.md`, "K/V rows read
-/// in runs").
+/// or bf16 values, whose rows are larger: a run's value rows are read across, block by block from
+/// row to row, and the memory prefetches such strides over long runs of large rows poorly.
 template <typename S>
 constexpr int run_rows() {
   return kQuantizedStorage<S> ? kRowRun : 4;
-}
-
-#ifndef KVLAB_PREFETCH_AHEAD
-/// How far ahead of a K/V row, in bytes, the CPU attention kernels ask for memory
-/// (`cpu::detail::kPrefetchAhead`); define it before including kvlab to tune it for another
-/// machine, 0 to ask for nothing ahead.
-#define KVLAB_PREFETCH_AHEAD 1024
-#endif
-
-/// How far ahead of a K/V row the attention kernels ask for memory, in bytes
-/// (`KVLAB_PREFETCH_AHEAD`): at each row they read, they ask for the row of the same head
-/// `rows_ahead` positions on. A decode step reads each head's rows in order, each one once: the
-/// memory's own prefetcher follows such a stream where it lies in order in memory, but a step that
-/// also computes on each row was left waiting on its loads — fp32 GQA and MHA steps over a
-/// contiguous cache of 16384 tokens read their rows at 0.52–0.56 and 0.65–0.67 of the read
-/// bandwidth on machine D of `bench/results/README.md` (1 and 2 threads); asked for 1024 bytes
-/// (two 128-value fp32 rows) ahead, at 0.78–0.94 and 0.77–0.79. In a block pool the next rows
-/// lie in another block, wherever the block table puts it, which no hardware prefetcher can
-/// guess. Other distances (0 to 4096 bytes): `bench/results/cpu-prefetch-ahead.txt`.
-constexpr std::size_t kPrefetchAhead = KVLAB_PREFETCH_AHEAD;
-
-/// The fewest bytes of one head's rows that a pass of the attention kernels must read for them
-/// to ask for rows ahead: a shorter range sits in the L1 and L2 caches after the first step, its
-/// loads wait for nothing, and the asks only cost instructions (stories260K, head_dim 8, whose
-/// 256-token cache holds 8 KiB per head, generated 4–5 % fewer tokens per second with them,
-/// `bench/results/cpu-prefetch-ahead.txt`).
-constexpr std::size_t kPrefetchMinBytes = std::size_t{64} << 10;
-
-#ifndef KVLAB_PREFETCH_FAR
-/// How far ahead of a K/V row, in bytes, the CPU attention kernels also ask for memory to be
-/// brought into the L2 cache (`cpu::detail::kPrefetchFar`); define it before including kvlab to
-/// tune it for another machine, 0 to ask for nothing that far (with `KVLAB_PREFETCH_AHEAD` 0,
-/// nothing is asked for at either distance).
-#define KVLAB_PREFETCH_FAR 4096
-#endif
-
-/// How far ahead of a K/V row the attention kernels ask for memory to be brought into the L2
-/// cache, in bytes (`KVLAB_PREFETCH_FAR`), besides their ask `kPrefetchAhead` bytes on into the L1:
-/// a page of 4 KiB, where the memory's own prefetcher, which stops at the end of each page, has
-/// not yet begun. Asked into the L1 from that far, the lines waited in the L1's few miss slots and
-/// the step slowed down (MHA 0.74 → 0.60 of the read bandwidth); asked into the L2, each ask frees
-/// its slot when the L2 takes it over, and an fp32 MHA step over a contiguous cache of 16384
-/// tokens took 0.91–0.94× the time on machine D (0.72–0.79 → 0.77–0.85 of the read bandwidth, one
-/// and two threads; `bench/results/cpu-prefetch-ahead.txt`, §7). The attention kernels ask that
-/// far only where they read rows one by one (`attend_partial`).
-constexpr std::size_t kPrefetchFar = KVLAB_PREFETCH_FAR;
-
-/// The fewest bytes of one head's rows that a pass must read for the attention kernels to ask
-/// `kPrefetchFar` bytes ahead as well: a shorter range is likely still in the caches from the
-/// step before, and the far asks only cost instructions and block-table lookups (an MHA step over
-/// a pool of 16-token HND blocks, 1024 tokens, 512 KiB per head, took 1.19× the time with them;
-/// from 2048 tokens on, 0.72–0.95×; `bench/results/cpu-prefetch-ahead.txt`, §7).
-constexpr std::size_t kPrefetchFarMinBytes = std::size_t{1} << 20;
-
-/// Rows of `row_bytes` bytes that make up `bytes` bytes (at least one; 0 if `bytes` is 0):
-/// `rows_ahead(row_bytes, kPrefetchAhead)` rows on, the kernels ask for a row into the L1,
-/// `rows_ahead(row_bytes, kPrefetchFar)` rows on, into the L2.
-inline int rows_ahead(std::size_t row_bytes, std::size_t bytes = kPrefetchAhead) {
-  if (bytes == 0) return 0;
-  return static_cast<int>(std::max<std::size_t>(1, bytes / row_bytes));
-}
-
-/// The cache a line asked for ahead is brought into (`prefetch_line`).
-enum class CacheLevel {
-  L1,  ///< the L1 cache (and every level below it): x86's `prefetcht0`
-  L2,  ///< the L2 cache (and below), not the L1: x86's `prefetcht1`
-};
-
-/// Asks for the 64-byte line at `at` to be brought into the cache `level`, without waiting for
-/// it (a hint: nothing is read, nothing can fault). On x86 it is the instruction itself, in a
-/// volatile asm statement: GCC 12 removed calls to a function whose only work was
-/// `__builtin_prefetch`, as code without effect (its mod/ref analysis; `-fno-ipa-modref` kept
-/// them), and the decode step lost what it gained from them. Elsewhere it is `__builtin_prefetch`;
-/// nothing where the compiler has neither.
-inline void prefetch_line(const char* at, CacheLevel level = CacheLevel::L1) {
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  if (level == CacheLevel::L1)
-    asm volatile("prefetcht0 %0" : : "m"(*at));
-  else
-    asm volatile("prefetcht1 %0" : : "m"(*at));
-#elif defined(__GNUC__) || defined(__clang__)
-  if (level == CacheLevel::L1)
-    __builtin_prefetch(at, 0, 3);  // for reading, kept in every cache level
-  else
-    __builtin_prefetch(at, 0, 2);  // for reading, kept from the L2 down
-#else
-  (void)at;
-  (void)level;
-#endif
-}
-
-/// Asks for the `bytes` bytes from `row` to be brought into the cache `level`, line by line
-/// (`prefetch_line`).
-inline void prefetch_row(const void* row, std::size_t bytes, CacheLevel level = CacheLevel::L1) {
-  const char* at = static_cast<const char*>(row);
-  for (std::size_t line = 0; line < bytes; line += 64) prefetch_line(at + line, level);
 }
 
 /// Block `b` of a row stored as `S` as floats (x[i]: its value 32 b + i, before the scale), and
@@ -232,163 +114,6 @@ void add_row_run_portable(const S* const* rows, int run, int head_dim, const T* 
 
 #if KVLAB_ROW_RUNS_AVX2
 namespace avx2 {
-
-/// The scale of a block as a float (F16C's conversion where the build has it, exact like
-/// `half_value`).
-inline float scale_of(std::uint16_t bits) {
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return half_value(bits);
-#endif
-}
-
-/// The scales of block `b` of rows [0, run) (run <= `kRowRun`) as floats: d[r] for row r. With
-/// F16C, eight rows' scales are gathered in a register and converted at once (written one by one
-/// to memory and read back as a vector, they would stall the read until the writes land).
-template <typename S>
-void block_scales(const S* const* rows, int run, int b, float* d) {
-  int r = 0;
-#if defined(__F16C__)
-  for (; r + 8 <= run; r += 8) {
-    __m128i bits = _mm_cvtsi32_si128(rows[r][b].d);  // [8] fp16 bits
-    bits = _mm_insert_epi16(bits, rows[r + 1][b].d, 1);
-    bits = _mm_insert_epi16(bits, rows[r + 2][b].d, 2);
-    bits = _mm_insert_epi16(bits, rows[r + 3][b].d, 3);
-    bits = _mm_insert_epi16(bits, rows[r + 4][b].d, 4);
-    bits = _mm_insert_epi16(bits, rows[r + 5][b].d, 5);
-    bits = _mm_insert_epi16(bits, rows[r + 6][b].d, 6);
-    bits = _mm_insert_epi16(bits, rows[r + 7][b].d, 7);
-    _mm256_storeu_ps(d + r, _mm256_cvtph_ps(bits));
-  }
-#endif
-  for (; r < run; ++r) d[r] = scale_of(rows[r][b].d);
-}
-
-/// Levels [16 h, 16 h + 16) of a q8_0 block (h = 0 or 1) as floats: x[k] holds levels
-/// [16 h + 8 k, 16 h + 8 k + 8).
-inline void half_levels(const BlockQ8_0& block, int h, __m256 (&x)[2]) {
-  for (int k = 0; k < 2; ++k) {
-    const __m128i bytes =
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block.q + 16 * h + 8 * k));
-    x[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  }
-}
-
-/// Levels [16 h, 16 h + 16) of a q4_0 block (h = 0: the low nibbles of its 16 bytes, h = 1: the
-/// high nibbles) as floats n − 8: x[k] holds levels [16 h + 8 k, 16 h + 8 k + 8).
-inline void half_levels(const BlockQ4_0& block, int h, __m256 (&x)[2]) {
-  const __m256i eight = _mm256_set1_epi32(8);
-  for (int k = 0; k < 2; ++k) {
-    // bytes [8 k, 8 k + 8), one per 32-bit lane
-    const __m256i bytes =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block.q + 8 * k)));
-    const __m256i n =
-        h == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
-    x[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(n, eight));
-  }
-}
-
-#if defined(__F16C__)
-/// Eight fp16 values from `at` as floats (F16C).
-inline __m256 eight_values(const Eigen::half* at) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-}
-#endif
-
-/// Eight fp32 values from `at`.
-inline __m256 eight_values(const float* at) { return _mm256_loadu_ps(at); }
-
-/// Eight bf16 values from `at` as floats: each one's 16 bits become the high half of a float.
-inline __m256 eight_values(const Eigen::bfloat16* at) {
-  const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
-}
-
-/// Part h of block b of a row stored as `S`, as floats, before the block's scale: the block cut
-/// into P parts of 32 / P values (P = 1 or 2), x[k] holding its values [32 / P · h + 8 k, + 8).
-template <int P, typename S>
-inline void part_values(const S* row, int b, int h, __m256 (&x)[4 / P]) {
-  static_assert(P == 1 || P == 2, "a block is read whole or in halves");
-  if constexpr (kQuantizedStorage<S>) {
-    if constexpr (P == 1) {
-      __m256 low[2], high[2];  // levels [0, 16), [16, 32)
-      half_levels(row[b], 0, low);
-      half_levels(row[b], 1, high);
-      x[0] = low[0];
-      x[1] = low[1];
-      x[2] = high[0];
-      x[3] = high[1];
-    } else {
-      half_levels(row[b], h, x);
-    }
-  } else {
-    const S* at = row + b * kQuantBlock + h * (kQuantBlock / P);  // the part's first value
-    for (int k = 0; k < 4 / P; ++k) x[k] = eight_values(at + 8 * k);
-  }
-}
-
-/// The sum of the 8 lanes of `v`.
-inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-/// a · b over `n` floats, read in order: blocks of 32 on four independent chains of
-/// multiply-adds, then blocks of 8, then the last n % 8 one by one. One row of `cpu::linear`
-/// (`detail::linear_one_row`) and one key of `attend_partial`'s row-by-row loop.
-inline float dot(const float* a, const float* b, std::ptrdiff_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  std::ptrdiff_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8)
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float sum = sum_lanes(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; ++i) sum += a[i] * b[i];  // the last n % 8 values
-  return sum;
-}
-
-/// acc += weight · row over `n` floats: one value row added to one query's sum.
-inline void add_scaled(float weight, const float* row, std::ptrdiff_t n, float* acc) {
-  const __m256 w = _mm256_set1_ps(weight);
-  std::ptrdiff_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(acc + i,
-                     _mm256_fmadd_ps(w, _mm256_loadu_ps(row + i), _mm256_loadu_ps(acc + i)));
-  for (; i < n; ++i) acc[i] += weight * row[i];  // the last n % 8 values
-}
-
-/// The sums of the lanes of four vectors: lane i of the result is the sum of the 8 lanes of v[i].
-inline __m128 sum_lanes4(const __m256 (&v)[4]) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-/// q · (the block's values) for a block's 32 query values `qb`: two chains of two products.
-inline __m256 block_dot(const float* qb, const __m256 (&x)[4]) {
-  const __m256 p0 =
-      _mm256_fmadd_ps(_mm256_loadu_ps(qb + 8), x[1], _mm256_mul_ps(_mm256_loadu_ps(qb), x[0]));
-  const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 24), x[3],
-                                    _mm256_mul_ps(_mm256_loadu_ps(qb + 16), x[2]));
-  return _mm256_add_ps(p0, p1);
-}
-
-/// `sum` plus block b's `dot` (`block_dot`) of a row, times the block's scale where it has one.
-template <typename S>
-inline __m256 add_block(const S* row, int b, __m256 dot, __m256 sum) {
-  if constexpr (kQuantizedStorage<S>) {
-    return _mm256_fmadd_ps(_mm256_set1_ps(scale_of(row[b].d)), dot, sum);
-  } else {
-    return _mm256_add_ps(dot, sum);
-  }
-}
 
 /// The scores of rows [0, run) against one query (out[r]): four rows side by side (four
 /// independent chains), then the rows left over one at a time.
@@ -445,14 +170,11 @@ void score_rows_four_queries(const S* const* rows, int run, int head_dim, const 
 /// (out[c · out_stride + r]), two rows at a time, half a block (16 values) at a time: each pair of
 /// query vectors loaded serves both rows, and the eight sums (2 rows × 4 queries) take their
 /// products by multiply-adds alone. Per row and block that is 12 loads and 16 multiply-adds,
-/// against 20 loads and 24 vector operations row by row (`score_rows_four_queries`), which the
-/// GQA step (four queries per K/V head) spends most of its time on where its rows are in the
-/// caches: a fp32 GQA step over 4096 and 8192 tokens took 0.95–0.96× the time on machine D
-/// (`bench/results/cpu-prefetch-ahead.txt`, §8). A row left over goes row by row.
+/// against 20 loads and 24 vector operations row by row (`score_rows_four_queries`). A row left
+/// over goes row by row.
 template <typename S>
-void score_row_pairs_four_queries(const S* const* rows, int run, int head_dim,
-                                  const float* queries, float scale, float* out,
-                                  std::ptrdiff_t out_stride) {
+void score_row_pairs_four_queries(const S* const* rows, int run, int head_dim, const float* queries,
+                                  float scale, float* out, std::ptrdiff_t out_stride) {
   int r0 = 0;
   for (; r0 + 2 <= run; r0 += 2) {
     __m256 sum[2][4];  // [2 rows, 4 queries]: 8 partial sums each
@@ -503,12 +225,9 @@ void score_rows(const S* const* rows, int run, int head_dim, const float* querie
 
 /// Asks for every 64-byte line of rows [0, run) (each `head_dim` values stored as `S`) to be
 /// brought into the L1 cache, all at once. `add_rows_to` reads its rows across, a part of each row
-/// in turn; without this, each row's next line is asked for only when the loop reaches it, and a
-/// GQA decode step with its cache beyond the L3 spent most of its value pass waiting on those
-/// loads: asked for up front, a fp32 GQA step over a contiguous cache took 0.64–0.89 of its time
-/// on machine A (`bench/results/README.md`, "The value rows asked for before they are read").
-/// Where the rows of a token's heads lie side by side (the token-major NHD paged pool) the same
-/// step measured slower (up to 1.47× in two of three rounds), so `attend_partial` leaves it out
+/// in turn; without this, each row's next line is asked for only when the loop reaches it, and the
+/// value pass waits on those loads. Where the rows of a token's heads lie side by side (the
+/// token-major NHD paged pool) the asks made the step slower, so `attend_partial` leaves them out
 /// there (`add_row_run`'s `prefetch`).
 template <typename S>
 inline void prefetch_rows(const S* const* rows, int run, int head_dim) {

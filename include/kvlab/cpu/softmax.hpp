@@ -1,6 +1,8 @@
 /// \file
-/// \brief Numerically stable softmax of one row (Eigen, vectorised), shared by every CPU
-/// attention path. Checked in tests for rows that sum to 1 and for logits of ±1e4.
+/// \brief Numerically stable softmax of one row, shared by every CPU attention path.
+///
+/// It is written with Eigen and vectorised. Checked in tests for rows that sum to 1 and for logits
+/// of ±1e4.
 #pragma once
 
 #include <Eigen/Dense>

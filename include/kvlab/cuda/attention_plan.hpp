@@ -1,11 +1,12 @@
 /// \file
-/// \brief The arithmetic of kvlab's CUDA attention kernels, as plain host+device functions: which
-/// threads hold which values of a K/V row, which sequence and which keys a query row sees, how a
-/// context is cut into split-K partitions, how the shared memory of a block is laid out, and
-/// what a launch counts. The kernels (`attention.cuh`) only call these; the CPU tests
-/// (`tests/test_split_k.cpp`) check them, including a CPU model of the whole kernel against
-/// `cpu::paged_decode_attention`. No CUDA header is needed: this compiles with any C++17
-/// compiler.
+/// \brief The arithmetic of kvlab's CUDA attention kernels, as plain host+device functions.
+///
+/// The functions give which threads hold which values of a K/V row, which sequence and which keys a
+/// query row sees, how a context is cut into split-K partitions, how the shared memory of a block
+/// is laid out, and what a launch counts. The kernels (`attention.cuh`) only call these; the CPU
+/// tests (`tests/cuda/test_attention_plan.cpp`) check them, and that a launch counts what the CPU
+/// paths count; the kernels themselves run against the CPU paths on a GPU or the emulator. No CUDA
+/// header is needed: this compiles with any C++17 compiler.
 #pragma once
 
 #include <cstddef>
@@ -260,9 +261,7 @@ struct AttentionPlan {
 ///  - else 2 while one partition leaves the target unfilled, so that the long rows of a ragged
 ///    batch are still cut in two;
 ///  - else 1 (a batch large enough to fill the GPU alone).
-/// (Rounding up instead, which made 5 partitions of 128 blocks for a batch of 16 on 132
-/// multiprocessors, 1.21 waves, was 1.42–1.45× slower there on an H100 from 16384 tokens;
-/// bench/results/h100-cuda.md.)
+/// (Rounding up instead would start a second wave of blocks that stays mostly idle.)
 /// Each row then uses `partition_count(keys, partitions, unit)` of them: a short row keeps one.
 /// \pre `head_dim_supported(shape.head_dim())`, rows >= 1, block_size >= 1, sm_count >= 1
 inline AttentionPlan plan_attention(const AttentionShape& shape, int rows, int block_size,

@@ -1,9 +1,10 @@
 /// \file
-/// \brief The write kernels of the device KV caches: append token rows to a contiguous cache,
-/// scatter token rows to pool slots (vLLM's reshape_and_cache), and their argument check.
-/// Internal (`cuda::detail`); writes are copies, or for an int8/int4 cache the quantization of
-/// `detail::quantize_block` (the CPU caches' own), checked for exact equality against the CPU
-/// caches in tests/cuda.
+/// \brief The write kernels of the device KV caches, and their argument check.
+///
+/// The kernels append token rows to a contiguous cache and scatter token rows to pool slots (vLLM's
+/// reshape_and_cache). Internal (`cuda::detail`); writes are copies, or for an int8/int4 cache the
+/// quantization of `detail::quantize_block` (the CPU caches' own), checked for exact equality
+/// against the CPU caches in tests/cuda.
 #pragma once
 
 #include <cuda_runtime.h>

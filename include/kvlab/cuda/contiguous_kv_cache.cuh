@@ -1,7 +1,8 @@
 /// \file
-/// \brief `cuda::ContiguousKVCache`: the KV cache of one sequence in device memory, the device
-/// counterpart of `ContiguousKVCache` (same layout, same calls). Checked bit for bit against the
-/// CPU cache in tests/cuda.
+/// \brief `cuda::ContiguousKVCache`: the KV cache of one sequence in device memory.
+///
+/// It is the device counterpart of `ContiguousKVCache` (same layout, same calls). Checked bit for
+/// bit against the CPU cache in tests/cuda.
 #pragma once
 
 #include <cuda_runtime.h>

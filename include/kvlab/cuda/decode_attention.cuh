@@ -1,15 +1,22 @@
 /// \file
-/// \brief Decode attention on the GPU: new queries attend to a contiguous KV cache
-/// (`decode_attention`) or, for a ragged batch in one launch, to a paged pool through block
-/// tables (`paged_decode_attention`, `paged_prefill_attention`), with split-K ("flash-decoding")
-/// for long contexts. fp32, fp16 and bf16 storage, and int8/int4 caches (q8_0/q4_0 blocks,
-/// decoded in registers as they are read, with fp32 queries); fp32 arithmetic; GQA without
-/// copying K/V.
-/// Checked per element against the `cpu::` functions of the same names in tests/cuda.
+/// \brief Decode attention on the GPU, over a contiguous KV cache or a paged pool.
+///
+/// New queries attend to a contiguous KV cache (`decode_attention`) or, for a ragged batch in one
+/// launch, to a paged pool through block tables (`paged_decode_attention`,
+/// `paged_prefill_attention`), with split-K ("flash-decoding") for long contexts. The kernels read
+/// fp32, fp16 and bf16 storage, and int8/int4 caches (q8_0/q4_0 blocks, decoded in registers as
+/// they are read, with fp32 queries); the arithmetic is fp32; GQA runs without copying K/V. Checked
+/// per element against the `cpu::` functions of the same names in tests/cuda.
 ///
 /// One kernel serves all three: `detail::attention_kernel`, thin by design — the index and merge
 /// arithmetic it calls is in `attention_plan.hpp` and `core/softmax_state.hpp`, checked on the
-/// CPU by tests/test_split_k.cpp.
+/// CPU by tests/core/test_softmax_state.cpp and tests/cuda/test_attention_plan.cpp.
+///
+/// \par Measured
+/// `bench/results/h100-cuda.md` and `bench/results/h200-cuda.md` (indexed in
+/// `bench/results/README.md`): bench_cuda_decode's bandwidth per batch and context against
+/// PyTorch's `scaled_dot_product_attention`, `kRowsInFlight` 8 against 4, and the kernels'
+/// registers (`sm90-kernel-resources.md`).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,10 +40,8 @@
 namespace kvlab::cuda {
 namespace detail {
 
-/// K/V rows each group of threads loads before it uses any of them (memory-level parallelism).
-/// 8 rather than 4: 5–14 % faster in every case of bench_cuda_decode on an H100 (fp16 GQA,
-/// bench/results/h100-cuda.md), at 128 registers instead of 121 for a tile of 4 query heads
-/// (still 4 blocks per multiprocessor).
+/// K/V rows each group of threads loads before it uses any of them (memory-level parallelism):
+/// more rows in flight hide more of the memory's latency, for a few more registers per thread.
 constexpr int kRowsInFlight = 8;
 
 /// The element type `S` of a cache view (`ContiguousKVView<S>`, `PagedKVView<S>`).

@@ -1,14 +1,15 @@
 /// \file
-/// \brief The decoders of `model/` with a CUDA backend: `cuda::NaiveDecoder`,
-/// `cuda::CachedDecoder` and `cuda::PagedDecoder` run the same `AttentionStack<float>` with
-/// weights, activations and caches in device memory (projections by `linear`, attention by the
-/// kernels of this folder), behind the same `Decoder<float>` interface and with the same cost
-/// counters, so the naive-vs-cached gap can be measured on a GPU. Checked step by step against
-/// the CPU decoders in tests/cuda. The three share one step (`detail::device_step`, the GPU twin
-/// of the CPU's `attention_step`) and differ only in how they keep K and V — in a cache of any
-/// storage (fp32, fp16, bf16, int8, int4) and with or without a sliding window, as their CPU
-/// twins. Includes Eigen (host side only: the `Decoder` interface takes and returns host
-/// matrices).
+/// \brief The decoders of `model/` with a CUDA backend.
+///
+/// `cuda::NaiveDecoder`, `cuda::CachedDecoder` and `cuda::PagedDecoder` run the same
+/// `AttentionStack<float>` with weights, activations and caches in device memory (projections by
+/// `linear`, attention by the kernels of this folder), behind the same `Decoder<float>` interface
+/// and with the same cost counters, so the naive-vs-cached gap can be measured on a GPU. Checked
+/// step by step against the CPU decoders in tests/cuda. The three share one step
+/// (`detail::device_step`, the GPU twin of the CPU's `attention_step`) and differ only in how they
+/// keep K and V — in a cache of any storage (fp32, fp16, bf16, int8, int4) and with or without a
+/// sliding window, as their CPU twins. Includes Eigen (host side only: the `Decoder` interface
+/// takes and returns host matrices).
 #pragma once
 
 #include <cuda_runtime.h>

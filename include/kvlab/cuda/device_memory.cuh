@@ -1,7 +1,9 @@
 /// \file
-/// \brief Device memory for kvlab's CUDA side: `DeviceBuffer` (owning, RAII), `DeviceMatrix`
-/// (a non-owning row-major view, what the kernels take), `Workspace` (reusable scratch), and
-/// the device queries the tests and kernels need.
+/// \brief Device memory for kvlab's CUDA side: owning buffers, views, scratch and device queries.
+///
+/// `DeviceBuffer` owns its memory (RAII); `DeviceMatrix` is a non-owning row-major view, what the
+/// kernels take; `Workspace` is reusable scratch. The device queries are the ones the tests and
+/// kernels need.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,8 +1,9 @@
 /// \file
-/// \brief Convenience overloads of the CUDA attention kernels for host data: they take the same
-/// Eigen matrices and host views as the `cpu::` functions, copy them to the GPU (converted to
-/// the storage type `Storage`: float, __half or __nv_bfloat16), run the kernel, and copy the
-/// result back as floats — a kernel call in one line, to set beside its CPU twin:
+/// \brief Convenience overloads of the CUDA attention kernels for host data.
+///
+/// They take the same Eigen matrices and host views as the `cpu::` functions, copy them to the GPU
+/// (converted to the storage type `Storage`: float, __half or __nv_bfloat16), run the kernel, and
+/// copy the result back as floats — a kernel call in one line, to set beside its CPU twin:
 /// \code
 /// const kvlab::RowMatrix<float> cpu = kvlab::cpu::decode_attention(shape, q, cache.view(0));
 /// const kvlab::RowMatrix<float> gpu = kvlab::cuda::decode_attention(shape, q, cache.view(0));

@@ -1,10 +1,11 @@
 /// \file
-/// \brief How kvlab launches its kernels: `detail::launch_kernel` (the `<<<grid, block, smem,
-/// stream>>>` launch followed by the launch check) and `detail::dynamic_shared_memory` (the
-/// block's `extern __shared__` bytes). Every kernel launch of include/kvlab/cuda goes through
-/// these two, so that the same kernel source also runs under the CPU emulator of the tests
-/// (tests/cuda_emulation, `KVLAB_CUDA_EMULATION`), which a host compiler builds: it cannot parse
-/// `<<<>>>` nor place `extern __shared__` arrays.
+/// \brief How kvlab launches its kernels.
+///
+/// `detail::launch_kernel` is the `<<<grid, block, smem, stream>>>` launch followed by the launch
+/// check; `detail::dynamic_shared_memory` gives the block's `extern __shared__` bytes. Every kernel
+/// launch of include/kvlab/cuda goes through these two, so that the same kernel source also runs
+/// under the CPU emulator of the tests (tests/cuda_emulation, `KVLAB_CUDA_EMULATION`), which a host
+/// compiler builds: it cannot parse `<<<>>>` nor place `extern __shared__` arrays.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,8 +1,9 @@
 /// \file
-/// \brief A plain tiled matrix product on the GPU (16 × 16 tiles in shared memory, fp32
-/// accumulation), used by the naive attention path for `Q Kᵀ` and `P V`, and `linear` (`y = x
-/// Wᵀ`) for the projections of the GPU decoders. A teaching kernel, not a tuned GEMM: the
-/// decoders use it on both sides of every comparison. Checked against Eigen in the tests.
+/// \brief A plain tiled matrix product on the GPU, and `linear` for the GPU decoders' projections.
+///
+/// The product works on 16 × 16 tiles in shared memory with fp32 accumulation; the naive attention
+/// path uses it for `Q Kᵀ` and `P V`. `linear` computes `y = x Wᵀ`. A teaching kernel, not a tuned
+/// GEMM: the decoders use it on both sides of every comparison. Checked against Eigen in the tests.
 #pragma once
 
 #include <cuda_runtime.h>

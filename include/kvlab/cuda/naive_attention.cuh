@@ -1,8 +1,9 @@
 /// \file
-/// \brief Naive causal attention on the GPU: the whole `[q_len, kv_len]` score matrix of every
-/// head is computed and stored in device memory, then masked and softmaxed, then multiplied by
-/// V — the same three steps as `cpu::naive_attention`, one launch each. The teaching baseline;
-/// checked against `cpu::naive_attention` in tests/cuda.
+/// \brief Naive causal attention on the GPU, the teaching baseline.
+///
+/// The whole `[q_len, kv_len]` score matrix of every head is computed and stored in device memory,
+/// then masked and softmaxed, then multiplied by V: the same three steps as `cpu::naive_attention`,
+/// one launch each. Checked against `cpu::naive_attention` in tests/cuda.
 #pragma once
 
 #include <cuda_runtime.h>

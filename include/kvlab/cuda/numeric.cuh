@@ -1,8 +1,9 @@
 /// \file
-/// \brief The storage types of kvlab's CUDA kernels — `float`, `__half` (fp16) and
-/// `__nv_bfloat16` (bf16), and for K/V caches the quantized blocks `BlockQ8_0` (int8) and
-/// `BlockQ4_0` (int4) — with their conversions to and from `float` (every kernel computes in
-/// fp32), their names, and the 8-value loads the attention kernel reads K/V rows with (a
+/// \brief The storage types of kvlab's CUDA kernels, with their conversions to and from `float`.
+///
+/// The types are `float`, `__half` (fp16) and `__nv_bfloat16` (bf16), and for K/V caches the
+/// quantized blocks `BlockQ8_0` (int8) and `BlockQ4_0` (int4). Every kernel computes in fp32. The
+/// header also gives their names, and the 8-value loads the attention kernel reads K/V rows with (a
 /// quantized row decoded in registers as it is read).
 #pragma once
 

@@ -1,8 +1,9 @@
 /// \file
-/// \brief `cuda::PagedKVCache`: the KV caches of many sequences in one pool of blocks in device
-/// memory, the device counterpart of `PagedKVCache` (same pool layouts, same calls, same slot
-/// semantics; the bookkeeping runs on the host), and `DeviceBlockTables`, CSR block tables
-/// copied to the device. Checked bit for bit against the CPU pool in tests/cuda.
+/// \brief `cuda::PagedKVCache`: the KV caches of many sequences in one block pool in device memory.
+///
+/// It is the device counterpart of `PagedKVCache` (same pool layouts, same calls, same slot
+/// semantics; the bookkeeping runs on the host). `DeviceBlockTables` holds CSR block tables copied
+/// to the device. Checked bit for bit against the CPU pool in tests/cuda.
 #pragma once
 
 #include <cuda_runtime.h>

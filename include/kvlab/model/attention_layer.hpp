@@ -1,7 +1,9 @@
 /// \file
-/// \brief `AttentionLayer` (projection weights Wq, Wk, Wv, Wo of one layer) and
-/// `AttentionStack` (a residual stack of them), the small model that kvlab's decoders run, and
-/// `run_stack`, one step of it over a ragged batch of sequences of a `KVStore`.
+/// \brief The small model that kvlab's decoders run, and one step of it.
+///
+/// `AttentionLayer` holds the projection weights Wq, Wk, Wv, Wo of one layer and `AttentionStack`
+/// is a residual stack of them; `run_stack` is one step of the stack over a ragged batch of
+/// sequences of a `KVStore`.
 #pragma once
 
 #include <cmath>

@@ -1,9 +1,11 @@
 /// \file
-/// \brief `attention_step`: one layer's attention over the rows of a step — project q, k and v,
-/// rotate them (RoPE) where the model has it, keep k and v in a `KVStore`, attend, project back —
-/// written once, with its counting, for every model (the toy `AttentionStack` and `LlamaModel`)
-/// and every way of keeping K/V. Checked through the models: every store gives the same outputs
-/// (`tests/test_kv_store.cpp`, `tests/test_llama_model.cpp`).
+/// \brief `attention_step`: one layer's attention over the rows of a step, for every model.
+///
+/// It projects q, k and v, rotates them (RoPE) where the model has it, keeps k and v in a
+/// `KVStore`, attends and projects back. Written once, with its counting, for every model (the toy
+/// `AttentionStack` and `LlamaModel`) and every way of keeping K/V. Checked through the models:
+/// every store gives the same outputs (`tests/store/test_kv_store.cpp`,
+/// `tests/model/test_llama_model.cpp`).
 #pragma once
 
 #include <cstdint>

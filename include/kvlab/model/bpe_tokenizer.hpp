@@ -1,9 +1,10 @@
 /// \file
-/// \brief `BpeTokenizer`: the byte-level byte-pair encoding of GPT-2 and its descendants, as
-/// GGUF files describe it (`tokenizer.ggml.model` "gpt2": tokens, merges, token types), with the
-/// `smollm` pre-tokenizer (every digit alone, then GPT-2's split). Checked in the tests against
-/// the Hugging Face `tokenizers` library configured from the same file, on a committed corpus
-/// (`tests/golden/tokenizer_ids.json`), and by a fuzz target.
+/// \brief `BpeTokenizer`: the byte-level byte-pair encoding of GPT-2 and its descendants.
+///
+/// The encoding is read as GGUF files describe it (`tokenizer.ggml.model` "gpt2": tokens, merges,
+/// token types), with the `smollm` pre-tokenizer (every digit alone, then GPT-2's split). Checked
+/// in the tests against the Hugging Face `tokenizers` library configured from the same file, on a
+/// committed corpus (`tests/golden/tokenizer_ids.json`), and by a fuzz target.
 #pragma once
 
 #include <algorithm>

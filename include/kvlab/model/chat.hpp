@@ -1,9 +1,10 @@
 /// \file
-/// \brief A multi-turn chat over one model whose KV cache is kept across turns: `ChatTemplate`
-/// (the ChatML template of a GGUF file and its default system prompt) and `ChatSession` (each
-/// turn prefills only its new message, then decodes the reply a token at a time). Checked in the
-/// tests: a second turn prefills only its own tokens and gives the ids that one prefill of the
-/// whole conversation gives; a user's `<|im_end|>` is text, not the marker.
+/// \brief A multi-turn chat over one model whose KV cache is kept across turns.
+///
+/// `ChatTemplate` is the ChatML template of a GGUF file and its default system prompt. In a
+/// `ChatSession` each turn prefills only its new message, then decodes the reply a token at a time.
+/// Checked in the tests: a second turn prefills only its own tokens and gives the ids that one
+/// prefill of the whole conversation gives; a user's `<|im_end|>` is text, not the marker.
 #pragma once
 
 #include <chrono>

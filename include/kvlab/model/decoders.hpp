@@ -1,8 +1,9 @@
 /// \file
-/// \brief The decoders of the toy `AttentionStack`, one sequence each: `NaiveDecoder` (no
-/// cache), `CachedDecoder` (a contiguous cache) and `PagedDecoder` (blocks of a shared pool).
-/// They differ only in their `KVStore`; every step is `run_stack`. Checked against each other at
-/// every step in `tests/test_decoders.cpp`.
+/// \brief The decoders of the toy `AttentionStack`, one sequence each.
+///
+/// `NaiveDecoder` has no cache, `CachedDecoder` a contiguous cache and `PagedDecoder` blocks of a
+/// shared pool. They differ only in their `KVStore`; every step is `run_stack`. Checked against
+/// each other at every step in `tests/model/test_decoders.cpp`.
 #pragma once
 
 #include <memory>

@@ -1,8 +1,10 @@
 /// \file
-/// \brief The tensor types of GGUF files that kvlab reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1),
-/// their block sizes, and `dequantize_row`, which turns a row of any of them into floats exactly
-/// as ggml defines them. Checked in the tests on hand-built blocks whose values are known, and
-/// against a double-precision reference of the real model's tensors.
+/// \brief The tensor types of GGUF files that kvlab reads, and how a row of each becomes floats.
+///
+/// The types are F32, F16, BF16, Q8_0, Q4_0 and Q4_1, with their block sizes; `dequantize_row`
+/// turns a row of any of them into floats exactly as ggml defines them. Checked in the tests on
+/// hand-built blocks whose values are known, and against a double-precision reference of the real
+/// model's tensors.
 #pragma once
 
 #include <cstddef>

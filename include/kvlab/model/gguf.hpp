@@ -1,11 +1,12 @@
 /// \file
-/// \brief `GgufFile`: a reader of GGUF files (versions 2 and 3, little-endian), the format
-/// llama.cpp and most published quantized models use — the header, every metadata value type
-/// (arrays included), the tensor infos, `general.alignment`, and the tensors of the data section,
-/// dequantized to float (`ggml_types.hpp`). Every count, string length, dimension and offset is
-/// checked against the file's size before it is used. Checked in the tests on files the tests
-/// write (every value type, each defect), on the real SmolLM2-135M-Instruct file, and by a
-/// fuzz target.
+/// \brief `GgufFile`: a reader of GGUF files (versions 2 and 3, little-endian).
+///
+/// GGUF is the format llama.cpp and most published quantized models use. The reader covers the
+/// header, every metadata value type (arrays included), the tensor infos, `general.alignment`, and
+/// the tensors of the data section, dequantized to float (`ggml_types.hpp`). Every count, string
+/// length, dimension and offset is checked against the file's size before it is used. Checked in
+/// the tests on files the tests write (every value type, each defect), on the real
+/// SmolLM2-135M-Instruct file, and by a fuzz target.
 #pragma once
 
 #include <cmath>

@@ -1,9 +1,11 @@
 /// \file
-/// \brief A Llama-architecture model from a GGUF file: `llama_config_from_gguf` reads the shape
-/// from the metadata (the keys under llama), `load_gguf_weights` the tensors (dequantized to float) into
-/// `LlamaWeights`. Checked in the tests on files the tests write (each missing key, wrong
-/// architecture and wrong shape refused) and on SmolLM2-135M-Instruct against a double-precision
-/// reference made from the same file by other code (`tests/golden/`).
+/// \brief A Llama-architecture model from a GGUF file.
+///
+/// `llama_config_from_gguf` reads the shape from the metadata (the keys under llama);
+/// `load_gguf_weights` reads the tensors (dequantized to float) into `LlamaWeights`. Checked in the
+/// tests on files the tests write (each missing key, wrong architecture and wrong shape refused)
+/// and on SmolLM2-135M-Instruct against a double-precision reference made from the same file by
+/// other code (`tests/golden/`).
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,12 @@
 /// \file
-/// \brief Reading llama2.c checkpoints (the legacy version-0 `.bin` format of `run.c`): the
-/// 7-int32 header, then float32 weights in run.c's order. Every defect (a file that is missing,
-/// truncated, too long, whose header is absurd or overflows, or holding NaN or infinite weights)
-/// is an InvalidArgument naming the file, the field, the expected and the actual value, raised
-/// before anything is allocated for the weights. Checked in the tests against stories260K.bin,
-/// against files the tests write, and against truncated, extended and garbage files.
+/// \brief Reading llama2.c checkpoints (the legacy version-0 `.bin` format of `run.c`).
+///
+/// A checkpoint is the 7-int32 header, then float32 weights in run.c's order. Every defect (a file
+/// that is missing, truncated, too long, whose header is absurd or overflows, or holding NaN or
+/// infinite weights) is an InvalidArgument naming the file, the field, the expected and the actual
+/// value, raised before anything is allocated for the weights. Checked in the tests against
+/// stories260K.bin, against files the tests write, and against truncated, extended and garbage
+/// files.
 #pragma once
 
 #include <cmath>

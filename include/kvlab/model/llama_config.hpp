@@ -1,9 +1,11 @@
 /// \file
-/// \brief `LlamaConfig`: the seven numbers of a llama2.c checkpoint header (dim, hidden_dim,
-/// n_layers, n_heads, n_kv_heads, vocab_size, seq_len) and whether the classifier shares the
-/// token embedding, RoPE's base and RMSNorm's epsilon (which GGUF files give); validated, with
-/// the sizes they imply computed in checked 64-bit arithmetic.
-/// Checked in the tests against the header of stories260K.bin and against absurd headers.
+/// \brief `LlamaConfig`: the numbers that fix the shape of a Llama-style model, validated.
+///
+/// They are the seven numbers of a llama2.c checkpoint header (dim, hidden_dim, n_layers, n_heads,
+/// n_kv_heads, vocab_size, seq_len) and whether the classifier shares the token embedding, RoPE's
+/// base and RMSNorm's epsilon (which GGUF files give). The sizes they imply are computed in checked
+/// 64-bit arithmetic. Checked in the tests against the header of stories260K.bin and against absurd
+/// headers.
 #pragma once
 
 #include <cmath>

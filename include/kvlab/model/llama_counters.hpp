@@ -1,7 +1,8 @@
 /// \file
-/// \brief `LlamaCounters`: the exact work of a `LlamaModel` — the attention block's counts
-/// (`CostCounters`), and the multiply-adds of the MLP and the classifier beside them. Checked
-/// in the tests against closed forms for the whole model.
+/// \brief `LlamaCounters`: the exact work of a `LlamaModel`.
+///
+/// It holds the attention block's counts (`CostCounters`) and, beside them, the multiply-adds of
+/// the MLP and the classifier. Checked in the tests against closed forms for the whole model.
 #pragma once
 
 #include <cstdint>

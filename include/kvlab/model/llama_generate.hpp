@@ -1,7 +1,8 @@
 /// \file
-/// \brief `generate`: the generation loop of llama2.c's `run.c` on a `LlamaModel` — prefill the
-/// prompt at once, then decode one token a step, each token drawn by a `Sampler` — timing the
-/// two phases. Used by `kvlab-generate`, the generation benchmark and tutorial 05.
+/// \brief `generate`: the generation loop of llama2.c's `run.c` on a `LlamaModel`.
+///
+/// It prefills the prompt at once, then decodes one token a step, each token drawn by a `Sampler`,
+/// and times the two phases. Used by `kvlab-generate`, the generation benchmark and tutorial 05.
 #pragma once
 
 #include <chrono>

@@ -1,12 +1,19 @@
 /// \file
-/// \brief `LlamaModel`: a Llama-style decoder (token embedding, RMSNorm, rotary position
-/// embedding, grouped-query attention, SwiGLU MLP, final norm, classifier) whose math follows
-/// llama2.c's `run.c`, on any `KVStore` — naive (recompute the whole prefix every step), cached
-/// (a contiguous cache per sequence) or paged (blocks of a shared pool) — one step at a time
-/// over one sequence or a ragged batch of many. Checked in the tests: the three stores give the
-/// same greedy tokens for 200+ steps and the same logits within a stated tolerance, on a random
-/// model and on stories260K.bin, with exact cost counts; a batch gives each sequence what it
-/// gets alone.
+/// \brief `LlamaModel`: a Llama-style decoder whose math follows llama2.c's `run.c`.
+///
+/// The decoder has token embedding, RMSNorm, rotary position embedding, grouped-query attention,
+/// SwiGLU MLP, final norm and classifier. It runs on any `KVStore`: naive (recompute the whole
+/// prefix every step), cached (a contiguous cache per sequence) or paged (blocks of a shared pool);
+/// it works one step at a time over one sequence or a ragged batch of many. Checked in the tests:
+/// the three stores give the same greedy tokens for 200+ steps and the same logits within a stated
+/// tolerance, on a random model and on stories260K.bin, with exact cost counts; a batch gives each
+/// sequence what it gets alone.
+///
+/// \par Measured
+/// `bench/results/README.md`, "bench_generate: a whole model, three backends" (tokens per second
+/// of each store, the weights streamed against the read bandwidth, where a step's time goes,
+/// the prefill against Eigen's GEMM and its buffers reused from layer to layer: "the prefill's
+/// fresh pages") and "bench_generate on the real model".
 #pragma once
 
 #include <cmath>
@@ -372,10 +379,8 @@ class LlamaModel {
     RowMatrix<float> x;  // [step rows, dim]: the residual stream of every row the step computes
     OpenStep<float> open_step(*store_, seqs, new_indptr, embedded, x, where);  // aborted unless committed
     // 2. The layers.
-    // Buffers reused from layer to layer: with the MLP's allocated afresh for each layer, a
-    // 512-token prefill of the stories15M shape took about 4,500 more page faults (new pages,
-    // zeroed by the system) and 1.04× (1 thread) to 1.19× (2 threads) the time
-    // (`bench/results/README.md`, "the prefill's fresh pages").
+    // Buffers reused from layer to layer: allocated afresh for each layer, a prefill's buffers
+    // are new pages each time, which the system must zero.
     StepScratch<float> scratch;
     MlpScratch mlp_scratch;
     RowMatrix<float> xb, out;  // [step rows, dim], [rows that carry on, dim]

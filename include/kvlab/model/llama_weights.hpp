@@ -1,9 +1,10 @@
 /// \file
-/// \brief `LlamaWeights`: every tensor of a Llama-style decoder (token embedding, per-layer
-/// RMSNorm weights, attention and SwiGLU matrices, final norm, classifier) as Eigen matrices in
-/// llama2.c's layout (`[out, in]`, row-major), and a random model fixed by a seed. Read from
-/// llama2.c checkpoints by `load_llama_checkpoint`; checked in the tests by a write/read round
-/// trip.
+/// \brief `LlamaWeights`: every tensor of a Llama-style decoder, as Eigen matrices.
+///
+/// The tensors (token embedding, per-layer RMSNorm weights, attention and SwiGLU matrices, final
+/// norm, classifier) are in llama2.c's layout (`[out, in]`, row-major). It also makes a random
+/// model fixed by a seed. Read from llama2.c checkpoints by `load_llama_checkpoint`; checked in the
+/// tests by a write/read round trip.
 #pragma once
 
 #include <cmath>

@@ -1,8 +1,9 @@
 /// \file
-/// \brief `PhaseTimes`: where the time of a model's steps goes — the matrix products, the
-/// classifier, attention, RoPE, the norms and the rest — measured with a steady clock where asked
-/// (`LlamaModel::time_phases`), so that the distance between a step and its limit can be placed
-/// (`bench/bench_generate.cpp` prints it).
+/// \brief `PhaseTimes`: where the time of a model's steps goes.
+///
+/// The phases are the matrix products, the classifier, attention, RoPE, the norms and the rest,
+/// measured with a steady clock where asked (`LlamaModel::time_phases`), so that the distance
+/// between a step and its limit can be placed (`bench/bench_generate.cpp` prints it).
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,8 @@
 /// \file
-/// \brief `RotaryEmbedding`: rotary position embedding (RoPE) exactly as llama2.c's `run.c`
-/// applies it, tabulated once. Checked in the tests: identity at position 0, lengths kept,
-/// scores that depend on relative positions only.
+/// \brief `RotaryEmbedding`: rotary position embedding (RoPE), tabulated once.
+///
+/// It applies RoPE exactly as llama2.c's `run.c` applies it. Checked in the tests: identity at
+/// position 0, lengths kept, scores that depend on relative positions only.
 #pragma once
 
 #include <cmath>

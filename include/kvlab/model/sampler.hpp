@@ -1,8 +1,9 @@
 /// \file
-/// \brief `Sampler`: picks the next token from a row of logits as llama2.c's `run.c` does —
-/// greedy argmax (temperature 0), or softmax at a temperature followed by plain or top-p
-/// (nucleus) sampling — with a seeded `kvlab::Rng`, so that a run is reproducible. Checked in the
-/// tests: temperature 0 and top-p near 0 are greedy, frequencies follow the probabilities, the
+/// \brief `Sampler`: picks the next token from a row of logits as llama2.c's `run.c` does.
+///
+/// It takes the greedy argmax (temperature 0), or softmax at a temperature followed by plain or
+/// top-p (nucleus) sampling, with a seeded `kvlab::Rng`, so that a run is reproducible. Checked in
+/// the tests: temperature 0 and top-p near 0 are greedy, frequencies follow the probabilities, the
 /// same seed gives the same sequence.
 #pragma once
 

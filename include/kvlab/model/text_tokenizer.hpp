@@ -1,8 +1,10 @@
 /// \file
-/// \brief `TextTokenizer`: the one interface of kvlab's tokenizers (llama2.c's `Tokenizer` and
-/// the GGUF files' byte-level `BpeTokenizer`) — text to token ids, a token id to the bytes it
-/// stands for — and `Utf8Stream`, which turns the bytes of tokens decoded one at a time into
-/// text that never splits a character. Checked in the tests through both tokenizers.
+/// \brief `TextTokenizer`: the one interface of kvlab's tokenizers, and `Utf8Stream`.
+///
+/// The tokenizers are llama2.c's `Tokenizer` and the GGUF files' byte-level `BpeTokenizer`; the
+/// interface turns text to token ids, and a token id to the bytes it stands for. `Utf8Stream` turns
+/// the bytes of tokens decoded one at a time into text that never splits a character. Checked in
+/// the tests through both tokenizers.
 #pragma once
 
 #include <string>

@@ -1,6 +1,7 @@
 /// \file
-/// \brief `Tokenizer`: llama2.c's byte-pair-encoding tokenizer (the Llama 2 SentencePiece
-/// vocabulary in llama2.c's `tokenizer.bin` format), turning text into token ids and back.
+/// \brief `Tokenizer`: llama2.c's byte-pair-encoding tokenizer, from text to token ids and back.
+///
+/// Its vocabulary is the Llama 2 SentencePiece vocabulary in llama2.c's `tokenizer.bin` format.
 /// `encode` and `decode` follow llama2.c's `run.c` step by step; they are checked against the
 /// encodings pinned in llama2.c's `test.c` (taken from Meta's Llama 2 tokenizer).
 #pragma once

@@ -1,8 +1,9 @@
 /// \file
-/// \brief UTF-8 decoding and the Unicode character classes a byte-level BPE pre-tokenizer needs
-/// (letter, number, space, other), from a table generated at build time from the Unicode
-/// Character Database that Debian ships (`cmake/unicode_classes.py`). Checked in the tests on
-/// letters, digits and spaces of several scripts and on every kind of malformed UTF-8.
+/// \brief UTF-8 decoding and the Unicode character classes a byte-level BPE pre-tokenizer needs.
+///
+/// The classes are letter, number, space and other, from a table generated at build time from the
+/// Unicode Character Database that Debian ships (`cmake/unicode_classes.py`). Checked in the tests
+/// on letters, digits and spaces of several scripts and on every kind of malformed UTF-8.
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,10 @@
 /// \file
-/// \brief `pool_dot`: the block tables and the block pool of a paged KV cache drawn as a
-/// Graphviz dot graph, from the cache's own state — one node per sequence's table, an edge from
-/// each logical block to its physical block, each block with its holders and how full it is.
-/// Checked in `tests/test_state_dot.cpp` line by line against the state it draws (a fork, a
-/// copy on write, a holder that is not a sequence), and by `dot -Tsvg` where Graphviz is
-/// installed.
+/// \brief `pool_dot`: the block tables and block pool of a paged KV cache as a Graphviz dot graph.
+///
+/// It draws from the cache's own state: one node per sequence's table, an edge from each logical
+/// block to its physical block, each block with its holders and how full it is. Checked in
+/// `tests/report/test_state_dot.cpp` line by line against the state it draws (a fork, a copy on
+/// write, a holder that is not a sequence), and by `dot -Tsvg` where Graphviz is installed.
 #pragma once
 
 #include <algorithm>

@@ -1,8 +1,10 @@
 /// \file
-/// \brief The serving run as JSON, for scripts and plots: the step log as JSON lines
-/// (`write_step_log`, one object per step) and the run's summary with every request's prompt
-/// and output ids (`write_run_json`), so that runs under different policies can be compared
-/// request by request. Written by `kvlab-serve`; read by the docs' plot of tutorial 07.
+/// \brief The serving run as JSON, for scripts and plots.
+///
+/// `write_step_log` writes the step log as JSON lines, one object per step; `write_run_json` writes
+/// the run's summary with every request's prompt and output ids, so that runs under different
+/// policies can be compared request by request. Written by `kvlab-serve`; read by the docs' plot of
+/// tutorial 07.
 #pragma once
 
 #include <cstdio>

@@ -1,9 +1,11 @@
 /// \file
-/// \brief `step_dot` and `scheduler_pool_dot`: a serving engine's last step (who waited, which
-/// chunks ran under the token budget, how the pool stood after it) and its pool with the prefix
-/// cache's blocks marked, drawn as Graphviz dot graphs from the engine's own state. Checked in
-/// `tests/test_state_dot.cpp` line by line against the step log and the scheduler's state, and
-/// by `dot -Tsvg` where Graphviz is installed.
+/// \brief `step_dot` and `scheduler_pool_dot`: a serving engine drawn as Graphviz dot graphs.
+///
+/// `step_dot` draws the engine's last step (who waited, which chunks ran under the token budget,
+/// how the pool stood after it); `scheduler_pool_dot` draws its pool with the prefix cache's blocks
+/// marked. Both draw from the engine's own state. Checked in `tests/report/test_state_dot.cpp` line
+/// by line against the step log and the scheduler's state, and by `dot -Tsvg` where Graphviz is
+/// installed.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 /// \file
-/// \brief `BlockBudget`: the pool's blocks as a scheduler's admission and growth see them during
-/// a step, shared by every batching policy (`Scheduler`, `ContiguousScheduler`,
-/// `StaticScheduler`).
+/// \brief `BlockBudget`: the pool's blocks as a scheduler sees them during a step.
+///
+/// It is what a scheduler's admission and growth see, shared by every batching policy (`Scheduler`,
+/// `ContiguousScheduler`, `StaticScheduler`).
 #pragma once
 
 #include <algorithm>

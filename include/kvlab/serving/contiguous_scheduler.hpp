@@ -1,8 +1,10 @@
 /// \file
-/// \brief `ContiguousScheduler`: contiguous preallocation, a baseline continuous batching is
-/// measured against — the continuous rule, but every admitted request reserves `max_len`
-/// tokens of memory up front, as a contiguous cache sized for the longest sequence would
-/// (`BatchingPolicy::Contiguous`). Checked in `tests/test_serving.cpp`, as every policy.
+/// \brief `ContiguousScheduler`: contiguous preallocation, a baseline for continuous batching.
+///
+/// Continuous batching is measured against it. It follows the continuous rule, but every admitted
+/// request reserves `max_len` tokens of memory up front, as a contiguous cache sized for the
+/// longest sequence would (`BatchingPolicy::Contiguous`). Checked in
+/// `tests/serving/test_engine.cpp`, as every policy.
 #pragma once
 
 #include <memory>

@@ -1,9 +1,11 @@
 /// \file
-/// \brief `Engine`: a serving loop — the `Scheduler` decides each step, `LlamaModel` runs it as
-/// one batched forward pass over a shared paged pool, each request's own `Sampler` draws its
-/// next token — with a step log of who ran, with how many tokens, and how the memory stood.
-/// Checked in `tests/test_serving.cpp`: every request gets the tokens (and, within a stated
-/// tolerance, the logits) it gets alone through `generate`, under every policy.
+/// \brief `Engine`: a serving loop, with a step log.
+///
+/// The `Scheduler` decides each step, `LlamaModel` runs it as one batched forward pass over a
+/// shared paged pool, and each request's own `Sampler` draws its next token. The step log says who
+/// ran, with how many tokens, and how the memory stood. Checked in `tests/serving/test_engine.cpp`:
+/// every request gets the tokens (and, within a stated tolerance, the logits) it gets alone through
+/// `generate`, under every policy.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,8 @@
 /// \file
-/// \brief `make_scheduler`: the scheduler of the policy a configuration names — `Scheduler`
-/// (continuous batching), `StaticScheduler` or `ContiguousScheduler`. What `Engine` uses.
+/// \brief `make_scheduler`: the scheduler of the policy a configuration names.
+///
+/// It makes a `Scheduler` (continuous batching), `StaticScheduler` or `ContiguousScheduler`.
+/// `Engine` uses it.
 #pragma once
 
 #include <memory>

@@ -1,10 +1,11 @@
 /// \file
-/// \brief `PrefixCache`: automatic prefix caching over a paged pool, in vLLM's design — every
-/// full block of a sequence is named by a hash chained from its parent block's hash and its
+/// \brief `PrefixCache`: automatic prefix caching over a paged pool, in vLLM's design.
+///
+/// Every full block of a sequence is named by a hash chained from its parent block's hash and its
 /// token ids; blocks whose sequences have ended stay cached in an LRU queue until the pool needs
 /// them; a new request starts from the longest cached chain that matches its prompt. Checked in
-/// `tests/test_prefix_cache.cpp` (matching, eviction order, a colliding hash) and through the
-/// engine in `tests/test_serving.cpp` (the same tokens with and without the cache).
+/// `tests/serving/test_prefix_cache.cpp` (matching, eviction order, a colliding hash) and through
+/// the engine in `tests/serving/test_engine.cpp` (the same tokens with and without the cache).
 #pragma once
 
 #include <algorithm>

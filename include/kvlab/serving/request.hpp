@@ -1,8 +1,10 @@
 /// \file
-/// \brief `Request`, what a user asks a serving engine for (a prompt, how many tokens, when to
-/// stop, how to sample, when it arrives), `RequestOutput`, what it gets back (the generated
-/// ids, why generation ended, when each token came), and `RequestState`, the request as a
-/// scheduler tracks it. Used by `Scheduler` and `Engine`; checked in `tests/test_serving.cpp`.
+/// \brief A request to a serving engine, what it gets back, and how a scheduler tracks it.
+///
+/// `Request` is what a user asks a serving engine for (a prompt, how many tokens, when to stop, how
+/// to sample, when it arrives); `RequestOutput` is what it gets back (the generated ids, why
+/// generation ended, when each token came); `RequestState` is the request as a scheduler tracks it.
+/// Used by `Scheduler` and `Engine`; checked in `tests/serving/test_engine.cpp`.
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,13 @@
 /// \file
-/// \brief `Scheduler`: continuous batching over a paged pool, the vLLM v1 rule — a token budget
-/// per step, running requests first, then waiting ones first come first served; chunked
-/// prefill; admission only when the blocks fit with a watermark to spare; preemption by
-/// recompute, newest first; automatic prefix caching. The baselines it is measured against
-/// derive from it (`ContiguousScheduler`, `StaticScheduler`; `make_scheduler`), its invariants
-/// are checked in `scheduler_invariants.hpp`. Checked in `tests/test_serving.cpp`: the
-/// invariants after every step of random workloads, the same tokens as each request alone.
+/// \brief `Scheduler`: continuous batching over a paged pool, the vLLM v1 rule.
+///
+/// The rule: a token budget per step, running requests first, then waiting ones first come first
+/// served; chunked prefill; admission only when the blocks fit with a watermark to spare;
+/// preemption by recompute, newest first; automatic prefix caching. The baselines it is measured
+/// against derive from it (`ContiguousScheduler`, `StaticScheduler`; `make_scheduler`); its
+/// invariants are checked in `scheduler_invariants.hpp`. Checked in
+/// `tests/serving/test_engine.cpp`: the invariants after every step of random workloads, the same
+/// tokens as each request alone.
 #pragma once
 
 #include <algorithm>

@@ -1,8 +1,9 @@
 /// \file
-/// \brief `Scheduler::check_invariants`: every rule a scheduler keeps between steps, checked
-/// (the pool's reference counts against their holders, no leaked block or sequence, promises
-/// that add up and are covered, the token budget, FCFS admission, the prefix cache's own
-/// rules). Included by `scheduler.hpp`; run after every step by `tests/test_serving.cpp` and,
+/// \brief `Scheduler::check_invariants`: checks every rule a scheduler keeps between steps.
+///
+/// The rules: the pool's reference counts against their holders, no leaked block or sequence,
+/// promises that add up and are covered, the token budget, FCFS admission, the prefix cache's own
+/// rules. Included by `scheduler.hpp`; run after every step by `tests/serving/test_engine.cpp` and,
 /// with `EngineConfig::check_invariants`, by the engine.
 #pragma once
 

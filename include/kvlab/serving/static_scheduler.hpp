@@ -1,9 +1,10 @@
 /// \file
-/// \brief `StaticScheduler`: static batching, the baseline continuous batching is measured
-/// against — a fixed batch admitted together when the engine is idle, padded to its longest
-/// member, its memory given back only when its last member finishes (`BatchingPolicy::Static`).
-/// Checked in `tests/test_serving.cpp`, as every policy: the same tokens as each request alone,
-/// the invariants after every step.
+/// \brief `StaticScheduler`: static batching, the baseline continuous batching is measured against.
+///
+/// A fixed batch is admitted together when the engine is idle, padded to its longest member, and
+/// its memory is given back only when its last member finishes (`BatchingPolicy::Static`). Checked
+/// in `tests/serving/test_engine.cpp`, as every policy: the same tokens as each request alone, the
+/// invariants after every step.
 #pragma once
 
 #include <algorithm>

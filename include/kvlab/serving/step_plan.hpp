@@ -1,7 +1,8 @@
 /// \file
-/// \brief The vocabulary of a serving step: the batching policies (`BatchingPolicy`), the
-/// scheduler's settings (`SchedulerConfig`), what one step runs (`ScheduledChunk`, `StepPlan`)
-/// and what the engine logs of it (`StepRecord`). Used by `Scheduler` and `Engine`.
+/// \brief The vocabulary of a serving step, used by `Scheduler` and `Engine`.
+///
+/// It names the batching policies (`BatchingPolicy`), the scheduler's settings (`SchedulerConfig`),
+/// what one step runs (`ScheduledChunk`, `StepPlan`) and what the engine logs of it (`StepRecord`).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 /// \file
-/// \brief `ServingSummary`: the figures of a finished serving run, computed from the engine's
-/// requests and step log — throughput, time to first token and per output token (p50, p99),
-/// concurrency, memory use, preemptions, prefix-cache hits. Used by `kvlab-serve`, the serving
-/// benchmark and tutorial 07; checked in `tests/test_serving.cpp`.
+/// \brief `ServingSummary`: the figures of a finished serving run.
+///
+/// They are computed from the engine's requests and step log: throughput, time to first token and
+/// per output token (p50, p99), concurrency, memory use, preemptions, prefix-cache hits. Used by
+/// `kvlab-serve`, the serving benchmark and tutorial 07; checked in
+/// `tests/serving/test_engine.cpp`.
 #pragma once
 
 #include <algorithm>

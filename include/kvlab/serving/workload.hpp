@@ -1,8 +1,9 @@
 /// \file
-/// \brief `make_workload`: a reproducible stream of requests for serving experiments — prompt
-/// and output lengths drawn uniformly from stated ranges, Poisson arrivals at a given rate, an
-/// optional system prompt that every request starts with. Used by `kvlab-serve`, the serving
-/// benchmark and the tests.
+/// \brief `make_workload`: a reproducible stream of requests for serving experiments.
+///
+/// Prompt and output lengths are drawn uniformly from stated ranges, arrivals are Poisson at a
+/// given rate, and an optional system prompt starts every request. Used by `kvlab-serve`, the
+/// serving benchmark and the tests.
 #pragma once
 
 #include <cmath>

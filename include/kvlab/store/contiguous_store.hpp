@@ -1,8 +1,9 @@
 /// \file
-/// \brief `ContiguousStore`: the `KVStore` of a contiguous KV cache per sequence — each sequence
-/// reserves `capacity` tokens up front (`ContiguousKVCache`), a step projects the new tokens only,
-/// appends their K and V and attends with `cpu::decode_attention`. Checked against
-/// `RecomputeStore` and `PagedStore` in `tests/test_kv_store.cpp`.
+/// \brief `ContiguousStore`: the `KVStore` of a contiguous KV cache per sequence.
+///
+/// Each sequence reserves `capacity` tokens up front (`ContiguousKVCache`); a step projects the new
+/// tokens only, appends their K and V and attends with `cpu::decode_attention`. Checked against
+/// `RecomputeStore` and `PagedStore` in `tests/store/test_kv_store.cpp`.
 #pragma once
 
 #include <cstddef>

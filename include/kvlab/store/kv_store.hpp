@@ -1,10 +1,11 @@
 /// \file
-/// \brief `KVStore`: the one interface for how a model keeps what it needs of past tokens between
-/// steps — recompute them (`RecomputeStore`), keep K and V in a contiguous cache per sequence
-/// (`ContiguousStore`) or in the blocks of a shared pool (`PagedStore`) — and `StepBatch`, the
-/// rows of one step over a ragged batch of sequences. The per-layer step
-/// (`model/attention_step.hpp`) is written once against this interface; the test suite
-/// (`tests/test_kv_store.cpp`) runs over every implementation.
+/// \brief `KVStore`: the one interface for how a model keeps what it needs of past tokens.
+///
+/// Between steps an implementation recomputes them (`RecomputeStore`), keeps K and V in a
+/// contiguous cache per sequence (`ContiguousStore`) or in the blocks of a shared pool
+/// (`PagedStore`). `StepBatch` holds the rows of one step over a ragged batch of sequences. The
+/// per-layer step (`model/attention_step.hpp`) is written once against this interface; the test
+/// suite (`tests/store/test_kv_store.cpp`) runs over every implementation.
 ///
 /// Why an abstract class and not a template parameter (a "concept"): the store is chosen at run
 /// time (`kvlab-generate --backend paged`), its calls are per layer and step — a few per layer,

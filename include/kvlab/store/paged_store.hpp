@@ -1,9 +1,10 @@
 /// \file
-/// \brief `PagedStore`: the `KVStore` of a paged KV cache — the K and V of every sequence in the
-/// blocks of one shared pool (`PagedKVCache`), taken as sequences grow; a step projects the new
-/// tokens only, writes their K and V into their slots and attends through the batch's block
-/// tables with one `cpu::paged_prefill_attention` call per layer. Checked against
-/// `RecomputeStore` and `ContiguousStore` in `tests/test_kv_store.cpp`.
+/// \brief `PagedStore`: the `KVStore` of a paged KV cache.
+///
+/// The K and V of every sequence are in the blocks of one shared pool (`PagedKVCache`), taken as
+/// sequences grow. A step projects the new tokens only, writes their K and V into their slots and
+/// attends through the batch's block tables with one `cpu::paged_prefill_attention` call per layer.
+/// Checked against `RecomputeStore` and `ContiguousStore` in `tests/store/test_kv_store.cpp`.
 #pragma once
 
 #include <cstddef>

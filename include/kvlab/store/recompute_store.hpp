@@ -1,8 +1,10 @@
 /// \file
-/// \brief `RecomputeStore`: the `KVStore` of decoding without a cache. It keeps each sequence's
-/// inputs, not its K and V, so every step runs the whole sequence through every layer again and
-/// attends with `cpu::naive_attention` — Θ(t) K/V projections per step, Θ(n²) over n tokens.
-/// The baseline that the caches are checked against (`tests/test_kv_store.cpp`).
+/// \brief `RecomputeStore`: the `KVStore` of decoding without a cache.
+///
+/// It keeps each sequence's inputs, not its K and V, so every step runs the whole sequence through
+/// every layer again and attends with `cpu::naive_attention` — Θ(t) K/V projections per step, Θ(n²)
+/// over n tokens. It is the baseline that the caches are checked against
+/// (`tests/store/test_kv_store.cpp`).
 #pragma once
 
 #include <cstddef>

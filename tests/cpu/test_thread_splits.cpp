@@ -1,8 +1,8 @@
 // Every CPU path that divides its work by the thread count, at thread counts that do not divide
 // the work: 3 threads over 8 K/V heads, 3 over 2 sequences, more threads than heads or rows.
 // The thread count is set inside each test (ScopedThreads), not taken from the environment, and
-// each test asserts, through the same plan or threshold the kernel reads, that the divided path
-// is the one that ran.
+// each test asserts from the kernels' execution counters (ran_counts.hpp) that the divided path
+// ran: its loop on several threads, and for the paged kernels the split and the items run.
 //
 // Tolerances: a split that only changes which thread computes which query (decode over heads,
 // paged items over sequences and head ranges) leaves every query's arithmetic as it is, so the
@@ -23,6 +23,7 @@
 #include "kvlab/cpu/layer_ops.hpp"
 #include "kvlab/kvlab.hpp"
 #include "ragged_batch.hpp"
+#include "ran_counts.hpp"
 #include "test_support.hpp"
 
 using kvlab::AttentionShape;
@@ -109,9 +110,14 @@ TEST_CASE("paged prefill over fewer sequences than threads splits the K/V heads 
     REQUIRE((c.kv_heads % plan.head_chunks != 0 || c.threads > c.kv_heads));
     const RowMatrix<float> one = with_threads(
         1, [&] { return kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view); });
+    const kvlab_test::RanSince ran;
     const RowMatrix<float> split = with_threads(c.threads, [&] {
       return kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, batch.view);
     });
+    CHECK(ran.threaded_loops() == 1);
+    CHECK(ran.split_k_calls() == 0);
+    CHECK(ran.by_heads_calls() == 1);
+    CHECK(ran.head_items() == c.lengths.size() * static_cast<std::size_t>(c.head_chunks));
     CHECK(same_bits(split, one));
     check_against_reference(shape, batch, q, qo_indptr, split);
   }
@@ -138,15 +144,21 @@ TEST_CASE("paged decode splits uneven work: HND heads, NHD sequences, and split-
     REQUIRE(plan.parallel);
     const RowMatrix<float> one =
         with_threads(1, [&] { return kvlab::cpu::paged_decode_attention(shape, q, batch.view); });
+    const kvlab_test::RanSince ran;
     const RowMatrix<float> split =
         with_threads(3, [&] { return kvlab::cpu::paged_decode_attention(shape, q, batch.view); });
+    CHECK(ran.threaded_loops() == 1);
     if (layout == KVLayout::NHD) {
-      REQUIRE(plan.split_k);
-      REQUIRE(plan.parts == 2);
+      CHECK(plan.split_k);
+      CHECK(ran.split_k_calls() == 1);
+      CHECK(ran.partitions() == 4);  // 2 each: 1000 tokens as 512 + 488, 333 as 176 + 157
+      CHECK(ran.merges() == 2);
       // split-K merges partial sums: rounding differs, so the tolerance, not the bits
       CHECK(max_row_relative_error(split, one) <= tolerance<float>());
     } else {
-      REQUIRE(plan.head_chunks == 8);  // every (sequence, head) an item
+      CHECK(plan.head_chunks == 8);
+      CHECK(ran.by_heads_calls() == 1);
+      CHECK(ran.head_items() == 16);  // every (sequence, head) an item
       CHECK(same_bits(split, one));
     }
     check_against_reference(shape, batch, q, one_each, split);
@@ -177,10 +189,12 @@ TEST_CASE("decode_attention splits its K/V heads over 3 threads and over more th
         ScopedThreads scoped(1);
         one = kvlab::cpu::decode_attention(shape, q, cache.view(0));
       }
+      const kvlab_test::RanSince ran;
       {
         ScopedThreads scoped(threads);
         split = kvlab::cpu::decode_attention(shape, q, cache.view(0));
       }
+      CHECK(ran.threaded_loops() == 1);  // the K/V heads ran on several threads
       CHECK(same_bits(split, one));
     }
   }
@@ -208,10 +222,12 @@ TEST_CASE("cpu::linear splits the weight rows over 3 and 8 threads, unevenly") {
       REQUIRE(w.rows() >= threads);
       REQUIRE(w.rows() % threads != 0);
       RowMatrix<float> got;
+      const kvlab_test::RanSince ran;
       {
         ScopedThreads scoped(threads);
         kvlab::cpu::linear(x, w, got);
       }
+      CHECK(ran.threaded_loops() == 1);           // W's rows ran on several threads
       RowMatrix<float> want(x.rows(), w.rows());  // [rows, out]: plain dot products in double
       for (Eigen::Index r = 0; r < x.rows(); ++r)
         for (Eigen::Index o = 0; o < w.rows(); ++o) {

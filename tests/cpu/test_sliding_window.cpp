@@ -23,6 +23,7 @@
 #endif
 
 #include "kvlab/kvlab.hpp"
+#include "ran_counts.hpp"
 #include "test_support.hpp"
 
 using kvlab::AttentionShape;
@@ -61,7 +62,8 @@ struct Ring {
 
 }  // namespace
 
-TEST_CASE("the oracle's band: W = 1 is the token's own value, the band equals the oracle over its keys") {
+TEST_CASE(
+    "the oracle's band: W = 1 is the token's own value, the band equals the oracle over its keys") {
   const AttentionShape shape(4, 2, 8);
   kvlab::Rng rng(1);
   const RowMatrix<double> k = kvlab::random_matrix<double>(20, shape.kv_width(), rng);
@@ -71,17 +73,16 @@ TEST_CASE("the oracle's band: W = 1 is the token's own value, the band equals th
   const RowMatrix<double> own = kvlab::cpu::reference_attention(shape, q, k, v, 0, 1);
   for (int i = 0; i < 20; ++i)
     for (int h = 0; h < shape.num_heads(); ++h)
-      for (int c = 0; c < 8; ++c)
-        CHECK(own(i, h * 8 + c) == v(i, shape.kv_head_of(h) * 8 + c));
+      for (int c = 0; c < 8; ++c) CHECK(own(i, h * 8 + c) == v(i, shape.kv_head_of(h) * 8 + c));
   for (int window : {2, 5, 19, 20, 50}) {
     CAPTURE(window);
     const RowMatrix<double> band = kvlab::cpu::reference_attention(shape, q, k, v, 0, window);
     for (int i = 0; i < 20; ++i) {
       const int first = std::max(0, i - window + 1);
       // the same query over the band's keys alone, with no window: it is their last key
-      const RowMatrix<double> alone = kvlab::cpu::reference_attention(
-          shape, q.row(i), k.middleRows(first, i - first + 1), v.middleRows(first, i - first + 1),
-          i - first);
+      const RowMatrix<double> alone =
+          kvlab::cpu::reference_attention(shape, q.row(i), k.middleRows(first, i - first + 1),
+                                          v.middleRows(first, i - first + 1), i - first);
       CHECK(max_row_relative_error(RowMatrix<double>(band.row(i)), alone) <= 1e-14);
     }
     if (window >= 20) CHECK(band == kvlab::cpu::reference_attention(shape, q, k, v, 0));
@@ -112,7 +113,8 @@ TEST_CASE("decode_attention over a ring of W - 1 + q slots gives the oracle's ba
               shape, q.topRows(q_len), k.topRows(n), v.topRows(n), n - q_len, window);
           CHECK(max_row_relative_error(got, want) <= kvlab_test::tolerance<float>());
           std::uint64_t keys = 0;  // each query's band
-          for (int i = 0; i < q_len; ++i) keys += static_cast<std::uint64_t>(std::min(window, n - q_len + i + 1));
+          for (int i = 0; i < q_len; ++i)
+            keys += static_cast<std::uint64_t>(std::min(window, n - q_len + i + 1));
           CHECK(counters.qk_dots == keys * static_cast<std::uint64_t>(shape.num_heads()));
           ++cases;
         }
@@ -158,15 +160,18 @@ TEST_CASE("the paged kernels give the oracle's band, with the blocks before each
     for (int pos = 0; pos < lengths[static_cast<std::size_t>(s)]; ++pos)
       for (int h = 0; h < 2; ++h)
         for (int c = 0; c < 16; ++c) {
-          k[static_cast<std::size_t>(view.offset(s, pos, h) + c)] = ks[static_cast<std::size_t>(s)](pos, h * 16 + c);
-          v[static_cast<std::size_t>(view.offset(s, pos, h) + c)] = vs[static_cast<std::size_t>(s)](pos, h * 16 + c);
+          k[static_cast<std::size_t>(view.offset(s, pos, h) + c)] =
+              ks[static_cast<std::size_t>(s)](pos, h * 16 + c);
+          v[static_cast<std::size_t>(view.offset(s, pos, h) + c)] =
+              vs[static_cast<std::size_t>(s)](pos, h * 16 + c);
         }
   // Release every block wholly before its sequence's first query's window, as a windowed pool
   // does: the tables keep their entries, which now point nowhere.
   std::vector<std::int32_t> indices(view.indices, view.indices + view.indptr[view.batch]);
   int released = 0;
   for (int s = 0; s < view.batch; ++s) {
-    const int first = kvlab::first_visible_key(lengths[static_cast<std::size_t>(s)] - q_lens[static_cast<std::size_t>(s)], window);
+    const int first = kvlab::first_visible_key(
+        lengths[static_cast<std::size_t>(s)] - q_lens[static_cast<std::size_t>(s)], window);
     for (int page = 0; (page + 1) * block_size <= first; ++page, ++released)
       indices[static_cast<std::size_t>(view.indptr[s] + page)] = kvlab::kReleasedBlock;
   }
@@ -185,12 +190,12 @@ TEST_CASE("the paged kernels give the oracle's band, with the blocks before each
     // sequence 2 (40 tokens, 20 queries): its first query at 20 sees key 20 - W + 1
     const int page = kvlab::first_visible_key(20, window) / block_size;
     indices[static_cast<std::size_t>(view.indptr[2] + page)] = kvlab::kReleasedBlock;
-    CHECK_THROWS_MATCHES(
-        kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, view), kvlab::InvalidArgument,
-        names("cache.indices[" + std::to_string(view.indptr[2] + page) + "]",
-              "a block of the pool (page " + std::to_string(page) +
-                  " of sequence 2 is within its queries' window)",
-              "kReleasedBlock (-1)"));
+    CHECK_THROWS_MATCHES(kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, view),
+                         kvlab::InvalidArgument,
+                         names("cache.indices[" + std::to_string(view.indptr[2] + page) + "]",
+                               "a block of the pool (page " + std::to_string(page) +
+                                   " of sequence 2 is within its queries' window)",
+                               "kReleasedBlock (-1)"));
   }
 }
 
@@ -202,7 +207,8 @@ TEST_CASE("paged decode split along the context keeps each query's window") {
   const RowMatrix<float> values = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
   const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
   kvlab::BlockTables tables = kvlab::BlockTables::shuffled({n}, block_size, 0, rng);
-  std::vector<float> k(static_cast<std::size_t>(tables.num_blocks() * block_size * shape.kv_width())),
+  std::vector<float> k(
+      static_cast<std::size_t>(tables.num_blocks() * block_size * shape.kv_width())),
       v = k;
   kvlab::PagedKVView<float> view = tables.view(k.data(), v.data(), 2, 64);
   for (int pos = 0; pos < n; ++pos)
@@ -222,9 +228,18 @@ TEST_CASE("paged decode split along the context keeps each query's window") {
   omp_set_num_threads(2);
 #endif
   kvlab::CostCounters counters;
+  const kvlab_test::RanSince ran;
   const RowMatrix<float> got = kvlab::cpu::paged_decode_attention(shape, q, view, &counters);
 #if defined(_OPENMP)
   omp_set_num_threads(before);
+  // it ran split-K: the window's 100 keys, from the start of their first block (key 592), cut
+  // into 2 partitions of whole blocks (64 + 44 keys), merged once
+  CHECK(ran.split_k_calls() == 1);
+  CHECK(ran.partitions() == 2);
+  CHECK(ran.merges() == 1);
+#else
+  WARN("built without OpenMP: one thread, the context is not split");
+  CHECK(ran.split_k_calls() == 0);
 #endif
   const RowMatrix<float> want =
       kvlab::cpu::reference_attention(shape, q, keys, values, n - 1, window);
@@ -246,7 +261,9 @@ TEST_CASE("naive_attention's band equals the oracle's") {
   }
 }
 
-TEST_CASE("a windowed contiguous store, a ring of W - 1 + C slots, gives the windowed recompute store's outputs") {
+TEST_CASE(
+    "a windowed contiguous store, a ring of W - 1 + C slots, gives the windowed recompute store's "
+    "outputs") {
   // Three layers: a layer's keys are the outputs of the one below, so a wrong window anywhere
   // changes every later output.
   const AttentionShape shape(4, 2, 8);
@@ -281,7 +298,8 @@ TEST_CASE("a windowed contiguous store, a ring of W - 1 + C slots, gives the win
   CHECK(worst <= kvlab_test::tolerance<double>());
   CHECK(fed > capacity);  // the ring wrapped
   // memory: the ring, however long the sequence
-  CHECK(ring.bytes_reserved() == 2 * 3 * 2 * static_cast<std::size_t>(capacity) * 8 * sizeof(double));
+  CHECK(ring.bytes_reserved() ==
+        2 * 3 * 2 * static_cast<std::size_t>(capacity) * 8 * sizeof(double));
   // a step larger than the ring allows changes nothing
   const RowMatrix<double> too_many = x.topRows(chunk + 1);
   CHECK_THROWS_MATCHES(
@@ -292,11 +310,14 @@ TEST_CASE("a windowed contiguous store, a ring of W - 1 + C slots, gives the win
   // truncating so far back that the next token's window reaches overwritten rows is refused
   const int oldest = fed - capacity;  // the ring holds positions [fed - capacity, fed)
   CHECK_THROWS_MATCHES(ring.truncate(a, oldest + window - 2), kvlab::InvalidArgument,
-                       names("length", "at least " + std::to_string(oldest + window - 1), std::to_string(oldest + window - 2)));
+                       names("length", "at least " + std::to_string(oldest + window - 1),
+                             std::to_string(oldest + window - 2)));
   CHECK_NOTHROW(ring.truncate(a, oldest + window - 1));
 }
 
-TEST_CASE("a windowed paged store gives back the blocks before the window and holds at most ceil((W - 1 + C) / B) + 1") {
+TEST_CASE(
+    "a windowed paged store gives back the blocks before the window and holds at most ceil((W - 1 "
+    "+ C) / B) + 1") {
   const AttentionShape shape(4, 2, 8);
   const auto stack = kvlab::AttentionStack<double>::random(2, shape, 16, 8);
   kvlab::Rng rng(9);
@@ -314,8 +335,9 @@ TEST_CASE("a windowed paged store gives back the blocks before the window and ho
   for (int step = 0; fed < 70; ++step) {
     const int n = std::min(70 - fed, step % 4 == 0 ? chunk : 1);
     const RowMatrix<double> in = x.middleRows(fed, n);
-    worst = std::max(worst, max_row_relative_error(kvlab::run_stack(*stack, paged, {a}, {0, n}, in),
-                                                   kvlab::run_stack(*stack, oracle, {b}, {0, n}, in)));
+    worst =
+        std::max(worst, max_row_relative_error(kvlab::run_stack(*stack, paged, {a}, {0, n}, in),
+                                               kvlab::run_stack(*stack, oracle, {b}, {0, n}, in)));
     fed += n;
     const int held = paged.cache().held_blocks(a);
     most_held = std::max(most_held, held);
@@ -339,8 +361,9 @@ TEST_CASE("a windowed paged store gives back the blocks before the window and ho
   while (first_held < table.size() && table[first_held] == kvlab::kReleasedBlock) ++first_held;
   const int lowest = static_cast<int>(first_held) * block_size + window - 1;
   if (first_held > 0 && lowest <= 70) {
-    CHECK_THROWS_MATCHES(paged.truncate(a, lowest - 1), kvlab::InvalidArgument,
-                         names("length", "at least " + std::to_string(lowest), std::to_string(lowest - 1)));
+    CHECK_THROWS_MATCHES(
+        paged.truncate(a, lowest - 1), kvlab::InvalidArgument,
+        names("length", "at least " + std::to_string(lowest), std::to_string(lowest - 1)));
     CHECK(paged.length(a) == 70);
     CHECK_NOTHROW(paged.truncate(a, lowest));
   }
@@ -348,7 +371,9 @@ TEST_CASE("a windowed paged store gives back the blocks before the window and ho
   CHECK(paged.cache().allocator().num_used() == 0);  // nothing leaked
 }
 
-TEST_CASE("a ring refuses a chunk that would overwrite its first query's keys, and a window larger than itself") {
+TEST_CASE(
+    "a ring refuses a chunk that would overwrite its first query's keys, and a window larger than "
+    "itself") {
   kvlab::ContiguousKVCache<float> ring(1, 1, 4, 6, 4);  // W = 4 in 6 slots: chunks of up to 3
   const RowMatrix<float> three = RowMatrix<float>::Ones(3, 4), four = RowMatrix<float>::Ones(4, 4);
   CHECK(ring.max_chunk(0) == 3);
@@ -363,6 +388,7 @@ TEST_CASE("a ring refuses a chunk that would overwrite its first query's keys, a
   for (int i = 0; i < 10; ++i) ring.append(0, three.topRows(1), three.topRows(1));
   CHECK(ring.length(0) == 13);  // past the ring's 6 slots
   CHECK(ring.bytes_used() == 2 * 6 * 4 * sizeof(float));
-  CHECK_THROWS_MATCHES((kvlab::ContiguousKVCache<float>(1, 1, 4, 3, 4)), kvlab::InvalidArgument,
-                       names("window", "at most capacity (3): a decode step needs its W keys in the ring", "4"));
+  CHECK_THROWS_MATCHES(
+      (kvlab::ContiguousKVCache<float>(1, 1, 4, 3, 4)), kvlab::InvalidArgument,
+      names("window", "at most capacity (3): a decode step needs its W keys in the ring", "4"));
 }

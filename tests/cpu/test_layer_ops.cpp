@@ -5,9 +5,9 @@
 // parallel region for all) give each product as a call of its own would, and a bad call names
 // the product at fault and resizes nothing.
 //
-// Built twice, as test_row_runs: test_linear with the test suite's flags (Eigen's product, unless
-// those flags target AVX2), and test_linear_native with the flags of the benchmarks and apps
-// (KVLAB_TEST_NATIVE), the form kvlab-generate and bench_generate run.
+// Built twice, as test_row_runs: test_layer_ops with the test suite's flags (Eigen's product,
+// unless those flags target AVX2), and test_layer_ops_native with the flags of the benchmarks and
+// apps (KVLAB_TEST_NATIVE), the form kvlab-generate and bench_generate run.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -4,7 +4,7 @@
 // join the LRU queue deepest first and are evicted only when no block is free; a hash that
 // collides for every block still never shares the K/V of another prefix; switched off, nothing
 // is shared. Through the engine, every request's tokens equal its tokens alone (the logits are
-// compared in test_serving.cpp).
+// compared in test_engine.cpp).
 #include <catch2/catch.hpp>
 
 #include <cstdint>

@@ -25,6 +25,7 @@
 #include "kvlab/cpu/paged_attention.hpp"
 #include "kvlab/kvlab.hpp"
 #include "ragged_batch.hpp"
+#include "ran_counts.hpp"
 #include "test_support.hpp"
 
 using kvlab::AttentionShape;
@@ -150,8 +151,11 @@ TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
   omp_set_num_threads(1);
   const RowMatrix<float> one = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
   omp_set_num_threads(2);
+  const kvlab_test::RanSince two_ran;
   const RowMatrix<float> two = kvlab::cpu::paged_decode_attention(shape, q, batch.view);
   omp_set_num_threads(before);
+  CHECK(two_ran.threaded_loops() == 1);  // the items ran on both threads' team
+  CHECK(two_ran.split_k_calls() == 0);   // more sequences than threads: no split-K
   CHECK((one.array() == two.array()).all());
 #else
   WARN("built without OpenMP: only one thread to compare");
@@ -165,8 +169,10 @@ TEST_CASE("paged_decode_attention gives the same bits on 1 and 2 threads") {
 // for partitions that end on, before and after block boundaries, uneven last partitions, a
 // sequence shorter than one partition, and NaN in every unused slot. The counts do not change.
 // Every case holds at least kDecodeParallelMinElements K/V elements, so the threads are used,
-// and the test asserts (plan_paged_attention, which the kernel follows) that the split-K path
-// is the one taken with `threads` threads and not with one.
+// and the test asserts from the kernel's execution counters (ran_counts.hpp) that the split-K
+// path ran with `threads` threads — on several threads, each sequence cut into the partitions
+// partition_count gives, every partition merged — and not with one; and that
+// plan_paged_attention says so too.
 TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences than threads", "",
                    float, double) {
 #if defined(_OPENMP)
@@ -195,13 +201,26 @@ TEMPLATE_TEST_CASE("split-K paged decode equals one pass for fewer sequences tha
             kvlab::cpu::plan_paged_attention(shape, batch.view, one_each.data(), 1).split_k);
         omp_set_num_threads(1);
         kvlab::CostCounters one_pass_counts;
+        const kvlab_test::RanSince one_pass_ran;
         const RowMatrix<TestType> one_pass =
             kvlab::cpu::paged_decode_attention(shape, q, batch.view, &one_pass_counts);
+        CHECK(one_pass_ran.split_k_calls() == 0);
+        CHECK(one_pass_ran.threaded_loops() == 0);
         omp_set_num_threads(threads);
         kvlab::CostCounters split_counts;
+        const kvlab_test::RanSince split_ran;
         const RowMatrix<TestType> split =
             kvlab::cpu::paged_decode_attention(shape, q, batch.view, &split_counts);
         omp_set_num_threads(before);
+        std::uint64_t partitions = 0;  // what each sequence is cut into
+        for (int len : lengths)
+          partitions +=
+              static_cast<std::uint64_t>(kvlab::partition_count(len, split_plan.parts, block_size));
+        CHECK(split_ran.split_k_calls() == 1);
+        CHECK(split_ran.threaded_loops() == 1);
+        CHECK(split_ran.partitions() == partitions);
+        CHECK(split_ran.partitions() > lengths.size());  // at least one sequence was cut
+        CHECK(split_ran.merges() == partitions - lengths.size());
         CHECK(split_counts == one_pass_counts);
         CHECK(max_row_relative_error(split, one_pass) <= tolerance<TestType>());
         for (int s = 0; s < batch.view.batch; ++s) {
