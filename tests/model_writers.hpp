@@ -4,6 +4,8 @@
 // models share: a temporary file, and the built-in model's weights.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -94,10 +96,12 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-/// A file `kvlab_test_<name>` in the test's working directory, removed at the end of the scope.
+/// A file `kvlab_test_<pid>_<name>` in the test's working directory, removed at the end of the
+/// scope. Named after the process: CTest runs each case as a process of its own, side by side.
 struct TempFile {
   std::string path;
-  explicit TempFile(const std::string& name) : path("kvlab_test_" + name) {}
+  explicit TempFile(const std::string& name)
+      : path("kvlab_test_" + std::to_string(getpid()) + "_" + name) {}
   ~TempFile() { std::remove(path.c_str()); }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;

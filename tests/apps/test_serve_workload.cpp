@@ -13,12 +13,12 @@
 
 namespace {
 
+// `text` as a workload file (a TempFile: one name shared by the cases, which CTest runs side by
+// side, let two cases read each other's file), read back.
 std::vector<kvlab_serve::WorkloadEntry> read(const std::string& text) {
-  const std::string path = "test_serve_workload.jsonl";
-  kvlab_test::write_bytes(path, text);
-  std::vector<kvlab_serve::WorkloadEntry> entries = kvlab_serve::read_workload(path);
-  std::remove(path.c_str());
-  return entries;
+  const kvlab_test::TempFile file("serve_workload.jsonl");
+  kvlab_test::write_bytes(file.path, text);
+  return kvlab_serve::read_workload(file.path);
 }
 
 std::string workload_error_of(const std::string& text) {
@@ -117,5 +117,5 @@ TEST_CASE("workload: a repeated key, an unknown key, text after the object and a
   CHECK(workload_error_of("{\"prompt\": \"1 2\"}").find(":1: prompt: expected a list of token ids, got \"1 2\"") != std::string::npos);
   CHECK(workload_error_of("{\"prompt\": [1] \"seed\": 3}").find(":1: malformed JSON at byte 21: syntax error while parsing object - unexpected string literal; expected '}'") != std::string::npos);
   // The line named is the bad one's, and nothing of the file is returned.
-  CHECK(workload_error_of("{\"prompt\": [1]}\n\n{\"prompt\": [2], \"prompt\": [3]}\n").find("test_serve_workload.jsonl:3: prompt: expected each key once, got it twice") != std::string::npos);
+  CHECK(workload_error_of("{\"prompt\": [1]}\n\n{\"prompt\": [2], \"prompt\": [3]}\n").find("serve_workload.jsonl:3: prompt: expected each key once, got it twice") != std::string::npos);
 }
