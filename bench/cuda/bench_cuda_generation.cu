@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include <kvlab/cuda/decoders.cuh>
+#include <kvlab/model/cuda_decoders.cuh>
 #include <kvlab/model/attention_layer.hpp>
 #include <kvlab/model/decoder.hpp>
 

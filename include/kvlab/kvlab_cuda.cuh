@@ -10,7 +10,6 @@
 #include "kvlab/cuda/attention_plan.hpp"
 #include "kvlab/cuda/contiguous_kv_cache.cuh"
 #include "kvlab/cuda/decode_attention.cuh"
-#include "kvlab/cuda/decoders.cuh"
 #include "kvlab/cuda/device_memory.cuh"
 #include "kvlab/cuda/error.cuh"
 #include "kvlab/cuda/host_api.cuh"
@@ -19,6 +18,7 @@
 #include "kvlab/cuda/numeric.cuh"
 #include "kvlab/cuda/paged_kv_cache.cuh"
 #include "kvlab/kvlab.hpp"
+#include "kvlab/model/cuda_decoders.cuh"
 
 namespace kvlab {
 /// CUDA kernels with the names and argument order of their `cpu::` twins, the device memory

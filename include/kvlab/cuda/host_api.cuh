@@ -8,8 +8,8 @@
 /// const kvlab::RowMatrix<float> cpu = kvlab::cpu::decode_attention(shape, q, cache.view(0));
 /// const kvlab::RowMatrix<float> gpu = kvlab::cuda::decode_attention(shape, q, cache.view(0));
 /// \endcode
-/// The only CUDA header of kvlab that includes Eigen besides `decoders.cuh`; it compiles under
-/// nvcc with `EIGEN_NO_CUDA`, which the `kvlab::cuda` CMake target defines.
+/// The only header of `cuda/` that includes Eigen (above it, `model/cuda_decoders.cuh` does too);
+/// it compiles under nvcc with `EIGEN_NO_CUDA`, which the `kvlab::cuda` CMake target defines.
 #pragma once
 
 #include <cuda_runtime.h>

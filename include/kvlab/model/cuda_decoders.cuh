@@ -1,15 +1,17 @@
 /// \file
-/// \brief The decoders of `model/` with a CUDA backend.
+/// \brief The toy decoders of `model/` on the GPU.
 ///
 /// `cuda::NaiveDecoder`, `cuda::CachedDecoder` and `cuda::PagedDecoder` run the same
 /// `AttentionStack<float>` with weights, activations and caches in device memory (projections by
-/// `linear`, attention by the kernels of this folder), behind the same `Decoder<float>` interface
-/// and with the same cost counters, so the naive-vs-cached gap can be measured on a GPU. Checked
-/// step by step against the CPU decoders in tests/cuda. The three share one step
-/// (`detail::device_step`, the GPU twin of the CPU's `attention_step`) and differ only in how they
-/// keep K and V — in a cache of any storage (fp32, fp16, bf16, int8, int4) and with or without a
-/// sliding window, as their CPU twins. Includes Eigen (host side only: the `Decoder` interface
-/// takes and returns host matrices).
+/// `cuda::linear`, attention by the kernels of `cuda/`), behind the same `Decoder<float>`
+/// interface and with the same cost counters, so the naive-vs-cached gap can be measured on a GPU.
+/// Checked step by step against the CPU decoders in tests/cuda. The three share one step
+/// (`cuda::run_stack` and `cuda::attention_step`, the GPU twins of the CPU's `run_stack` and
+/// `attention_step`) and differ only in their `cuda::KVStore`, the twin of the CPU stores: K and
+/// V recomputed, or kept in a cache of any storage (fp32, fp16, bf16, int8, int4), with or
+/// without a sliding window, as their CPU twins. A model-level header (it reads `model/`'s
+/// `AttentionStack` and `Decoder`, and `cuda/`'s kernels); includes Eigen (host side only: the
+/// `Decoder` interface takes and returns host matrices).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -144,16 +146,19 @@ DeviceMatrix<StorageInput<S>> storage_rows(DeviceMatrix<float> x,
   }
 }
 
-/// How a GPU decoder keeps the keys and values of a step's rows and attends over them: the part
-/// in which `NaiveDecoder`, `CachedDecoder` and `PagedDecoder` differ (the device side of
-/// `RecomputeStore`, `ContiguousStore` and `PagedStore`).
-class DeviceKeeper {
+}  // namespace detail
+
+/// How a GPU decoder keeps the keys and values of a step's rows and attends over them: the device
+/// twin of `kvlab::KVStore`'s `append` and `attend`, for the one sequence of a decoder. It is the
+/// part in which `NaiveDecoder`, `CachedDecoder` and `PagedDecoder` differ, as `RecomputeStore`,
+/// `ContiguousStore` and `PagedStore` on the CPU.
+class KVStore {
  public:
-  virtual ~DeviceKeeper() = default;
+  virtual ~KVStore() = default;
   /// Keeps (or holds for this layer) the keys and values of every row of the step of `layer`.
   /// \param k  [step rows, num_kv_heads * head_dim], device memory
   /// \param v  the same shape
-  virtual void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) = 0;
+  virtual void append(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) = 0;
   /// Attention of `q` — the sequence's last `q.rows` tokens — over its keys, into `attn`.
   /// \param q     [q rows, num_heads * head_dim], device memory
   /// \param attn  the same shape
@@ -161,57 +166,73 @@ class DeviceKeeper {
                       CostCounters& counters) = 0;
 };
 
-/// One step of a decoder on the device — the GPU twin of `attention_step` inside `run_stack`,
-/// written once for the three GPU decoders. `h` holds the layer-0 input of every row the step
-/// computes ([rows, d_model]: the new tokens for a decoder with a cache, the whole sequence for
-/// the naive one), the last `new_rows` of them new. Per layer:
-///  1. k, v = h Wkᵀ, h Wvᵀ for every row, kept by `keeper`;
+/// Device buffers reused from layer to layer by `cuda::attention_step` (the twin of
+/// `kvlab::StepScratch`), sized for the step's rows.
+struct StepScratch {
+  DeviceBuffer<float> k;     ///< [rows, num_kv_heads * head_dim]
+  DeviceBuffer<float> v;     ///< [rows, num_kv_heads * head_dim]
+  DeviceBuffer<float> q;     ///< [rows, num_heads * head_dim]
+  DeviceBuffer<float> attn;  ///< [rows, num_heads * head_dim]
+};
+
+/// One layer of a step on the device: the GPU twin of `kvlab::attention_step`, with the residual
+/// added in place. `h` holds the layer's input of the step's `rows` rows ([rows, d_model]), the
+/// last `new_rows` of them the new tokens.
+///  1. k, v = h Wkᵀ, h Wvᵀ for every row, kept by `store` (`KVStore::append`);
 ///  2. q = h Wqᵀ for the rows whose outputs carry on (all of them below the top layer, the new
 ///     tokens at the top);
-///  3. `keeper.attend`: those queries attend to the sequence's keys;
-///  4. h = those rows + attention · Woᵀ (the residual).
-/// Projections are counted here (`add_projection_counts`), attention by the keeper. Returns
-/// the top layer's output rows, [new_rows, d_model], on the host.
-inline RowMatrix<float> device_step(const DeviceAttentionStack& w, DeviceBuffer<float> h, int rows,
-                                    int new_rows, DeviceKeeper& keeper, CostCounters& counters) {
+///  3. `store.attend`: those queries attend to the sequence's keys;
+///  4. h = those rows + attention · Woᵀ (the residual); `rows` becomes their number.
+/// Projections are counted here (`add_projection_counts`), attention by the store.
+inline void attention_step(const DeviceAttentionStack& w, KVStore& store, int layer, bool top,
+                           DeviceBuffer<float>& h, int& rows, int new_rows, StepScratch& scratch,
+                           CostCounters& counters) {
   const AttentionShape& shape = w.shape();
   const int d_model = w.d_model();
-  DeviceBuffer<float> k(kvlab::detail::elements(rows, shape.kv_width()));  // [rows, kv_width]
-  DeviceBuffer<float> v(k.size());
-  DeviceBuffer<float> q(kvlab::detail::elements(rows, shape.q_width()));  // [q rows, q_width]
-  DeviceBuffer<float> attn(q.size());
-  for (int l = 0; l < w.num_layers(); ++l) {
-    const bool top = l + 1 == w.num_layers();
-    const int q_rows = top ? new_rows : rows;  // rows whose outputs carry on: the last q_rows
-    const DeviceMatrix<const float> h_all(h.data(), rows, d_model);  // [rows, d_model]
-    const DeviceMatrix<const float> h_out(
-        h.data() + kvlab::detail::elements(rows - q_rows, d_model), q_rows,
-        d_model);  // [q_rows, d_model]
-    // 1. K and V of every row, kept.
-    linear(h_all, w.wk(l), k.matrix(rows, shape.kv_width()));
-    linear(h_all, w.wv(l), v.matrix(rows, shape.kv_width()));
-    keeper.keep(l, k.matrix(rows, shape.kv_width()), v.matrix(rows, shape.kv_width()));
-    // 2. and 3. Queries of the rows that carry on, attending.
-    linear(h_out, w.wq(l), q.matrix(q_rows, shape.q_width()));
-    add_projection_counts(shape, d_model, static_cast<std::uint64_t>(q_rows),
-                          static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(q_rows),
-                          counters);
-    keeper.attend(l, q.matrix(q_rows, shape.q_width()), attn.matrix(q_rows, shape.q_width()),
-                  counters);
-    // 4. The residual, on the rows that carry on.
-    if (q_rows != rows) {
-      DeviceBuffer<float> next(kvlab::detail::elements(q_rows, d_model));  // [q_rows, d_model]
-      KVLAB_CUDA_CHECK(cudaMemcpy(next.data(), h_out.data, next.bytes(), cudaMemcpyDeviceToDevice));
-      h = std::move(next);
-      rows = q_rows;
-    }
-    linear(attn.matrix(rows, shape.q_width()), w.wo(l), h.matrix(rows, d_model),
-           /*accumulate=*/true);
+  const int q_rows = top ? new_rows : rows;  // rows whose outputs carry on: the last q_rows
+  const DeviceMatrix<const float> h_all(h.data(), rows, d_model);  // [rows, d_model]
+  const DeviceMatrix<const float> h_out(h.data() + kvlab::detail::elements(rows - q_rows, d_model),
+                                        q_rows, d_model);  // [q_rows, d_model]
+  // 1. K and V of every row, kept.
+  linear(h_all, w.wk(layer), scratch.k.matrix(rows, shape.kv_width()));
+  linear(h_all, w.wv(layer), scratch.v.matrix(rows, shape.kv_width()));
+  store.append(layer, scratch.k.matrix(rows, shape.kv_width()),
+               scratch.v.matrix(rows, shape.kv_width()));
+  // 2. and 3. Queries of the rows that carry on, attending.
+  linear(h_out, w.wq(layer), scratch.q.matrix(q_rows, shape.q_width()));
+  add_projection_counts(shape, d_model, static_cast<std::uint64_t>(q_rows),
+                        static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(q_rows),
+                        counters);
+  store.attend(layer, scratch.q.matrix(q_rows, shape.q_width()),
+               scratch.attn.matrix(q_rows, shape.q_width()), counters);
+  // 4. The residual, on the rows that carry on.
+  if (q_rows != rows) {
+    DeviceBuffer<float> next(kvlab::detail::elements(q_rows, d_model));  // [q_rows, d_model]
+    KVLAB_CUDA_CHECK(cudaMemcpy(next.data(), h_out.data, next.bytes(), cudaMemcpyDeviceToDevice));
+    h = std::move(next);
+    rows = q_rows;
   }
-  return download_rows(h.data(), rows, d_model);  // [new_rows, d_model]
+  linear(scratch.attn.matrix(rows, shape.q_width()), w.wo(layer), h.matrix(rows, d_model),
+         /*accumulate=*/true);
 }
 
-}  // namespace detail
+/// One step of a decoder's stack on the device: the GPU twin of `kvlab::run_stack` for one
+/// sequence, `cuda::attention_step` for each layer, written once for the three GPU decoders. `h`
+/// holds the layer-0 input of every row the step computes ([rows, d_model]: the new tokens for a
+/// decoder with a cache, the whole sequence for the naive one), the last `new_rows` of them new.
+/// Returns the top layer's output rows, [new_rows, d_model], on the host.
+inline RowMatrix<float> run_stack(const DeviceAttentionStack& w, KVStore& store,
+                                  DeviceBuffer<float> h, int rows, int new_rows,
+                                  CostCounters& counters) {
+  const AttentionShape& shape = w.shape();
+  StepScratch scratch{DeviceBuffer<float>(kvlab::detail::elements(rows, shape.kv_width())),
+                      DeviceBuffer<float>(kvlab::detail::elements(rows, shape.kv_width())),
+                      DeviceBuffer<float>(kvlab::detail::elements(rows, shape.q_width())),
+                      DeviceBuffer<float>(kvlab::detail::elements(rows, shape.q_width()))};
+  for (int l = 0; l < w.num_layers(); ++l)
+    attention_step(w, store, l, l + 1 == w.num_layers(), h, rows, new_rows, scratch, counters);
+  return detail::download_rows(h.data(), rows, w.d_model());  // [new_rows, d_model]
+}
 
 /// `NaiveDecoder` on the GPU (`T` = float): keeps only its inputs (in device memory) and
 /// recomputes K and V of the whole prefix at every step, with `cuda::naive_attention` (the
@@ -234,7 +255,7 @@ class NaiveDecoder : public Decoder<T> {
   }
 
  protected:
-  /// One step: `detail::device_step` over every token so far, K and V held for one layer.
+  /// One step: `cuda::run_stack` over every token so far, K and V held for one layer.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
     const int d_model = weights_->d_model();
     const int p = static_cast<int>(x.rows());
@@ -245,8 +266,8 @@ class NaiveDecoder : public Decoder<T> {
                                 cudaMemcpyHostToDevice));
     DeviceBuffer<float> h(kvlab::detail::elements(t, d_model));  // [t, d_model]: every input
     KVLAB_CUDA_CHECK(cudaMemcpy(h.data(), inputs_.data(), h.bytes(), cudaMemcpyDeviceToDevice));
-    Recompute keeper(weights_->shape(), window_, workspace_);
-    return detail::device_step(*weights_, std::move(h), t, p, keeper, counters);
+    Recompute store(weights_->shape(), window_, workspace_);
+    return run_stack(*weights_, store, std::move(h), t, p, counters);
   }
 
   /// Nothing to drop: the inputs past `position` are overwritten by the next step.
@@ -254,11 +275,11 @@ class NaiveDecoder : public Decoder<T> {
 
  private:
   // Holds each layer's K and V of the whole sequence for its attention only.
-  class Recompute : public detail::DeviceKeeper {
+  class Recompute : public KVStore {
    public:
     Recompute(const AttentionShape& shape, int window, Workspace& workspace)
         : shape_(shape), window_(window), workspace_(workspace) {}
-    void keep(int, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
+    void append(int, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
       k_ = k;
       v_ = v;
     }
@@ -322,15 +343,15 @@ class CachedDecoder : public Decoder<T> {
   const ContiguousKVCache<S>& cache() const { return cache_; }
 
  protected:
-  /// One step: `detail::device_step` over the new tokens, K and V appended to the cache.
+  /// One step: `cuda::run_stack` over the new tokens, K and V appended to the cache.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
     const int p = static_cast<int>(x.rows());
     // the cache's own check, as the CPU decoder's store makes it, before any layer is touched
     kvlab::detail::check_contiguous_append("kvlab::Decoder::prefill", "new tokens of sequence 0", p,
                                            cache_.capacity(), cache_.window(), this->position());
-    Contiguous keeper(weights_->shape(), cache_, workspace_);
+    Contiguous store(weights_->shape(), cache_, workspace_);
     try {
-      return detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
+      return run_stack(*weights_, store, detail::upload_rows(x), p, p, counters);
     } catch (...) {
       cache_.truncate(this->position());  // undo the appends of this step
       throw;
@@ -342,11 +363,11 @@ class CachedDecoder : public Decoder<T> {
 
  private:
   // Appends each layer's k and v to the cache and attends with decode_attention.
-  class Contiguous : public detail::DeviceKeeper {
+  class Contiguous : public KVStore {
    public:
     Contiguous(const AttentionShape& shape, ContiguousKVCache<S>& cache, Workspace& workspace)
         : shape_(shape), cache_(cache), workspace_(workspace) {}
-    void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
+    void append(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
       DeviceBuffer<StorageInput<S>> k_rows, v_rows;  // fp16 / bf16 copies (unused otherwise)
       cache_.append(layer, detail::storage_rows<S>(k, k_rows), detail::storage_rows<S>(v, v_rows));
     }
@@ -419,17 +440,16 @@ class PagedDecoder : public Decoder<T> {
   int sequence() const { return seq_; }
 
  protected:
-  /// One step: room for the new tokens, then `detail::device_step` over them, K and V written
+  /// One step: room for the new tokens, then `cuda::run_stack` over them, K and V written
   /// into their slots.
   RowMatrix<float> forward(const RowMatrix<float>& x, CostCounters& counters) override {
     const int p = static_cast<int>(x.rows());
     // Room for the p new tokens (throws OutOfBlocks, changing nothing, if the pool is dry).
     const std::vector<std::int64_t> slots = pool_->reserve(seq_, p);  // [p]
     try {
-      Paged keeper(weights_->shape(), *pool_, slots, DeviceBlockTables(pool_->tables({seq_})), p,
-                   workspace_);
-      RowMatrix<float> out =
-          detail::device_step(*weights_, detail::upload_rows(x), p, p, keeper, counters);
+      Paged store(weights_->shape(), *pool_, slots, DeviceBlockTables(pool_->tables({seq_})), p,
+                  workspace_);
+      RowMatrix<float> out = run_stack(*weights_, store, detail::upload_rows(x), p, p, counters);
       pool_->release_out_of_window(seq_);  // with a window: the blocks before it go back
       return out;
     } catch (...) {
@@ -443,7 +463,7 @@ class PagedDecoder : public Decoder<T> {
 
  private:
   // Writes each layer's k and v into the step's slots and attends through the block table.
-  class Paged : public detail::DeviceKeeper {
+  class Paged : public KVStore {
    public:
     Paged(const AttentionShape& shape, PagedKVCache<S>& pool,
           const std::vector<std::int64_t>& slots, DeviceBlockTables tables, int new_rows,
@@ -454,7 +474,7 @@ class PagedDecoder : public Decoder<T> {
           tables_(std::move(tables)),
           qo_indptr_(std::vector<std::int32_t>{0, new_rows}),
           workspace_(workspace) {}
-    void keep(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
+    void append(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) override {
       DeviceBuffer<StorageInput<S>> k_rows, v_rows;  // fp16 / bf16 copies (unused otherwise)
       pool_.write(layer, slots_, detail::storage_rows<S>(k, k_rows),
                   detail::storage_rows<S>(v, v_rows));
