@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
                    weights->config.seq_len, context);
       return 2;
     }
-    kvlab::LlamaModel model(weights, kvlab::parse_llama_backend(backend_name), block_size, context,
+    const kvlab::LlamaBackend backend = kvlab::parse_llama_backend(backend_name);
+    kvlab::LlamaModel model(weights, backend, block_size, context,
                             kvlab::parse_kv_dtype(dtype_name), window);
     kvlab::ChatSession chat(model, tokenizer, chat_template,
                             kvlab::Sampler(tokenizer.vocab_size(), o.temperature, o.top_p, o.seed),
@@ -188,7 +189,9 @@ int main(int argc, char** argv) {
                      "[turn %d: %d tokens from the cache%s, %d prefilled (%.0f tokens/s), %d decoded "
                      "(%.1f tokens/s); the conversation holds %d tokens, K/V %s]\n",
                      turn_number, t.reused,
-                     backend_name == "naive" ? " (naive: recomputed at every step)" : "", t.prefilled,
+                     backend == kvlab::LlamaBackend::Naive ? " (naive: recomputed at every step)"
+                                                           : "",
+                     t.prefilled,
                      per_second(t.prefilled, t.prefill_seconds), t.generated,
                      per_second(t.generated + 1, t.decode_seconds), chat.tokens(), mib(t.kv_bytes).c_str());
       }

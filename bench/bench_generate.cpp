@@ -89,7 +89,8 @@ struct Model {
 
 // One line of results: a backend on one model at one thread count.
 struct Result {
-  std::string model, backend;
+  std::string model, backend;  // backend: its name as printed ("paged/16")
+  LlamaBackend kind = LlamaBackend::Cached;  // the backend itself
   int threads = 0, steps = 0, block_size = 0;
   double tokens_per_second = 0;  // median over repetitions: steps / (prefill + decode time)
   double ms_per_token = 0;
@@ -217,6 +218,7 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
   for (std::size_t b = 0; b < backends.size(); ++b) {
     Result r;
     r.model = model.name;
+    r.kind = backends[b];
     r.backend = backends[b] == LlamaBackend::Paged ? "paged/" + std::to_string(o.block_size)
                                                    : kvlab::to_string(backends[b]);
     r.threads = threads;
@@ -365,7 +367,7 @@ void print_table(const std::vector<Result>& results, const Options& o) {
     // The cached row of the same (model, threads): the reference of the ratios.
     const Result* ref = nullptr;
     for (const Result& x : results)
-      if (x.model == r.model && x.threads == r.threads && x.backend == "cached") ref = &x;
+      if (x.model == r.model && x.threads == r.threads && x.kind == LlamaBackend::Cached) ref = &x;
     const double ops =
         ref ? static_cast<double>(r.work.macs()) / static_cast<double>(ref->work.macs()) : 0.0;
     std::printf("%-18s %3d %-9s | %10.1f %9.3f | %11.2f %10.2f | %12llu %14.4g\n", r.model.c_str(),
@@ -384,7 +386,7 @@ void print_table(const std::vector<Result>& results, const Options& o) {
   std::printf("%-18s %3s | %12s %9s | %13s %6s | %13s %6s\n", "model", "thr", "bytes/step", "GB/s",
               "weights GB/s", "frac", "memory GB/s", "frac");
   for (const Result& r : results) {
-    if (r.backend != "cached") continue;
+    if (r.kind != LlamaBackend::Cached) continue;
     std::printf("%-18s %3d | %12.0f %9.2f | %13.2f %6.2f | %13.2f %6.2f\n", r.model.c_str(),
                 r.threads, r.step_bytes, r.gbps, r.weights_read_gbps, r.gbps / r.weights_read_gbps,
                 r.dram_read_gbps, r.gbps / r.dram_read_gbps);
@@ -396,7 +398,7 @@ void print_table(const std::vector<Result>& results, const Options& o) {
       "drawing each token from its logits).\n");
   print_phase_head();
   for (const Result& r : results)
-    if (r.backend == "cached")
+    if (r.kind == LlamaBackend::Cached)
       print_phases(r.model, r.threads, r.phases, r.sampling_seconds, r.steps);
 }
 
@@ -445,7 +447,7 @@ void write_json(const std::string& path, const std::vector<Result>& results,
                 {"time_ratio_to_cached", r.ratio_to_cached},
                 {"kv_projections", r.work.attention.kv_projections},
                 {"macs", r.work.macs()}};
-    if (r.backend == "cached") {
+    if (r.kind == LlamaBackend::Cached) {
       row["decode_step_bytes"] = r.step_bytes;
       row["decode_GB_per_s"] = r.gbps;
       row["weights_read_GB_per_s"] = r.weights_read_gbps;
