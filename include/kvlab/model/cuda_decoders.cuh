@@ -156,12 +156,15 @@ class KVStore {
  public:
   virtual ~KVStore() = default;
   /// Keeps (or holds for this layer) the keys and values of every row of the step of `layer`.
-  /// \param k  [step rows, num_kv_heads * head_dim], device memory
-  /// \param v  the same shape
+  /// \param layer  the layer, in [0, num_layers)
+  /// \param k      [step rows, num_kv_heads * head_dim], device memory
+  /// \param v      the same shape
   virtual void append(int layer, DeviceMatrix<float> k, DeviceMatrix<float> v) = 0;
   /// Attention of `q` — the sequence's last `q.rows` tokens — over its keys, into `attn`.
-  /// \param q     [q rows, num_heads * head_dim], device memory
-  /// \param attn  the same shape
+  /// \param layer     the layer, in [0, num_layers)
+  /// \param q         [q rows, num_heads * head_dim], device memory
+  /// \param attn      the same shape
+  /// \param counters  receives the attention's work
   virtual void attend(int layer, DeviceMatrix<float> q, DeviceMatrix<float> attn,
                       CostCounters& counters) = 0;
 };
