@@ -242,6 +242,36 @@ TEST_CASE(
   CHECK(batched.total().mlp_macs == sum.mlp_macs);
 }
 
+namespace {
+// A ContiguousStore that calls itself "paged": the backend must come from its type.
+class MisnamedStore : public kvlab::ContiguousStore<float, kvlab::BlockQ8_0> {
+ public:
+  using ContiguousStore::ContiguousStore;
+  const char* name() const override { return "paged"; }
+};
+}  // namespace
+
+TEST_CASE("a model over a store: its backend is told by the store's type, for every storage") {
+  // heads of 32 values, so that int8 and int4 blocks fit
+  const Weights weights =
+      shared(LlamaWeights::random(LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 3));
+  const LlamaConfig& c = weights->config;
+  for (LlamaBackend backend : {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged}) {
+    for (kvlab::KVDtype dtype : {kvlab::KVDtype::fp32, kvlab::KVDtype::fp16, kvlab::KVDtype::bf16,
+                                 kvlab::KVDtype::int8, kvlab::KVDtype::int4}) {
+      if (backend == LlamaBackend::Naive && dtype != kvlab::KVDtype::fp32) continue;
+      CAPTURE(kvlab::to_string(backend), kvlab::dtype_name(dtype));
+      const auto store = kvlab::make_llama_store(backend, c, 32, 8, 2, dtype);
+      CHECK(kvlab::llama_backend_of(*store) == backend);
+      CHECK(LlamaModel(weights, store, 32).backend() == backend);
+    }
+  }
+  const auto misnamed = std::make_shared<MisnamedStore>(c.n_layers, c.n_kv_heads, c.head_dim(), 32);
+  REQUIRE(std::string(misnamed->name()) == "paged");
+  CHECK(kvlab::llama_backend_of(*misnamed) == LlamaBackend::Cached);
+  CHECK(LlamaModel(weights, misnamed, 32).backend() == LlamaBackend::Cached);
+}
+
 TEST_CASE(
     "stories260K.bin: cached and paged agree for 256 greedy steps, naive for the first 200 (100 "
     "under AddressSanitizer)") {
@@ -567,7 +597,8 @@ TEST_CASE(
     "bits kept") {
   // Heads of 32 values (int8 and int4 blocks fit), 3 layers, random weights. Every model is fed
   // the same tokens (fp32's greedy choices), so their logits stay comparable step by step.
-  const Weights weights = shared(LlamaWeights::random(LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 3));
+  const Weights weights =
+      shared(LlamaWeights::random(LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 3));
   const std::vector<int> prompt = random_prompt(12, weights->config.vocab_size, 4);
   constexpr int kSteps = 60;
   LlamaModel reference(weights, LlamaBackend::Cached);
@@ -581,16 +612,18 @@ TEST_CASE(
     want.push_back(reference.decode(fed.back()));
   }
   std::map<kvlab::KVDtype, double> distance;  // largest logit error from fp32, per storage
-  for (kvlab::KVDtype dtype : {kvlab::KVDtype::fp16, kvlab::KVDtype::bf16, kvlab::KVDtype::int8,
-                               kvlab::KVDtype::int4}) {
+  for (kvlab::KVDtype dtype :
+       {kvlab::KVDtype::fp16, kvlab::KVDtype::bf16, kvlab::KVDtype::int8, kvlab::KVDtype::int4}) {
     CAPTURE(kvlab::dtype_name(dtype));
     LlamaModel cached(weights, LlamaBackend::Cached, 16, 0, dtype);
     LlamaModel paged(weights, LlamaBackend::Paged, 7, 0, dtype);
     CHECK(std::string(cached.store().storage_name()) == kvlab::dtype_name(dtype));
     double worst = 0, same = 0;
     for (int s = 0; s <= kSteps; ++s) {
-      const RowVector<float> a = s == 0 ? cached.prefill(prompt) : cached.decode(fed[prompt.size() + s - 1]);
-      const RowVector<float> b = s == 0 ? paged.prefill(prompt) : paged.decode(fed[prompt.size() + s - 1]);
+      const RowVector<float> a =
+          s == 0 ? cached.prefill(prompt) : cached.decode(fed[prompt.size() + s - 1]);
+      const RowVector<float> b =
+          s == 0 ? paged.prefill(prompt) : paged.decode(fed[prompt.size() + s - 1]);
       same = std::max(same, logit_error(b, a));  // one storage, two layouts: rounding only
       worst = std::max(worst, logit_error(a, want[static_cast<std::size_t>(s)]));
     }
@@ -607,7 +640,9 @@ TEST_CASE(
   CHECK(distance[kvlab::KVDtype::bf16] < distance[kvlab::KVDtype::int4]);
 }
 
-TEST_CASE("a sliding window: the cached backend's ring, the paged pool and the naive backend agree token for token") {
+TEST_CASE(
+    "a sliding window: the cached backend's ring, the paged pool and the naive backend agree token "
+    "for token") {
   // The built-in model, windows of 1, 8 and 24 keys, a 20-token prompt (longer than 8: the
   // cached backend's ring of 2W - 1 slots takes it in chunks of W), 120 greedy steps; the paged
   // backend (blocks of 7) gives back the blocks wholly before the window after every step.

@@ -32,6 +32,38 @@ using kvlab_test::bad_input_states::no_state;
 using kvlab_test::bad_input_states::state_of;
 namespace input = kvlab_test::input;
 
+namespace {
+// A KVStore of none of kvlab's kinds (a student's own): it holds nothing and is never stepped;
+// only its type matters to `llama_backend_of`.
+class ForeignStore : public kvlab::KVStore<float> {
+ public:
+  ForeignStore(int layers, int kv_heads, int head_dim)
+      : KVStore<float>("ForeignStore", layers, kv_heads, head_dim) {}
+  const char* name() const override { return "foreign"; }
+  const char* storage_name() const override { return "fp32"; }
+  std::size_t bytes_per_token() const override { return 0; }
+  int add_sequence() override { return 0; }
+  std::vector<int> sequences() const override { return {}; }
+  std::size_t bytes_reserved() const override { return 0; }
+  std::size_t bytes_used() const override { return 0; }
+
+ protected:
+  bool do_contains(int) const override { return false; }
+  int do_length(int) const override { return 0; }
+  void do_free_sequence(int) override {}
+  int do_fork(int) override { return 0; }
+  void do_truncate(int, int) override {}
+  void do_begin_step(kvlab::StepBatch&, const RowMatrix<float>&, RowMatrix<float>&,
+                     const char*) override {}
+  void do_append(int, const RowMatrix<float>&, const RowMatrix<float>&) override {}
+  void do_attend(int, const kvlab::AttentionShape&, const RowMatrix<float>&,
+                 const std::vector<std::int32_t>&, RowMatrix<float>&,
+                 kvlab::CostCounters*) override {}
+  void do_end_step() override {}
+  void do_abort_step() noexcept override {}
+};
+}  // namespace
+
 TEST_CASE("Sampler, Tokenizer and the backend's name parser: bad input is refused") {
   const char* ctor =
       "kvlab::Sampler::Sampler(int vocab_size, float temperature, float top_p, std::uint64_t seed)";
@@ -368,6 +400,14 @@ TEST_CASE("The model's layers, weights, batch, generation and paged decoder refu
         kvlab::LlamaModel m(weights, std::make_shared<kvlab::ContiguousStore<float>>(1, 1, 8, 16));
       },
       names("store->num_layers()", "3 (n_layers)", "1"));
+  refuses<InvalidArgument>(
+      store_ctor, input::kValue, no_state,
+      [&] { kvlab::LlamaModel m(weights, std::make_shared<ForeignStore>(3, 2, 8)); },
+      names("store", "a RecomputeStore, ContiguousStore or PagedStore", "foreign"));
+  refuses<InvalidArgument>(
+      "kvlab::llama_backend_of(const KVStore< float > &store)", input::kValue, no_state,
+      [] { (void)kvlab::llama_backend_of(ForeignStore(3, 2, 8)); },
+      names("store", "a RecomputeStore, ContiguousStore or PagedStore", "foreign"));
   auto store = std::make_shared<kvlab::PagedStore<float>>(3, 2, 8, 4, 16);
   kvlab::LlamaModel batched(weights, store);
   const int s = store->add_sequence();

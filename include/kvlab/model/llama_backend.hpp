@@ -111,4 +111,32 @@ inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
   detail::fail(kWhere, "backend", "naive, cached or paged", static_cast<int>(backend));
 }
 
+namespace detail {
+// Whether `store` is a `Store<float, S>` for one of the storage types of `KVDtype`.
+template <template <typename, typename> class Store>
+bool is_store_of_any_storage(const KVStore<float>& store) {
+  bool found = false;
+  for (KVDtype dtype :
+       {KVDtype::fp32, KVDtype::fp16, KVDtype::bf16, KVDtype::int8, KVDtype::int4}) {
+    visit_kv_dtype(dtype, [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      found = found || dynamic_cast<const Store<float, S>*>(&store) != nullptr;
+    });
+  }
+  return found;
+}
+}  // namespace detail
+
+/// The backend whose store `store` is, told by its type: a `RecomputeStore` is naive, a
+/// `ContiguousStore` cached and a `PagedStore` paged, whatever their storage type (and whatever
+/// `name()` a class derived from them returns).
+/// 	hrows InvalidArgument for any other `KVStore`.
+inline LlamaBackend llama_backend_of(const KVStore<float>& store) {
+  if (dynamic_cast<const RecomputeStore<float>*>(&store) != nullptr) return LlamaBackend::Naive;
+  if (detail::is_store_of_any_storage<ContiguousStore>(store)) return LlamaBackend::Cached;
+  if (detail::is_store_of_any_storage<PagedStore>(store)) return LlamaBackend::Paged;
+  detail::fail("kvlab::llama_backend_of", "store",
+               "a RecomputeStore, ContiguousStore or PagedStore", store.name());
+}
+
 }  // namespace kvlab

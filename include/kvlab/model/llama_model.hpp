@@ -106,10 +106,12 @@ class LlamaModel {
   /// `forward_batch(batch)`, add and free them through `store()`. This model owns no sequence of
   /// its own, so `prefill`, `decode`, `forward(tokens)`, `position`, `tokens` and `reset` refuse.
   /// \param weights     the weights (checked against their config)
-  /// \param store       the store, shared (its layers, K/V heads and head_dim the model's)
+  /// \param store       the store, shared (its layers, K/V heads and head_dim the model's); its
+  ///                    type gives `backend()` (`llama_backend_of`)
   /// \param max_tokens  the longest sequence (the RoPE table); 0 means `config.seq_len`
-  /// \throws InvalidArgument if `weights` or `store` is null, the store's layers, K/V heads or
-  ///         head_dim differ from the model's, or `max_tokens` is not in [0, seq_len].
+  /// \throws InvalidArgument if `weights` or `store` is null, the store is not a
+  ///         `RecomputeStore`, `ContiguousStore` or `PagedStore`, the store's layers, K/V heads
+  ///         or head_dim differ from the model's, or `max_tokens` is not in [0, seq_len].
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, std::shared_ptr<KVStore<float>> store,
              int max_tokens = 0)
       : weights_(checked(std::move(weights))),
@@ -117,7 +119,7 @@ class LlamaModel {
         shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
         rope_(weights_->config.head_dim(), max_tokens_, weights_->config.rope_theta),
         store_(checked(std::move(store), weights_->config)),
-        backend_(backend_of(*store_)) {
+        backend_(llama_backend_of(*store_)) {
     if (const PagedKVCacheBase* pool = store_->paged_pool()) block_size_ = pool->block_size();
   }
 
@@ -261,14 +263,6 @@ class LlamaModel {
     detail::require_equal(kWhere, "store->head_dim()", store->head_dim(), c.head_dim(),
                           "dim / n_heads");
     return store;
-  }
-  static LlamaBackend backend_of(const KVStore<float>& store) {
-    const std::string name = store.name();
-    if (name == "recompute") return LlamaBackend::Naive;
-    if (name == "contiguous") return LlamaBackend::Cached;
-    if (name == "paged") return LlamaBackend::Paged;
-    detail::fail("kvlab::LlamaModel", "store", "a RecomputeStore, ContiguousStore or PagedStore",
-                 store.name());
   }
   // The sequence limit (max_tokens, 0 meaning seq_len), checked with block_size before anything
   // is allocated.
