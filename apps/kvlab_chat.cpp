@@ -88,9 +88,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_number(app, "--top-p", o.top_p,
              "sample from the smallest set of tokens whose probability reaches P", 1e-6, 1.0);
   add_integer(app, "--seed", o.seed, "the sampler's seed", 0, 2147483647L);
-  CLI::Option* system = app.add_option("--system", o.system,
-                                       "the system prompt (default: the template's own)")
-                            ->type_name("TEXT");
+  CLI::Option* system =
+      app.add_option("--system", o.system, "the system prompt (default: the template's own)")
+          ->type_name("TEXT");
   app.add_option("--turn", o.turns,
                  "a user message (repeat for several turns; none: read standard input)")
       ->type_name("TEXT");
@@ -104,7 +104,8 @@ bool parse_options(int argc, char** argv, Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (const auto stop = kvlab_support::read_command_line("kvlab-chat", argc, argv, o, parse_options))
+  if (const auto stop =
+          kvlab_support::read_command_line("kvlab-chat", argc, argv, o, parse_options))
     return *stop;
   const std::string& model_path = o.model_path;
   const std::string &backend_name = o.backend, &dtype_name = o.kv_dtype;
@@ -119,7 +120,8 @@ int main(int argc, char** argv) {
     const kvlab::BpeTokenizer tokenizer = kvlab::BpeTokenizer::from_gguf(file);
     const kvlab::ChatTemplate chat_template = kvlab::ChatTemplate::from_gguf(file);
     if (context > weights->config.seq_len) {
-      std::fprintf(stderr, "kvlab-chat: --context: expected at most the model's %d tokens, got %d\n",
+      std::fprintf(stderr,
+                   "kvlab-chat: --context: expected at most the model's %d tokens, got %d\n",
                    weights->config.seq_len, context);
       return 2;
     }
@@ -130,9 +132,11 @@ int main(int argc, char** argv) {
                             kvlab::Sampler(tokenizer.vocab_size(), o.temperature, o.top_p, o.seed),
                             o.system_given ? o.system : chat_template.default_system());
     if (!quiet) {
-      std::fprintf(stderr, "kvlab-chat: %s (%s)\n  %s backend, K/V as %s: %zu bytes per token; context %d tokens\n",
-                   file.path().c_str(), kvlab::to_string(weights->config).c_str(), backend_name.c_str(),
-                   dtype_name.c_str(), model.store().bytes_per_token(), context);
+      std::fprintf(
+          stderr,
+          "kvlab-chat: %s (%s)\n  %s backend, K/V as %s: %zu bytes per token; context %d tokens\n",
+          file.path().c_str(), kvlab::to_string(weights->config).c_str(), backend_name.c_str(),
+          dtype_name.c_str(), model.store().bytes_per_token(), context);
     }
 #if defined(KVLAB_HAS_ISATTY)
     const bool interactive = turns.empty() && isatty(0) != 0;
@@ -175,25 +179,27 @@ int main(int argc, char** argv) {
         });
       } catch (const kvlab::CapacityError& e) {
         std::printf("\n");
-        std::fprintf(stderr, "[not sent: %s; /reset starts a new conversation, --context %d allows more]\n",
+        std::fprintf(stderr,
+                     "[not sent: %s; /reset starts a new conversation, --context %d allows more]\n",
                      e.what(), weights->config.seq_len);
         refused = true;
         if (!interactive) break;
         continue;
       }
       ++turn_number;
-      std::printf("%s\n", t.context_full ? " [the context is full]" : t.ended ? "" : " [--max-new-tokens reached]");
+      std::printf("%s\n", t.context_full ? " [the context is full]"
+                          : t.ended      ? ""
+                                         : " [--max-new-tokens reached]");
       std::fflush(stdout);
       if (!quiet) {
-        std::fprintf(stderr,
-                     "[turn %d: %d tokens from the cache%s, %d prefilled (%.0f tokens/s), %d decoded "
-                     "(%.1f tokens/s); the conversation holds %d tokens, K/V %s]\n",
-                     turn_number, t.reused,
-                     backend == kvlab::LlamaBackend::Naive ? " (naive: recomputed at every step)"
-                                                           : "",
-                     t.prefilled,
-                     per_second(t.prefilled, t.prefill_seconds), t.generated,
-                     per_second(t.generated + 1, t.decode_seconds), chat.tokens(), mib(t.kv_bytes).c_str());
+        std::fprintf(
+            stderr,
+            "[turn %d: %d tokens from the cache%s, %d prefilled (%.0f tokens/s), %d decoded "
+            "(%.1f tokens/s); the conversation holds %d tokens, K/V %s]\n",
+            turn_number, t.reused,
+            backend == kvlab::LlamaBackend::Naive ? " (naive: recomputed at every step)" : "",
+            t.prefilled, per_second(t.prefilled, t.prefill_seconds), t.generated,
+            per_second(t.generated + 1, t.decode_seconds), chat.tokens(), mib(t.kv_bytes).c_str());
       }
     }
     return refused ? 1 : 0;

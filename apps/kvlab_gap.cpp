@@ -336,8 +336,8 @@ std::string processor_name() {
 }
 
 void svg_panel(std::ostringstream& svg, double x0, double y0, double width, double height,
-               const std::string& title, const std::string& x_label,
-               const std::vector<double>& ns, const std::vector<Series>& series) {
+               const std::string& title, const std::string& x_label, const std::vector<double>& ns,
+               const std::vector<Series>& series) {
   double lo = 1e300, hi = 0;
   for (const Series& s : series)
     for (double v : s.y) {
@@ -400,10 +400,17 @@ std::string xml_escaped(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -489,7 +496,8 @@ bool parse_options(int argc, char** argv, Options& options) {
               "keep --max-n small then)",
               1, kMax);
   add_integer(app, "--max-n", options.max_n,
-              "largest n of the generation table; n runs over 64, 128, ... up to it", kFirstN, kMax);
+              "largest n of the generation table; n runs over 64, 128, ... up to it", kFirstN,
+              kMax);
   add_integer(app, "--step-max-n", options.step_max_n,
               "largest n of the per-step table; n runs over 256, 1024, ... up to it", kFirstStepN,
               kMax);

@@ -80,9 +80,9 @@ bool parse_options(int argc, char** argv, Options& o) {
              "naive (recompute the prefix every step), cached (contiguous KV cache) or paged (KV "
              "cache in blocks)",
              {"naive", "cached", "paged"});
-  CLI::Option* steps = add_integer(app, "--steps", o.steps,
-                                   "tokens to generate (at most what the model's seq_len leaves)",
-                                   1, 1 << 30);
+  CLI::Option* steps =
+      add_integer(app, "--steps", o.steps,
+                  "tokens to generate (at most what the model's seq_len leaves)", 1, 1 << 30);
   CLI::Option* prompt =
       app.add_option("--prompt", o.prompt,
                      "the prompt: text with --tokenizer (BOS is put first), else token ids "
@@ -91,7 +91,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_number(app, "--temperature", o.temperature, "0 is greedy", 0.0, 1e6);
   add_number(app, "--top-p", o.top_p, "nucleus sampling threshold, 1 = off", 1e-9, 1.0);
   add_integer(app, "--seed", o.seed, "seed of the sampler (runs are reproducible)", 0, 2147483647L);
-  add_integer(app, "--block-size", o.block_size, "tokens per block of the paged backend", 1, 1 << 20);
+  add_integer(app, "--block-size", o.block_size, "tokens per block of the paged backend", 1,
+              1 << 20);
   add_choice(app, "--kv-dtype", kv_dtype,
              "how the cached and paged backends store K and V: fp32, fp16, bf16, int8 (q8_0: 8.5 "
              "bits per value) or int4 (q4_0: 4.5 bits per value)",
@@ -128,7 +129,8 @@ std::vector<int> parse_ids(const std::string& text, int vocab_size) {
   std::vector<int> ids;
   std::string word;
   while (in >> word) {
-    const int id = static_cast<int>(kvlab_support::parse_integer("--prompt", word, 0, vocab_size - 1));
+    const int id =
+        static_cast<int>(kvlab_support::parse_integer("--prompt", word, 0, vocab_size - 1));
     ids.push_back(id);
   }
   if (ids.empty())
@@ -160,8 +162,9 @@ int run(const Options& o) {
   // The model.
   const bool gguf = kvlab_support::is_gguf(o.model);
   if (gguf && !o.tokenizer.empty()) {
-    throw UsageError("--tokenizer: expected none with a GGUF model (the file holds its own), got '" +
-                     o.tokenizer + "'");
+    throw UsageError(
+        "--tokenizer: expected none with a GGUF model (the file holds its own), got '" +
+        o.tokenizer + "'");
   }
   const kvlab_support::ChosenModel chosen = kvlab_support::choose_model(o.model, o.builtin);
   const std::shared_ptr<const kvlab::LlamaWeights>& weights = chosen.weights;
@@ -171,7 +174,8 @@ int run(const Options& o) {
   // The tokenizer: it must have the model's vocabulary. A GGUF file holds its own.
   std::unique_ptr<kvlab::TextTokenizer> tokenizer;
   if (gguf) {
-    tokenizer = std::make_unique<kvlab::BpeTokenizer>(kvlab::BpeTokenizer::from_gguf(kvlab::GgufFile(o.model)));
+    tokenizer = std::make_unique<kvlab::BpeTokenizer>(
+        kvlab::BpeTokenizer::from_gguf(kvlab::GgufFile(o.model)));
     if (o.prompt.empty()) throw UsageError("--prompt: expected text for a GGUF model, got none");
   } else if (!o.tokenizer.empty()) {
     tokenizer = std::make_unique<kvlab::Tokenizer>(kvlab::Tokenizer::load(o.tokenizer));
@@ -187,8 +191,8 @@ int run(const Options& o) {
   const std::vector<int> prompt =
       llama2c != nullptr ? llama2c->encode(o.prompt, /*bos=*/true, /*eos=*/false)
       : tokenizer        ? tokenizer->encode_text(o.prompt, /*parse_special=*/false)
-      : (o.prompt_given  ? parse_ids(o.prompt, config.vocab_size)
-                         : std::vector<int>{kvlab::Tokenizer::kBos});
+                         : (o.prompt_given ? parse_ids(o.prompt, config.vocab_size)
+                                           : std::vector<int>{kvlab::Tokenizer::kBos});
   // What ends a generation: BOS for llama2.c's stories, the file's EOS for a GGUF model.
   const int stop_token = gguf ? tokenizer->eos_id() : kvlab::Tokenizer::kBos;
   kvlab::Utf8Stream text_stream;  // a GGUF token may end inside a character
@@ -219,21 +223,22 @@ int run(const Options& o) {
   kvlab::Sampler sampler(config.vocab_size, static_cast<float>(o.temperature),
                          static_cast<float>(o.top_p), o.seed);
 
-  std::fprintf(
-      stderr,
-      "kvlab-generate: %s\n  %s\n  backend %s%s, %s, %zu prompt tokens, up to %d new, "
-      "temperature %g, top-p %g, seed %llu, %d thread%s\n",
-      description.c_str(), kvlab::to_string(config).c_str(), kvlab::to_string(o.backend),
-      o.backend == kvlab::LlamaBackend::Paged
-          ? (" (block size " + std::to_string(o.block_size) + ")").c_str()
-          : "",
-      o.backend == kvlab::LlamaBackend::Naive
-          ? (o.window > 0 ? "no K/V kept, window " + std::to_string(o.window) : std::string("no K/V kept")).c_str()
-          : (std::string("K/V stored as ") + model.store().storage_name() + ", " +
-             std::to_string(model.store().bytes_per_token()) + " bytes per token")
-                .c_str(),
-      prompt.size(), steps, o.temperature, o.top_p, static_cast<unsigned long long>(o.seed),
-      o.threads, o.threads == 1 ? "" : "s");
+  std::fprintf(stderr,
+               "kvlab-generate: %s\n  %s\n  backend %s%s, %s, %zu prompt tokens, up to %d new, "
+               "temperature %g, top-p %g, seed %llu, %d thread%s\n",
+               description.c_str(), kvlab::to_string(config).c_str(), kvlab::to_string(o.backend),
+               o.backend == kvlab::LlamaBackend::Paged
+                   ? (" (block size " + std::to_string(o.block_size) + ")").c_str()
+                   : "",
+               o.backend == kvlab::LlamaBackend::Naive
+                   ? (o.window > 0 ? "no K/V kept, window " + std::to_string(o.window)
+                                   : std::string("no K/V kept"))
+                         .c_str()
+                   : (std::string("K/V stored as ") + model.store().storage_name() + ", " +
+                      std::to_string(model.store().bytes_per_token()) + " bytes per token")
+                         .c_str(),
+               prompt.size(), steps, o.temperature, o.top_p,
+               static_cast<unsigned long long>(o.seed), o.threads, o.threads == 1 ? "" : "s");
 
   // The prompt as it goes in, then each token as it comes out.
   if (gguf) {
@@ -255,7 +260,8 @@ int run(const Options& o) {
   int generated = 0;
   const auto on_token = [&](int token) {
     if (gguf) {
-      if (token != stop_token) std::fputs(text_stream.push(tokenizer->token_bytes(token)).c_str(), stdout);
+      if (token != stop_token)
+        std::fputs(text_stream.push(tokenizer->token_bytes(token)).c_str(), stdout);
     } else if (tokenizer) {
       print_piece(tokenizer->token_bytes(token, previous));
     } else {
@@ -273,8 +279,7 @@ int run(const Options& o) {
     }
   };
   model.time_phases(o.phases);
-  const kvlab::Generation g =
-      kvlab::generate(model, sampler, prompt, steps, on_token, stop_token);
+  const kvlab::Generation g = kvlab::generate(model, sampler, prompt, steps, on_token, stop_token);
   std::printf("%s\n", text_stream.finish().c_str());
   std::fflush(stdout);
 
@@ -283,7 +288,7 @@ int run(const Options& o) {
   std::fprintf(stderr, "\nkvlab-generate: %zu tokens generated%s\n", g.tokens.size(),
                g.stopped ? (gguf ? " (stopped: the model drew its end-of-text token)"
                                  : " (stopped: the model drew BOS, the end of a story)")
-                          : "");
+                         : "");
   std::fprintf(stderr, "  prefill: %4d token%s in %9.3f ms  %10.1f tok/s\n", g.prompt_tokens,
                g.prompt_tokens == 1 ? " " : "s", g.prefill_seconds * 1e3,
                g.prefill_tokens_per_second());
@@ -310,10 +315,13 @@ int run(const Options& o) {
     const kvlab::PhaseTimes& p = model.phase_times();
     const double all = p.total + g.sampling_seconds;
     std::fprintf(stderr, "  phases (ms, share):");
-    const std::pair<const char*, double> parts[] = {
-        {"layers' products", p.matmuls}, {"classifier", p.classifier}, {"attention", p.attention},
-        {"RoPE", p.rope},  {"norms", p.norms}, {"sampling", g.sampling_seconds},
-        {"other", p.other()}};
+    const std::pair<const char*, double> parts[] = {{"layers' products", p.matmuls},
+                                                    {"classifier", p.classifier},
+                                                    {"attention", p.attention},
+                                                    {"RoPE", p.rope},
+                                                    {"norms", p.norms},
+                                                    {"sampling", g.sampling_seconds},
+                                                    {"other", p.other()}};
     const std::size_t count = sizeof parts / sizeof parts[0];
     for (std::size_t i = 0; i < count; ++i)
       std::fprintf(stderr, " %s %.3f (%.1f%%)%s", parts[i].first, parts[i].second * 1e3,
@@ -321,26 +329,28 @@ int run(const Options& o) {
   }
   const kvlab::KVStore<float>& store = model.store();
   if (o.backend == kvlab::LlamaBackend::Cached) {
-    std::fprintf(stderr,
-                 "  KV cache: contiguous, %s, %d positions%s, %zu bytes per token, %.1f KiB "
-                 "reserved\n",
-                 store.storage_name(), model.position(),
-                 store.window() > 0
-                     ? (" in a ring of " + std::to_string(store.max_step_tokens() + store.window() - 1) +
-                        " (window " + std::to_string(store.window()) + ")")
-                           .c_str()
-                     : (" of " + std::to_string(model.max_tokens())).c_str(),
-                 store.bytes_per_token(), static_cast<double>(store.bytes_reserved()) / 1024);
+    std::fprintf(
+        stderr,
+        "  KV cache: contiguous, %s, %d positions%s, %zu bytes per token, %.1f KiB "
+        "reserved\n",
+        store.storage_name(), model.position(),
+        store.window() > 0
+            ? (" in a ring of " + std::to_string(store.max_step_tokens() + store.window() - 1) +
+               " (window " + std::to_string(store.window()) + ")")
+                  .c_str()
+            : (" of " + std::to_string(model.max_tokens())).c_str(),
+        store.bytes_per_token(), static_cast<double>(store.bytes_reserved()) / 1024);
   } else if (const kvlab::PagedKVCacheBase* pool = model.paged_cache()) {
     std::fprintf(stderr,
                  "  KV cache: paged, %s, %d positions in %d blocks of %d held%s (%d blocks in the "
                  "pool), %zu bytes per token\n",
                  store.storage_name(), pool->length(model.sequence()),
                  pool->held_blocks(model.sequence()), pool->block_size(),
-                 pool->window() > 0
-                     ? (" (window " + std::to_string(pool->window()) + ": the blocks before it "
-                        "are back in the pool)").c_str()
-                     : "",
+                 pool->window() > 0 ? (" (window " + std::to_string(pool->window()) +
+                                       ": the blocks before it "
+                                       "are back in the pool)")
+                                          .c_str()
+                                    : "",
                  pool->allocator().num_blocks(), store.bytes_per_token());
   } else {
     std::fprintf(stderr,

@@ -22,7 +22,8 @@
 //   build/apps/kvlab-serve                                   # built-in model, 32 requests
 //   build/apps/kvlab-serve --policy static --json static.json
 //   build/apps/kvlab-serve --model stories260K.bin --requests 64 --rate 50 --shared-prefix 32
-//   build/apps/kvlab-serve --model SmolLM2-135M-Instruct.Q4_1.gguf --workload apps/examples/chat_workload.jsonl
+//   build/apps/kvlab-serve --model SmolLM2-135M-Instruct.Q4_1.gguf --workload
+//   apps/examples/chat_workload.jsonl
 // --help lists the options.
 #include <algorithm>
 #include <chrono>
@@ -38,9 +39,9 @@
 #include <kvlab/model/chat.hpp>
 #include <kvlab/report/state_dot.hpp>
 
+#include "serve_workload.hpp"
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
-#include "serve_workload.hpp"
 
 namespace {
 
@@ -64,8 +65,8 @@ struct Options {
   bool clock_steps = false;
   int threads = 1;
   std::string json, step_log;
-  std::string dot;    // empty: no diagrams
-  int dot_step = -1;  // the step --dot draws (-1: not given, step 0)
+  std::string dot;      // empty: no diagrams
+  int dot_step = -1;    // the step --dot draws (-1: not given, step 0)
   std::string command;  // the command line, for the diagrams' titles
   bool quiet = false;
   std::string generated_option;  // a generated-workload option given (refused with --workload)
@@ -106,8 +107,8 @@ bool parse(int argc, char** argv, Options& o) {
               1 << 26);
   add_integer(app, "--max-batched-tokens", o.max_batched_tokens,
               "token budget per step (static batches have none)", 1, 1 << 20);
-  add_integer(app, "--max-running", o.max_running, "requests running at once (static: the batch size)",
-              1, 1 << 16);
+  add_integer(app, "--max-running", o.max_running,
+              "requests running at once (static: the batch size)", 1, 1 << 16);
   CLI::Option* max_len = add_integer(app, "--max-len", o.max_len,
                                      "tokens each request reserves under contiguous", 1, 1 << 20)
                              ->default_str("the model's context");
@@ -144,9 +145,9 @@ bool parse(int argc, char** argv, Options& o) {
            "and of the pool after it (PREFIX.pool.dot: block tables, holders, prefix-cache "
            "blocks); dot -Tsvg draws them")
       ->type_name("PREFIX");
-  CLI::Option* dot_step = add_integer(app, "--dot-step", o.dot_step, "the step --dot draws, from 0",
-                                      0, 1 << 30)
-                              ->default_str("0");
+  CLI::Option* dot_step =
+      add_integer(app, "--dot-step", o.dot_step, "the step --dot draws, from 0", 0, 1 << 30)
+          ->default_str("0");
   app.add_flag("--quiet", o.quiet, "no progress lines");
   if (!kvlab_support::parse(app, argc, argv)) return false;
   o.policy = kvlab::parse_batching_policy(policy);
@@ -163,22 +164,27 @@ bool parse(int argc, char** argv, Options& o) {
                      std::to_string(o.block_size) + "), got " + std::to_string(o.pool_tokens));
   }
   if (!o.workload.empty() && !o.generated_option.empty()) {
-    throw UsageError(o.generated_option + ": expected no generated-workload option with --workload, "
+    throw UsageError(o.generated_option +
+                     ": expected no generated-workload option with --workload, "
                      "got both");
   }
   if (o.max_len_given && o.policy != kvlab::BatchingPolicy::Contiguous) {
     throw UsageError(std::string("--max-len: expected --policy contiguous (the only policy that "
-                                 "reserves it), got --policy ") + kvlab::to_string(o.policy));
+                                 "reserves it), got --policy ") +
+                     kvlab::to_string(o.policy));
   }
   if (o.prefix_caching_given && o.prefix_caching && o.policy != kvlab::BatchingPolicy::Continuous) {
     throw UsageError(std::string("--prefix-caching on: expected --policy continuous (the baselines "
-                                 "never share), got --policy ") + kvlab::to_string(o.policy));
+                                 "never share), got --policy ") +
+                     kvlab::to_string(o.policy));
   }
   if (o.window > 0 && o.prefix_caching_given && o.prefix_caching) {
-    throw UsageError("--prefix-caching on: expected off with --window (the pool gives back the "
-                     "blocks before each window; kvlab does not combine the two), got on");
+    throw UsageError(
+        "--prefix-caching on: expected off with --window (the pool gives back the "
+        "blocks before each window; kvlab does not combine the two), got on");
   }
-  if (o.dot_step >= 0 && o.dot.empty()) throw UsageError("--dot-step: expected --dot too, got none");
+  if (o.dot_step >= 0 && o.dot.empty())
+    throw UsageError("--dot-step: expected --dot too, got none");
   if (o.window > 0) o.prefix_caching = false;  // off by default with a window
   // The command for the diagrams' titles: the program as users type it, without --dot's path
   // (a path of the machine that drew them).
@@ -236,17 +242,18 @@ int serve(const Options& o) {
   }
   // Text requests: the chat template and tokenizer of the GGUF file.
   std::unique_ptr<kvlab::BpeTokenizer> tokenizer;
-  std::vector<bool> is_text;     // [accepted] given as text: its reply is printed
+  std::vector<bool> is_text;    // [accepted] given as text: its reply is printed
   std::vector<int> engine_ids;  // [accepted] the engine's id of each
-  const auto text_request = std::find_if(entries.begin(), entries.end(),
-                                         [](const kvlab_serve::WorkloadEntry& e) { return e.has_user; });
+  const auto text_request =
+      std::find_if(entries.begin(), entries.end(),
+                   [](const kvlab_serve::WorkloadEntry& e) { return e.has_user; });
   if (text_request != entries.end()) {
     if (!kvlab_support::is_gguf(o.model)) {
       std::fprintf(stderr,
                    "%s: %s: request %zu: user: expected a GGUF model (--model FILE.gguf), whose "
                    "tokenizer and chat template turn text into ids, got %s\n",
-                   kProgram, o.workload.c_str(), static_cast<std::size_t>(text_request - entries.begin()),
-                   description.c_str());
+                   kProgram, o.workload.c_str(),
+                   static_cast<std::size_t>(text_request - entries.begin()), description.c_str());
       return 2;
     }
     const kvlab::GgufFile file(o.model);
@@ -254,8 +261,8 @@ int serve(const Options& o) {
     const kvlab::ChatTemplate chat = kvlab::ChatTemplate::from_gguf(file);
     for (kvlab_serve::WorkloadEntry& e : entries) {
       if (!e.has_user) continue;
-      e.request.prompt =
-          tokenizer->encode_parts(chat.prompt(e.has_system ? e.system : chat.default_system(), e.user));
+      e.request.prompt = tokenizer->encode_parts(
+          chat.prompt(e.has_system ? e.system : chat.default_system(), e.user));
       if (!e.has_stop_ids) e.request.stop_ids = {tokenizer->eos_id()};
     }
   }
@@ -278,8 +285,8 @@ int serve(const Options& o) {
   std::fprintf(stderr,
                "%s: %s, %s policy, %zu requests, pool %d tokens (%d blocks of %d), K/V stored as "
                "%s, %zu bytes per token\n",
-               kProgram, description.c_str(), kvlab::to_string(o.policy), ids.size(),
-               o.pool_tokens, config.num_blocks, o.block_size, engine.model().store().storage_name(),
+               kProgram, description.c_str(), kvlab::to_string(o.policy), ids.size(), o.pool_tokens,
+               config.num_blocks, o.block_size, engine.model().store().storage_name(),
                engine.model().store().bytes_per_token());
 
   // --dot: the step and the pool after it, named as the output names the requests.
@@ -300,7 +307,8 @@ int serve(const Options& o) {
     if (o.quiet || now - last < std::chrono::seconds(1)) return;
     last = now;
     const int total = engine.scheduler().num_requests();
-    std::fprintf(stderr, "  step %d: %d of %d requests done, %d running, %d waiting, %d blocks free\n",
+    std::fprintf(stderr,
+                 "  step %d: %d of %d requests done, %d running, %d waiting, %d blocks free\n",
                  s.step, total - engine.scheduler().unfinished(), total, s.running, s.waiting,
                  s.blocks_free);
   });
@@ -309,26 +317,30 @@ int serve(const Options& o) {
   const char* unit = o.clock_steps ? "steps" : "s";
   std::printf("kvlab-serve: %s policy, %s\n", kvlab::to_string(o.policy), description.c_str());
   std::printf("  requests             %d served, %d refused\n", s.requests, refused);
-  std::printf("  throughput           %.1f generated tokens/%s (%lld tokens in %.3f %s, %d steps)\n",
-              s.throughput_tok_s, o.clock_steps ? "step" : "s",
-              static_cast<long long>(s.generated_tokens), s.wall_s, unit, s.steps);
-  std::printf("  time to first token  p50 %.4f %s, p99 %.4f %s\n", s.ttft_s.p50, unit,
-              s.ttft_s.p99, unit);
-  std::printf("  time per output tok  p50 %.4f %s, p99 %.4f %s\n", s.tpot_s.p50, unit,
-              s.tpot_s.p99, unit);
-  std::printf("  concurrency          peak %d requests per step, mean %.1f (%.1f while others "
-              "waited)\n",
-              s.peak_running, s.mean_running, s.mean_running_loaded);
-  std::printf("  KV memory            peak %d of %d blocks held or reserved; %.1f%% of those "
-              "held tokens (mean over steps)\n",
-              s.peak_blocks, config.num_blocks, 100.0 * s.kv_utilisation);
+  std::printf(
+      "  throughput           %.1f generated tokens/%s (%lld tokens in %.3f %s, %d steps)\n",
+      s.throughput_tok_s, o.clock_steps ? "step" : "s", static_cast<long long>(s.generated_tokens),
+      s.wall_s, unit, s.steps);
+  std::printf("  time to first token  p50 %.4f %s, p99 %.4f %s\n", s.ttft_s.p50, unit, s.ttft_s.p99,
+              unit);
+  std::printf("  time per output tok  p50 %.4f %s, p99 %.4f %s\n", s.tpot_s.p50, unit, s.tpot_s.p99,
+              unit);
+  std::printf(
+      "  concurrency          peak %d requests per step, mean %.1f (%.1f while others "
+      "waited)\n",
+      s.peak_running, s.mean_running, s.mean_running_loaded);
+  std::printf(
+      "  KV memory            peak %d of %d blocks held or reserved; %.1f%% of those "
+      "held tokens (mean over steps)\n",
+      s.peak_blocks, config.num_blocks, 100.0 * s.kv_utilisation);
   std::printf("  computed tokens      %lld (prompts %lld, recompute and padding included)\n",
               static_cast<long long>(s.computed_tokens), static_cast<long long>(s.prompt_tokens));
   std::printf("  preemptions          %d\n", s.preemptions);
   std::printf("  prefix cache         %lld tokens hit, %.1f%% of those looked up\n",
               static_cast<long long>(s.prefix_hit_tokens), 100.0 * s.prefix_hit_rate);
   if (tokenizer != nullptr) {
-    std::printf("  replies (text requests; stop: the model's end of turn, length: max_new_tokens)\n");
+    std::printf(
+        "  replies (text requests; stop: the model's end of turn, length: max_new_tokens)\n");
     for (std::size_t i = 0; i < ids.size(); ++i) {
       if (!is_text[i]) continue;
       const kvlab::RequestOutput& out = engine.output(engine_ids[i]);

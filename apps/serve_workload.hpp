@@ -50,12 +50,12 @@ struct WorkloadError : std::runtime_error {
 
 /// A request of the file and the JSON text of its id.
 struct WorkloadEntry {
-  kvlab::Request request;  ///< its prompt is empty while the request is text (`has_user`)
-  std::string id;  ///< JSON text: a number, a quoted string, or empty for "the index"
-  bool has_user = false;    ///< given as text: "user" (and maybe "system") instead of "prompt"
-  std::string user;         ///< the user's message (UTF-8)
-  bool has_system = false;  ///< "system" given (else the chat template's default)
-  std::string system;       ///< the system prompt (UTF-8)
+  kvlab::Request request;     ///< its prompt is empty while the request is text (`has_user`)
+  std::string id;             ///< JSON text: a number, a quoted string, or empty for "the index"
+  bool has_user = false;      ///< given as text: "user" (and maybe "system") instead of "prompt"
+  std::string user;           ///< the user's message (UTF-8)
+  bool has_system = false;    ///< "system" given (else the chat template's default)
+  std::string system;         ///< the system prompt (UTF-8)
   bool has_stop_ids = false;  ///< "stop_ids" given (a text request stops at EOS otherwise)
 };
 
@@ -109,7 +109,8 @@ inline Json parse_object(const std::string& line, const std::string& where) {
       keys.push_back(reading);
     }
     // A key's value is read: a scalar, or the end of an array or object.
-    if (depth == 1 && (event == Event::value || event == Event::array_end || event == Event::object_end))
+    if (depth == 1 &&
+        (event == Event::value || event == Event::array_end || event == Event::object_end))
       reading.clear();
     return true;
   };
@@ -152,7 +153,8 @@ inline long long integer(const Json& value, const std::string& where, const std:
     if (std::trunc(d) != d || d < static_cast<double>(minimum) || d > static_cast<double>(maximum))
       fail(where, key, range, shown(value));
     if (std::fabs(d) > 9007199254740992.0)  // 2^53
-      fail(where, key, range + ", above 2^53 in digits alone (no fraction or exponent)", shown(value));
+      fail(where, key, range + ", above 2^53 in digits alone (no fraction or exponent)",
+           shown(value));
     n = static_cast<long long>(d);
   } else {
     fail(where, key, range, shown(value));
@@ -182,8 +184,8 @@ inline std::vector<int> token_ids(const Json& value, const std::string& where,
   std::vector<int> ids;
   ids.reserve(value.size());
   for (std::size_t i = 0; i < value.size(); ++i)
-    ids.push_back(static_cast<int>(integer(value[i], where, key + "[" + std::to_string(i) + "]",
-                                           INT32_MIN, INT32_MAX)));
+    ids.push_back(static_cast<int>(
+        integer(value[i], where, key + "[" + std::to_string(i) + "]", INT32_MIN, INT32_MAX)));
   return ids;
 }
 

@@ -28,7 +28,8 @@
 // prefill run with their phases timed (kvlab::LlamaModel::time_phases: the layers' products, the
 // classifier, attention, RoPE, the norms, the rest; and the sampling, kvlab::Generation); printed
 // per token (decode) or per call (prefill), with the layers' products inside the prefill as GMAC/s
-// against the GEMM above. Kept out of the timed runs, whose clocks they would read ~20 times a layer.
+// against the GEMM above. Kept out of the timed runs, whose clocks they would read ~20 times a
+// layer.
 //
 // KV cache (with --model): bytes per token of each KV dtype (kvlab::stored_bytes_per_token) and
 // at the model's whole context; peak RSS of the process (getrusage) at the end.
@@ -56,8 +57,8 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/builtin_model.hpp"
 #include "read_bandwidth.hpp"
+#include "support/builtin_model.hpp"
 #include "support/cli.hpp"
 #include "support/json.hpp"
 #include "support/stats.hpp"
@@ -89,7 +90,7 @@ struct Model {
 
 // One line of results: a backend on one model at one thread count.
 struct Result {
-  std::string model, backend;  // backend: its name as printed ("paged/16")
+  std::string model, backend;                // backend: its name as printed ("paged/16")
   LlamaBackend kind = LlamaBackend::Cached;  // the backend itself
   int threads = 0, steps = 0, block_size = 0;
   double tokens_per_second = 0;  // median over repetitions: steps / (prefill + decode time)
@@ -108,9 +109,9 @@ struct Result {
 struct PrefillResult {
   std::string model;
   int threads = 0, tokens = 0;
-  double seconds = 0;      // median over repetitions of one prefill call
-  std::uint64_t macs = 0;  // of one prefill (kvlab::LlamaCounters::macs)
-  double gemm_gmacs = 0;   // Eigen's GEMM on the layers' products at `tokens` rows, GMAC/s
+  double seconds = 0;            // median over repetitions of one prefill call
+  std::uint64_t macs = 0;        // of one prefill (kvlab::LlamaCounters::macs)
+  double gemm_gmacs = 0;         // Eigen's GEMM on the layers' products at `tokens` rows, GMAC/s
   std::uint64_t layer_macs = 0;  // of those products (what the GEMM pass computes)
   kvlab::PhaseTimes phases;      // of one more prefill, its phases timed
   double gmacs() const { return static_cast<double>(macs) / seconds * 1e-9; }
@@ -320,9 +321,14 @@ void print_phases(const std::string& model, int threads, const kvlab::PhaseTimes
 
 // The phases as a JSON object (seconds).
 kvlab_support::Json phases_json(const kvlab::PhaseTimes& p, double sampling) {
-  return {{"layer_products", p.matmuls}, {"classifier", p.classifier}, {"attention", p.attention},
-          {"rope", p.rope},               {"norms", p.norms},           {"sampling", sampling},
-          {"other", p.other()},           {"model_steps", p.total}};
+  return {{"layer_products", p.matmuls},
+          {"classifier", p.classifier},
+          {"attention", p.attention},
+          {"rope", p.rope},
+          {"norms", p.norms},
+          {"sampling", sampling},
+          {"other", p.other()},
+          {"model_steps", p.total}};
 }
 
 void print_prefill(const std::vector<PrefillResult>& prefills, const Options& o) {
@@ -406,8 +412,9 @@ void print_table(const std::vector<Result>& results, const Options& o) {
 void print_kv_sizes(const Model& model) {
   const kvlab::LlamaConfig& c = model.weights->config;
   const kvlab::ModelConfig sizes = kvlab::to_model_config(c, model.name);
-  std::printf("\nKV cache of %s (%d layers, %d K/V heads of %d values; kvlab::stored_bytes_per_token):\n",
-              model.name.c_str(), sizes.num_layers, sizes.num_kv_heads, sizes.head_dim);
+  std::printf(
+      "\nKV cache of %s (%d layers, %d K/V heads of %d values; kvlab::stored_bytes_per_token):\n",
+      model.name.c_str(), sizes.num_layers, sizes.num_kv_heads, sizes.head_dim);
   std::printf("%-5s | %15s | %22s\n", "dtype", "bytes per token", "at the context");
   for (kvlab::KVDtype d : {kvlab::KVDtype::fp32, kvlab::KVDtype::fp16, kvlab::KVDtype::bf16,
                            kvlab::KVDtype::int8, kvlab::KVDtype::int4}) {
@@ -417,9 +424,10 @@ void print_kv_sizes(const Model& model) {
                 kvlab::format_bytes(per_token * static_cast<std::uint64_t>(c.seq_len)).c_str(),
                 c.seq_len);
   }
-  std::printf("Weights read per decode step (fp32, every matrix once; LlamaConfig::decode_weight_bytes): "
-              "%llu bytes.\n",
-              static_cast<unsigned long long>(c.decode_weight_bytes()));
+  std::printf(
+      "Weights read per decode step (fp32, every matrix once; LlamaConfig::decode_weight_bytes): "
+      "%llu bytes.\n",
+      static_cast<unsigned long long>(c.decode_weight_bytes()));
 }
 
 void write_json(const std::string& path, const std::vector<Result>& results,
@@ -502,7 +510,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_file(app, "--json", o.json, "also write the results as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
   if (o.models.size() > 1 && std::find(o.models.begin(), o.models.end(), "none") != o.models.end())
-    throw UsageError("--models: expected none alone, got '" + CLI::detail::join(o.models, ",") + "'");
+    throw UsageError("--models: expected none alone, got '" + CLI::detail::join(o.models, ",") +
+                     "'");
   return true;
 }
 
@@ -581,7 +590,8 @@ int main(int argc, char** argv) {
         std::printf("%s: its context (%d) is shorter than --prefill %d: prefill not timed\n",
                     m.name.c_str(), m.weights->config.seq_len, o.prefill);
       } else {
-        for (int t : o.threads) prefills.push_back(run_prefill(m.name, m.weights, o.prefill, t, o.reps));
+        for (int t : o.threads)
+          prefills.push_back(run_prefill(m.name, m.weights, o.prefill, t, o.reps));
       }
     }
     print_table(results, o);
@@ -589,9 +599,10 @@ int main(int argc, char** argv) {
     if (!o.model_file.empty()) print_kv_sizes(models.back());
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
-    std::printf("\nPeak resident memory of this process: %.1f MiB (getrusage ru_maxrss; the read-bandwidth "
-                "buffer of %d MiB included).\n",
-                static_cast<double>(usage.ru_maxrss) / 1024.0, o.read_mib);
+    std::printf(
+        "\nPeak resident memory of this process: %.1f MiB (getrusage ru_maxrss; the read-bandwidth "
+        "buffer of %d MiB included).\n",
+        static_cast<double>(usage.ru_maxrss) / 1024.0, o.read_mib);
     if (!o.json.empty()) write_json(o.json, results, prefills, o, models);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_generate: %s\n", e.what());

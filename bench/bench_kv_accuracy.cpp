@@ -1,6 +1,7 @@
 // bench_kv_accuracy: what storing K and V in less precision costs in accuracy (no timing).
 //
-// 1. Attention outputs. A GQA layer (32 query heads, 8 K/V heads, head_dim 128) holds n = 4096 (--n)
+// 1. Attention outputs. A GQA layer (32 query heads, 8 K/V heads, head_dim 128) holds n = 4096
+// (--n)
 //    tokens of uniform random K in [-2, 2) and V in [-1, 1); 16 queries attend as decode steps
 //    (kvlab::cpu::decode_attention) over a cache of each precision. Printed: the largest and the
 //    mean |error| of the outputs against the exact attention over the values appended (double,
@@ -58,9 +59,10 @@ void attention_errors(int n) {
   const RowMatrix<double> exact = kvlab::cpu::reference_attention(
       shape, RowMatrix<double>(q.cast<double>()), RowMatrix<double>(k.cast<double>()),
       RowMatrix<double>(v.cast<double>()), n - queries);
-  std::printf("1. Attention outputs: %d heads / %d K/V x %d, n = %d, %d decode queries; error "
-              "against the exact attention (double) over the values appended\n",
-              shape.num_heads(), shape.num_kv_heads(), hd, n, queries);
+  std::printf(
+      "1. Attention outputs: %d heads / %d K/V x %d, n = %d, %d decode queries; error "
+      "against the exact attention (double) over the values appended\n",
+      shape.num_heads(), shape.num_kv_heads(), hd, n, queries);
   std::printf("%-5s %12s %12s %16s\n", "kv", "max |err|", "mean |err|", "max err / bound");
   for (KVDtype d : kDtypes) {
     kvlab::visit_kv_dtype(d, [&](auto tag) {
@@ -87,7 +89,8 @@ void attention_errors(int n) {
           double delta = 0;  // max over keys of scale · Σ_c |q_c| εk
           for (int j = 0; j < len; ++j) {
             double dj = 0;
-            for (int c = 0; c < hd; ++c) dj += std::fabs(double(q(i, h * hd + c))) * ek(j, hk * hd + c);
+            for (int c = 0; c < hd; ++c)
+              dj += std::fabs(double(q(i, h * hd + c))) * ek(j, hk * hd + c);
             delta = std::max(delta, shape.scale() * dj);
           }
           for (int c = 0; c < hd; ++c) {
@@ -130,8 +133,8 @@ void model_agreement(const std::string& name, const std::shared_ptr<const kvlab:
   const int room = std::min(steps, c.seq_len - static_cast<int>(prompt.size()));
   // fp32's greedy run: its tokens and logits
   kvlab::LlamaModel reference(w, kvlab::LlamaBackend::Cached);
-  std::vector<int> tokens;                       // [room]
-  std::vector<kvlab::RowVector<float>> logits;   // [room]
+  std::vector<int> tokens;                      // [room]
+  std::vector<kvlab::RowVector<float>> logits;  // [room]
   kvlab::RowVector<float> l = reference.prefill(prompt);
   for (int s = 0; s < room; ++s) {
     logits.push_back(l);
@@ -167,8 +170,8 @@ void model_agreement(const std::string& name, const std::shared_ptr<const kvlab:
     double sum = 0, worst = 0;
     kvlab::RowVector<float> g = forced->prefill(prompt);
     for (int s = 0; s < room; ++s) {
-      const double mean_abs = static_cast<double>(
-          (g - logits[static_cast<std::size_t>(s)]).cwiseAbs().mean());
+      const double mean_abs =
+          static_cast<double>((g - logits[static_cast<std::size_t>(s)]).cwiseAbs().mean());
       sum += mean_abs;
       worst = std::max(worst, mean_abs);
       if (s + 1 < room) g = forced->decode(tokens[static_cast<std::size_t>(s)]);
@@ -201,22 +204,25 @@ int main(int argc, char** argv) {
     return *stop;
   try {
     attention_errors(options.n);
-    std::printf("\n2. Whole models, greedy from a fixed 5-token prompt: the step at which the "
-                "tokens first differ from fp32's, and the logits' distance with fp32's tokens "
-                "fed (mean over the vocabulary, per step)\n");
+    std::printf(
+        "\n2. Whole models, greedy from a fixed 5-token prompt: the step at which the "
+        "tokens first differ from fp32's, and the logits' distance with fp32's tokens "
+        "fed (mean over the vocabulary, per step)\n");
     if (!options.model_dir.empty()) {
       const std::string path = options.model_dir + "/stories260K.bin";
-      model_agreement("stories260K.bin", std::make_shared<const kvlab::LlamaWeights>(
-                                             kvlab::load_llama_checkpoint(path)),
-                      options.steps);
+      model_agreement(
+          "stories260K.bin",
+          std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path)),
+          options.steps);
     }
     kvlab::LlamaConfig shape15m = kvlab::LlamaConfig::stories15m().with_shared_classifier(false);
-    model_agreement("stories15M shape, random weights",
-                    std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::random(shape15m, 1)),
-                    options.steps);
+    model_agreement(
+        "stories15M shape, random weights",
+        std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::random(shape15m, 1)),
+        options.steps);
     model_agreement("stories15M shape with 9 heads of 32, random weights",
-                    std::make_shared<const kvlab::LlamaWeights>(
-                        kvlab::LlamaWeights::random(kvlab::LlamaConfig(shape15m).with_heads(9, 9), 1)),
+                    std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::random(
+                        kvlab::LlamaConfig(shape15m).with_heads(9, 9), 1)),
                     options.steps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_kv_accuracy: %s\n", e.what());

@@ -128,7 +128,8 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
       std::vector<double> now(paths);
       for (std::size_t i = 0; i < paths; ++i) {
         const std::size_t p = (i + static_cast<std::size_t>(rep)) % paths;
-        now[p] = time_per_call([&] { caches[p]->attend(shape, q, out, nullptr); }, options.min_time);
+        now[p] =
+            time_per_call([&] { caches[p]->attend(shape, q, out, nullptr); }, options.min_time);
       }
       for (std::size_t p = 0; p < paths; ++p) {
         seconds[p].push_back(now[p]);
@@ -173,18 +174,21 @@ void print_table(const std::vector<Result>& results, const Options& options,
                 r.shape.c_str(), r.threads, r.n, r.dtype.c_str(), r.mib, r.bytes_ratio,
                 r.seconds * 1e6, r.gbps, r.fraction, r.ratio, r.error, regime);
   }
-  std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15 runs):", options.read_mib);
+  std::printf("\nRead bandwidth (vectorised sum over %d MiB, median of 15 runs):",
+              options.read_mib);
   for (std::size_t t = 0; t < options.threads.size(); ++t)
     std::printf(" %d thread%s %.2f GB/s;", options.threads[t], options.threads[t] == 1 ? "" : "s",
                 read_gbps[t]);
-  std::printf("\nL3: %zu MiB. Bytes as stored: fp16/bf16 0.5, int8 34/128 = 0.266, int4 18/128 = "
-              "0.141 of fp32's.\n",
-              kvlab_bench::l3_bytes() >> 20);
+  std::printf(
+      "\nL3: %zu MiB. Bytes as stored: fp16/bf16 0.5, int8 34/128 = 0.266, int4 18/128 = "
+      "0.141 of fp32's.\n",
+      kvlab_bench::l3_bytes() >> 20);
 }
 
 void write_json(const std::string& path, const std::vector<Result>& results, const Options& options,
                 const std::vector<double>& read_gbps) {
-  kvlab_support::Json json = kvlab_bench::step_bench_json_head("bench_kv_dtype", options, read_gbps);
+  kvlab_support::Json json =
+      kvlab_bench::step_bench_json_head("bench_kv_dtype", options, read_gbps);
   json["results"] = kvlab_support::Json::array();
   for (const Result& r : results) {
     json["results"].push_back({{"shape", r.shape},
@@ -208,8 +212,9 @@ int main(int argc, char** argv) {
   Options options;
   options.max_n = 32768;
   options.reps = 5;
-  return kvlab_bench::step_bench_main<Result>("bench_kv_dtype",
-      "bench_kv_dtype: one decode step over K/V stored as fp32, fp16, bf16, int8 and int4 (cpu::decode_attention), medians of repetitions, against the read bandwidth.",
-      "storage", argc, argv, options, kConfigs,
-                                              run_case, print_table, write_json);
+  return kvlab_bench::step_bench_main<Result>(
+      "bench_kv_dtype",
+      "bench_kv_dtype: one decode step over K/V stored as fp32, fp16, bf16, int8 and int4 "
+      "(cpu::decode_attention), medians of repetitions, against the read bandwidth.",
+      "storage", argc, argv, options, kConfigs, run_case, print_table, write_json);
 }

@@ -79,7 +79,6 @@
 
 namespace {
 
-
 constexpr double kPi = 3.14159265358979323846;
 const int kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
 
@@ -265,25 +264,26 @@ void write_json(const std::string& path, const Options& o, const std::vector<Req
   const auto pct = [&](double q) {
     return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1))];
   };
-  Json json = {{"program", "bench_memory_waste"},
-               {"workload",
-                {{"requests", requests.size()},
-                 {"seed", o.seed},
-                 {"total_length", "lognormal, rounded, clamped to [2, max_len]"},
-                 {"median", o.median},
-                 {"sigma", o.sigma},
-                 {"max_len", o.max_len},
-                 {"prompt", "1 + floor(u * (L - 1)), u uniform in [0, 1)"},
-                 {"mean_total", mean_len},
-                 {"p50_total", pct(0.5)},
-                 {"p90_total", pct(0.9)},
-                 {"p99_total", pct(0.99)},
-                 {"clamped_to_max_len", clamped_high},
-                 {"clamped_to_2", clamped_low}}},
-               {"model", {{"name", "Llama-2-7B"}, {"dtype", "fp16"}, {"bytes_per_token", bytes_per_token}}},
-               {"budget_bytes", budget},
-               {"budget_tokens", budget / bytes_per_token},
-               {"layouts", Json::array()}};
+  Json json = {
+      {"program", "bench_memory_waste"},
+      {"workload",
+       {{"requests", requests.size()},
+        {"seed", o.seed},
+        {"total_length", "lognormal, rounded, clamped to [2, max_len]"},
+        {"median", o.median},
+        {"sigma", o.sigma},
+        {"max_len", o.max_len},
+        {"prompt", "1 + floor(u * (L - 1)), u uniform in [0, 1)"},
+        {"mean_total", mean_len},
+        {"p50_total", pct(0.5)},
+        {"p90_total", pct(0.9)},
+        {"p99_total", pct(0.99)},
+        {"clamped_to_max_len", clamped_high},
+        {"clamped_to_2", clamped_low}}},
+      {"model", {{"name", "Llama-2-7B"}, {"dtype", "fp16"}, {"bytes_per_token", bytes_per_token}}},
+      {"budget_bytes", budget},
+      {"budget_tokens", budget / bytes_per_token},
+      {"layouts", Json::array()}};
   for (const Row& r : rows) {
     json["layouts"].push_back({{"layout", r.layout},
                                {"block_size", r.block_size},
@@ -317,7 +317,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_integer(app, "--seed", o.seed, "seed of the workload", 0, 2147483647);
   add_integer(app, "--budget-gib", o.budget_gib, "KV-cache budget in GiB", 1, 1024);
   add_integer(app, "--max-len", o.max_len,
-              "tokens a contiguous cache reserves per request; lengths are clamped to it", 2, 1 << 20);
+              "tokens a contiguous cache reserves per request; lengths are clamped to it", 2,
+              1 << 20);
   add_integer(app, "--median", o.median, "median total length in tokens", 1, 1 << 20);
   add_number(app, "--sigma", o.sigma, "sigma of ln(total length)", 0.0, 4.0);
   add_file(app, "--json", o.json, "also write the results as JSON");

@@ -57,8 +57,8 @@
 
 namespace {
 
-using kvlab_support::median;
 using kvlab_bench::row_relative_difference;
+using kvlab_support::median;
 using kvlab_support::set_threads;
 using kvlab_support::time_per_call;
 
@@ -81,7 +81,8 @@ struct Result {
   std::string shape, path, layout;         // layout "" for contiguous
   int n = 0, threads = 0, block_size = 0;  // block_size 0: contiguous
   double seconds = 0, gbps = 0, fraction = 0, ratio = 1;
-  double read_seconds = 0, read_ratio = 1;  // the same bytes in the same order, summed (`read_order`)
+  // the same bytes in the same order, summed (`read_order`)
+  double read_seconds = 0, read_ratio = 1;
 };
 
 // A block pool holding the rows of `cache` through a table of blocks in random physical order.
@@ -177,8 +178,7 @@ float read_in_order(const ReadOrder& order, int threads) {
   for (std::ptrdiff_t i = 0; i < items; ++i) {
     float sum = 0;
     for (const Piece& piece : order[static_cast<std::size_t>(i)])
-      sum += Eigen::Map<const Eigen::ArrayXf>(piece.first,
-                                              static_cast<Eigen::Index>(piece.second))
+      sum += Eigen::Map<const Eigen::ArrayXf>(piece.first, static_cast<Eigen::Index>(piece.second))
                  .sum();
     partial[static_cast<std::size_t>(i)] = sum;
   }
@@ -237,12 +237,12 @@ void run_case(const Config& c, int n, const Options& options, const std::vector<
     set_threads(threads);
     std::vector<ReadOrder> orders{read_order(flat)};  // [path]
     for (const Pool& pool : pools) orders.push_back(read_order(pool.view, threads));
-    volatile float sink = 0;  // keeps the sums of the reads
+    volatile float sink = 0;                          // keeps the sums of the reads
     std::vector<std::vector<double>> seconds(paths);  // [path][rep]
     std::vector<std::vector<double>> ratios(paths);   // [path][rep]: paged / contiguous, same rep
     std::vector<std::vector<double>> read_seconds(paths);  // [path][rep]
     std::vector<std::vector<double>> read_ratios(paths);   // [path][rep]
-    for (std::size_t p = 0; p < paths; ++p) call(p);  // warm-up
+    for (std::size_t p = 0; p < paths; ++p) call(p);       // warm-up
     for (int rep = 0; rep < options.reps; ++rep) {
       std::vector<double> now(paths), read_now(paths);
       for (std::size_t i = 0; i < paths; ++i) {
@@ -353,8 +353,10 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
 
 int main(int argc, char** argv) {
   Options options;
-  return kvlab_bench::step_bench_main<Result>("bench_paged_decode",
-      "bench_paged_decode: the price of paging for one decode step: cpu::paged_decode_attention over block pools (block sizes 1, 16, 32; NHD and HND) against cpu::decode_attention over a contiguous cache, medians of repetitions, against the read bandwidth.",
-      "path", argc, argv, options, kConfigs,
-                                              run_case, print_table, write_json);
+  return kvlab_bench::step_bench_main<Result>(
+      "bench_paged_decode",
+      "bench_paged_decode: the price of paging for one decode step: cpu::paged_decode_attention "
+      "over block pools (block sizes 1, 16, 32; NHD and HND) against cpu::decode_attention over a "
+      "contiguous cache, medians of repetitions, against the read bandwidth.",
+      "path", argc, argv, options, kConfigs, run_case, print_table, write_json);
 }

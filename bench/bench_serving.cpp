@@ -78,8 +78,10 @@ bool parse(int argc, char** argv, Options& o) {
   add_integer_list(app, "--threads", o.threads, "OpenMP thread counts", 1, 256);
   add_integer(app, "--reps", o.reps, "repetitions, medians reported", 1, 1000);
   add_integer(app, "--requests", o.requests, "requests of the mixed workload", 1, 1 << 16);
-  add_integer(app, "--pool-tokens", o.pool_tokens, "KV memory of every policy, in tokens", 1, 1 << 24);
-  add_integer(app, "--max-running", o.max_running, "requests running at once, every policy", 1, 1 << 16);
+  add_integer(app, "--pool-tokens", o.pool_tokens, "KV memory of every policy, in tokens", 1,
+              1 << 24);
+  add_integer(app, "--max-running", o.max_running, "requests running at once, every policy", 1,
+              1 << 16);
   add_integer(app, "--block-size", o.block_size, "tokens per block", 1, 1 << 12);
   add_file(app, "--json", o.json, "write the figures as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
@@ -123,7 +125,7 @@ Run serve(const std::shared_ptr<const kvlab::LlamaWeights>& weights,
 }
 
 kvlab::EngineConfig engine_config(const Options& o, BatchingPolicy policy, int max_running,
-                                   bool prefix_caching) {
+                                  bool prefix_caching) {
   kvlab::EngineConfig c;
   c.block_size = o.block_size;
   c.num_blocks = o.pool_tokens / o.block_size;
@@ -242,19 +244,23 @@ int main(int argc, char** argv) {
         f.loaded_running_static = runs[1].summary.mean_running_loaded;
         f.preemptions = runs[0].summary.preemptions;
         // 3: a batch of 16 decoding together vs one alone.
-        const Run one = serve(weights, batch1, engine_config(o, BatchingPolicy::Continuous, 16, false));
+        const Run one =
+            serve(weights, batch1, engine_config(o, BatchingPolicy::Continuous, 16, false));
         const Run sixteen =
             serve(weights, batch16, engine_config(o, BatchingPolicy::Continuous, 16, false));
         if (one.outputs[0] != sixteen.outputs[0]) {
-          std::fprintf(stderr, "bench_serving: batch of 16: request 0 differs from its run alone\n");
+          std::fprintf(stderr,
+                       "bench_serving: batch of 16: request 0 differs from its run alone\n");
           return 1;
         }
         b16.push_back(sixteen.decode_tok_s);
         b1.push_back(one.decode_tok_s);
         b_ratio.push_back(sixteen.decode_tok_s / one.decode_tok_s);
         // 4: prefix caching on and off, at most 8 running.
-        const Run on = serve(weights, shared_requests, engine_config(o, BatchingPolicy::Continuous, 8, true));
-        const Run off = serve(weights, shared_requests, engine_config(o, BatchingPolicy::Continuous, 8, false));
+        const Run on =
+            serve(weights, shared_requests, engine_config(o, BatchingPolicy::Continuous, 8, true));
+        const Run off =
+            serve(weights, shared_requests, engine_config(o, BatchingPolicy::Continuous, 8, false));
         if (!same_outputs("shared prefix, caching on vs off", on, off)) return 1;
         f.prefix_on_prefill = static_cast<double>(on.prefill_tokens);
         f.prefix_off_prefill = static_cast<double>(off.prefill_tokens);
@@ -275,27 +281,30 @@ int main(int argc, char** argv) {
       f.prefix_off_ttft_p50 = median(off_ttft50);
       f.prefix_on_ttft_p99 = median(on_ttft99);
       f.prefix_off_ttft_p99 = median(off_ttft99);
-      std::printf("\n%s, %d thread%s (%d requests, pool %d tokens in blocks of %d, max running %d; "
-                  "medians of %d)\n",
-                  name.c_str(), threads, threads == 1 ? "" : "s", o.requests, o.pool_tokens,
-                  o.block_size, o.max_running, o.reps);
-      std::printf("  1. throughput    continuous %.1f tok/s, static %.1f, contiguous %.1f; "
-                  "continuous / static %.2fx\n",
-                  f.continuous_tok_s, f.static_tok_s, f.contiguous_tok_s, f.continuous_over_static);
-      std::printf("  2. concurrency   while requests wait: paged %.1f, contiguous %.1f: %.2fx "
-                  "(static %.1f); over all steps: paged mean %.1f (peak %.0f), contiguous %.1f "
-                  "(peak %.0f), static %.1f; preemptions %d\n",
-                  f.loaded_running_paged, f.loaded_running_contiguous,
-                  f.loaded_running_paged / f.loaded_running_contiguous, f.loaded_running_static,
-                  f.mean_running_paged, f.peak_running_paged, f.mean_running_contiguous,
-                  f.peak_running_contiguous, f.static_mean_running, f.preemptions);
+      std::printf(
+          "\n%s, %d thread%s (%d requests, pool %d tokens in blocks of %d, max running %d; "
+          "medians of %d)\n",
+          name.c_str(), threads, threads == 1 ? "" : "s", o.requests, o.pool_tokens, o.block_size,
+          o.max_running, o.reps);
+      std::printf(
+          "  1. throughput    continuous %.1f tok/s, static %.1f, contiguous %.1f; "
+          "continuous / static %.2fx\n",
+          f.continuous_tok_s, f.static_tok_s, f.contiguous_tok_s, f.continuous_over_static);
+      std::printf(
+          "  2. concurrency   while requests wait: paged %.1f, contiguous %.1f: %.2fx "
+          "(static %.1f); over all steps: paged mean %.1f (peak %.0f), contiguous %.1f "
+          "(peak %.0f), static %.1f; preemptions %d\n",
+          f.loaded_running_paged, f.loaded_running_contiguous,
+          f.loaded_running_paged / f.loaded_running_contiguous, f.loaded_running_static,
+          f.mean_running_paged, f.peak_running_paged, f.mean_running_contiguous,
+          f.peak_running_contiguous, f.static_mean_running, f.preemptions);
       std::printf("  3. decode        batch of 16 %.1f tok/s, one %.1f tok/s: %.2fx\n",
                   f.batch16_tok_s, f.batch1_tok_s, f.batch16_over_1);
-      std::printf("  4. prefix cache  prefill tokens on %.0f / off %.0f (hit rate %.1f%%); TTFT p50 "
-                  "%.4f / %.4f s, p99 %.4f / %.4f s\n",
-                  f.prefix_on_prefill, f.prefix_off_prefill, 100 * f.prefix_hit_rate,
-                  f.prefix_on_ttft_p50, f.prefix_off_ttft_p50, f.prefix_on_ttft_p99,
-                  f.prefix_off_ttft_p99);
+      std::printf(
+          "  4. prefix cache  prefill tokens on %.0f / off %.0f (hit rate %.1f%%); TTFT p50 "
+          "%.4f / %.4f s, p99 %.4f / %.4f s\n",
+          f.prefix_on_prefill, f.prefix_off_prefill, 100 * f.prefix_hit_rate, f.prefix_on_ttft_p50,
+          f.prefix_off_ttft_p50, f.prefix_on_ttft_p99, f.prefix_off_ttft_p99);
       std::fflush(stdout);
       all.push_back(f);
     }

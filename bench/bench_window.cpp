@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
     const int w = std::min(o.window, o.tokens);
     kvlab::ContiguousStore<float> full(1, 8, 128, o.tokens);
     kvlab::ContiguousStore<float> ring(1, 8, 128, 2 * w - 1, w);
-    kvlab::PagedStore<float> paged(1, 8, 128, 16, (o.tokens + 15) / 16 + 1, kvlab::KVLayout::NHD, w);
+    kvlab::PagedStore<float> paged(1, 8, 128, 16, (o.tokens + 15) / 16 + 1, kvlab::KVLayout::NHD,
+                                   w);
     kvlab::KVStore<float>* stores[] = {&full, &ring, &paged};
     int seqs[3];
     for (int i = 0; i < 3; ++i) seqs[i] = stores[i]->add_sequence();
@@ -119,10 +120,10 @@ int main(int argc, char** argv) {
                   static_cast<double>(ring.bytes_reserved()) / (1 << 20), median_us[1],
                   static_cast<double>(paged.bytes_reserved()) / (1 << 20), median_us[2]);
     }
-    std::printf("ring: %d slots (2W - 1); paged: blocks of 16, at most ceil((W - 1 + 1) / 16) + 1 "
-                "= %d held (%d now)\n",
-                2 * w - 1, w / 16 + 1 + (w % 16 != 0 ? 1 : 0),
-                paged.cache().held_blocks(seqs[2]));
+    std::printf(
+        "ring: %d slots (2W - 1); paged: blocks of 16, at most ceil((W - 1 + 1) / 16) + 1 "
+        "= %d held (%d now)\n",
+        2 * w - 1, w / 16 + 1 + (w % 16 != 0 ? 1 : 0), paged.cache().held_blocks(seqs[2]));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_window: %s\n", e.what());
     return 1;

@@ -32,20 +32,20 @@ inline double row_relative_difference(const kvlab::RowMatrix<float>& a,
 
 /// The options of a decode-step benchmark.
 struct StepBenchOptions {
-  int max_n = 16384;                 ///< largest n: n runs over 1024, 2048, ... up to it
-  int reps = 7;                      ///< repetitions; medians are printed
-  double min_time = 0.05;            ///< seconds each path runs per repetition
+  int max_n = 16384;                  ///< largest n: n runs over 1024, 2048, ... up to it
+  int reps = 7;                       ///< repetitions; medians are printed
+  double min_time = 0.05;             ///< seconds each path runs per repetition
   std::vector<int> threads = {1, 2};  ///< OpenMP thread counts
-  int read_mib = 1024;               ///< the read-bandwidth buffer, MiB
-  std::string json;                  ///< also write the results there (empty: no JSON)
+  int read_mib = 1024;                ///< the read-bandwidth buffer, MiB
+  std::string json;                   ///< also write the results there (empty: no JSON)
 };
 
 /// Declares the options of a decode-step benchmark, whose timed things are `paths` ("path",
 /// "storage"), on `app`; their defaults are those in `options`.
 inline void add_step_bench_options(CLI::App& app, const char* paths, StepBenchOptions& options) {
   using namespace kvlab_support;
-  add_integer(app, "--max-n", options.max_n, "largest n; n runs over 1024, 2048, ... up to it", 1024,
-              1 << 20);
+  add_integer(app, "--max-n", options.max_n, "largest n; n runs over 1024, 2048, ... up to it",
+              1024, 1 << 20);
   add_integer(app, "--reps", options.reps, "repetitions; medians are printed", 1, 1000);
   add_number(app, "--min-time", options.min_time,
              std::string("seconds each ") + paths + " runs per repetition", 0.0, 60.0);
@@ -71,13 +71,15 @@ inline std::vector<double> measure_read_bandwidth(const StepBenchOptions& option
   std::vector<float> buffer((static_cast<std::size_t>(options.read_mib) << 20) / sizeof(float),
                             1.0f);  // [read_mib MiB / 4]
   std::vector<double> gbps;         // [threads]
-  for (int t : options.threads) gbps.push_back(read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
+  for (int t : options.threads)
+    gbps.push_back(read_bandwidth({{buffer.data(), buffer.size()}}, t, 15));
   return gbps;
 }
 
 /// The head of a decode-step benchmark's JSON file: the program, its options, the L3 size and
 /// the read bandwidth at each thread count; the caller adds "results".
-inline kvlab_support::Json step_bench_json_head(const char* program, const StepBenchOptions& options,
+inline kvlab_support::Json step_bench_json_head(const char* program,
+                                                const StepBenchOptions& options,
                                                 const std::vector<double>& read_gbps) {
   kvlab_support::Json head;
   head["program"] = program;
@@ -99,13 +101,14 @@ inline kvlab_support::Json step_bench_json_head(const char* program, const StepB
 /// `write(path, results, options, read_gbps)`. Returns the exit status (2: a bad command line,
 /// 1: a failed run).
 template <class Result, class Configs, class RunCase, class Print, class Write>
-int step_bench_main(const char* program, const char* about, const char* paths, int argc, char** argv,
-                    StepBenchOptions options, const Configs& configs, RunCase run_case,
+int step_bench_main(const char* program, const char* about, const char* paths, int argc,
+                    char** argv, StepBenchOptions options, const Configs& configs, RunCase run_case,
                     Print print, Write write) {
   const auto parse = [about, paths](int c, char** v, StepBenchOptions& o) {
     return parse_step_bench_options(about, paths, c, v, o);
   };
-  if (const auto stop = kvlab_support::read_command_line(program, argc, argv, options, parse)) return *stop;
+  if (const auto stop = kvlab_support::read_command_line(program, argc, argv, options, parse))
+    return *stop;
   if (!kvlab_support::can_write(program, "--json", options.json)) return 2;
   options.threads = kvlab_support::usable_threads(program, options.threads);
   try {

@@ -34,14 +34,14 @@ inline std::uint32_t f32_bits(float x) {
 /// lays them out (header, metadata, tensor infos, padding to the alignment, data).
 struct GgufWriter {
   std::uint32_t version = 3;
-  std::uint32_t alignment = 32;     // used for the layout; written only if set_alignment is called
+  std::uint32_t alignment = 32;  // used for the layout; written only if set_alignment is called
   std::uint64_t metadata_count = 0;
-  std::string metadata;             // the entries' bytes
+  std::string metadata;  // the entries' bytes
   struct Tensor {
     std::string name;
     std::vector<std::uint64_t> dims;  // innermost first
     std::uint32_t type;
-    std::string data;                 // the stored bytes
+    std::string data;  // the stored bytes
   };
   std::vector<Tensor> tensors;
 
@@ -52,16 +52,24 @@ struct GgufWriter {
     ++metadata_count;
   }
   void u8(const std::string& k, std::uint8_t v) { key(k, 0), put_le(metadata, v, 1); }
-  void i8(const std::string& k, std::int8_t v) { key(k, 1), put_le(metadata, static_cast<std::uint8_t>(v), 1); }
+  void i8(const std::string& k, std::int8_t v) {
+    key(k, 1), put_le(metadata, static_cast<std::uint8_t>(v), 1);
+  }
   void u16(const std::string& k, std::uint16_t v) { key(k, 2), put_le(metadata, v, 2); }
-  void i16(const std::string& k, std::int16_t v) { key(k, 3), put_le(metadata, static_cast<std::uint16_t>(v), 2); }
+  void i16(const std::string& k, std::int16_t v) {
+    key(k, 3), put_le(metadata, static_cast<std::uint16_t>(v), 2);
+  }
   void u32(const std::string& k, std::uint32_t v) { key(k, 4), put_le(metadata, v, 4); }
-  void i32(const std::string& k, std::int32_t v) { key(k, 5), put_le(metadata, static_cast<std::uint32_t>(v), 4); }
+  void i32(const std::string& k, std::int32_t v) {
+    key(k, 5), put_le(metadata, static_cast<std::uint32_t>(v), 4);
+  }
   void f32(const std::string& k, float v) { key(k, 6), put_le(metadata, f32_bits(v), 4); }
   void boolean(const std::string& k, bool v) { key(k, 7), put_le(metadata, v ? 1 : 0, 1); }
   void str(const std::string& k, const std::string& v) { key(k, 8), put_gguf_string(metadata, v); }
   void u64(const std::string& k, std::uint64_t v) { key(k, 10), put_le(metadata, v, 8); }
-  void i64(const std::string& k, std::int64_t v) { key(k, 11), put_le(metadata, static_cast<std::uint64_t>(v), 8); }
+  void i64(const std::string& k, std::int64_t v) {
+    key(k, 11), put_le(metadata, static_cast<std::uint64_t>(v), 8);
+  }
   void f64(const std::string& k, double v) {
     key(k, 12);
     std::uint64_t u;
@@ -91,8 +99,8 @@ struct GgufWriter {
     tensors.push_back(Tensor{name, std::move(dims), type, std::move(data)});
   }
   /// A float32 tensor of `values` ([rows, cols] row-major as dims {cols, rows}).
-  void f32_tensor(const std::string& name, std::vector<std::uint64_t> dims,
-                  const float* values, std::size_t n) {
+  void f32_tensor(const std::string& name, std::vector<std::uint64_t> dims, const float* values,
+                  std::size_t n) {
     std::string data;
     for (std::size_t i = 0; i < n; ++i) put_le(data, f32_bits(values[i]), 4);
     tensor(name, std::move(dims), 0, std::move(data));

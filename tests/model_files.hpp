@@ -50,9 +50,10 @@ inline std::string real_model_or_skip() {
   const std::string path = env != nullptr ? env : "";
 #endif
   if (path.empty() || !std::ifstream(path, std::ios::binary)) {
-    std::printf("SKIPPED: the real model '%s' is not there (scripts/get-model.sh fetches it; "
-                "KVLAB_REAL_MODEL names another file)\n",
-                path.c_str());
+    std::printf(
+        "SKIPPED: the real model '%s' is not there (scripts/get-model.sh fetches it; "
+        "KVLAB_REAL_MODEL names another file)\n",
+        path.c_str());
     std::fflush(stdout);
     std::exit(77);
   }

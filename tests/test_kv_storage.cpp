@@ -59,7 +59,10 @@ std::uint16_t half_bits_expected(float x) {
   } else {
     while (lo < hi) {  // invariant: value(lo) <= a < value(hi + 1)
       const std::uint16_t mid = static_cast<std::uint16_t>((lo + hi + 1) / 2);
-      if (half_to_double(mid) <= a) lo = mid; else hi = static_cast<std::uint16_t>(mid - 1);
+      if (half_to_double(mid) <= a)
+        lo = mid;
+      else
+        hi = static_cast<std::uint16_t>(mid - 1);
     }
   }
   const double below = half_to_double(lo);
@@ -82,8 +85,8 @@ std::uint16_t bf16_bits_expected(float x) {
   const double below = std::fabs(static_cast<double>(float_of(lower)));
   // the next bf16 magnitude up, as an exact double (2^128 past the largest finite one)
   const std::uint32_t upper_bits = (lower & 0x7FFFFFFFu) + 0x10000u;
-  const double above = upper_bits >= 0x7F800000u ? std::ldexp(1.0, 128)
-                                                 : static_cast<double>(float_of(upper_bits));
+  const double above =
+      upper_bits >= 0x7F800000u ? std::ldexp(1.0, 128) : static_cast<double>(float_of(upper_bits));
   const double a = std::fabs(static_cast<double>(x));
   const double to_below = a - below, to_above = above - a;
   std::uint32_t result = lower;
@@ -108,17 +111,27 @@ std::uint16_t bf16_bits_got(float x) {
 // midpoints between neighbours (ties) and one float either side, the overflow edges, ±Inf, NaN,
 // and random floats over the whole exponent range.
 std::vector<float> rounding_cases(bool half) {
-  std::vector<float> xs = {0.f, -0.f, std::numeric_limits<float>::infinity(),
+  std::vector<float> xs = {0.f,
+                           -0.f,
+                           std::numeric_limits<float>::infinity(),
                            -std::numeric_limits<float>::infinity(),
                            std::numeric_limits<float>::quiet_NaN(),
                            std::numeric_limits<float>::denorm_min(),
-                           std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                           65504.f, 65519.f, 65520.f, 65535.f, 1e-8f, 3e-8f, 6e-8f};
+                           std::numeric_limits<float>::max(),
+                           -std::numeric_limits<float>::max(),
+                           65504.f,
+                           65519.f,
+                           65520.f,
+                           65535.f,
+                           1e-8f,
+                           3e-8f,
+                           6e-8f};
   for (int e = -149; e <= 127; ++e) xs.push_back(std::ldexp(1.f, e));
   if (half) {  // every fp16 magnitude and its midpoint with the next, exact in float
     for (std::uint32_t h = 0; h < 0x7BFF; ++h) {
       const double mid = (half_to_double(static_cast<std::uint16_t>(h)) +
-                          half_to_double(static_cast<std::uint16_t>(h + 1))) / 2;
+                          half_to_double(static_cast<std::uint16_t>(h + 1))) /
+                         2;
       const float m = static_cast<float>(mid);
       REQUIRE(static_cast<double>(m) == mid);
       for (float x : {m, std::nextafter(m, 0.f), std::nextafter(m, 1e9f),
@@ -156,25 +169,25 @@ std::vector<std::vector<float>> quantization_rows() {
   for (double scale : {1.0, 1e-3, 1e-6, 1e-9, 1e3, 1e5}) {
     for (int i = 0; i < 200; ++i) rows.push_back(random_row(scale));
   }
-  rows.push_back(std::vector<float>(64, 0.f));            // zeros: d = 0, exact
-  rows.push_back(std::vector<float>(64, 0.37f));          // all equal
-  rows.push_back(std::vector<float>(64, -2.5f));          // all equal, negative
-  rows.push_back(std::vector<float>(64, 1e-40f));         // float subnormals
-  std::vector<float> outlier = random_row(1e-2);          // one outlier per block
+  rows.push_back(std::vector<float>(64, 0.f));     // zeros: d = 0, exact
+  rows.push_back(std::vector<float>(64, 0.37f));   // all equal
+  rows.push_back(std::vector<float>(64, -2.5f));   // all equal, negative
+  rows.push_back(std::vector<float>(64, 1e-40f));  // float subnormals
+  std::vector<float> outlier = random_row(1e-2);   // one outlier per block
   outlier[3] = 100.f;
   outlier[40] = -250.f;
   rows.push_back(outlier);
-  std::vector<float> both_sides(64);                      // ±m: q4_0's far side is clipped
+  std::vector<float> both_sides(64);  // ±m: q4_0's far side is clipped
   for (int i = 0; i < 64; ++i) both_sides[static_cast<std::size_t>(i)] = i % 2 ? 1.f : -1.f;
   rows.push_back(both_sides);
-  std::vector<float> ramp(64);                            // every level of both forms
+  std::vector<float> ramp(64);  // every level of both forms
   for (int i = 0; i < 64; ++i) ramp[static_cast<std::size_t>(i)] = static_cast<float>(i - 31) / 8;
   rows.push_back(ramp);
-  std::vector<float> at_limit(64, 1.f);                   // the largest accepted magnitudes
+  std::vector<float> at_limit(64, 1.f);  // the largest accepted magnitudes
   at_limit[0] = 8.f * 65504.f;
   at_limit[32] = -8.f * 65504.f;
   rows.push_back(at_limit);
-  std::vector<float> mixed = random_row(1.0);             // a tiny block beside a normal one
+  std::vector<float> mixed = random_row(1.0);  // a tiny block beside a normal one
   for (int i = 32; i < 64; ++i) mixed[static_cast<std::size_t>(i)] *= 1e-30f;
   rows.push_back(mixed);
   return rows;
@@ -304,7 +317,8 @@ TEST_CASE("q8_0 keeps every value within d / 2 of its block's stored scale, and 
     KVStorage<BlockQ8_0>::error_bounds(blocks, 64, bound);
     for (int i = 0; i < 64; ++i) {
       const double d = scale_of(blocks[i / 32]);
-      const double error = std::fabs(static_cast<double>(row[static_cast<std::size_t>(i)]) - back[i]);
+      const double error =
+          std::fabs(static_cast<double>(row[static_cast<std::size_t>(i)]) - back[i]);
       CHECK(bound[i] == d / 2);
       CHECK(error <= d / 2);
       CHECK(blocks[i / 32].q[i % 32] >= -127);
@@ -312,7 +326,8 @@ TEST_CASE("q8_0 keeps every value within d / 2 of its block's stored scale, and 
     }
     for (int b = 0; b < 2; ++b) {  // d >= max|x| / 127: the scale is rounded up
       double max = 0;
-      for (int i = 0; i < 32; ++i) max = std::max(max, std::fabs(double(row[static_cast<std::size_t>(32 * b + i)])));
+      for (int i = 0; i < 32; ++i)
+        max = std::max(max, std::fabs(double(row[static_cast<std::size_t>(32 * b + i)])));
       CHECK(scale_of(blocks[b]) * 127 >= max);
       if (max == 0) CHECK(scale_of(blocks[b]) == 0);
     }
@@ -352,14 +367,17 @@ TEST_CASE("q4_0 keeps every value within |d| / 2, or |d| on the far side of its 
     for (int b = 0; b < 2; ++b) {
       int at = 32 * b;
       for (int i = 32 * b; i < 32 * b + 32; ++i)
-        if (std::fabs(row[static_cast<std::size_t>(i)]) > std::fabs(row[static_cast<std::size_t>(at)])) at = i;
+        if (std::fabs(row[static_cast<std::size_t>(i)]) >
+            std::fabs(row[static_cast<std::size_t>(at)]))
+          at = i;
       const int j = at % 32;
       const int nibble = j < 16 ? blocks[b].q[j] & 0x0F : blocks[b].q[j - 16] >> 4;
-      if (std::fabs(row[static_cast<std::size_t>(at)]) / 8 >= std::ldexp(1.0, -14)) CHECK(nibble == 0);
+      if (std::fabs(row[static_cast<std::size_t>(at)]) / 8 >= std::ldexp(1.0, -14))
+        CHECK(nibble == 0);
     }
   }
-  INFO("largest error / (|d| / 2) where the bound is |d| / 2: " << tightest << "; clipped: "
-                                                                    << clipped);
+  INFO("largest error / (|d| / 2) where the bound is |d| / 2: " << tightest
+                                                                << "; clipped: " << clipped);
   CHECK(tightest > 0.95);
   CHECK(clipped > 0);  // the ±m row reaches the far side
 }
@@ -388,10 +406,10 @@ TEST_CASE("a storage refuses what it cannot hold, and the cache is unchanged") {
     kvlab::ContiguousKVCache<float, Eigen::half> cache(1, 2, 32, 4);
     RowMatrix<float> k = good;
     k(0, 5) = 65520.f;
-    CHECK_THROWS_MATCHES(cache.append(0, k, good), kvlab::InvalidArgument,
-                         names("k(0, 5)",
-                               "a finite value with |x| < 65520 (fp16's range) to store as fp16",
-                               "65520"));
+    CHECK_THROWS_MATCHES(
+        cache.append(0, k, good), kvlab::InvalidArgument,
+        names("k(0, 5)", "a finite value with |x| < 65520 (fp16's range) to store as fp16",
+              "65520"));
     CHECK(cache.length(0) == 0);
     k(0, 5) = 65519.f;  // rounds to 65504
     CHECK_NOTHROW(cache.append(0, k, good));
@@ -467,15 +485,16 @@ TEMPLATE_TEST_CASE("attention over a reduced-precision cache stays within the de
     kvlab::CostCounters counters;
     kvlab::ContiguousKVCache<float, S> part(1, shape.num_kv_heads(), hd, kv_len);
     part.append(0, k.topRows(kv_len - 5 + q_len), v.topRows(kv_len - 5 + q_len));
-    const RowMatrix<float> got = kvlab::cpu::decode_attention(shape, queries, part.view(0), &counters);
+    const RowMatrix<float> got =
+        kvlab::cpu::decode_attention(shape, queries, part.view(0), &counters);
     const int len = kv_len - 5 + q_len, first = len - q_len;
     // The kernel computes the attention over the rows as stored.
     const RowMatrix<float> over_stored = kvlab::cpu::reference_attention(
         shape, queries, k_back.topRows(len), v_back.topRows(len), first);
     CHECK(kvlab_test::max_row_relative_error(got, over_stored) <= 1e-5);
     // ... and it reads the bytes as stored.
-    CHECK(counters.kv_bytes_read ==
-          2 * static_cast<std::uint64_t>(len) * shape.num_kv_heads() * kvlab::storage_row_bytes<S>(hd));
+    CHECK(counters.kv_bytes_read == 2 * static_cast<std::uint64_t>(len) * shape.num_kv_heads() *
+                                        kvlab::storage_row_bytes<S>(hd));
     // Against the exact attention over the values appended, within the derived bound.
     const RowMatrix<double> exact = kvlab::cpu::reference_attention(
         shape, RowMatrix<double>(queries.template cast<double>()),
@@ -489,7 +508,8 @@ TEMPLATE_TEST_CASE("attention over a reduced-precision cache stays within the de
         double delta = 0, vmax = 0;
         for (int j = 0; j < seen; ++j) {
           double dj = 0;
-          for (int c = 0; c < hd; ++c) dj += std::fabs(double(queries(i, h * hd + c))) * ek(j, hk * hd + c);
+          for (int c = 0; c < hd; ++c)
+            dj += std::fabs(double(queries(i, h * hd + c))) * ek(j, hk * hd + c);
           delta = std::max(delta, shape.scale() * dj);
           for (int c = 0; c < hd; ++c) vmax = std::max(vmax, std::fabs(double(v(j, hk * hd + c))));
         }

@@ -156,11 +156,13 @@ bool parse(int argc, char** argv, Options& o) {
   add_integer(app, "--context", o.context, "tokens of each sequence", 1, 1 << 24);
   add_integer(app, "--heads", o.heads, "query heads", 1, 1024);
   add_integer(app, "--kv-heads", o.kv_heads, "K/V heads (a divisor of --heads)", 1, 1024);
-  add_integer(app, "--head-dim", o.head_dim, "values per head (a multiple of 8)", 8, kc::kMaxHeadDim);
+  add_integer(app, "--head-dim", o.head_dim, "values per head (a multiple of 8)", 8,
+              kc::kMaxHeadDim);
   add_integer(app, "--version", o.version, "the kernel version to run (0: all)", 0, 7);
   add_integer(app, "--reps", o.reps, "timed runs; the median is printed", 1, 10000);
   add_number(app, "--peak-tbps", o.peak_tbps,
-             "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0, 100.0);
+             "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0,
+             100.0);
   add_file(app, "--json", o.json, "also write the results as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
   kvlab_bench::check_head_options(o.heads, o.kv_heads, o.head_dim);
@@ -314,10 +316,10 @@ int run(const Options& o) {
 
   const double bytes = 2.0 * 2.0 * B * static_cast<double>(L) * o.kv_heads * d;  // K and V, fp16
   kvlab_bench::GpuTimer timer;
-  kvlab_support::Json json = {{"gpu", gpu},           {"peak_tbps", peak}, {"batch", B},
-                              {"context", L},         {"heads", o.heads},  {"kv_heads", o.kv_heads},
-                              {"head_dim", d},        {"dtype", "fp16"},
-                              {"versions", kvlab_support::Json::array()}};
+  kvlab_support::Json json = {
+      {"gpu", gpu},    {"peak_tbps", peak}, {"batch", B},
+      {"context", L},  {"heads", o.heads},  {"kv_heads", o.kv_heads},
+      {"head_dim", d}, {"dtype", "fp16"},   {"versions", kvlab_support::Json::array()}};
   int failures = 0;
   std::printf("%-3s %-44s %12s %10s %8s %10s\n", "v", "kernel", "time (us)", "GB/s", "of peak",
               "max err");

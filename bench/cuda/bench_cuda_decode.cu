@@ -63,17 +63,19 @@ bool parse(int argc, char** argv, Options& o) {
   std::string layout = "NHD";
   add_integer_list(app, "--contexts", o.contexts, "tokens per sequence", 1, 1 << 24);
   add_integer_list(app, "--batches", o.batches, "sequences per launch", 1, 4096);
-  add_integer(app, "--max-tokens", o.max_tokens, "batch x context at most (larger cases skipped)", 1,
-              1L << 30);
+  add_integer(app, "--max-tokens", o.max_tokens, "batch x context at most (larger cases skipped)",
+              1, 1L << 30);
   add_integer(app, "--heads", o.heads, "query heads", 1, 1024);
   add_integer(app, "--kv-heads", o.kv_heads, "K/V heads (a divisor of --heads)", 1, 1024);
-  add_integer(app, "--head-dim", o.head_dim, "values per head (a multiple of 8)", 8, kc::kMaxHeadDim);
+  add_integer(app, "--head-dim", o.head_dim, "values per head (a multiple of 8)", 8,
+              kc::kMaxHeadDim);
   add_integer(app, "--block-size", o.block_size, "tokens per block of the pool", 1, 4096);
   add_choice(app, "--layout", layout, "the pool's layout", {"NHD", "HND"});
   add_integer(app, "--reps", o.reps, "timed runs, each after an L2 flush; the median is printed", 1,
               10000);
   add_number(app, "--peak-tbps", o.peak_tbps,
-             "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0, 100.0);
+             "the GPU's peak bandwidth in TB/s (0: from its name, H100 and H200 known)", 0.0,
+             100.0);
   add_file(app, "--json", o.json, "also write the results as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
   o.layout = layout == "HND" ? kvlab::KVLayout::HND : kvlab::KVLayout::NHD;

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include <kvlab/model/cuda_decoders.cuh>
 #include <kvlab/model/attention_layer.hpp>
+#include <kvlab/model/cuda_decoders.cuh>
 #include <kvlab/model/decoder.hpp>
 
 #include "gpu_bench.cuh"

@@ -84,8 +84,7 @@ inline KVDtype parse_kv_dtype(const std::string& name) {
   for (KVDtype d : {KVDtype::fp32, KVDtype::fp16, KVDtype::bf16, KVDtype::int8, KVDtype::int4}) {
     if (name == dtype_name(d)) return d;
   }
-  detail::fail("kvlab::parse_kv_dtype", "name", "fp32, fp16, bf16, int8 or int4",
-               "'" + name + "'");
+  detail::fail("kvlab::parse_kv_dtype", "name", "fp32, fp16, bf16, int8 or int4", "'" + name + "'");
 }
 
 /// Bits a kvlab cache stores per value, scales included: 32, 16, 16, 8.5 (q8_0: 34 bytes per
@@ -362,7 +361,6 @@ struct KVStorage<BlockQ8_0> {
     for (int i = 0; i < n; ++i)
       bound[i] = static_cast<B>(detail::half_value(in[i / kValues].d) / 2.f);
   }
-
 };
 
 /// int4, llama.cpp's q4_0 form: per block of 32 values, m is the value of largest magnitude
@@ -459,7 +457,6 @@ decltype(auto) visit_kv_dtype(KVDtype dtype, F&& f) {
   detail::fail("kvlab::visit_kv_dtype", "dtype", "fp32, fp16, bf16, int8 or int4",
                static_cast<int>(dtype));
 }
-
 
 namespace detail {
 

@@ -68,9 +68,7 @@
 #include "kvlab/model/sampler.hpp"
 #include "kvlab/model/text_tokenizer.hpp"
 #include "kvlab/model/tokenizer.hpp"
-#include "kvlab/store/contiguous_store.hpp"
-#include "kvlab/store/kv_store.hpp"
-#include "kvlab/store/paged_store.hpp"
+#include "kvlab/report/run_json.hpp"
 #include "kvlab/serving/block_budget.hpp"
 #include "kvlab/serving/contiguous_scheduler.hpp"
 #include "kvlab/serving/engine.hpp"
@@ -83,7 +81,9 @@
 #include "kvlab/serving/step_plan.hpp"
 #include "kvlab/serving/summary.hpp"
 #include "kvlab/serving/workload.hpp"
-#include "kvlab/report/run_json.hpp"
+#include "kvlab/store/contiguous_store.hpp"
+#include "kvlab/store/kv_store.hpp"
+#include "kvlab/store/paged_store.hpp"
 #include "kvlab/store/recompute_store.hpp"
 
 /// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention

@@ -200,7 +200,8 @@ TEST_CASE("stored bytes per token: int8 and int4 blocks count their fp16 scales"
   // 2 · 32 layers · 32 heads · 4 blocks of 32 values · 34 (q8_0) or 18 (q4_0) bytes
   CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::int8) == 278528);  // 272 KiB
   CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::int4) == 147456);  // 144 KiB
-  CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::fp16) == bytes_per_token(llama, KVDtype::fp16));
+  CHECK(kvlab::stored_bytes_per_token(llama, KVDtype::fp16) ==
+        bytes_per_token(llama, KVDtype::fp16));
   CHECK(kvlab::stored_bytes_per_token(kvlab::mistral_7b_config(), KVDtype::int8) == 69632);
   CHECK(kvlab::stored_bits_per_value(KVDtype::int8) == 8.5);
   CHECK(kvlab::stored_bits_per_value(KVDtype::int4) == 4.5);

@@ -19,7 +19,8 @@ using kvlab_test::names;
 
 TEST_CASE("from_lists builds the CSR arrays") {
   // Block size 4: lengths 4 (one full block), 5 (one full + 1), 3 (one partial block).
-  const BlockTables t = BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, BlockSize{4}, NumBlocks{10});
+  const BlockTables t =
+      BlockTables::from_lists({{7}, {2, 9}, {0}}, {4, 5, 3}, BlockSize{4}, NumBlocks{10});
   CHECK(t.batch() == 3);
   CHECK(t.indptr() == std::vector<std::int32_t>{0, 1, 3, 4});
   CHECK(t.indices() == std::vector<std::int32_t>{7, 2, 9, 0});
@@ -27,10 +28,11 @@ TEST_CASE("from_lists builds the CSR arrays") {
   CHECK(t.seq_len(0) == 4);
   CHECK(t.seq_len(1) == 5);
   CHECK(t.seq_len(2) == 3);
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, BlockSize{4}, NumBlocks{10}), InvalidArgument,
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1, 2}}, {4}, BlockSize{4}, NumBlocks{10}),
+                       InvalidArgument,
                        names("blocks[0].size()", "1 (ceil(lengths[0] / block_size))", "2"));
-  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, BlockSize{4}, NumBlocks{10}), InvalidArgument,
-                       names("lengths[0]", ">= 1", "0"));
+  CHECK_THROWS_MATCHES(BlockTables::from_lists({{1}}, {0}, BlockSize{4}, NumBlocks{10}),
+                       InvalidArgument, names("lengths[0]", ">= 1", "0"));
 }
 
 TEST_CASE(
@@ -77,7 +79,8 @@ TEST_CASE(
           order.begin() + static_cast<std::ptrdiff_t>(next + static_cast<std::size_t>(pages)));
       next += static_cast<std::size_t>(pages);
     }
-    const BlockTables tables = BlockTables::from_lists(lists, lengths, BlockSize{block_size}, NumBlocks{num_blocks});
+    const BlockTables tables =
+        BlockTables::from_lists(lists, lengths, BlockSize{block_size}, NumBlocks{num_blocks});
     std::vector<float> pool_k(
         static_cast<std::size_t>(num_blocks * block_size * kv_heads * head_dim), -1.0f);
     const auto view = tables.view(pool_k.data(), pool_k.data(), kv_heads, head_dim, layout);
@@ -129,8 +132,9 @@ TEST_CASE("malformed tables are rejected, naming the element") {
                        names("last_page_len[1]", "in [1, block_size (4)]", "5"));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {0, 1}), InvalidArgument,
                        names("last_page_len[0]", "in [1, block_size (4)]", "0"));
-  CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 8, 7}, {4, 1}), InvalidArgument,
-                       names("indices[1]", "in [0, 8) (kReleasedBlock only in tables with a window)", "8"));
+  CHECK_THROWS_MATCHES(
+      make({0, 2, 3}, {5, 8, 7}, {4, 1}), InvalidArgument,
+      names("indices[1]", "in [0, 8) (kReleasedBlock only in tables with a window)", "8"));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, -2, 7}, {4, 1}, 8, 4, 6), InvalidArgument,
                        names("indices[1]", "in [0, 8) or kReleasedBlock (-1)", "-2"));
   // -1 is a block given back out of a sliding window: tables with a window may hold it (the
@@ -139,8 +143,9 @@ TEST_CASE("malformed tables are rejected, naming the element") {
   const BlockTables windowed = make({0, 2, 3}, {kvlab::kReleasedBlock, 1, 7}, {4, 1}, 8, 4, 6);
   CHECK(windowed.window() == 6);
   CHECK(windowed.view<float>(nullptr, nullptr, 1, 1).window == 6);
-  CHECK_THROWS_MATCHES(make({0, 2, 3}, {kvlab::kReleasedBlock, 1, 7}, {4, 1}), InvalidArgument,
-                       names("indices[0]", "in [0, 8) (kReleasedBlock only in tables with a window)", "-1"));
+  CHECK_THROWS_MATCHES(
+      make({0, 2, 3}, {kvlab::kReleasedBlock, 1, 7}, {4, 1}), InvalidArgument,
+      names("indices[0]", "in [0, 8) (kReleasedBlock only in tables with a window)", "-1"));
   CHECK_THROWS_MATCHES(make({0, 2, 3}, {5, 1, 7}, {4, 1}, 8, 4, -1), InvalidArgument,
                        names("window", ">= 0", "-1"));
   CHECK_THROWS_MATCHES(make({0, 2, 2}, {5, 1}, {4, 1}), InvalidArgument,

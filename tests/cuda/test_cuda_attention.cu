@@ -151,7 +151,7 @@ constexpr bool kFewerUnderSanitizer = kvlab_test::kSanitized;
 constexpr bool kFewerUnderSanitizer = false;
 const ContextLengths kContext{3000, 4096, {32768, 1, 5000, 257, 256, 4096}, 32768, 600, 300};
 constexpr bool kEveryLayoutInFp16 = true;  // vLLM's grid: fp16 runs both pool layouts everywhere
-const Heads kGridHeads[3] = {{40, 40}, {64, 8}, {32, 8}};  // vLLM's grid: its head layouts
+const Heads kGridHeads[3] = {{40, 40}, {64, 8}, {32, 8}};         // vLLM's grid: its head layouts
 const Heads kDecodeHeads[4] = {{4, 4}, {6, 2}, {8, 1}, {24, 2}};  // groups of 1, 3, 8 and 12
 #endif
 
@@ -213,10 +213,10 @@ TEMPLATE_TEST_CASE(
   // fp16 runs both layouts on every point of the grid; fp32 and bf16 alternate them from point
   // to point (on the CPU emulator fp16 alternates them too): every type sees both layouts.
   const bool every_layout = kEveryLayoutInFp16 && std::is_same<TestType, __half>::value;
-  int point = 0;                      // index of the (head_dim, block_size, heads) point run
-  int ran[2] = {0, 0};                // cases run per layout: [NHD, HND]
-  int ran_heads[3] = {0, 0, 0};       // points run per head layout
-  int pair = 0;                       // index of the (head_dim, block_size) pair
+  int point = 0;                 // index of the (head_dim, block_size, heads) point run
+  int ran[2] = {0, 0};           // cases run per layout: [NHD, HND]
+  int ran_heads[3] = {0, 0, 0};  // points run per head layout
+  int pair = 0;                  // index of the (head_dim, block_size) pair
   for (int head_dim : {64, 80, 96, 112, 128, 256})
     for (int block_size : {16, 32, 1, 3}) {
       ++pair;
@@ -344,8 +344,8 @@ TEMPLATE_TEST_CASE("logits of +-1e4 stay finite in every CUDA kernel and equal t
 
 TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
   // fp32, so that the two are compared at rounding level: the same keys merged in other groupings.
-  const AttentionShape shape = kFewerUnderSanitizer ? AttentionShape(8, 2, 128)
-                                                    : AttentionShape(32, 8, 128);
+  const AttentionShape shape =
+      kFewerUnderSanitizer ? AttentionShape(8, 2, 128) : AttentionShape(32, 8, 128);
   kvlab::Rng rng(3);
   const std::vector<int> lengths = kContext.split_k;
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
@@ -385,7 +385,7 @@ TEST_CASE("split-K equals the single pass, for contiguous and paged caches") {
 TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_attention per element",
                    "", float, __half) {
   std::uint64_t seed = 2000;
-  int pair = 0;  // index of the (layout, block_size) pair
+  int pair = 0;         // index of the (layout, block_size) pair
   int ran[2] = {0, 0};  // cases run per head layout
   for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
     for (int block_size : {1, 3, 16, 32}) {

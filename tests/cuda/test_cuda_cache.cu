@@ -30,9 +30,9 @@
 #include "kvlab/cpu/decode_attention.hpp"
 #include "kvlab/cpu/paged_attention.hpp"
 #include "kvlab/cuda/contiguous_kv_cache.cuh"
-#include "kvlab/model/cuda_decoders.cuh"
 #include "kvlab/cuda/host_api.cuh"
 #include "kvlab/cuda/paged_kv_cache.cuh"
+#include "kvlab/model/cuda_decoders.cuh"
 #include "kvlab/model/decoders.hpp"
 
 using kvlab::AttentionShape;

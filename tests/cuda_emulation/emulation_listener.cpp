@@ -10,8 +10,7 @@ namespace {
 struct EmulationListener : Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
   void testRunStarting(Catch::TestRunInfo const& info) override {
-    std::printf(
-        "kvlab: CUDA kernels run on the CPU emulator (emulator/), not on a GPU\n");
+    std::printf("kvlab: CUDA kernels run on the CPU emulator (emulator/), not on a GPU\n");
     TestEventListenerBase::testRunStarting(info);
   }
 };

@@ -11,7 +11,8 @@
 //     second not): the ids must decode to the concatenation.
 // Anything else than the library's typed errors is a finding.
 //
-//   build-fuzz/tests/fuzz/fuzz_bpe_tokenizer build-fuzz/tests/fuzz/corpus/bpe_tokenizer -runs=1000000
+//   build-fuzz/tests/fuzz/fuzz_bpe_tokenizer build-fuzz/tests/fuzz/corpus/bpe_tokenizer
+//   -runs=1000000
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -31,8 +32,8 @@ kvlab::BpeTokenizer fixed_tokenizer() {
     tokens.push_back(ch);
     types.push_back(1);
   }
-  const std::vector<std::string> merges = {"Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "Ã ©",
-                                           "1 2", "Ċ Ċ", "Ġ Ġ"};
+  const std::vector<std::string> merges = {"Ġ t", "h e", "Ġt he", "i n", "Ġ a",
+                                           "e r", "Ã ©", "1 2",   "Ċ Ċ", "Ġ Ġ"};
   for (const std::string& m : merges) {
     std::string merged = m;
     merged.erase(merged.find(' '), 1);
@@ -79,7 +80,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 1: {
       std::vector<int> ids;
       for (std::size_t i = 0; i + 1 < rest.size(); i += 2) {
-        const int raw = static_cast<unsigned char>(rest[i]) | (static_cast<unsigned char>(rest[i + 1]) << 8);
+        const int raw =
+            static_cast<unsigned char>(rest[i]) | (static_cast<unsigned char>(rest[i + 1]) << 8);
         ids.push_back(raw % (tok.vocab_size() + 4) - 2);
       }
       kvlab_fuzz::expect_typed_errors_only([&] {

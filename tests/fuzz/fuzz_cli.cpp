@@ -41,11 +41,11 @@
 #include <kvlab/model/chat.hpp>
 #include <kvlab/report/state_dot.hpp>
 
-#include "allocator_stress.hpp"     // tests/stress
-#include "engine_stress.hpp"        // tests/stress
-#include "paged_cache_stress.hpp"   // tests/stress
-#include "read_bandwidth.hpp"       // bench
-#include "serve_workload.hpp"       // apps
+#include "allocator_stress.hpp"    // tests/stress
+#include "engine_stress.hpp"       // tests/stress
+#include "paged_cache_stress.hpp"  // tests/stress
+#include "read_bandwidth.hpp"      // bench
+#include "serve_workload.hpp"      // apps
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
 #include "support/stats.hpp"
@@ -115,8 +115,10 @@ const Parser kParsers[] = {
     {"kvlab_serve", [](int c, char** v) { run(&fuzz_kvlab_serve::parse, c, v); }},
     {"kvlab_chat", [](int c, char** v) { run(&fuzz_kvlab_chat::parse_options, c, v); }},
     {"bench_generate", [](int c, char** v) { run(&fuzz_bench_generate::parse_options, c, v); }},
-    {"bench_kv_accuracy", [](int c, char** v) { run(&fuzz_bench_kv_accuracy::parse_options, c, v); }},
-    {"bench_memory_waste", [](int c, char** v) { run(&fuzz_bench_memory_waste::parse_options, c, v); }},
+    {"bench_kv_accuracy",
+     [](int c, char** v) { run(&fuzz_bench_kv_accuracy::parse_options, c, v); }},
+    {"bench_memory_waste",
+     [](int c, char** v) { run(&fuzz_bench_memory_waste::parse_options, c, v); }},
     {"bench_serving", [](int c, char** v) { run(&fuzz_bench_serving::parse, c, v); }},
     {"bench_window", [](int c, char** v) { run(&fuzz_bench_window::parse, c, v); }},
     {"kvlab_stress", [](int c, char** v) { run(&fuzz_kvlab_stress::parse_options, c, v); }},

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "gguf_writer.hpp"
 #include "kvlab/model/llama_config.hpp"
 #include "kvlab/model/llama_weights.hpp"
-#include "gguf_writer.hpp"
 #include "model_writers.hpp"
 
 int main(int argc, char** argv) {
@@ -29,9 +29,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  for (const std::string& sub : {dir, dir + "/checkpoint", dir + "/tokenizer",
-                                 dir + "/block_tables", dir + "/workload", dir + "/cli",
-                                 dir + "/gguf", dir + "/bpe_tokenizer"})
+  for (const std::string& sub :
+       {dir, dir + "/checkpoint", dir + "/tokenizer", dir + "/block_tables", dir + "/workload",
+        dir + "/cli", dir + "/gguf", dir + "/bpe_tokenizer"})
     mkdir(sub.c_str(), 0755);  // an existing folder is fine
 
   // Checkpoints: 2 query heads over 1 K/V head of 4 values, 1 layer, 8 tokens.
@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
   kvlab_test::write_bytes(dir + "/workload/one.jsonl", "{\"prompt\": [1]}");
   kvlab_test::write_bytes(  // text requests, every JSON string escape
       dir + "/workload/text.jsonl",
-      "{\"id\": \"t\", \"system\": \"Be brief.\\n\", \"user\": \"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\" "
+      "{\"id\": \"t\", \"system\": \"Be brief.\\n\", \"user\": \"caf\\u00e9 \\ud83d\\ude00 "
+      "\\\"q\\\" "
       "\\\\ \\/ \\b\\f\\r\\t\", \"max_new_tokens\": 4}\n{\"user\": \"Hi\"}\n");
   // Command lines: options of the programs with good and bad values, arguments separated by
   // zero bytes.
@@ -166,13 +167,19 @@ int main(int argc, char** argv) {
     v.tensor("t", {2}, 0, std::string(8, '\0'));
     kvlab_test::write_bytes(dir + "/gguf/every_type.gguf", v.bytes());
   }
-  kvlab_test::write_bytes(dir + "/bpe_tokenizer/text.bin",
-                          std::string(1, '\0') + "Hello, it's 2024! the \xC3\xA9t\xC3\xA9  \t\n x <|im_end|>");
-  kvlab_test::write_bytes(dir + "/bpe_tokenizer/invalid.bin", std::string("\0\xFF\xC3(\xE2\x82 \xF0\x9F", 9));
-  kvlab_test::write_bytes(dir + "/bpe_tokenizer/ids.bin", std::string("\x01\x05\x00\x40\x01\xFF\xFF\x02\x00", 9));
-  kvlab_test::write_bytes(dir + "/bpe_tokenizer/parts.bin",
-                          std::string("\x02<|im_start|>user\n", 18) + std::string(1, '\0') + "hi<|im_end|>");
-  std::printf("seed corpora written to %s/{checkpoint,tokenizer,block_tables,workload,cli,gguf,bpe_tokenizer}\n",
-              dir.c_str());
+  kvlab_test::write_bytes(
+      dir + "/bpe_tokenizer/text.bin",
+      std::string(1, '\0') + "Hello, it's 2024! the \xC3\xA9t\xC3\xA9  \t\n x <|im_end|>");
+  kvlab_test::write_bytes(dir + "/bpe_tokenizer/invalid.bin",
+                          std::string("\0\xFF\xC3(\xE2\x82 \xF0\x9F", 9));
+  kvlab_test::write_bytes(dir + "/bpe_tokenizer/ids.bin",
+                          std::string("\x01\x05\x00\x40\x01\xFF\xFF\x02\x00", 9));
+  kvlab_test::write_bytes(
+      dir + "/bpe_tokenizer/parts.bin",
+      std::string("\x02<|im_start|>user\n", 18) + std::string(1, '\0') + "hi<|im_end|>");
+  std::printf(
+      "seed corpora written to "
+      "%s/{checkpoint,tokenizer,block_tables,workload,cli,gguf,bpe_tokenizer}\n",
+      dir.c_str());
   return 0;
 }

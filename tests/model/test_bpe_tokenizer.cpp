@@ -47,8 +47,8 @@ Vocab small_vocab() {
   v.add("<tool>", 4);
   for (int b = 0; b < 256; ++b) v.add(byte_char(b));
   const std::string sp = byte_char(' ');  // "Ġ"
-  for (const char* m : {"h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l",
-                        "Ġworl d"}) {
+  for (const char* m :
+       {"h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l", "Ġworl d"}) {
     std::string s(m);
     const std::size_t at = s.find("Ġ");
     v.merges.push_back(s);
@@ -64,7 +64,6 @@ Vocab small_vocab() {
 BpeTokenizer make(const Vocab& v, const std::string& pre = "smollm") {
   return BpeTokenizer(v.tokens, v.types, v.merges, pre, 1, 2);
 }
-
 
 }  // namespace
 
@@ -112,7 +111,8 @@ TEST_CASE("decode_utf8: well-formed characters, and every kind of malformed byte
   CHECK(at0("\xF0\x9F\x98\x80").length == 4);
   for (const char* bad : {"\x80", "\xBF", "\xC0\x80", "\xC1\xBF", "\xE0\x80\x80", "\xED\xA0\x80",
                           "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\xFF", "\xC3", "\xE4\xB8",
-                          "\xC3" "A"}) {
+                          "\xC3"
+                          "A"}) {
     CAPTURE(bad);
     const kvlab::Utf8Char c = at0(bad);
     CHECK_FALSE(c.valid);
@@ -125,7 +125,8 @@ TEST_CASE("BpeTokenizer: the pre-tokenizer's words") {
   const BpeTokenizer t = make(small_vocab());
   using W = std::vector<std::string>;
   CHECK(t.pre_tokenize("Hello world") == W{"Hello", " world"});
-  CHECK(t.pre_tokenize("it's we'll I'M they’re") == W{"it", "'s", " we", "'ll", " I", "'", "M", " they", "’", "re"});
+  CHECK(t.pre_tokenize("it's we'll I'M they’re") ==
+        W{"it", "'s", " we", "'ll", " I", "'", "M", " they", "’", "re"});
   CHECK(t.pre_tokenize("a 123 b") == W{"a", " ", "1", "2", "3", " b"});
   CHECK(t.pre_tokenize("x²+٣") == W{"x", "²", "+", "٣"});
   CHECK(t.pre_tokenize("a  b") == W{"a", " ", " b"});
@@ -174,13 +175,17 @@ TEST_CASE("BpeTokenizer: merges in rank order, special tokens only when asked, e
   // back exactly.
   std::string all;
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
-  for (const std::string& text : {all, std::string("\xC3(\xE2\x82 \xF0\x9F\x98"), std::string("\0a\0", 3)}) {
+  for (const std::string& text :
+       {all, std::string("\xC3(\xE2\x82 \xF0\x9F\x98"), std::string("\0a\0", 3)}) {
     CHECK(t.decode(t.encode_text(text, false)) == text);
     CHECK(t.decode(t.encode_text(text, true)) == text);
   }
   CHECK(t.encode_text("", true).empty());
-  CHECK(error_of([&] { t.token_bytes(v.tokens.size()); }).find("id: expected an id in [0, 269), got 269") != std::string::npos);
-  CHECK(error_of([&] { t.token(-1); }).find("id: expected an id in [0, 269), got -1") != std::string::npos);
+  CHECK(error_of([&] {
+          t.token_bytes(v.tokens.size());
+        }).find("id: expected an id in [0, 269), got 269") != std::string::npos);
+  CHECK(error_of([&] { t.token(-1); }).find("id: expected an id in [0, 269), got -1") !=
+        std::string::npos);
 }
 
 TEST_CASE("BpeTokenizer: a byte without a token is refused, naming it") {
@@ -188,7 +193,8 @@ TEST_CASE("BpeTokenizer: a byte without a token is refused, naming it") {
   v.tokens[4 + 4] = "unused0";  // byte 0x04's token is gone
   const BpeTokenizer t = make(v);
   CHECK(error_of([&] { t.encode_text("ab\x04", false); })
-            .find("text: expected bytes this vocabulary can encode, got byte 0x04 at offset 2, which has no token") != std::string::npos);
+            .find("text: expected bytes this vocabulary can encode, got byte 0x04 at offset 2, "
+                  "which has no token") != std::string::npos);
   CHECK(t.encode_text("ab", false).size() == 2);
 }
 
@@ -199,31 +205,45 @@ TEST_CASE("BpeTokenizer: every defect of a vocabulary is refused with the docume
   CHECK(error(small_vocab()).empty());
   Vocab unknown = small_vocab();
   unknown.merges.push_back("q zz");
-  CHECK(error(unknown).find("merges[9]: expected a known right token, got 'zz'") != std::string::npos);
+  CHECK(error(unknown).find("merges[9]: expected a known right token, got 'zz'") !=
+        std::string::npos);
   Vocab no_pair = small_vocab();
   no_pair.merges.push_back("q r");
-  CHECK(error(no_pair).find("merges[9]: expected a pair whose concatenation is a token, got 'qr'") != std::string::npos);
+  CHECK(
+      error(no_pair).find("merges[9]: expected a pair whose concatenation is a token, got 'qr'") !=
+      std::string::npos);
   Vocab spaces = small_vocab();
   spaces.merges.push_back("a b c");
-  CHECK(error(spaces).find("merges[9]: expected two tokens separated by one space, got 'a b c'") != std::string::npos);
+  CHECK(error(spaces).find("merges[9]: expected two tokens separated by one space, got 'a b c'") !=
+        std::string::npos);
   Vocab dup = small_vocab();
   dup.add("hello");
-  CHECK(error(dup).find("expected a token not listed before, got 'hello', also id") != std::string::npos);
+  CHECK(error(dup).find("expected a token not listed before, got 'hello', also id") !=
+        std::string::npos);
   Vocab type = small_vocab();
   type.types[7] = 9;
   CHECK(error(type).find("types[7]: expected a token type in 1 to 6, got 9") != std::string::npos);
   Vocab alphabet = small_vocab();
   alphabet.add("a b");  // a space is not in the byte-level alphabet
-  CHECK(error(alphabet).find("expected characters of the byte-level alphabet (a normal token), got 'a b'") != std::string::npos);
+  CHECK(error(alphabet).find(
+            "expected characters of the byte-level alphabet (a normal token), got 'a b'") !=
+        std::string::npos);
   Vocab empty = small_vocab();
   empty.tokens[5] = "";
   CHECK(error(empty).find("tokens[5]: expected a non-empty token, got ''") != std::string::npos);
   Vocab sizes = small_vocab();
   sizes.types.pop_back();
-  CHECK(error(sizes).find("types.size(): expected 269 (tokens.size()), got 268") != std::string::npos);
-  CHECK(error(small_vocab(), "llama3").find("pre: expected \"smollm\" or \"gpt2\", got \"llama3\"") != std::string::npos);
-  CHECK(error(small_vocab(), "smollm", 269).find("bos: expected -1 or an id in [0, 269), got 269") != std::string::npos);
-  CHECK(error(small_vocab(), "smollm", 1, -2).find("eos: expected -1 or an id in [0, 269), got -2") != std::string::npos);
+  CHECK(error(sizes).find("types.size(): expected 269 (tokens.size()), got 268") !=
+        std::string::npos);
+  CHECK(
+      error(small_vocab(), "llama3").find("pre: expected \"smollm\" or \"gpt2\", got \"llama3\"") !=
+      std::string::npos);
+  CHECK(
+      error(small_vocab(), "smollm", 269).find("bos: expected -1 or an id in [0, 269), got 269") !=
+      std::string::npos);
+  CHECK(
+      error(small_vocab(), "smollm", 1, -2).find("eos: expected -1 or an id in [0, 269), got -2") !=
+      std::string::npos);
 }
 
 TEST_CASE("Utf8Stream: a character split over tokens prints once whole, bad bytes as U+FFFD") {
@@ -236,8 +256,8 @@ TEST_CASE("Utf8Stream: a character split over tokens prints once whole, bad byte
   CHECK(s.push("\xF0\x9F") == "");
   CHECK(s.push("\x98\x80") == "\xF0\x9F\x98\x80");
   const std::string fffd = "\xEF\xBF\xBD";
-  CHECK(s.push("\x80x") == fffd + "x");           // a stray continuation byte
-  CHECK(s.push("\xC3(") == fffd + "(");           // a lead byte without its continuation
+  CHECK(s.push("\x80x") == fffd + "x");                 // a stray continuation byte
+  CHECK(s.push("\xC3(") == fffd + "(");                 // a lead byte without its continuation
   CHECK(s.push("\xED\xA0\x80") == fffd + fffd + fffd);  // a surrogate: each byte bad
   CHECK(s.push("\xE2\x82") == "");
   CHECK(s.finish() == fffd + fffd);  // an incomplete character at the end
@@ -245,7 +265,8 @@ TEST_CASE("Utf8Stream: a character split over tokens prints once whole, bad byte
 }
 
 TEST_CASE("llama2.c's Tokenizer behind the TextTokenizer interface") {
-  const kvlab::Tokenizer llama({"<unk>", "\n<s>\n", "\n</s>\n", " ", "a", " a"}, {0, 0, 0, 0, 0, 1});
+  const kvlab::Tokenizer llama({"<unk>", "\n<s>\n", "\n</s>\n", " ", "a", " a"},
+                               {0, 0, 0, 0, 0, 1});
   const kvlab::TextTokenizer& t = llama;
   CHECK(t.vocab_size() == 6);
   CHECK(t.encode_text("a", true) == llama.encode("a", false, false));

@@ -34,7 +34,6 @@ using kvlab_test::TempFile;
 
 namespace {
 
-
 // The error of opening `bytes` as a GGUF file ("" if it opens).
 std::string open_error(const std::string& bytes) {
   TempFile f("bad.gguf");
@@ -63,7 +62,8 @@ GgufWriter every_type() {
   g.key("a.nested", 9);
   put_le(g.metadata, 9, 4);
   put_le(g.metadata, 2, 8);
-  put_le(g.metadata, 0, 4), put_le(g.metadata, 2, 8), put_le(g.metadata, 1, 1), put_le(g.metadata, 2, 1);
+  put_le(g.metadata, 0, 4), put_le(g.metadata, 2, 8), put_le(g.metadata, 1, 1),
+      put_le(g.metadata, 2, 1);
   put_le(g.metadata, 0, 4), put_le(g.metadata, 0, 8);
   return g;
 }
@@ -112,12 +112,26 @@ TEST_CASE("GGUF: every metadata value type, in versions 2 and 3") {
     CHECK(g.tensors().empty());
     CHECK(g.find("a.missing") == nullptr);
     // Typed getters name the key and what it holds.
-    CHECK(error_of([&] { g.get_int("a.missing"); }).find("key 'a.missing': expected present, got missing") != std::string::npos);
-    CHECK(error_of([&] { g.get_int("a.str"); }).find("key 'a.str': expected an integer, got a string") != std::string::npos);
-    CHECK(error_of([&] { g.get_int("a.u64"); }).find("key 'a.u64': expected at most 2^63 - 1, got 18446744073709551615") != std::string::npos);
-    CHECK(error_of([&] { g.get_float("a.i32"); }).find("expected a float32 or float64, got a int32") != std::string::npos);
-    CHECK(error_of([&] { g.get_strings("a.ints"); }).find("key 'a.ints': expected an array of strings, got an array of int32") != std::string::npos);
-    CHECK(error_of([&] { g.get_ints("a.u8"); }).find("expected an array of integers, got a uint8") != std::string::npos);
+    CHECK(error_of([&] {
+            g.get_int("a.missing");
+          }).find("key 'a.missing': expected present, got missing") != std::string::npos);
+    CHECK(error_of([&] {
+            g.get_int("a.str");
+          }).find("key 'a.str': expected an integer, got a string") != std::string::npos);
+    CHECK(error_of([&] {
+            g.get_int("a.u64");
+          }).find("key 'a.u64': expected at most 2^63 - 1, got 18446744073709551615") !=
+          std::string::npos);
+    CHECK(error_of([&] {
+            g.get_float("a.i32");
+          }).find("expected a float32 or float64, got a int32") != std::string::npos);
+    CHECK(error_of([&] {
+            g.get_strings("a.ints");
+          }).find("key 'a.ints': expected an array of strings, got an array of int32") !=
+          std::string::npos);
+    CHECK(error_of([&] {
+            g.get_ints("a.u8");
+          }).find("expected an array of integers, got a uint8") != std::string::npos);
   }
 }
 
@@ -159,7 +173,8 @@ TEST_CASE("GGUF: each tensor type decoded from hand-built blocks whose values ar
     return std::vector<float>(m.data(), m.data() + m.size());
   };
   CHECK(values("f32") == std::vector<float>{1.5f, -0.0f, 3e38f});
-  CHECK(values("f16") == std::vector<float>{1.f, -2.f, 65504.f, std::ldexp(1.f, -24), std::ldexp(1.f, -14)});
+  CHECK(values("f16") ==
+        std::vector<float>{1.f, -2.f, 65504.f, std::ldexp(1.f, -24), std::ldexp(1.f, -14)});
   CHECK(values("bf16") == std::vector<float>{1.f, -3.f, std::ldexp(1.f, -126), 0.15625f});
   const kvlab::RowMatrix<float> q8m = g.read_matrix("q8_0");
   REQUIRE(q8m.rows() == 2);
@@ -179,8 +194,11 @@ TEST_CASE("GGUF: each tensor type decoded from hand-built blocks whose values ar
   CHECK(t.shape() == "[32, 2]");
   CHECK(t.bytes == 68);
   CHECK(t.rows() == 2);
-  CHECK(error_of([&] { g.read_matrix("q8_0", {32, 3}); }).find("tensor 'q8_0': dims: expected [32, 3], got [32, 2]") != std::string::npos);
-  CHECK(error_of([&] { g.tensor("nope"); }).find("tensor 'nope': expected present, got missing") != std::string::npos);
+  CHECK(error_of([&] {
+          g.read_matrix("q8_0", {32, 3});
+        }).find("tensor 'q8_0': dims: expected [32, 3], got [32, 2]") != std::string::npos);
+  CHECK(error_of([&] { g.tensor("nope"); }).find("tensor 'nope': expected present, got missing") !=
+        std::string::npos);
 }
 
 TEST_CASE("GGUF: type names, block sizes and dequantize_row's checks") {
@@ -213,18 +231,25 @@ TEST_CASE("GGUF: every bad file is refused with the documented error") {
     GgufWriter s;
     s.str("k", "hello");
     const std::string cut = s.bytes();
-    CHECK(open_error(cut.substr(0, 48))  // header 24, key 9, type 4, length 8: 3 of 5 bytes
-              .find("key 'k' (a string of 5 bytes): expected 5 bytes at offset 45, got only 3 bytes "
-                    "left in the file (truncated?)") != std::string::npos);
-    CHECK(open_error(whole.substr(0, whole.size() - 1)).find("tensor 't': offset: expected its 128 bytes within the data section") != std::string::npos);
+    // header 24, key 9, type 4, length 8: 3 of 5 bytes
+    CHECK(
+        open_error(cut.substr(0, 48))
+            .find("key 'k' (a string of 5 bytes): expected 5 bytes at offset 45, got only 3 bytes "
+                  "left in the file (truncated?)") != std::string::npos);
+    CHECK(open_error(whole.substr(0, whole.size() - 1))
+              .find("tensor 't': offset: expected its 128 bytes within the data section") !=
+          std::string::npos);
   }
   SECTION("magic and version") {
     GgufWriter w;
     std::string b = w.bytes();
-    CHECK(open_error("GG").find("magic: expected the 4 bytes \"GGUF\", got 2 bytes") != std::string::npos);
-    CHECK(open_error("GGML" + b.substr(4)).find("magic: expected \"GGUF\" (a GGUF file), got \"GGML\"") != std::string::npos);
+    CHECK(open_error("GG").find("magic: expected the 4 bytes \"GGUF\", got 2 bytes") !=
+          std::string::npos);
+    CHECK(open_error("GGML" + b.substr(4))
+              .find("magic: expected \"GGUF\" (a GGUF file), got \"GGML\"") != std::string::npos);
     w.version = 1;
-    CHECK(open_error(w.bytes()).find("version: expected 2 or 3 (version 1 has 32-bit counts") != std::string::npos);
+    CHECK(open_error(w.bytes()).find("version: expected 2 or 3 (version 1 has 32-bit counts") !=
+          std::string::npos);
     w.version = 4;
     CHECK(open_error(w.bytes()).find("version: expected 2 or 3, got 4") != std::string::npos);
     w.version = 0x03000000u;
@@ -240,20 +265,25 @@ TEST_CASE("GGUF: every bad file is refused with the documented error") {
     GgufWriter w;
     w.key("k", 8);
     put_le(w.metadata, 1ull << 63, 8);  // a string of 2^63 bytes
-    CHECK(open_error(w.bytes()).find("key 'k' (a string of 9223372036854775808 bytes): expected 9223372036854775808 bytes at offset 45") != std::string::npos);
+    CHECK(open_error(w.bytes()).find("key 'k' (a string of 9223372036854775808 bytes): expected "
+                                     "9223372036854775808 bytes at offset 45") !=
+          std::string::npos);
     GgufWriter a;
     a.key("arr", 9);
     put_le(a.metadata, 10, 4), put_le(a.metadata, 1ull << 61, 8);  // 2^61 uint64 values
-    CHECK(open_error(a.bytes()).find("key 'arr' (its count): expected at most 1 (the uint64 elements that the 13 bytes left") != std::string::npos);
+    CHECK(open_error(a.bytes()).find("key 'arr' (its count): expected at most 1 (the uint64 "
+                                     "elements that the 13 bytes left") != std::string::npos);
   }
   SECTION("bad values: unknown type, bool, nesting, duplicates, alignment") {
     GgufWriter w;
     w.key("k", 13);
-    CHECK(open_error(w.bytes()).find("key 'k' type: expected a GGUF value type (0 to 12), got 13") != std::string::npos);
+    CHECK(open_error(w.bytes()).find(
+              "key 'k' type: expected a GGUF value type (0 to 12), got 13") != std::string::npos);
     GgufWriter b;
     b.key("flag", 7);
     put_le(b.metadata, 2, 1);
-    CHECK(open_error(b.bytes()).find("key 'flag': expected a bool (0 or 1), got 2") != std::string::npos);
+    CHECK(open_error(b.bytes()).find("key 'flag': expected a bool (0 or 1), got 2") !=
+          std::string::npos);
     GgufWriter n;
     n.key("deep", 9);
     for (int i = 0; i < 5; ++i) put_le(n.metadata, 9, 4), put_le(n.metadata, 1, 8);
@@ -261,13 +291,16 @@ TEST_CASE("GGUF: every bad file is refused with the documented error") {
     CHECK(open_error(n.bytes()).find("expected arrays nested at most 4 deep") != std::string::npos);
     GgufWriter d;
     d.u32("x", 1), d.u32("x", 2);
-    CHECK(open_error(d.bytes()).find("key 'x': expected unique keys, got a second entry") != std::string::npos);
+    CHECK(open_error(d.bytes()).find("key 'x': expected unique keys, got a second entry") !=
+          std::string::npos);
     GgufWriter al;
     al.u32("general.alignment", 24);
-    CHECK(open_error(al.bytes()).find("key 'general.alignment': expected a power of two, got 24") != std::string::npos);
+    CHECK(open_error(al.bytes()).find("key 'general.alignment': expected a power of two, got 24") !=
+          std::string::npos);
     GgufWriter at;
     at.u64("general.alignment", 32);
-    CHECK(open_error(at.bytes()).find("key 'general.alignment': expected a uint32, got a uint64") != std::string::npos);
+    CHECK(open_error(at.bytes()).find("key 'general.alignment': expected a uint32, got a uint64") !=
+          std::string::npos);
   }
   SECTION("bad tensor infos: type, dims, offsets, duplicates") {
     const auto with = [](std::vector<std::uint64_t> dims, std::uint32_t type, std::string data) {
@@ -275,30 +308,46 @@ TEST_CASE("GGUF: every bad file is refused with the documented error") {
       w.tensor("t", std::move(dims), type, std::move(data));
       return w;
     };
-    CHECK(open_error(with({256}, 12, std::string(144, '\0')).bytes())
-              .find("tensor 't': type: expected one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, got Q4_K") != std::string::npos);
-    CHECK(open_error(with({4}, 99, std::string(16, '\0')).bytes()).find("got unknown type 99") != std::string::npos);
+    CHECK(
+        open_error(with({256}, 12, std::string(144, '\0')).bytes())
+            .find("tensor 't': type: expected one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, got Q4_K") !=
+        std::string::npos);
+    CHECK(open_error(with({4}, 99, std::string(16, '\0')).bytes()).find("got unknown type 99") !=
+          std::string::npos);
     CHECK(open_error(with({16}, 8, std::string(34, '\0')).bytes())
-              .find("tensor 't': dims[0]: expected a multiple of 32 (whole Q8_0 blocks per row), got 16") != std::string::npos);
-    CHECK(open_error(with({4, 0}, 0, "").bytes()).find("tensor 't': dims[1]: expected >= 1, got 0") != std::string::npos);
-    CHECK(open_error(with({1ull << 40, 1ull << 40}, 0, "").bytes()).find("tensor 't': dims[1]: expected at most 8388607") != std::string::npos);
-    CHECK(open_error(with({1, 1, 1, 1, 1}, 0, "").bytes()).find("tensor 't': n_dims: expected 1 to 4, got 5") != std::string::npos);
+              .find("tensor 't': dims[0]: expected a multiple of 32 (whole Q8_0 blocks per row), "
+                    "got 16") != std::string::npos);
+    CHECK(
+        open_error(with({4, 0}, 0, "").bytes()).find("tensor 't': dims[1]: expected >= 1, got 0") !=
+        std::string::npos);
+    CHECK(open_error(with({1ull << 40, 1ull << 40}, 0, "").bytes())
+              .find("tensor 't': dims[1]: expected at most 8388607") != std::string::npos);
+    CHECK(open_error(with({1, 1, 1, 1, 1}, 0, "").bytes())
+              .find("tensor 't': n_dims: expected 1 to 4, got 5") != std::string::npos);
     GgufWriter off = with({8}, 0, std::string(32, '\0'));
-    CHECK(open_error(off.bytes(32)).find("tensor 't': offset: expected its 32 bytes within the data section of 32 bytes, got 32") != std::string::npos);
-    CHECK(open_error(off.bytes(8)).find("tensor 't': offset: expected a multiple of 32, got 8") != std::string::npos);
+    CHECK(open_error(off.bytes(32))
+              .find("tensor 't': offset: expected its 32 bytes within the data section of 32 "
+                    "bytes, got 32") != std::string::npos);
+    CHECK(open_error(off.bytes(8)).find("tensor 't': offset: expected a multiple of 32, got 8") !=
+          std::string::npos);
     GgufWriter dup = with({8}, 0, std::string(32, '\0'));
     dup.tensor("t", {8}, 0, std::string(32, '\0'));
-    CHECK(open_error(dup.bytes()).find("tensor 't': expected unique tensor names") != std::string::npos);
+    CHECK(open_error(dup.bytes()).find("tensor 't': expected unique tensor names") !=
+          std::string::npos);
     GgufWriter nan = with({2}, 0, "");
     put_le(nan.tensors[0].data, 0x3F800000u, 4), put_le(nan.tensors[0].data, 0x7FC00000u, 4);
     TempFile f("nan.gguf");
     kvlab_test::write_bytes(f.path, nan.bytes());
     const GgufFile g(f.path);
-    CHECK(error_of([&] { g.read_matrix("t"); }).find("tensor 't': expected finite values, got nan at index 1") != std::string::npos);
+    CHECK(error_of([&] {
+            g.read_matrix("t");
+          }).find("tensor 't': expected finite values, got nan at index 1") != std::string::npos);
   }
   SECTION("a missing file") {
-    CHECK(error_of([] { GgufFile g("kvlab_test_no_such_file.gguf"); })
-              .find("kvlab_test_no_such_file.gguf: expected an existing, readable GGUF file") != std::string::npos);
+    CHECK(error_of([] {
+            GgufFile g("kvlab_test_no_such_file.gguf");
+          }).find("kvlab_test_no_such_file.gguf: expected an existing, readable GGUF file") !=
+          std::string::npos);
   }
 }
 
@@ -327,31 +376,39 @@ TEST_CASE("GGUF Llama model: each missing key, another architecture and a wrong 
   };
   CHECK(load_error(kvlab_test::llama_gguf(w)).empty());
   // A writer like llama_gguf's without one of its keys: rebuild with the key renamed.
-  for (const char* key : {"general.architecture", "llama.embedding_length", "llama.feed_forward_length",
-                          "llama.block_count", "llama.attention.head_count", "llama.context_length",
-                          "llama.attention.layer_norm_rms_epsilon"}) {
+  for (const char* key :
+       {"general.architecture", "llama.embedding_length", "llama.feed_forward_length",
+        "llama.block_count", "llama.attention.head_count", "llama.context_length",
+        "llama.attention.layer_norm_rms_epsilon"}) {
     CAPTURE(key);
     GgufWriter g = kvlab_test::llama_gguf(w);
     const std::string k(key);
     const std::size_t at = g.metadata.find(k);
     REQUIRE(at != std::string::npos);
     g.metadata[at] = 'X';  // the key is now another one
-    CHECK(load_error(g).find("key '" + k + "': expected present, got missing") != std::string::npos);
+    CHECK(load_error(g).find("key '" + k + "': expected present, got missing") !=
+          std::string::npos);
   }
   GgufWriter arch = kvlab_test::llama_gguf(w);
   arch.metadata.replace(arch.metadata.find("llama"), 5, "gpt2x");  // the value, 5 bytes
-  CHECK(load_error(arch).find("key 'general.architecture': expected \"llama\", got \"gpt2x\"") != std::string::npos);
+  CHECK(load_error(arch).find("key 'general.architecture': expected \"llama\", got \"gpt2x\"") !=
+        std::string::npos);
   GgufWriter heads = kvlab_test::llama_gguf(w);
   heads.u32("llama.vocab_size", 255);
-  CHECK(load_error(heads).find("key 'llama.vocab_size': expected 256 (rows of token_embd.weight), got 255") != std::string::npos);
+  CHECK(load_error(heads).find(
+            "key 'llama.vocab_size': expected 256 (rows of token_embd.weight), got 255") !=
+        std::string::npos);
   GgufWriter shape = kvlab_test::llama_gguf(w);
   for (GgufWriter::Tensor& t : shape.tensors)
     if (t.name == "blk.1.attn_k.weight") t.dims = {16, 48}, t.data.resize(16 * 48 * 4);
-  CHECK(load_error(shape).find("tensor 'blk.1.attn_k.weight': dims: expected [48, 16] (from the metadata: dim 48") != std::string::npos);
+  CHECK(load_error(shape).find(
+            "tensor 'blk.1.attn_k.weight': dims: expected [48, 16] (from the metadata: dim 48") !=
+        std::string::npos);
   GgufWriter missing = kvlab_test::llama_gguf(w);
   missing.tensors.pop_back();  // output.weight of the tiny model (separate classifier)
   missing.tensors.erase(missing.tensors.begin() + 3);  // blk.0.attn_k.weight
-  CHECK(load_error(missing).find("tensor 'blk.0.attn_k.weight': expected present, got missing") != std::string::npos);
+  CHECK(load_error(missing).find("tensor 'blk.0.attn_k.weight': expected present, got missing") !=
+        std::string::npos);
   // A layer count the file's tensors do not back (found by fuzz_gguf: 10^8 layers in a small
   // file made the loader list 9 x 10^8 tensor names before finding the first missing one):
   // refused at the first missing tensor, without allocating for the others.
@@ -360,10 +417,12 @@ TEST_CASE("GGUF Llama model: each missing key, another architecture and a wrong 
   REQUIRE(count_at != std::string::npos);
   layers.metadata.replace(count_at + std::string("llama.block_count").size() + 4, 4,
                           std::string("\x00\xE1\xF5\x05", 4));  // u32 100000000, little-endian
-  CHECK(load_error(layers).find("tensor 'blk.3.attn_norm.weight': expected present, got missing") != std::string::npos);
+  CHECK(load_error(layers).find("tensor 'blk.3.attn_norm.weight': expected present, got missing") !=
+        std::string::npos);
   GgufWriter rope = kvlab_test::llama_gguf(w);
   rope.u32("llama.attention.key_length", 4);
-  CHECK(load_error(rope).find("key 'llama.attention.key_length': expected 8 (head_dim") != std::string::npos);
+  CHECK(load_error(rope).find("key 'llama.attention.key_length': expected 8 (head_dim") !=
+        std::string::npos);
   GgufWriter bad_config = kvlab_test::llama_gguf(w);
   bad_config.metadata.clear(), bad_config.metadata_count = 0;
   bad_config.str("general.architecture", "llama");
@@ -371,5 +430,6 @@ TEST_CASE("GGUF Llama model: each missing key, another architecture and a wrong 
   bad_config.u32("llama.block_count", 3), bad_config.u32("llama.attention.head_count", 6);
   bad_config.u32("llama.attention.head_count_kv", 4), bad_config.u32("llama.context_length", 64);
   bad_config.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  CHECK(load_error(bad_config).find("n_heads: expected a multiple of n_kv_heads (4), got 6") != std::string::npos);
+  CHECK(load_error(bad_config).find("n_heads: expected a multiple of n_kv_heads (4), got 6") !=
+        std::string::npos);
 }

@@ -20,11 +20,11 @@
 #include "weights_equal.hpp"
 
 using kvlab::InvalidArgument;
-using kvlab_test::check_equal;
-using kvlab_test::error_of;
 using kvlab::LlamaConfig;
 using kvlab::LlamaLayerWeights;
 using kvlab::LlamaWeights;
+using kvlab_test::check_equal;
+using kvlab_test::error_of;
 using kvlab_test::names;
 using kvlab_test::TempFile;
 using kvlab_test::write_bytes;
@@ -43,8 +43,6 @@ std::string read_bytes(const std::string& path) {
 std::string header_bytes(const std::vector<std::int32_t>& fields) {
   return std::string(reinterpret_cast<const char*>(fields.data()), fields.size() * 4);
 }
-
-
 
 }  // namespace
 

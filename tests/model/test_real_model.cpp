@@ -28,12 +28,12 @@ namespace {
 
 // One prompt of the golden file.
 struct GoldenPrompt {
-  std::string user;            // the user's message
-  std::string text;            // the whole prompt: the chat template with the user's message
-  std::vector<int> prompt;     // [prompt tokens]: the chat template's ids
-  std::vector<int> greedy;     // [64]: greedy ids in double precision
-  std::vector<double> gaps;    // [64]: top-1 minus top-2 logit at each step, in double
-  std::vector<float> logits;   // [vocab_size]: the first step's logits (after the prompt)
+  std::string user;           // the user's message
+  std::string text;           // the whole prompt: the chat template with the user's message
+  std::vector<int> prompt;    // [prompt tokens]: the chat template's ids
+  std::vector<int> greedy;    // [64]: greedy ids in double precision
+  std::vector<double> gaps;   // [64]: top-1 minus top-2 logit at each step, in double
+  std::vector<float> logits;  // [vocab_size]: the first step's logits (after the prompt)
 };
 
 std::vector<float> read_logits(const std::string& file) {
@@ -66,12 +66,11 @@ std::vector<GoldenPrompt> golden() {
 
 // One prompt of the llama.cpp golden (the prompts of smollm2_double.json, in its order).
 struct LlamaCppPrompt {
-  std::vector<int> greedy;    // [64]: llama.cpp's greedy ids
-  std::vector<double> gaps;   // [64]: top-1 minus top-2 of llama.cpp's logits at each step
+  std::vector<int> greedy;     // [64]: llama.cpp's greedy ids
+  std::vector<double> gaps;    // [64]: top-1 minus top-2 of llama.cpp's logits at each step
   int parts_from_double = -1;  // the first step whose id differs from the double golden's; -1: none
-  std::vector<float> logits;  // [vocab_size]: llama.cpp's first-step logits
+  std::vector<float> logits;   // [vocab_size]: llama.cpp's first-step logits
 };
-
 
 std::vector<LlamaCppPrompt> llamacpp_golden() {
   std::ifstream in(std::string(KVLAB_TEST_GOLDEN_DIR) + "/smollm2_llamacpp.json");
@@ -82,7 +81,8 @@ std::vector<LlamaCppPrompt> llamacpp_golden() {
     LlamaCppPrompt g;
     g.greedy = p.at("greedy_ids").get<std::vector<int>>();
     g.gaps = p.at("gaps").get<std::vector<double>>();
-    if (!p.at("parts_from_double_at").is_null()) g.parts_from_double = p.at("parts_from_double_at").get<int>();
+    if (!p.at("parts_from_double_at").is_null())
+      g.parts_from_double = p.at("parts_from_double_at").get<int>();
     g.logits = read_logits(p.at("logits_file").get<std::string>());
     out.push_back(std::move(g));
   }
@@ -220,13 +220,17 @@ TEST_CASE("SmolLM2-135M-Instruct: first-step logits equal llama.cpp's within its
     double low = 1e30, high = -1e30, worst = 0;
     for (int k = 0; k < 10; ++k) {
       const int v = top[static_cast<std::size_t>(k)];
-      const double e = static_cast<double>(logits(v)) - llamacpp[i].logits[static_cast<std::size_t>(v)];
+      const double e =
+          static_cast<double>(logits(v)) - llamacpp[i].logits[static_cast<std::size_t>(v)];
       low = std::min(low, e), high = std::max(high, e);
     }
     for (int v = 0; v < 49152; ++v)
-      worst = std::max(worst, std::abs(static_cast<double>(logits(v)) - llamacpp[i].logits[static_cast<std::size_t>(v)]));
-    std::printf("prompt %zu: kvlab - llama.cpp over the 10 largest logits spans %.3g (max |difference| "
-                "over all 49152: %.3g)\n", i, high - low, worst);
+      worst = std::max(worst, std::abs(static_cast<double>(logits(v)) -
+                                       llamacpp[i].logits[static_cast<std::size_t>(v)]));
+    std::printf(
+        "prompt %zu: kvlab - llama.cpp over the 10 largest logits spans %.3g (max |difference| "
+        "over all 49152: %.3g)\n",
+        i, high - low, worst);
     CHECK(high - low <= kLlamaCppNearTie);
     if (llamacpp[i].gaps[0] >= kLlamaCppNearTie) CHECK(argmax(logits) == llamacpp[i].greedy[0]);
   }
@@ -243,9 +247,9 @@ std::vector<std::vector<int>> check_greedy_batch(const std::string& backend, int
   std::vector<kvlab::SequenceChunk> batch;  // [n]: the prompts, then one token each
   for (std::size_t i = 0; i < n; ++i)
     batch.push_back(kvlab::SequenceChunk{store->add_sequence(), prompts[i].prompt});
-  std::vector<int> compared(n, 0);  // [n]: ids compared so far
+  std::vector<int> compared(n, 0);           // [n]: ids compared so far
   std::vector<std::vector<int>> decoded(n);  // [n][steps]: the ids kvlab picked
-  std::vector<bool> open(n, true);  // [n]: not yet at a near tie
+  std::vector<bool> open(n, true);           // [n]: not yet at a near tie
   for (int s = 0; s < steps; ++s) {
     const kvlab::RowMatrix<float> logits = model.forward_batch(batch);  // [n, vocab_size]
     for (std::size_t i = 0; i < n; ++i) {
@@ -292,7 +296,8 @@ TEST_CASE("SmolLM2-135M-Instruct: one sequence's greedy ids (prefill, decode) eq
 }
 
 TEST_CASE("SmolLM2-135M-Instruct: greedy ids of every prompt equal the golden: cached") {
-  const std::vector<std::vector<int>> ids = check_greedy_batch("cached", kvlab_test::kSanitized ? 16 : 64);
+  const std::vector<std::vector<int>> ids =
+      check_greedy_batch("cached", kvlab_test::kSanitized ? 16 : 64);
   // The same ids against llama.cpp's, up to its first near tie (kLlamaCppNearTie): before it,
   // each must be llama.cpp's. Where llama.cpp's ids part from the double-precision golden's, that
   // step must be at or after such a near tie: llama.cpp parted at a tie its 8-bit products cannot
@@ -304,7 +309,8 @@ TEST_CASE("SmolLM2-135M-Instruct: greedy ids of every prompt equal the golden: c
     while (compared < static_cast<int>(ids[i].size()) &&
            l.gaps[static_cast<std::size_t>(compared)] >= kLlamaCppNearTie) {
       CAPTURE(i, compared);
-      REQUIRE(ids[i][static_cast<std::size_t>(compared)] == l.greedy[static_cast<std::size_t>(compared)]);
+      REQUIRE(ids[i][static_cast<std::size_t>(compared)] ==
+              l.greedy[static_cast<std::size_t>(compared)]);
       ++compared;
     }
     const bool tie = compared < static_cast<int>(ids[i].size());
@@ -316,17 +322,18 @@ TEST_CASE("SmolLM2-135M-Instruct: greedy ids of every prompt equal the golden: c
                   l.parts_from_double >= 0 ? "" : ", where llama.cpp still agrees with the golden");
     }
     if (l.parts_from_double >= 0) {
-      std::printf("  llama.cpp parts from the double-precision golden at step %d\n", l.parts_from_double);
+      std::printf("  llama.cpp parts from the double-precision golden at step %d\n",
+                  l.parts_from_double);
       CHECK(l.parts_from_double >= compared);
       if (l.parts_from_double < static_cast<int>(ids[i].size())) CHECK(tie);
     }
   }
 }
-// The paged layouts: 16 steps each (8 in the sanitizer build). Every step reads all 540 MB of the float32 weights, so the
-// steps are what these tests cost (about 0.13 s each on one core, twice that when two tests
-// share the memory); the paged stores' equality with the cached one is proven step by step on
-// the toy models (test_llama_model), and here each layout decodes across block boundaries (the
-// prompts end inside their third block).
+// The paged layouts: 16 steps each (8 in the sanitizer build). Every step reads all 540 MB of the
+// float32 weights, so the steps are what these tests cost (about 0.13 s each on one core, twice
+// that when two tests share the memory); the paged stores' equality with the cached one is proven
+// step by step on the toy models (test_llama_model), and here each layout decodes across block
+// boundaries (the prompts end inside their third block).
 TEST_CASE("SmolLM2-135M-Instruct: greedy ids of every prompt equal the golden: paged NHD") {
   check_greedy_batch("paged NHD", kvlab_test::kSanitized ? 8 : 16);
 }
@@ -344,7 +351,8 @@ TEST_CASE("SmolLM2-135M-Instruct: the tokenizer equals the Hugging Face referenc
   // vocabulary, merges and pre-tokenizer (tests/golden/tokenizer_golden.py), on a corpus of
   // letters and digits of several scripts, emoji, whitespace runs, contractions and every
   // special token; each case with special tokens parsed and not.
-  const kvlab::BpeTokenizer tok = kvlab::BpeTokenizer::from_gguf(kvlab::GgufFile(kvlab_test::real_model_or_skip()));
+  const kvlab::BpeTokenizer tok =
+      kvlab::BpeTokenizer::from_gguf(kvlab::GgufFile(kvlab_test::real_model_or_skip()));
   CHECK(tok.vocab_size() == 49152);
   CHECK(tok.bos_id() == 1);
   CHECK(tok.eos_id() == 2);
@@ -369,7 +377,8 @@ TEST_CASE("SmolLM2-135M-Instruct: the tokenizer equals the Hugging Face referenc
   for (const GoldenPrompt& g : golden()) CHECK(tok.encode_text(g.text, true) == g.prompt);
 }
 
-TEST_CASE("SmolLM2-135M-Instruct: a chat keeps its cache across turns and prefills only what is new") {
+TEST_CASE(
+    "SmolLM2-135M-Instruct: a chat keeps its cache across turns and prefills only what is new") {
   const kvlab::GgufFile file(kvlab_test::real_model_or_skip());
   const kvlab::BpeTokenizer tok = kvlab::BpeTokenizer::from_gguf(file);
   const kvlab::ChatTemplate chat_template = kvlab::ChatTemplate::from_gguf(file);

@@ -21,8 +21,8 @@
 #include "kvlab/cache/paged_kv_cache.hpp"
 #include "kvlab/cache/paged_sequences.hpp"
 #include "kvlab/report/pool_dot.hpp"
-#include "kvlab/serving/engine.hpp"
 #include "kvlab/report/state_dot.hpp"
+#include "kvlab/serving/engine.hpp"
 #include "model_writers.hpp"
 
 namespace {
@@ -226,11 +226,10 @@ TEST_CASE("step_dot and scheduler_pool_dot draw an engine's step with prefix-cac
     CHECK(nodes_with(g, "waiting_") == std::set<std::string>{"waiting_2"});
     CHECK(g.labels.at("waiting_2") == "request 2\\n5 tokens to compute (prompt 5, generated 0)");
     CHECK(nodes_with(g, "chunk_") == std::set<std::string>{"chunk_0"});
-    CHECK(
-        g.labels.at("chunk_0") ==
-        "R1\\nprefill 3 tokens\\njoined this step: 8 tokens from the prefix cache\\nnow 11 "
-        "tokens in seq " +
-            std::to_string(seq) + ", 3 blocks");
+    CHECK(g.labels.at("chunk_0") ==
+          "R1\\nprefill 3 tokens\\njoined this step: 8 tokens from the prefix cache\\nnow 11 "
+          "tokens in seq " +
+              std::to_string(seq) + ", 3 blocks");
     CHECK(g.labels.at("budget") == "token budget: 32|<c0> R1: 3|unused: 29");
     CHECK(g.edges == std::vector<std::string>{"budget:c0 -> chunk_0"});
     CHECK(g.labels.at("memory") ==

@@ -50,7 +50,7 @@ constexpr double kLogitRtol = 3e-5;
 // What a request gets alone: `generate`'s loop on a model of its own (cached backend), with the
 // logits of every draw.
 struct Alone {
-  std::vector<int> tokens;             // [generated]
+  std::vector<int> tokens;               // [generated]
   std::vector<RowVector<float>> logits;  // [draws, vocab_size]
 };
 
@@ -76,8 +76,9 @@ Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Reques
 // The largest relative logit difference over every request, after checking that each got its
 // alone tokens (and, for greedy requests, that no draw was a near-tie). Alone, a request runs
 // on a cached model of `weights` storing K/V as the engine's pool does.
-double check_against_alone(const Engine& engine, const std::vector<Request>& requests,
-                           const std::shared_ptr<const LlamaWeights>& weights = kvlab_test::builtin_weights()) {
+double check_against_alone(
+    const Engine& engine, const std::vector<Request>& requests,
+    const std::shared_ptr<const LlamaWeights>& weights = kvlab_test::builtin_weights()) {
   double worst = 0;
   for (std::size_t id = 0; id < requests.size(); ++id) {
     INFO("request " << id);
@@ -113,8 +114,9 @@ EngineConfig test_config(int block_size, int num_blocks) {
   return kvlab_test::step_clock_config(block_size, num_blocks);
 }
 
-std::unique_ptr<Engine> run_engine(const EngineConfig& config, const std::vector<Request>& requests,
-                                   const std::shared_ptr<const LlamaWeights>& weights = kvlab_test::builtin_weights()) {
+std::unique_ptr<Engine> run_engine(
+    const EngineConfig& config, const std::vector<Request>& requests,
+    const std::shared_ptr<const LlamaWeights>& weights = kvlab_test::builtin_weights()) {
   auto engine = std::make_unique<Engine>(weights, config);
   for (const Request& r : requests) engine->submit(r);
   engine->run();
@@ -143,8 +145,10 @@ TEST_CASE("continuous batching: every request gets the tokens and logits it gets
     bool split = false;  // some prompt ran over more than one step
     for (const StepRecord& s : engine->step_log())
       for (const kvlab::StepEntry& e : s.batch)
-        split = split || (e.kind == ChunkKind::Prefill &&
-                          e.tokens < static_cast<int>(requests[static_cast<std::size_t>(e.request)].prompt.size()));
+        split = split ||
+                (e.kind == ChunkKind::Prefill &&
+                 e.tokens <
+                     static_cast<int>(requests[static_cast<std::size_t>(e.request)].prompt.size()));
     CHECK(split);
     CHECK(engine->scheduler().preemptions() == 0);
     const double err = check_against_alone(*engine, requests);
@@ -188,8 +192,8 @@ TEST_CASE("continuous batching: every request gets the tokens and logits it gets
 
 TEST_CASE("every storage precision: each request gets what it gets alone with that storage") {
   // heads of 32 values, so that int8 and int4 blocks fit
-  const auto weights = std::make_shared<const LlamaWeights>(LlamaWeights::random(
-      kvlab::LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 5));
+  const auto weights = std::make_shared<const LlamaWeights>(
+      LlamaWeights::random(kvlab::LlamaConfig::tiny().with_dim(64).with_heads(2, 1), 5));
   const kvlab::KVDtype dtype = GENERATE(kvlab::KVDtype::fp16, kvlab::KVDtype::bf16,
                                         kvlab::KVDtype::int8, kvlab::KVDtype::int4);
   CAPTURE(kvlab::dtype_name(dtype));
@@ -206,7 +210,8 @@ TEST_CASE("every storage precision: each request gets what it gets alone with th
   CHECK(err <= kLogitRtol);
 }
 
-TEST_CASE("a sliding window: each request gets what it gets alone, the pool holds only the windows") {
+TEST_CASE(
+    "a sliding window: each request gets what it gets alone, the pool holds only the windows") {
   const std::vector<Request> requests = mixed_workload(10, 0, 0.0, 31);
   const int block_size = GENERATE(1, 4);
   CAPTURE(block_size);
@@ -292,8 +297,9 @@ TEST_CASE("the scheduler's invariants hold after every step of random workloads"
     spec.rate = rng.uniform(0.0, 2.0);
     EngineConfig c = test_config(block_size, 1);
     const int longest = spec.shared_prefix + spec.prompt_max + spec.output_max;
-    c.num_blocks = (longest + block_size - 1) / block_size + 2 +
-                   static_cast<int>(rng.next_u64() % static_cast<std::uint64_t>(4 * longest / block_size + 1));
+    c.num_blocks =
+        (longest + block_size - 1) / block_size + 2 +
+        static_cast<int>(rng.next_u64() % static_cast<std::uint64_t>(4 * longest / block_size + 1));
     c.keep_logits = false;
     c.scheduler.policy = static_cast<BatchingPolicy>(rng.next_u64() % 3);
     c.scheduler.max_batched_tokens = 1 + static_cast<int>(rng.next_u64() % 64);
@@ -310,7 +316,7 @@ TEST_CASE("the scheduler's invariants hold after every step of random workloads"
     steps += static_cast<int>(engine.step_log().size());
     for (int id = 0; id < engine.scheduler().num_requests(); ++id)
       REQUIRE(engine.output(id).finish != kvlab::FinishReason::None);  // every request finished
-    REQUIRE(engine.scheduler().pool().sequences().empty());  // and gave everything back
+    REQUIRE(engine.scheduler().pool().sequences().empty());            // and gave everything back
   }
   CHECK(steps > 2000);
 }
@@ -322,7 +328,8 @@ TEST_CASE("admission is first come, first served: a front that does not fit bloc
   Request a, b, cc;
   a.prompt.assign(24, 3);  // 6 blocks, plus its growth
   a.max_new_tokens = 12;
-  b.prompt.assign(20, 5);  // 5 blocks: does not fit beside A (12 - 6 - 1 watermark = 5, and A grows)
+  // 5 blocks: does not fit beside A (12 - 6 - 1 watermark = 5, and A grows)
+  b.prompt.assign(20, 5);
   b.max_new_tokens = 2;
   b.arrival = 1;
   cc.prompt.assign(3, 9);  // 1 block: would fit
@@ -385,7 +392,8 @@ TEST_CASE("a resumed request is not preempted again before it draws a token (vLL
         ++preempted[static_cast<std::size_t>(id)];
       }
       for (int id : s.admitted)
-        if (preempted[static_cast<std::size_t>(id)] > 0) recomputing[static_cast<std::size_t>(id)] = 1;
+        if (preempted[static_cast<std::size_t>(id)] > 0)
+          recomputing[static_cast<std::size_t>(id)] = 1;
       for (std::size_t id = 0; id < n; ++id) {
         const std::vector<double>& times = engine->output(static_cast<int>(id)).token_times;
         const auto now = static_cast<std::size_t>(
@@ -426,9 +434,10 @@ TEST_CASE("admission leaves watermark_blocks free for the running requests to gr
   Request big;
   big.prompt.assign(33, 1);  // 9 blocks: 9 + 2 > 10
   big.max_new_tokens = 1;
-  CHECK_THROWS_MATCHES(engine.submit(big), InvalidArgument,
-                       names("request", "a request that fits the pool alone: 10 blocks of 4 tokens, 2 kept free",
-                             "one that needs 9 blocks (33 tokens, continuous policy)"));
+  CHECK_THROWS_MATCHES(
+      engine.submit(big), InvalidArgument,
+      names("request", "a request that fits the pool alone: 10 blocks of 4 tokens, 2 kept free",
+            "one that needs 9 blocks (33 tokens, continuous policy)"));
 }
 
 TEST_CASE("bad requests are refused at submission and the engine serves the others") {
@@ -463,9 +472,10 @@ TEST_CASE("bad requests are refused at submission and the engine serves the othe
   Engine tight(kvlab_test::builtin_weights(), small);
   bad = good;
   bad.max_new_tokens = 20;  // 22 tokens: more than the pool holds
-  CHECK_THROWS_MATCHES(tight.submit(bad), InvalidArgument,
-                       names("request", "a request that fits the pool alone: 4 blocks of 4 tokens, 1 kept free",
-                             "one that needs 6 blocks (22 tokens, continuous policy)"));
+  CHECK_THROWS_MATCHES(
+      tight.submit(bad), InvalidArgument,
+      names("request", "a request that fits the pool alone: 4 blocks of 4 tokens, 1 kept free",
+            "one that needs 6 blocks (22 tokens, continuous policy)"));
   CHECK(tight.scheduler().num_requests() == 0);
   engine.submit(good);
   CHECK(engine.scheduler().num_requests() == 2);  // the refused ones left nothing behind
@@ -486,7 +496,7 @@ TEST_CASE("complete_step refuses a drawn id outside the vocabulary and changes n
   CHECK_THROWS_MATCHES(scheduler.complete_step({10}, 1.0), InvalidArgument,
                        names("drawn[0]", "an id in [0, 10)", "10"));
   CHECK(scheduler.request(0).computed == 0);  // the step is still open, unchanged
-  pool->reserve(plan.chunks[0].seq, 3);        // what the engine's forward pass does
+  pool->reserve(plan.chunks[0].seq, 3);       // what the engine's forward pass does
   scheduler.complete_step({7}, 1.0);
   CHECK(scheduler.request(0).output.tokens == std::vector<int>{7});
   CHECK(scheduler.request(0).computed == 3);
@@ -600,7 +610,8 @@ TEST_CASE("the summary: percentiles by linear interpolation, throughput over the
   const auto engine = run_engine(test_config(8, 64), mixed_workload(5, 0, 0.0, 41));
   const kvlab::ServingSummary s = kvlab::summarize(*engine);
   std::int64_t generated = 0;
-  for (int id = 0; id < 5; ++id) generated += static_cast<std::int64_t>(engine->output(id).tokens.size());
+  for (int id = 0; id < 5; ++id)
+    generated += static_cast<std::int64_t>(engine->output(id).tokens.size());
   CHECK(s.requests == 5);
   CHECK(s.generated_tokens == generated);
   CHECK(s.wall_s == engine->step_log().back().end);

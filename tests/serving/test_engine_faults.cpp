@@ -111,9 +111,9 @@ std::string pool_values(const Engine& e) {
   for (int b = 0; b < num_blocks; ++b)
     if (pool->allocator().ref_count(b) > 0) in_use.push_back(b);
   if (in_use.empty()) return "(no block in use)";
-  const kvlab::BlockTables all = kvlab::BlockTables::from_lists(
-      {in_use}, {static_cast<int>(in_use.size()) * bs}, kvlab::BlockSize{bs},
-      kvlab::NumBlocks{num_blocks});
+  const kvlab::BlockTables all =
+      kvlab::BlockTables::from_lists({in_use}, {static_cast<int>(in_use.size()) * bs},
+                                     kvlab::BlockSize{bs}, kvlab::NumBlocks{num_blocks});
   std::ostringstream out;
   for (int l = 0; l < pool->num_layers(); ++l) {
     const kvlab::PagedKVView<float> view = pool->view(l, all);
@@ -164,7 +164,8 @@ std::string state_of(const Engine& e) {
     out << "sequence " << seq << ": length " << pool.length(seq) << " blocks "
         << list(pool.blocks(seq)) << '\n';
   out << "free " << pool.allocator().num_free() << " counts";
-  for (int b = 0; b < pool.allocator().num_blocks(); ++b) out << ' ' << pool.allocator().ref_count(b);
+  for (int b = 0; b < pool.allocator().num_blocks(); ++b)
+    out << ' ' << pool.allocator().ref_count(b);
   out << "\ncache " << s.prefix_cache().cached_blocks() << " blocks, eviction order "
       << list(s.prefix_cache().eviction_order()) << "\nvalues" << pool_values(e) << '\n';
   return out.str();
@@ -173,11 +174,11 @@ std::string state_of(const Engine& e) {
 // A fault-free run: the state before each call of `step`, the fault points passed in each call,
 // and each request's tokens.
 struct Reference {
-  std::vector<std::string> before;                    // [calls]
-  std::vector<std::map<std::string, int>> passes;     // [calls]: site -> passes
-  std::vector<bool> preempted, evicted;               // [calls]: the step preempted, evicted
-  std::vector<std::vector<int>> tokens;               // [requests]
-  std::string end;                                    // the state after the last call
+  std::vector<std::string> before;                 // [calls]
+  std::vector<std::map<std::string, int>> passes;  // [calls]: site -> passes
+  std::vector<bool> preempted, evicted;            // [calls]: the step preempted, evicted
+  std::vector<std::vector<int>> tokens;            // [requests]
+  std::string end;                                 // the state after the last call
 };
 
 const char* const kSites[] = {"attention_step", "Sampler::sample", "BlockAllocator::allocate"};
@@ -203,7 +204,8 @@ Reference reference_run(FaultPoints& faults, const EngineConfig& c,
     ref.evicted.push_back(ran && e->last_step().evicted_blocks > 0);
   }
   ref.end = state_of(*e);
-  for (int id = 0; id < e->scheduler().num_requests(); ++id) ref.tokens.push_back(e->output(id).tokens);
+  for (int id = 0; id < e->scheduler().num_requests(); ++id)
+    ref.tokens.push_back(e->output(id).tokens);
   return ref;
 }
 
@@ -253,7 +255,7 @@ int check_faults(const EngineConfig& c, const std::vector<Request>& requests) {
         REQUIRE(faults.fired());
         ++injected;
         CHECK(state_of(*e) == ref.before[k]);  // as before the failed step
-        e->scheduler().check_invariants();      // no block leaked
+        e->scheduler().check_invariants();     // no block leaked
         faults.reset();
         for (std::size_t i = k; !e->done(); ++i) {  // then the same run as without the fault
           REQUIRE(i < ref.before.size());
@@ -338,13 +340,15 @@ TEST_CASE("a model's step that fails in a layer leaves its sequence as it was") 
     CHECK(model.position() == static_cast<int>(prompt.size()));
     faults.reset();
     const kvlab::RowVector<float> again = model.decode(7);
-    CHECK(std::memcmp(again.data(), expected.data(), sizeof(float) * static_cast<std::size_t>(again.size())) == 0);
+    CHECK(std::memcmp(again.data(), expected.data(),
+                      sizeof(float) * static_cast<std::size_t>(again.size())) == 0);
   }
 }
 
 TEST_CASE("run_stack: a failure inside a layer leaves every sequence of the batch as it was") {
   FaultPoints faults;
-  const auto stack_ptr = kvlab::AttentionStack<double>::random(3, kvlab::AttentionShape(4, 2, 8), 16, 31);
+  const auto stack_ptr =
+      kvlab::AttentionStack<double>::random(3, kvlab::AttentionShape(4, 2, 8), 16, 31);
   const kvlab::AttentionStack<double>& stack = *stack_ptr;
   kvlab::PagedStore<double> store(3, 2, 8, 4, 16);
   const int a = store.add_sequence(), b = store.add_sequence();

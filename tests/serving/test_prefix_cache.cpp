@@ -28,12 +28,14 @@ std::vector<std::int32_t> cache_sequence(PagedKVCache<float>& pool, PrefixCache&
                                          const std::vector<int>& tokens, int& seq) {
   seq = pool.add_sequence();
   kvlab::RowMatrix<float> kv(static_cast<Eigen::Index>(tokens.size()), 2);  // [tokens, 1 * 2]
-  for (std::size_t i = 0; i < tokens.size(); ++i) kv.row(static_cast<Eigen::Index>(i)).setConstant(float(tokens[i]));
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    kv.row(static_cast<Eigen::Index>(i)).setConstant(float(tokens[i]));
   pool.append(seq, kv, kv);
   std::int64_t parent = PrefixCache::kRoot;
   const int bs = pool.block_size();
   for (std::size_t k = 0; (k + 1) * static_cast<std::size_t>(bs) <= tokens.size(); ++k)
-    parent = cache.insert(pool, parent, tokens.data() + k * static_cast<std::size_t>(bs), pool.blocks(seq)[k]);
+    parent = cache.insert(pool, parent, tokens.data() + k * static_cast<std::size_t>(bs),
+                          pool.blocks(seq)[k]);
   return pool.blocks(seq);
 }
 
@@ -105,7 +107,7 @@ TEST_CASE("the last prompt token is always computed: a match covers at most leng
   CHECK(cache.match(tokens).blocks.size() == 2);  // 12 tokens: at most 11 cached, so 2 blocks
   std::vector<int> longer = tokens;
   longer.push_back(9);
-  CHECK(cache.match(longer).blocks.size() == 3);  // 13 tokens: 3 blocks
+  CHECK(cache.match(longer).blocks.size() == 3);                            // 13 tokens: 3 blocks
   CHECK(cache.match({tokens.begin(), tokens.begin() + 4}).blocks.empty());  // 4 tokens: none
   CHECK(cache.match({tokens.begin(), tokens.begin() + 5}).blocks.size() == 1);
 }
@@ -132,7 +134,8 @@ TEST_CASE("only full blocks are shared: a common prefix shorter than one block g
   CHECK(engine.output(1).prefix_hit_tokens == 0);  // 15 shared tokens: no full block
   CHECK(engine.output(2).prefix_hit_tokens == 0);
   CHECK(engine.output(3).prefix_hit_tokens == bs);  // 19 shared tokens: one block
-  for (int id = 0; id < 4; ++id) CHECK(engine.output(id).tokens == alone(requests[static_cast<std::size_t>(id)]));
+  for (int id = 0; id < 4; ++id)
+    CHECK(engine.output(id).tokens == alone(requests[static_cast<std::size_t>(id)]));
 }
 
 TEST_CASE("ended sequences' blocks are evicted deepest first, and only when no block is free") {
@@ -165,7 +168,8 @@ TEST_CASE("ended sequences' blocks are evicted deepest first, and only when no b
   // B (8 tokens, 2 blocks, unrelated) takes free blocks and evicts nothing; C (24 tokens) must
   // evict.
   Engine engine(kvlab_test::builtin_weights(), config(4, 9));
-  run(engine, {request(iota(17, 3), 0, 4), request(iota(7, 90), 10, 2), request(iota(23, 50), 20, 2)});
+  run(engine,
+      {request(iota(17, 3), 0, 4), request(iota(7, 90), 10, 2), request(iota(23, 50), 20, 2)});
   const std::vector<kvlab::StepRecord>& log = engine.step_log();
   int evicted_by_b = 0, evicted_by_c = 0, cached_after_a = 0;
   for (const kvlab::StepRecord& s : log) {

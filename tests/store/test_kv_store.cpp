@@ -50,19 +50,25 @@ struct StoreKind {
 
 using kvlab::KVDtype;
 using kvlab::KVLayout;
-const StoreKind kKinds[] = {
-    {"recompute", 0, KVLayout::NHD, KVDtype::fp32},  {"contiguous", 0, KVLayout::NHD, KVDtype::fp32},
-    {"paged", 1, KVLayout::NHD, KVDtype::fp32},      {"paged", 7, KVLayout::NHD, KVDtype::fp32},
-    {"paged", 16, KVLayout::NHD, KVDtype::fp32},     {"paged", 7, KVLayout::HND, KVDtype::fp32},
-    {"contiguous", 0, KVLayout::NHD, KVDtype::fp16}, {"contiguous", 0, KVLayout::NHD, KVDtype::bf16},
-    {"contiguous", 0, KVLayout::NHD, KVDtype::int8}, {"contiguous", 0, KVLayout::NHD, KVDtype::int4},
-    {"paged", 7, KVLayout::NHD, KVDtype::fp16},      {"paged", 16, KVLayout::HND, KVDtype::bf16},
-    {"paged", 7, KVLayout::HND, KVDtype::int8},      {"paged", 1, KVLayout::NHD, KVDtype::int4},
-    {"recompute", 0, KVLayout::NHD, KVDtype::fp32, 6},
-    {"contiguous", 0, KVLayout::NHD, KVDtype::fp32, 6},
-    {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6},
-    {"paged", 7, KVLayout::NHD, KVDtype::fp32, 6},
-    {"paged", 3, KVLayout::HND, KVDtype::bf16, 6}};
+const StoreKind kKinds[] = {{"recompute", 0, KVLayout::NHD, KVDtype::fp32},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::fp32},
+                            {"paged", 1, KVLayout::NHD, KVDtype::fp32},
+                            {"paged", 7, KVLayout::NHD, KVDtype::fp32},
+                            {"paged", 16, KVLayout::NHD, KVDtype::fp32},
+                            {"paged", 7, KVLayout::HND, KVDtype::fp32},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::fp16},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::bf16},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::int8},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::int4},
+                            {"paged", 7, KVLayout::NHD, KVDtype::fp16},
+                            {"paged", 16, KVLayout::HND, KVDtype::bf16},
+                            {"paged", 7, KVLayout::HND, KVDtype::int8},
+                            {"paged", 1, KVLayout::NHD, KVDtype::int4},
+                            {"recompute", 0, KVLayout::NHD, KVDtype::fp32, 6},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::fp32, 6},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6},
+                            {"paged", 7, KVLayout::NHD, KVDtype::fp32, 6},
+                            {"paged", 3, KVLayout::HND, KVDtype::bf16, 6}};
 
 // The kinds that a test in T runs: all of them in double, the fp32 ones in float (see above).
 template <typename T>

@@ -1,7 +1,7 @@
 // A long random sequence of paged-cache operations (add, append, fork, truncate, free), checked
 // after every operation against a model of each sequence's tokens. Run short by
-// tests/cache/test_paged_kv_cache.cpp (which also writes and reads tokens with these helpers), long by
-// kvlab_stress.
+// tests/cache/test_paged_kv_cache.cpp (which also writes and reads tokens with these helpers), long
+// by kvlab_stress.
 #pragma once
 
 #include <algorithm>

@@ -176,8 +176,9 @@ inline std::uint64_t stored_bytes_per_token(const ModelConfig& config, KVDtype d
   }
   const std::uint64_t block = dtype == KVDtype::int8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
   const std::uint64_t row_bytes = static_cast<std::uint64_t>(config.head_dim / kQuantBlock) * block;
-  const std::uint64_t per_layer = detail::checked_size_product(
-      kWhere, "config.num_kv_heads", 2 * row_bytes, static_cast<std::uint64_t>(config.num_kv_heads));
+  const std::uint64_t per_layer =
+      detail::checked_size_product(kWhere, "config.num_kv_heads", 2 * row_bytes,
+                                   static_cast<std::uint64_t>(config.num_kv_heads));
   return detail::checked_size_product(kWhere, "config.num_layers", per_layer,
                                       static_cast<std::uint64_t>(config.num_layers));
 }

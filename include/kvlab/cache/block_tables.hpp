@@ -127,8 +127,8 @@ class BlockTables {
       indptr.push_back(static_cast<std::int32_t>(indices.size()));
       last_page_len.push_back(lengths[s] - (pages - 1) * tokens);
     }
-    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len),
-                       block_size, num_blocks, window);
+    return BlockTables(std::move(indptr), std::move(indices), std::move(last_page_len), block_size,
+                       num_blocks, window);
   }
 
   /// Tables of sequences of `lengths` tokens whose blocks are taken from a shuffled pool of

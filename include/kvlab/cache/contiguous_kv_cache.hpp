@@ -214,9 +214,7 @@ class ContiguousKVCache {
   }
 
   /// Bytes reserved for K and V in all layers.
-  std::size_t bytes_reserved() const {
-    return 2 * at(num_layers_) * row_bytes() * at(capacity_);
-  }
+  std::size_t bytes_reserved() const { return 2 * at(num_layers_) * row_bytes() * at(capacity_); }
 
   /// Bytes holding tokens (the filled rows of K and V in all layers; with a window, the rows
   /// the ring still holds).

@@ -191,14 +191,12 @@ class PagedKVCacheBase {
   /// A saved state of the pool, for `restore`: its bookkeeping (every sequence's block table,
   /// the allocator's reference counts and free list) and the stored K and V of chosen blocks.
   struct Checkpoint {
-    PagedSequences book;               ///< the bookkeeping as it was
-    std::vector<std::int32_t> blocks;  ///< [saved blocks]: whose values are kept below
+    PagedSequences book;                ///< the bookkeeping as it was
+    std::vector<std::int32_t> blocks;   ///< [saved blocks]: whose values are kept below
     std::vector<unsigned char> values;  ///< their K and V, every layer, as stored
   };
   /// Bytes of one block's stored K and V, every layer: what `save_values` keeps per block.
-  std::size_t block_bytes() const {
-    return 2 * at(num_layers_) * at(block_size()) * token_bytes();
-  }
+  std::size_t block_bytes() const { return 2 * at(num_layers_) * at(block_size()) * token_bytes(); }
   /// The bookkeeping as it is now, without values (`save_values` adds them). Its size is that of
   /// the block tables: a pool's values are not copied.
   Checkpoint checkpoint() const { return Checkpoint{book_, {}, {}}; }
@@ -227,8 +225,8 @@ class PagedKVCacheBase {
   ///         reserved slot is unwritten.
   void restore(Checkpoint&& saved) {
     constexpr const char* kWhere = "kvlab::PagedKVCache::restore";
-    detail::require_equal(kWhere, "saved.book.block_size()", saved.book.block_size(),
-                          block_size(), "block_size");
+    detail::require_equal(kWhere, "saved.book.block_size()", saved.book.block_size(), block_size(),
+                          "block_size");
     detail::require_equal(kWhere, "saved.book.allocator().num_blocks()",
                           saved.book.allocator().num_blocks(), allocator().num_blocks(),
                           "num_blocks");
@@ -236,9 +234,9 @@ class PagedKVCacheBase {
                           saved.blocks.size() * block_bytes(), "saved.blocks.size() * block bytes");
     for (int l = 0; l < num_layers_; ++l) {
       if (unwritten_[at(l)] != 0) {
-        detail::fail(kWhere, "pool", "every reserved slot written (no step open)",
-                     std::to_string(unwritten_[at(l)]) + " unwritten in layer " +
-                         std::to_string(l));
+        detail::fail(
+            kWhere, "pool", "every reserved slot written (no step open)",
+            std::to_string(unwritten_[at(l)]) + " unwritten in layer " + std::to_string(l));
       }
     }
     book_ = std::move(saved.book);
@@ -513,10 +511,13 @@ class PagedKVCache : public PagedKVCacheBase {
     const PagedKVView<S> pool = layout_view(layer);  // slot_offset() of the pool's layout
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const auto row = static_cast<Eigen::Index>(i);
-      for (int h = 0; h < this->num_kv_heads(); ++h) {  // each head's row encoded where its layout puts it
+      for (int h = 0; h < this->num_kv_heads();
+           ++h) {  // each head's row encoded where its layout puts it
         const auto dst = static_cast<std::ptrdiff_t>(pool.slot_offset(slots[i], h));
-        KVStorage<S>::encode(k.row(row).data() + h * this->head_dim(), this->head_dim(), k_[l].data() + dst);
-        KVStorage<S>::encode(v.row(row).data() + h * this->head_dim(), this->head_dim(), v_[l].data() + dst);
+        KVStorage<S>::encode(k.row(row).data() + h * this->head_dim(), this->head_dim(),
+                             k_[l].data() + dst);
+        KVStorage<S>::encode(v.row(row).data() + h * this->head_dim(), this->head_dim(),
+                             v_[l].data() + dst);
       }
       this->mark(layer, slots[i], true);
     }
@@ -536,9 +537,8 @@ class PagedKVCache : public PagedKVCacheBase {
     detail::require_equal(kWhere, "tables.block_size()", tables.block_size(), this->block_size(),
                           "block_size");
     const std::size_t l = at(layer);
-    PagedKVView<S> view =
-        tables.view(k_[l].data(), v_[l].data(), this->num_kv_heads(), this->head_dim(),
-                    this->layout());
+    PagedKVView<S> view = tables.view(k_[l].data(), v_[l].data(), this->num_kv_heads(),
+                                      this->head_dim(), this->layout());
     view.window = this->window();
     check_written(kWhere, layer, view);
     return view;
@@ -583,8 +583,9 @@ class PagedKVCache : public PagedKVCacheBase {
       const PagedKVView<S> pool = layout_view(l);
       for (std::vector<S>* values : {&k_[at(l)], &v_[at(l)]}) {
         for (int h = 0; h < runs; ++h) {
-          const auto src = values->begin() +
-                           pool.slot_offset(static_cast<std::int64_t>(from) * this->block_size(), h);
+          const auto src =
+              values->begin() +
+              pool.slot_offset(static_cast<std::int64_t>(from) * this->block_size(), h);
           std::copy(src, src + static_cast<std::ptrdiff_t>(run),
                     values->begin() +
                         pool.slot_offset(static_cast<std::int64_t>(to) * this->block_size(), h));

@@ -185,9 +185,8 @@ class PagedSequences {
                    "in [0, " + std::to_string(s.length) + "]", keep_from);
     }
     int released = 0;
-    for (std::size_t b = 0; b < s.blocks.size() &&
-                            static_cast<int>(b + 1) * block_size_ <= keep_from;
-         ++b) {
+    for (std::size_t b = 0;
+         b < s.blocks.size() && static_cast<int>(b + 1) * block_size_ <= keep_from; ++b) {
       if (s.blocks[b] == kReleasedBlock) continue;
       allocator_.release(s.blocks[b]);
       s.blocks[b] = kReleasedBlock;
@@ -299,7 +298,7 @@ class PagedSequences {
       lengths.push_back(s.length);
     }
     return BlockTables::from_lists(lists, lengths, BlockSize{block_size_},
-                                  NumBlocks{allocator_.num_blocks()}, window);
+                                   NumBlocks{allocator_.num_blocks()}, window);
   }
 
  private:

@@ -26,8 +26,8 @@ inline std::function<void(const char*)>& fault_hook() {
 }  // namespace kvlab
 
 /// Calls `kvlab::detail::fault_hook()` with `name`, if a hook is set.
-#define KVLAB_FAULT_POINT(name)                                   \
-  do {                                                            \
+#define KVLAB_FAULT_POINT(name)                                             \
+  do {                                                                      \
     if (::kvlab::detail::fault_hook()) ::kvlab::detail::fault_hook()(name); \
   } while (false)
 #else

@@ -182,8 +182,8 @@ void check_window_pages(const char* where, const std::int32_t* qo_indptr,
   for (int s = 0; s < cache.batch; ++s) {
     const int q_len = qo_indptr[s + 1] - qo_indptr[s];
     if (q_len == 0) continue;
-    const int first_page = kvlab::first_visible_key(cache.seq_len(s) - q_len, cache.window) /
-                           cache.block_size;
+    const int first_page =
+        kvlab::first_visible_key(cache.seq_len(s) - q_len, cache.window) / cache.block_size;
     for (std::int32_t i = cache.indptr[s] + first_page; i < cache.indptr[s + 1]; ++i) {
       if (cache.indices[i] == kReleasedBlock) {
         fail(where, "cache.indices[" + std::to_string(i) + "]",

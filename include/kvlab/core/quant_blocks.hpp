@@ -33,7 +33,7 @@ static_assert(sizeof(BlockQ8_0) == 34, "q8_0: 2 bytes of scale + 32 of values, n
 /// of the block's scale (either sign). Byte j holds value j in its low nibble and value j + 16
 /// in its high nibble (llama.cpp's order). 18 bytes per 32 values: 4.5 bits per value.
 struct BlockQ4_0 {
-  std::uint16_t d;                 ///< the scale, fp16 bits
+  std::uint16_t d;                  ///< the scale, fp16 bits
   std::uint8_t q[kQuantBlock / 2];  ///< nibbles: values j (low) and j + 16 (high) in byte j
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0: 2 bytes of scale + 16 of nibbles, no padding");

@@ -61,8 +61,7 @@ void naive_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       // 2. Query i sees keys [start, first_position + i] — start 0, or its window's first key
       // — and the others get probability 0.
       const Eigen::Index visible = first_position + i + 1;
-      const Eigen::Index start =
-          first_visible_key(static_cast<int>(first_position + i), window);
+      const Eigen::Index start = first_visible_key(static_cast<int>(first_position + i), window);
       softmax_inplace(scores.row(i).data() + start, visible - start);
       scores.row(i).head(start).setZero();
       scores.row(i).tail(kv_len - visible).setZero();

@@ -193,10 +193,10 @@ class ContiguousKVCache {
   int num_kv_heads_;
   int head_dim_;
   int capacity_;
-  int window_;               // 0, or W: a ring of capacity_ slots
-  DeviceBuffer<T> k_;        // [num_layers, num_kv_heads, capacity, row units]
-  DeviceBuffer<T> v_;        // [num_layers, num_kv_heads, capacity, row units]
-  std::vector<int> length_;  // [num_layers]: tokens of the sequence
+  int window_;                   // 0, or W: a ring of capacity_ slots
+  DeviceBuffer<T> k_;            // [num_layers, num_kv_heads, capacity, row units]
+  DeviceBuffer<T> v_;            // [num_layers, num_kv_heads, capacity, row units]
+  std::vector<int> length_;      // [num_layers]: tokens of the sequence
   std::vector<int> valid_from_;  // [num_layers]: the oldest position the ring still holds
 };
 

@@ -80,8 +80,7 @@ void add_residual(const StepBatch& batch, RowMatrix<T>& x, const RowMatrix<T>& o
                         static_cast<long>(x.cols()), "x.cols()");
   if (out.rows() != x.rows()) {  // the new tokens' rows only
     detail::require_equal(kWhere, "out.rows()", static_cast<long>(out.rows()),
-                          static_cast<long>(batch.new_rows()),
-                          "x.rows() or the step's new rows");
+                          static_cast<long>(batch.new_rows()), "x.rows() or the step's new rows");
     RowMatrix<T> kept;  // [new rows, width]
     new_token_rows(batch, x, kept);
     x = std::move(kept);

@@ -137,7 +137,8 @@ class BpeTokenizer : public TextTokenizer {
     }
     // Longest special texts first, so that the longest of those starting at a position wins.
     std::sort(specials_.begin(), specials_.end(), [&](int a, int b) {
-      return tokens_[static_cast<std::size_t>(a)].size() > tokens_[static_cast<std::size_t>(b)].size();
+      return tokens_[static_cast<std::size_t>(a)].size() >
+             tokens_[static_cast<std::size_t>(b)].size();
     });
   }
 
@@ -170,7 +171,8 @@ class BpeTokenizer : public TextTokenizer {
       }
       return static_cast<int>(id);
     };
-    const int bos = id_of("tokenizer.ggml.bos_token_id"), eos = id_of("tokenizer.ggml.eos_token_id");
+    const int bos = id_of("tokenizer.ggml.bos_token_id"),
+              eos = id_of("tokenizer.ggml.eos_token_id");
     try {
       return BpeTokenizer(std::move(tokens), types, file.get_strings("tokenizer.ggml.merges"), pre,
                           bos, eos);
@@ -203,9 +205,7 @@ class BpeTokenizer : public TextTokenizer {
   /// The byte-level character that stands for byte `b`, in UTF-8 (`"Ġ"` for a space).
   std::string byte_char(unsigned char b) const { return byte_chars_[b]; }
 
-  bool is_special(int id) const override {
-    return type(id) == TokenType::control;
-  }
+  bool is_special(int id) const override { return type(id) == TokenType::control; }
   std::string token_bytes(int id, int /*prev*/ = -1) const override {
     check_id("kvlab::BpeTokenizer::token_bytes", id);
     return bytes_[static_cast<std::size_t>(id)];
@@ -230,7 +230,7 @@ class BpeTokenizer : public TextTokenizer {
   /// across the parts' boundaries, as it would see the whole rendered text.
   /// \throws InvalidArgument as `encode_text`.
   std::vector<int> encode_parts(const std::vector<TextPart>& parts) const override {
-    std::string text;                                     // the parts, concatenated
+    std::string text;                                       // the parts, concatenated
     std::vector<std::pair<std::size_t, std::size_t>> open;  // [begin, end) of the parts that parse
     for (const TextPart& p : parts) {
       if (p.parse_special) open.emplace_back(text.size(), text.size() + p.text.size());
@@ -241,8 +241,7 @@ class BpeTokenizer : public TextTokenizer {
       if (byte_token_[b] < 0) {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(b));
-        detail::fail("kvlab::BpeTokenizer::encode_text", "text",
-                     "bytes this vocabulary can encode",
+        detail::fail("kvlab::BpeTokenizer::encode_text", "text", "bytes this vocabulary can encode",
                      "byte " + std::string(hex) + " at offset " + std::to_string(i) +
                          ", which has no token");
       }
@@ -350,16 +349,21 @@ class BpeTokenizer : public TextTokenizer {
       }
       // b. GPT-2's pattern over the piece [piece, piece_end).
       std::size_t i = piece;
-      const auto is = [&](std::size_t k, CharClass cls) { return k < piece_end && chars[k].cls == cls; };
+      const auto is = [&](std::size_t k, CharClass cls) {
+        return k < piece_end && chars[k].cls == cls;
+      };
       const auto run = [&](std::size_t k, CharClass cls) {  // end of the run of `cls` from k
         while (k < piece_end && chars[k].cls == cls) ++k;
         return k;
       };
-      const auto ascii = [&](std::size_t k, char c) { return k < piece_end && chars[k].code == static_cast<char32_t>(c); };
+      const auto ascii = [&](std::size_t k, char c) {
+        return k < piece_end && chars[k].code == static_cast<char32_t>(c);
+      };
       while (i < piece_end) {
         std::size_t end = i;
         const std::size_t after_space = ascii(i, ' ') ? i + 1 : i;  // the optional ' '
-        if (ascii(i, '\'') && (ascii(i + 1, 's') || ascii(i + 1, 't') || ascii(i + 1, 'm') || ascii(i + 1, 'd'))) {
+        if (ascii(i, '\'') &&
+            (ascii(i + 1, 's') || ascii(i + 1, 't') || ascii(i + 1, 'm') || ascii(i + 1, 'd'))) {
           end = i + 2;  // 's 't 'm 'd
         } else if (ascii(i, '\'') && ((ascii(i + 1, 'r') && ascii(i + 2, 'e')) ||
                                       (ascii(i + 1, 'v') && ascii(i + 2, 'e')) ||
@@ -409,15 +413,15 @@ class BpeTokenizer : public TextTokenizer {
     });
   }
 
-  std::vector<std::string> tokens_;                   // [vocab]: as the file stores them
-  std::vector<TokenType> types_;                      // [vocab]
-  std::vector<std::string> bytes_;                    // [vocab]: what each token decodes to
-  std::unordered_map<std::string, int> index_;        // token string -> id
+  std::vector<std::string> tokens_;             // [vocab]: as the file stores them
+  std::vector<TokenType> types_;                // [vocab]
+  std::vector<std::string> bytes_;              // [vocab]: what each token decodes to
+  std::unordered_map<std::string, int> index_;  // token string -> id
   std::unordered_map<std::uint64_t, std::pair<int, int>> ranks_;  // pair -> (rank, merged id)
-  std::vector<int> specials_;                         // control and user-defined ids, longest first
-  std::array<std::string, 256> byte_chars_;           // byte -> its character, UTF-8
+  std::vector<int> specials_;                // control and user-defined ids, longest first
+  std::array<std::string, 256> byte_chars_;  // byte -> its character, UTF-8
   std::unordered_map<char32_t, unsigned char> char_byte_;  // character -> byte
-  std::array<int, 256> byte_token_{};                 // byte -> its character's token, or -1
+  std::array<int, 256> byte_token_{};                      // byte -> its character's token, or -1
   bool split_digits_ = true;
   int bos_ = -1, eos_ = -1;
 };

@@ -42,7 +42,8 @@ class ChatTemplate {
   static ChatTemplate from_gguf(const GgufFile& file) {
     const std::string& t = file.get_string("tokenizer.chat_template");
     if (t.find("<|im_start|>") == std::string::npos || t.find("<|im_end|>") == std::string::npos) {
-      detail::fail("kvlab::ChatTemplate::from_gguf", file.path() + ": key 'tokenizer.chat_template'",
+      detail::fail("kvlab::ChatTemplate::from_gguf",
+                   file.path() + ": key 'tokenizer.chat_template'",
                    "a ChatML template (<|im_start|> role, content, <|im_end|>)",
                    "a template without those markers");
     }
@@ -87,15 +88,15 @@ class ChatTemplate {
 
 /// What one turn of a `ChatSession` did.
 struct ChatTurn {
-  std::string text;          ///< the reply, as text (without its closing `<|im_end|>`)
-  std::vector<int> reply;    ///< the reply's ids, as generated (the closing EOS included if any)
-  int reused = 0;            ///< tokens of the conversation already in the cache (not recomputed)
-  int prefilled = 0;         ///< tokens this turn fed at once: the new message and the reply prompt
-  int generated = 0;         ///< tokens decoded one at a time
+  std::string text;        ///< the reply, as text (without its closing `<|im_end|>`)
+  std::vector<int> reply;  ///< the reply's ids, as generated (the closing EOS included if any)
+  int reused = 0;          ///< tokens of the conversation already in the cache (not recomputed)
+  int prefilled = 0;       ///< tokens this turn fed at once: the new message and the reply prompt
+  int generated = 0;       ///< tokens decoded one at a time
   double prefill_seconds = 0;  ///< time of the prefill
   double decode_seconds = 0;   ///< time of the decode steps
-  std::size_t kv_bytes = 0;  ///< bytes of K and V the store holds after the turn
-  bool ended = false;        ///< the model closed its reply (EOS); false: the token limit or context
+  std::size_t kv_bytes = 0;    ///< bytes of K and V the store holds after the turn
+  bool ended = false;  ///< the model closed its reply (EOS); false: the token limit or context
   bool context_full = false;  ///< the reply stopped at the model's context limit
 };
 
@@ -161,8 +162,10 @@ class ChatSession {
     if (static_cast<long>(fresh.size()) + 1 > room) {
       detail::fail<CapacityError>(
           kWhere, "the conversation",
-          "room for this turn's " + std::to_string(fresh.size()) + " tokens and a reply in the "
-              "context of " + std::to_string(model_.max_tokens()) + " tokens",
+          "room for this turn's " + std::to_string(fresh.size()) +
+              " tokens and a reply in the "
+              "context of " +
+              std::to_string(model_.max_tokens()) + " tokens",
           std::to_string(model_.position()) + " tokens held (start a new conversation)");
     }
     t.prefilled = static_cast<int>(fresh.size());

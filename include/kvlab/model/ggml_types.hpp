@@ -32,11 +32,11 @@ enum class GgmlType : std::uint32_t {
 /// does not define (ids 4, 5 and 31–33, 36–38 were removed from ggml and are unknown here too).
 inline std::string ggml_type_name(std::uint32_t id) {
   static const char* const kNames[] = {
-      "F32",     "F16",    "Q4_0",    "Q4_1",    nullptr,  nullptr, "Q5_0",  "Q5_1",
-      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",    "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
-      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",   "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
-      "I8",      "I16",    "I32",     "I64",     "F64",    "IQ1_M", "BF16",  nullptr,
-      nullptr,   nullptr,  "TQ1_0",   "TQ2_0",   nullptr,  nullptr, nullptr, "MXFP4", "NVFP4",  "Q1_0"};
+      "F32",     "F16",   "Q4_0",   "Q4_1",  nullptr, nullptr,  "Q5_0",  "Q5_1",    "Q8_0",
+      "Q8_1",    "Q2_K",  "Q3_K",   "Q4_K",  "Q5_K",  "Q6_K",   "Q8_K",  "IQ2_XXS", "IQ2_XS",
+      "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",    "I16",     "I32",
+      "I64",     "F64",   "IQ1_M",  "BF16",  nullptr, nullptr,  nullptr, "TQ1_0",   "TQ2_0",
+      nullptr,   nullptr, nullptr,  "MXFP4", "NVFP4", "Q1_0"};
   constexpr std::uint32_t kCount = sizeof kNames / sizeof kNames[0];
   if (id < kCount && kNames[id] != nullptr) return kNames[id];
   return "unknown type " + std::to_string(id);
@@ -94,8 +94,9 @@ inline std::uint64_t ggml_row_bytes(GgmlType type, std::uint64_t n) {
   constexpr const char* kWhere = "kvlab::ggml_row_bytes";
   const auto per_block = static_cast<std::uint64_t>(ggml_block_values(type));
   if (n % per_block != 0) {
-    detail::fail(kWhere, "n", "a multiple of " + std::to_string(per_block) + " (a " +
-                                  ggml_type_name(static_cast<std::uint32_t>(type)) + " block)",
+    detail::fail(kWhere, "n",
+                 "a multiple of " + std::to_string(per_block) + " (a " +
+                     ggml_type_name(static_cast<std::uint32_t>(type)) + " block)",
                  n);
   }
   return detail::checked_size_product(kWhere, "n", ggml_block_bytes(type), n / per_block, "",
@@ -141,11 +142,14 @@ inline void dequantize_row(GgmlType type, const unsigned char* data, std::int64_
       }
       return;
     case GgmlType::Q8_0:
-      return blocks(BlockQ8_0{}, [](const BlockQ8_0& b, int i) { return detail::dequantize(b, i); });
+      return blocks(BlockQ8_0{},
+                    [](const BlockQ8_0& b, int i) { return detail::dequantize(b, i); });
     case GgmlType::Q4_0:
-      return blocks(BlockQ4_0{}, [](const BlockQ4_0& b, int i) { return detail::dequantize(b, i); });
+      return blocks(BlockQ4_0{},
+                    [](const BlockQ4_0& b, int i) { return detail::dequantize(b, i); });
     case GgmlType::Q4_1:
-      return blocks(BlockQ4_1{}, [](const BlockQ4_1& b, int i) { return detail::dequantize(b, i); });
+      return blocks(BlockQ4_1{},
+                    [](const BlockQ4_1& b, int i) { return detail::dequantize(b, i); });
   }
 }
 

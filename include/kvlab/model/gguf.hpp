@@ -43,9 +43,9 @@ enum class GgufType : std::uint32_t {
 
 /// The name of GGUF value type id `id` ("uint32", "string", "array", ...), or "unknown type <id>".
 inline std::string gguf_type_name(std::uint32_t id) {
-  static const char* const kNames[] = {"uint8",   "int8",   "uint16", "int16", "uint32",
-                                       "int32",   "float32", "bool",  "string", "array",
-                                       "uint64",  "int64",  "float64"};
+  static const char* const kNames[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
+                                       "int32",  "float32", "bool",   "string", "array",
+                                       "uint64", "int64",   "float64"};
   if (id < sizeof kNames / sizeof kNames[0]) return kNames[id];
   return "unknown type " + std::to_string(id);
 }
@@ -130,13 +130,14 @@ class GgufFile {
   /// Opens `path` and reads its header, metadata and tensor infos.
   /// \throws InvalidArgument (see the class) for a file that cannot be opened or is not a valid
   ///         GGUF file of version 2 or 3.
-  explicit GgufFile(const std::string& path)
-      : path_(path), stream_(path, std::ios::binary) {
+  explicit GgufFile(const std::string& path) : path_(path), stream_(path, std::ios::binary) {
     if (path.empty()) detail::fail(kWhere, "path", "the name of a GGUF file", "''");
-    if (!stream_) detail::fail(kWhere, path, "an existing, readable GGUF file", "a path that cannot be opened");
+    if (!stream_)
+      detail::fail(kWhere, path, "an existing, readable GGUF file", "a path that cannot be opened");
     stream_.seekg(0, std::ios::end);
     const std::streamoff end = stream_.tellg();
-    if (!stream_ || end < 0) detail::fail(kWhere, path, "a file whose size can be read", "an error while seeking");
+    if (!stream_ || end < 0)
+      detail::fail(kWhere, path, "a file whose size can be read", "an error while seeking");
     size_ = static_cast<std::uint64_t>(end);
     stream_.seekg(0, std::ios::beg);
     parse();
@@ -172,7 +173,8 @@ class GgufFile {
   ///         above 2^63 − 1.
   std::int64_t get_int(const std::string& key) const {
     const GgufValue& v = at(key);
-    if (!v.is_integer()) fail_key(key, "an integer", "a " + gguf_type_name(static_cast<std::uint32_t>(v.type)));
+    if (!v.is_integer())
+      fail_key(key, "an integer", "a " + gguf_type_name(static_cast<std::uint32_t>(v.type)));
     if (v.type == GgufType::UINT64 && v.unsigned_integer > static_cast<std::uint64_t>(INT64_MAX))
       fail_key(key, "at most 2^63 - 1", std::to_string(v.unsigned_integer));
     return v.integer;
@@ -182,7 +184,8 @@ class GgufFile {
   double get_float(const std::string& key) const {
     const GgufValue& v = at(key);
     if (v.type != GgufType::FLOAT32 && v.type != GgufType::FLOAT64)
-      fail_key(key, "a float32 or float64", "a " + gguf_type_name(static_cast<std::uint32_t>(v.type)));
+      fail_key(key, "a float32 or float64",
+               "a " + gguf_type_name(static_cast<std::uint32_t>(v.type)));
     return v.number;
   }
   /// String `key`.
@@ -257,9 +260,9 @@ class GgufFile {
                      static_cast<std::int64_t>(info.row_length()), row.data());
       for (std::size_t i = 0; i < row.size(); ++i) {
         if (!std::isfinite(row[i])) {
-          detail::fail(kRead, path_ + ": tensor '" + info.name + "'", "finite values",
-                       std::to_string(row[i]) + " at index " +
-                           std::to_string(r * info.row_length() + i));
+          detail::fail(
+              kRead, path_ + ": tensor '" + info.name + "'", "finite values",
+              std::to_string(row[i]) + " at index " + std::to_string(r * info.row_length() + i));
         }
       }
     }
@@ -322,7 +325,9 @@ class GgufFile {
   void read_bytes(void* out, std::uint64_t n, const std::string& what) {
     need(n, what);
     stream_.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
-    if (!stream_) detail::fail(kWhere, path_ + ": " + what, std::to_string(n) + " readable bytes", "a read error");
+    if (!stream_)
+      detail::fail(kWhere, path_ + ": " + what, std::to_string(n) + " readable bytes",
+                   "a read error");
     pos_ += n;
   }
   template <typename T>
@@ -376,26 +381,47 @@ class GgufFile {
     GgufValue v;
     v.type = type;
     switch (type) {
-      case GgufType::UINT8: v.integer = read<std::uint8_t>(what); break;
-      case GgufType::INT8: v.integer = read<std::int8_t>(what); break;
-      case GgufType::UINT16: v.integer = read<std::uint16_t>(what); break;
-      case GgufType::INT16: v.integer = read<std::int16_t>(what); break;
-      case GgufType::UINT32: v.integer = read<std::uint32_t>(what); break;
-      case GgufType::INT32: v.integer = read<std::int32_t>(what); break;
-      case GgufType::INT64: v.integer = read<std::int64_t>(what); break;
+      case GgufType::UINT8:
+        v.integer = read<std::uint8_t>(what);
+        break;
+      case GgufType::INT8:
+        v.integer = read<std::int8_t>(what);
+        break;
+      case GgufType::UINT16:
+        v.integer = read<std::uint16_t>(what);
+        break;
+      case GgufType::INT16:
+        v.integer = read<std::int16_t>(what);
+        break;
+      case GgufType::UINT32:
+        v.integer = read<std::uint32_t>(what);
+        break;
+      case GgufType::INT32:
+        v.integer = read<std::int32_t>(what);
+        break;
+      case GgufType::INT64:
+        v.integer = read<std::int64_t>(what);
+        break;
       case GgufType::UINT64:
         v.unsigned_integer = read<std::uint64_t>(what);
         v.integer = static_cast<std::int64_t>(v.unsigned_integer);  // get_int checks the range
         break;
-      case GgufType::FLOAT32: v.number = read<float>(what); break;
-      case GgufType::FLOAT64: v.number = read<double>(what); break;
+      case GgufType::FLOAT32:
+        v.number = read<float>(what);
+        break;
+      case GgufType::FLOAT64:
+        v.number = read<double>(what);
+        break;
       case GgufType::BOOL: {
         const auto b = read<std::uint8_t>(what);
-        if (b > 1) detail::fail(kWhere, path_ + ": " + what, "a bool (0 or 1)", static_cast<int>(b));
+        if (b > 1)
+          detail::fail(kWhere, path_ + ": " + what, "a bool (0 or 1)", static_cast<int>(b));
         v.integer = b;
         break;
       }
-      case GgufType::STRING: v.string = read_string(what); break;
+      case GgufType::STRING:
+        v.string = read_string(what);
+        break;
       case GgufType::ARRAY: {
         if (depth >= kMaxArrayDepth) {
           detail::fail(kWhere, path_ + ": " + what,
@@ -415,7 +441,8 @@ class GgufFile {
         }
         v.array.reserve(static_cast<std::size_t>(count));
         for (std::uint64_t i = 0; i < count; ++i)
-          v.array.push_back(read_value(v.element_type, what + "[" + std::to_string(i) + "]", depth + 1));
+          v.array.push_back(
+              read_value(v.element_type, what + "[" + std::to_string(i) + "]", depth + 1));
         break;
       }
     }
@@ -427,7 +454,8 @@ class GgufFile {
     const std::uint32_t one = 1;
     unsigned char first = 0;
     std::memcpy(&first, &one, 1);
-    if (first != 1) detail::fail(kWhere, path_ + ": byte order", "a little-endian host", "big-endian");
+    if (first != 1)
+      detail::fail(kWhere, path_ + ": byte order", "a little-endian host", "big-endian");
     if (size_ < 4) {
       detail::fail(kWhere, path_ + ": magic", "the 4 bytes \"GGUF\"",
                    std::to_string(size_) + " bytes (the whole file)");
@@ -438,7 +466,8 @@ class GgufFile {
       std::memcpy(text, &magic, 4);
       for (char& c : text)
         if (c != '\0' && (c < 32 || c > 126)) c = '?';
-      detail::fail(kWhere, path_ + ": magic", "\"GGUF\" (a GGUF file)", "\"" + std::string(text, 4) + "\"");
+      detail::fail(kWhere, path_ + ": magic", "\"GGUF\" (a GGUF file)",
+                   "\"" + std::string(text, 4) + "\"");
     }
     version_ = read<std::uint32_t>("version");
     if (version_ == 0x02000000u || version_ == 0x03000000u) {
@@ -449,7 +478,8 @@ class GgufFile {
       detail::fail(kWhere, path_ + ": version",
                    "2 or 3 (version 1 has 32-bit counts; a current llama.cpp converts it)", 1);
     }
-    if (version_ != 2 && version_ != 3) detail::fail(kWhere, path_ + ": version", "2 or 3", version_);
+    if (version_ != 2 && version_ != 3)
+      detail::fail(kWhere, path_ + ": version", "2 or 3", version_);
     const auto tensor_count = read<std::uint64_t>("tensor count");
     const auto metadata_count = read<std::uint64_t>("metadata count");
     // A metadata entry takes at least 13 bytes (key length, type, a 1-byte value); a tensor
@@ -471,7 +501,8 @@ class GgufFile {
       const std::string entry = "metadata entry " + std::to_string(i);
       std::string key = read_string(entry + " key");
       const std::string what = "key '" + key + "'";
-      if (key_index_.count(key) != 0) detail::fail(kWhere, path_ + ": " + what, "unique keys", "a second entry");
+      if (key_index_.count(key) != 0)
+        detail::fail(kWhere, path_ + ": " + what, "unique keys", "a second entry");
       const GgufType type = read_type(what + " type");
       GgufValue value = read_value(type, what, 0);
       key_index_.emplace(key, metadata_.size());
@@ -479,7 +510,8 @@ class GgufFile {
     }
     if (const GgufValue* a = find("general.alignment")) {
       if (a->type != GgufType::UINT32) {
-        fail_key("general.alignment", "a uint32", "a " + gguf_type_name(static_cast<std::uint32_t>(a->type)));
+        fail_key("general.alignment", "a uint32",
+                 "a " + gguf_type_name(static_cast<std::uint32_t>(a->type)));
       }
       if (a->integer == 0 || (a->integer & (a->integer - 1)) != 0)
         fail_key("general.alignment", "a power of two", std::to_string(a->integer));
@@ -500,7 +532,8 @@ class GgufFile {
     for (const GgufTensorInfo& t : tensors_) {
       const std::string what = path_ + ": tensor '" + t.name + "'";
       if (t.offset % alignment_ != 0) {
-        detail::fail(kWhere, what + ": offset", "a multiple of " + std::to_string(alignment_), t.offset);
+        detail::fail(kWhere, what + ": offset", "a multiple of " + std::to_string(alignment_),
+                     t.offset);
       }
       if (t.offset > data_size || t.bytes > data_size - t.offset) {
         detail::fail(kWhere, what + ": offset",
@@ -516,22 +549,27 @@ class GgufFile {
     t.name = read_string("tensor info " + std::to_string(i) + " name");
     const std::string what = "tensor '" + t.name + "'";
     if (tensor_index_.count(t.name) != 0) {
-      detail::fail(kWhere, path_ + ": " + what, "unique tensor names", "a second tensor of this name");
+      detail::fail(kWhere, path_ + ": " + what, "unique tensor names",
+                   "a second tensor of this name");
     }
     const auto n_dims = read<std::uint32_t>(what + " n_dims");
-    if (n_dims < 1 || n_dims > 4) detail::fail(kWhere, path_ + ": " + what + ": n_dims", "1 to 4", n_dims);
+    if (n_dims < 1 || n_dims > 4)
+      detail::fail(kWhere, path_ + ": " + what + ": n_dims", "1 to 4", n_dims);
     t.elements = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const auto dim = read<std::uint64_t>(what + " dims[" + std::to_string(d) + "]");
-      if (dim < 1) detail::fail(kWhere, path_ + ": " + what + ": dims[" + std::to_string(d) + "]", ">= 1", dim);
-      t.elements = detail::checked_size_product(kWhere, path_ + ": " + what + ": dims[" + std::to_string(d) + "]",
-                                                t.elements, dim, "", detail::kMaxSignedSize);
+      if (dim < 1)
+        detail::fail(kWhere, path_ + ": " + what + ": dims[" + std::to_string(d) + "]", ">= 1",
+                     dim);
+      t.elements = detail::checked_size_product(
+          kWhere, path_ + ": " + what + ": dims[" + std::to_string(d) + "]", t.elements, dim, "",
+          detail::kMaxSignedSize);
       t.dims.push_back(dim);
     }
     const auto type = read<std::uint32_t>(what + " type");
     if (!ggml_type_supported(type)) {
-      detail::fail(kWhere, path_ + ": " + what + ": type", "one of F32, F16, BF16, Q8_0, Q4_0, Q4_1",
-                   ggml_type_name(type));
+      detail::fail(kWhere, path_ + ": " + what + ": type",
+                   "one of F32, F16, BF16, Q8_0, Q4_0, Q4_1", ggml_type_name(type));
     }
     t.type = static_cast<GgmlType>(type);
     if (t.dims[0] % static_cast<std::uint64_t>(ggml_block_values(t.type)) != 0) {
@@ -541,8 +579,8 @@ class GgufFile {
                    t.dims[0]);
     }
     t.bytes = detail::checked_size_product(kWhere, path_ + ": " + what + ": rows",
-                                           ggml_row_bytes(t.type, t.dims[0]), t.elements / t.dims[0],
-                                           "", detail::kMaxSignedSize);
+                                           ggml_row_bytes(t.type, t.dims[0]),
+                                           t.elements / t.dims[0], "", detail::kMaxSignedSize);
     t.offset = read<std::uint64_t>(what + " offset");
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));

@@ -83,10 +83,9 @@ inline LlamaConfig llama_config_from_gguf(const GgufFile& file) {
   for (const char* key : {"llama.rope.dimension_count", "llama.attention.key_length",
                           "llama.attention.value_length"}) {
     if (file.find(key) != nullptr) {
-      detail::require_equal(kWhere, at + "key '" + key + "'",
-                            static_cast<std::int64_t>(detail::gguf_int(file, key)),
-                            static_cast<std::int64_t>(c.head_dim()),
-                            "head_dim = embedding_length / head_count");
+      detail::require_equal(
+          kWhere, at + "key '" + key + "'", static_cast<std::int64_t>(detail::gguf_int(file, key)),
+          static_cast<std::int64_t>(c.head_dim()), "head_dim = embedding_length / head_count");
     }
   }
   return c;
@@ -103,9 +102,9 @@ inline LlamaConfig llama_config_from_gguf(const GgufFile& file) {
 /// | `blk.N.attn_q.weight`, `attn_k`, `attn_v` | `wq`, `wk`, `wv` | {dim, dim}, {dim, kv_dim} ×2 |
 /// | `blk.N.attn_output.weight` | `wo` | {dim, dim} |
 /// | `blk.N.ffn_norm.weight` | `rms_ffn` | {dim} |
-/// | `blk.N.ffn_gate.weight`, `ffn_up`, `ffn_down` | `w1`, `w3`, `w2` | {dim, hidden} ×2, {hidden, dim} |
-/// | `output_norm.weight` | `rms_final` | {dim} |
-/// | `output.weight` (absent: tied) | `wcls` | {dim, vocab_size} |
+/// | `blk.N.ffn_gate.weight`, `ffn_up`, `ffn_down` | `w1`, `w3`, `w2` | {dim, hidden} ×2, {hidden,
+/// dim} | | `output_norm.weight` | `rms_final` | {dim} | | `output.weight` (absent: tied) | `wcls`
+/// | {dim, vocab_size} |
 ///
 /// The rows of `attn_q` and `attn_k` are in the order that rotates adjacent pairs
 /// (`RotaryEmbedding`), which is what kvlab's RoPE does: nothing is permuted.

@@ -28,7 +28,7 @@ struct Generation {
   double decode_seconds = 0;   ///< every decode step's forward pass and sample
   /// the samples alone (in the two phases above): drawing each token from its logits
   double sampling_seconds = 0;
-  bool stopped = false;        ///< true if the stop token was drawn (and generation ended there)
+  bool stopped = false;  ///< true if the stop token was drawn (and generation ended there)
 
   /// Prompt tokens per second of the prefill.
   double prefill_tokens_per_second() const {

@@ -16,8 +16,8 @@
 /// fresh pages") and "bench_generate on the real model".
 #pragma once
 
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -361,7 +361,7 @@ class LlamaModel {
     PhaseTimes* times = time_phases_ ? &phase_times_ : nullptr;  // where the phases go, if timed
     using detail::timed;
     const std::vector<std::int32_t> new_indptr = check_batch(batch, where, own);  // [batch + 1]
-    std::vector<int> seqs;                                                       // [batch]
+    std::vector<int> seqs;                                                        // [batch]
     for (const SequenceChunk& chunk : batch) seqs.push_back(chunk.seq);
     // 1. The new tokens' rows of the embedding table, sequence after sequence.
     RowMatrix<float> embedded(new_indptr.back(), c.dim);  // [new tokens, dim]
@@ -371,7 +371,8 @@ class LlamaModel {
 
     LlamaCounters counters;
     RowMatrix<float> x;  // [step rows, dim]: the residual stream of every row the step computes
-    OpenStep<float> open_step(*store_, seqs, new_indptr, embedded, x, where);  // aborted unless committed
+    // aborted unless committed
+    OpenStep<float> open_step(*store_, seqs, new_indptr, embedded, x, where);
     // 2. The layers.
     // Buffers reused from layer to layer: allocated afresh for each layer, a prefill's buffers
     // are new pages each time, which the system must zero.
@@ -381,7 +382,8 @@ class LlamaModel {
     for (int l = 0; l < c.n_layers; ++l) {
       const LlamaLayerWeights& w = weights_->layers[static_cast<std::size_t>(l)];
       const bool top = l + 1 == c.n_layers;
-      timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb, c.norm_eps); });  // attention's
+      // attention's RMSNorm
+      timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_att, xb, c.norm_eps); });
       attention_step(shape_, AttentionWeights<float>{w.wq, w.wk, w.wv, w.wo}, &rope_, *store_, l,
                      top, xb, out, scratch, counters.attention, times);
       add_residual(open_step.batch(), x, out);
@@ -398,7 +400,8 @@ class LlamaModel {
         last.row(static_cast<Eigen::Index>(i)) = x.row(new_indptr[i + 1] - 1);
     }
     RowMatrix<float> normed, logits;  // [rows wanted, dim], [rows wanted, vocab_size]
-    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(last, weights_->rms_final, normed, c.norm_eps); });
+    timed(times, &PhaseTimes::norms,
+          [&] { cpu::rmsnorm(last, weights_->rms_final, normed, c.norm_eps); });
     timed(times, &PhaseTimes::classifier,
           [&] { cpu::linear(normed, weights_->classifier(), logits); });
     counters.classifier_macs += static_cast<std::uint64_t>(last.rows()) *
@@ -417,7 +420,8 @@ class LlamaModel {
     last_step_ = counters;
     total_ += counters;
     if (times != nullptr)
-      times->total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      times->total +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return logits;
   }
 
@@ -438,13 +442,14 @@ class LlamaModel {
     RowMatrix<float>& hb = scratch.hb;
     RowMatrix<float>& hb2 = scratch.hb2;
     RowMatrix<float>& out = scratch.out;
-    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_ffn, xb, config().norm_eps); });  // ffn RMSNorm
-    timed(times, &PhaseTimes::matmuls,  // gate: xb W1^T, up: xb W3^T
-          [&] { cpu::linear(xb, {{w.w1, hb}, {w.w3, hb2}}); });
-    hb.array() =
-        hb.array() * (1.0f + (-hb.array()).exp()).inverse() * hb2.array();  // SiLU(gate) * up
+    // ffn RMSNorm
+    timed(times, &PhaseTimes::norms, [&] { cpu::rmsnorm(x, w.rms_ffn, xb, config().norm_eps); });
+    // gate: xb W1^T, up: xb W3^T
+    timed(times, &PhaseTimes::matmuls, [&] { cpu::linear(xb, {{w.w1, hb}, {w.w3, hb2}}); });
+    // SiLU(gate) * up
+    hb.array() = hb.array() * (1.0f + (-hb.array()).exp()).inverse() * hb2.array();
     timed(times, &PhaseTimes::matmuls, [&] { cpu::linear(hb, w.w2, out); });  // down: W2
-    x += out;                                                               // residual
+    x += out;                                                                 // residual
     c.mlp_macs += 3 * static_cast<std::uint64_t>(x.rows()) *
                   static_cast<std::uint64_t>(config().dim) *
                   static_cast<std::uint64_t>(config().hidden_dim);

@@ -38,7 +38,8 @@ class RotaryEmbedding {
     detail::require_at_least(kWhere, "head_dim", head_dim, 2);
     if (head_dim % 2 != 0) detail::fail(kWhere, "head_dim", "an even number", head_dim);
     detail::require_at_least(kWhere, "max_positions", max_positions, 1);
-    if (!(base > 1.0f) || !std::isfinite(base)) detail::fail(kWhere, "base", "a finite number > 1", base);
+    if (!(base > 1.0f) || !std::isfinite(base))
+      detail::fail(kWhere, "base", "a finite number > 1", base);
     cos_.resize(max_positions, head_dim / 2);
     sin_.resize(max_positions, head_dim / 2);
     for (int pos = 0; pos < max_positions; ++pos) {

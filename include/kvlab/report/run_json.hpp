@@ -48,8 +48,7 @@ inline std::string to_json(const StepRecord& s) {
   for (std::size_t i = 0; i < s.batch.size(); ++i) {
     const StepEntry& e = s.batch[i];
     batch += std::string(i == 0 ? "" : ",") + "{\"request\":" + std::to_string(e.request) +
-             ",\"tokens\":" + std::to_string(e.tokens) + ",\"kind\":\"" + to_string(e.kind) +
-             "\"}";
+             ",\"tokens\":" + std::to_string(e.tokens) + ",\"kind\":\"" + to_string(e.kind) + "\"}";
   }
   batch += "]";
   return "{\"step\":" + std::to_string(s.step) + ",\"start\":" + detail::json_number(s.start) +
@@ -114,8 +113,9 @@ inline void write_run_json(std::ostream& out, const Engine& engine,
   for (int id = 0; id < sched.num_requests(); ++id) {
     if (sched.forgotten(id)) continue;  // its output was taken
     const RequestState& r = sched.request(id);
-    const std::string name =
-        static_cast<std::size_t>(id) < ids.size() ? ids[static_cast<std::size_t>(id)] : std::to_string(id);
+    const std::string name = static_cast<std::size_t>(id) < ids.size()
+                                 ? ids[static_cast<std::size_t>(id)]
+                                 : std::to_string(id);
     out << (first ? "" : ",") << "\n{\"id\":" << name
         << ",\"prompt\":" << detail::json_array(r.request.prompt)
         << ",\"output\":" << detail::json_array(r.output.tokens) << ",\"finish\":\""

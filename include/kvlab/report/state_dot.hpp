@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kvlab/report/pool_dot.hpp"
 #include "kvlab/config.hpp"
+#include "kvlab/report/pool_dot.hpp"
 #include "kvlab/serving/engine.hpp"
 #include "kvlab/serving/scheduler.hpp"
 #include "kvlab/serving/step_plan.hpp"
@@ -127,9 +127,9 @@ inline std::string step_dot(const Engine& engine, const ServingDotOptions& optio
   title += "step " + std::to_string(r.step) + " (time " + times + ", " + to_string(config.policy) +
            " batching): " + detail::dot_count(r.tokens(), "token") +
            (has_budget ? " of a budget of " + std::to_string(config.max_batched_tokens) : "") +
-           ", " + detail::dot_count(static_cast<long long>(r.batch.size()), "chunk") + "; after it " +
-           std::to_string(r.running) + " running (at most " + std::to_string(config.max_running) +
-           "), " + std::to_string(r.waiting) + " waiting";
+           ", " + detail::dot_count(static_cast<long long>(r.batch.size()), "chunk") +
+           "; after it " + std::to_string(r.running) + " running (at most " +
+           std::to_string(config.max_running) + "), " + std::to_string(r.waiting) + " waiting";
   out += "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
          detail::dot_escape(title) + "\"];\n";
   out += "  node [fontname=\"Helvetica\", fontsize=10];\n";

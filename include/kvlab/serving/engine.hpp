@@ -27,8 +27,8 @@
 #include "kvlab/model/llama_model.hpp"
 #include "kvlab/model/llama_weights.hpp"
 #include "kvlab/model/sampler.hpp"
-#include "kvlab/serving/request.hpp"
 #include "kvlab/serving/make_scheduler.hpp"
+#include "kvlab/serving/request.hpp"
 #include "kvlab/serving/scheduler.hpp"
 #include "kvlab/serving/step_plan.hpp"
 #include "kvlab/store/paged_store.hpp"
@@ -47,17 +47,17 @@ enum class EngineClock {
 
 /// The engine's settings.
 struct EngineConfig {
-  SchedulerConfig scheduler;  ///< the policy, token budget, max running, watermark, prefixes
-  int block_size = 16;        ///< tokens per block of the pool, >= 1
-  int num_blocks = 256;       ///< blocks in the pool, >= 1
-  int max_tokens = 0;         ///< the longest sequence; 0 means the model's seq_len
+  SchedulerConfig scheduler;         ///< the policy, token budget, max running, watermark, prefixes
+  int block_size = 16;               ///< tokens per block of the pool, >= 1
+  int num_blocks = 256;              ///< blocks in the pool, >= 1
+  int max_tokens = 0;                ///< the longest sequence; 0 means the model's seq_len
   KVDtype kv_dtype = KVDtype::fp32;  ///< how the pool stores K and V (`KVStorage`)
   /// A sliding window: each query attends to its last `window` keys and the blocks before them
   /// go back to the pool after every step (0: none). Prefix caching must be off with a window.
   int window = 0;
   EngineClock clock = EngineClock::Wall;  ///< what time is
-  bool keep_logits = false;   ///< keep the logits of every drawn token (`logits(id)`)
-  bool check_invariants = false;  ///< run `Scheduler::check_invariants` after every step
+  bool keep_logits = false;               ///< keep the logits of every drawn token (`logits(id)`)
+  bool check_invariants = false;          ///< run `Scheduler::check_invariants` after every step
   /// Keep every step's record in `step_log` (off: only the last, `last_step`; the log grows by
   /// one record per step, so a long-running engine turns it off to keep its memory flat).
   bool keep_step_log = true;
@@ -132,9 +132,9 @@ class Engine {
     if (plan.chunks.empty()) {  // nothing runnable: wait for the next arrival
       const double next = scheduler_->next_arrival();
       if (!std::isfinite(next)) {  // unfinished requests, none can run and none will arrive
-        throw InvariantViolation("kvlab::Engine::step: " +
-                                 std::to_string(scheduler_->unfinished()) +
-                                 " requests unfinished, none can run and none is pending");
+        throw InvariantViolation(
+            "kvlab::Engine::step: " + std::to_string(scheduler_->unfinished()) +
+            " requests unfinished, none can run and none is pending");
       }
       if (config_.clock == EngineClock::Steps) {
         virtual_time_ = std::max(virtual_time_, std::ceil(next));
@@ -244,8 +244,8 @@ class Engine {
     return visit_kv_dtype(config.kv_dtype, [&](auto tag) {
       using S = typename decltype(tag)::type;
       auto pool = std::make_shared<PagedKVCache<float, S>>(c.n_layers, c.n_kv_heads, c.head_dim(),
-                                                          config.block_size, config.num_blocks,
-                                                          KVLayout::NHD, config.window);
+                                                           config.block_size, config.num_blocks,
+                                                           KVLayout::NHD, config.window);
       return PoolAndStore{pool, std::make_shared<PagedStore<float, S>>(pool)};
     });
   }
@@ -307,9 +307,9 @@ class Engine {
 
   std::deque<std::optional<Sampler>>
       samplers_;  // [kept requests] each one's own, until it finishes
-  std::deque<std::vector<RowVector<float>>> logits_;   // [kept requests][draws] with keep_logits
-  int first_kept_ = 0;                                 // the oldest kept request's id
-  std::vector<StepRecord> log_;                        // [steps] with keep_step_log
+  std::deque<std::vector<RowVector<float>>> logits_;  // [kept requests][draws] with keep_logits
+  int first_kept_ = 0;                                // the oldest kept request's id
+  std::vector<StepRecord> log_;                       // [steps] with keep_step_log
   StepRecord last_;
   int steps_ = 0;
   bool started_ = false;

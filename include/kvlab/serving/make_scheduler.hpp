@@ -19,19 +19,18 @@ namespace kvlab {
 
 /// The scheduler of `config.policy` over `pool` (arguments as `Scheduler`'s constructor).
 /// \throws InvalidArgument as that class's constructor.
-inline std::unique_ptr<Scheduler> make_scheduler(std::shared_ptr<PagedKVCacheBase> pool,
-                                                 const SchedulerConfig& config, int max_tokens,
-                                                 int vocab_size,
-                                                 PrefixCache::HashFunction hash =
-                                                     PrefixCache::chain_hash) {
+inline std::unique_ptr<Scheduler> make_scheduler(
+    std::shared_ptr<PagedKVCacheBase> pool, const SchedulerConfig& config, int max_tokens,
+    int vocab_size, PrefixCache::HashFunction hash = PrefixCache::chain_hash) {
   switch (config.policy) {
     case BatchingPolicy::Static:
       return std::make_unique<StaticScheduler>(std::move(pool), config, max_tokens, vocab_size,
                                                hash);
     case BatchingPolicy::Contiguous:
-      return std::make_unique<ContiguousScheduler>(std::move(pool), config, max_tokens,
-                                                   vocab_size, hash);
-    case BatchingPolicy::Continuous: break;
+      return std::make_unique<ContiguousScheduler>(std::move(pool), config, max_tokens, vocab_size,
+                                                   hash);
+    case BatchingPolicy::Continuous:
+      break;
   }
   return std::make_unique<Scheduler>(std::move(pool), config, max_tokens, vocab_size, hash);
 }

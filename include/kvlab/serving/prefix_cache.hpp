@@ -157,8 +157,8 @@ class PrefixCache {
   template <typename Pool>
   std::int64_t insert(Pool& pool, std::int64_t parent, const int* tokens, std::int32_t block) {
     if (parent == kBroken || (parent != kRoot && entries_.count(parent) == 0)) return kBroken;
-    const std::uint64_t h = hash_(parent == kRoot ? kRootHash : entries_.at(parent).hash, tokens,
-                                  block_size_);
+    const std::uint64_t h =
+        hash_(parent == kRoot ? kRootHash : entries_.at(parent).hash, tokens, block_size_);
     const std::int64_t found = find(h, parent, tokens);
     if (found >= 0) return found;
     if (holds(block)) {  // the block is cached under another chain: cannot happen for full blocks
@@ -279,10 +279,10 @@ class PrefixCache {
 
   int block_size_;
   HashFunction hash_;
-  std::unordered_map<std::int64_t, Entry> entries_;            // entry id -> entry
+  std::unordered_map<std::int64_t, Entry> entries_;               // entry id -> entry
   std::unordered_multimap<std::uint64_t, std::int64_t> by_hash_;  // hash -> entry ids
-  std::unordered_map<std::int32_t, std::int64_t> by_block_;   // block -> entry id
-  std::list<std::int32_t> lru_;                               // evictable blocks, front first
+  std::unordered_map<std::int32_t, std::int64_t> by_block_;       // block -> entry id
+  std::list<std::int32_t> lru_;                                   // evictable blocks, front first
   std::unordered_map<std::int32_t, std::list<std::int32_t>::iterator> lru_at_;
   std::int64_t next_id_ = 0;
 };

@@ -44,25 +44,29 @@ enum class FinishReason {
 /// "none", "stop", "length" or "context".
 inline const char* to_string(FinishReason reason) {
   switch (reason) {
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Context: return "context";
-    case FinishReason::None: break;
+    case FinishReason::Stop:
+      return "stop";
+    case FinishReason::Length:
+      return "length";
+    case FinishReason::Context:
+      return "context";
+    case FinishReason::None:
+      break;
   }
   return "none";
 }
 
 /// What a request got, filled in as it runs.
 struct RequestOutput {
-  std::vector<int> tokens;           ///< [generated] the generated ids (no stop id)
+  std::vector<int> tokens;                   ///< [generated] the generated ids (no stop id)
   FinishReason finish = FinishReason::None;  ///< why it ended (None while it runs)
-  std::vector<double> token_times;   ///< [generated] when each token was drawn (engine time)
-  double arrival = 0.0;              ///< when it arrived
-  double first_scheduled = -1.0;     ///< when it first ran (-1: not yet)
-  double finished = -1.0;            ///< when it ended (-1: not yet)
-  int preemptions = 0;               ///< times it was preempted (and recomputed)
-  int prefix_hit_tokens = 0;         ///< tokens taken from the prefix cache, all admissions
-  int prefix_lookup_tokens = 0;      ///< tokens looked up in the prefix cache, all admissions
+  std::vector<double> token_times;  ///< [generated] when each token was drawn (engine time)
+  double arrival = 0.0;             ///< when it arrived
+  double first_scheduled = -1.0;    ///< when it first ran (-1: not yet)
+  double finished = -1.0;           ///< when it ended (-1: not yet)
+  int preemptions = 0;              ///< times it was preempted (and recomputed)
+  int prefix_hit_tokens = 0;        ///< tokens taken from the prefix cache, all admissions
+  int prefix_lookup_tokens = 0;     ///< tokens looked up in the prefix cache, all admissions
   /// Rows it ran through the model: recomputation and, in a static batch, its pad rows included.
   int computed_tokens = 0;
 
@@ -86,17 +90,17 @@ enum class RequestStatus {
 
 /// A request as the scheduler tracks it.
 struct RequestState {
-  int id = -1;                 ///< its id (the order of submission)
-  Request request;             ///< what was asked
-  RequestOutput output;        ///< what it got so far
+  int id = -1;                                    ///< its id (the order of submission)
+  Request request;                                ///< what was asked
+  RequestOutput output;                           ///< what it got so far
   RequestStatus status = RequestStatus::Pending;  ///< where it is
-  std::vector<int> tokens;     ///< [P + generated] prompt, then generated ids
-  int computed = 0;            ///< tokens whose K/V are in its sequence (its length in the pool)
-  int seq = -1;                ///< its sequence in the pool, or -1
-  int promised = 0;            ///< blocks reserved for it and not yet taken
-  bool recomputing = false;    ///< preempted, and not yet back where it was
+  std::vector<int> tokens;                        ///< [P + generated] prompt, then generated ids
+  int computed = 0;          ///< tokens whose K/V are in its sequence (its length in the pool)
+  int seq = -1;              ///< its sequence in the pool, or -1
+  int promised = 0;          ///< blocks reserved for it and not yet taken
+  bool recomputing = false;  ///< preempted, and not yet back where it was
   std::vector<std::int64_t> chain;  ///< [full blocks cached] its prefix-cache entries, in order
-  long queue_order = -1;       ///< when it first entered the waiting queue (FCFS order)
+  long queue_order = -1;            ///< when it first entered the waiting queue (FCFS order)
   /// `Scheduler::forget` was called: the record is no longer readable, and its vectors are
   /// freed once no static batch needs it.
   bool forgotten = false;

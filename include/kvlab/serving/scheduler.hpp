@@ -182,14 +182,13 @@ class Scheduler {
     check_request(r, longest);
     const int alone = std::max(blocks_alone(r, longest), blocks_for(longest));
     if (alone + config_.watermark_blocks > pool_->allocator().num_blocks()) {
-      detail::fail(kWhere, "request",
-                   "a request that fits the pool alone: " +
-                       std::to_string(pool_->allocator().num_blocks()) + " blocks of " +
-                       std::to_string(pool_->block_size()) + " tokens, " +
-                       std::to_string(config_.watermark_blocks) + " kept free",
-                   "one that needs " + std::to_string(alone) + " blocks (" +
-                       std::to_string(longest) + " tokens, " + to_string(config_.policy) +
-                       " policy)");
+      detail::fail(
+          kWhere, "request",
+          "a request that fits the pool alone: " + std::to_string(pool_->allocator().num_blocks()) +
+              " blocks of " + std::to_string(pool_->block_size()) + " tokens, " +
+              std::to_string(config_.watermark_blocks) + " kept free",
+          "one that needs " + std::to_string(alone) + " blocks (" + std::to_string(longest) +
+              " tokens, " + to_string(config_.policy) + " policy)");
     }
     RequestState s;
     s.id = num_requests();
@@ -436,8 +435,8 @@ class Scheduler {
  private:
   static std::shared_ptr<PagedKVCacheBase> checked(std::shared_ptr<PagedKVCacheBase> pool) {
     if (!pool) detail::fail("kvlab::Scheduler", "pool", "a non-null pool", "nullptr");
-    detail::require_equal("kvlab::Scheduler", "pool->sequences().size()",
-                          pool->sequences().size(), std::size_t{0}, "an empty pool");
+    detail::require_equal("kvlab::Scheduler", "pool->sequences().size()", pool->sequences().size(),
+                          std::size_t{0}, "an empty pool");
     return pool;
   }
   static SchedulerConfig checked(SchedulerConfig c, BatchingPolicy policy, int max_tokens,
@@ -457,7 +456,8 @@ class Scheduler {
     if (c.max_len < 0 || c.max_len > max_tokens)
       detail::fail(kWhere, "config.max_len", "in [0, " + std::to_string(max_tokens) + "]",
                    c.max_len);
-    if (c.policy != BatchingPolicy::Continuous) c.prefix_caching = false;  // the baselines never share
+    // the baselines never share
+    if (c.policy != BatchingPolicy::Continuous) c.prefix_caching = false;
     return c;
   }
   void check_ids(const char* where, const char* name, const std::vector<int>& ids) const {
@@ -525,7 +525,8 @@ class Scheduler {
         first_admission(r);
       }
       r.output.prefix_hit_tokens += hit_tokens;
-      if (config_.prefix_caching) r.output.prefix_lookup_tokens += static_cast<int>(r.tokens.size());
+      if (config_.prefix_caching)
+        r.output.prefix_lookup_tokens += static_cast<int>(r.tokens.size());
       plan_.prefix_hit_tokens += hit_tokens;
       plan_.admitted.push_back(r.id);
       running_.push_back(r.id);
@@ -594,7 +595,8 @@ class Scheduler {
     const std::vector<std::int32_t>& blocks = pool_->blocks(r.seq);
     for (int k = static_cast<int>(r.chain.size()); (k + 1) * bs <= r.computed; ++k) {
       const std::int64_t parent = k == 0 ? PrefixCache::kRoot : r.chain.back();
-      r.chain.push_back(cache_.insert(*pool_, parent, r.tokens.data() + static_cast<std::ptrdiff_t>(k) * bs,
+      r.chain.push_back(cache_.insert(*pool_, parent,
+                                      r.tokens.data() + static_cast<std::ptrdiff_t>(k) * bs,
                                       blocks[static_cast<std::size_t>(k)]));
     }
   }
@@ -609,18 +611,29 @@ class Scheduler {
     int preemptions = 0, spared = 0;
     BlockBudget budget;
     long next_queue_order = 0;
-    StepPlan plan;                               // the previous step's (check_invariants reads it)
-    PagedKVCacheBase::Checkpoint pool;           // with the values of the blocks the plan freed
-    std::vector<RequestState> requests;          // each request the step changed, as it was
-    std::unordered_set<int> saved;               // their ids
-    std::optional<PrefixCache> cache;            // as it was, once the step changes it
+    StepPlan plan;                       // the previous step's (check_invariants reads it)
+    PagedKVCacheBase::Checkpoint pool;   // with the values of the blocks the plan freed
+    std::vector<RequestState> requests;  // each request the step changed, as it was
+    std::unordered_set<int> saved;       // their ids
+    std::optional<PrefixCache> cache;    // as it was, once the step changes it
   };
   // Saves what any step may change; the rest is saved as it changes (`changing`,
   // `changing_cache`, `save_freed_values`).
   void save_before_step() {
-    Undo u{pending_, waiting_, running_, last_first_admission_, admitted_out_of_order_,
-           preemptions_, spared_, budget_, next_queue_order_, std::move(plan_),
-           pool_->checkpoint(), {}, {}, {}};
+    Undo u{pending_,
+           waiting_,
+           running_,
+           last_first_admission_,
+           admitted_out_of_order_,
+           preemptions_,
+           spared_,
+           budget_,
+           next_queue_order_,
+           std::move(plan_),
+           pool_->checkpoint(),
+           {},
+           {},
+           {}};
     plan_ = StepPlan{};
     budget_.start_step();
     undo_ = std::move(u);
@@ -659,7 +672,6 @@ class Scheduler {
     open_ = false;
     undo_.reset();
   }
-
 
   std::deque<RequestState> requests_;   // [kept records] request id at id - first_kept_
   int first_kept_ = 0;                  // the oldest kept record's id

@@ -37,8 +37,7 @@ inline void Scheduler::check_invariants() const {
     const int expected = holders[static_cast<std::size_t>(b)] + (cache_.holds(b) ? 1 : 0);
     if (alloc.ref_count(b) != expected) {
       broken("block " + std::to_string(b) + " has reference count " +
-             std::to_string(alloc.ref_count(b)) + " but " + std::to_string(expected) +
-             " holders");
+             std::to_string(alloc.ref_count(b)) + " but " + std::to_string(expected) + " holders");
     }
     if (expected > 0) ++held;
   }

@@ -68,7 +68,7 @@ class StaticScheduler final : public Scheduler {
       plan_.chunks.push_back(chunk(r, n));
       const int pad_rows = longest_prompt - n;
       if (r.computed == 0 && pad_rows > 0) {  // the prompt padded to the batch's longest
-        ScheduledChunk pad;  // on a scratch sequence, freed after the step
+        ScheduledChunk pad;                   // on a scratch sequence, freed after the step
         pad.request = id;
         pad.seq = pool_->add_sequence({});
         take(r, blocks_for(pad_rows));

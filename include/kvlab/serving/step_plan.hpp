@@ -36,9 +36,12 @@ enum class BatchingPolicy {
 /// "continuous", "static" or "contiguous".
 inline const char* to_string(BatchingPolicy policy) {
   switch (policy) {
-    case BatchingPolicy::Static: return "static";
-    case BatchingPolicy::Contiguous: return "contiguous";
-    case BatchingPolicy::Continuous: break;
+    case BatchingPolicy::Static:
+      return "static";
+    case BatchingPolicy::Contiguous:
+      return "contiguous";
+    case BatchingPolicy::Continuous:
+      break;
   }
   return "continuous";
 }
@@ -80,9 +83,12 @@ enum class ChunkKind {
 /// "prefill", "decode" or "padding".
 inline const char* to_string(ChunkKind kind) {
   switch (kind) {
-    case ChunkKind::Decode: return "decode";
-    case ChunkKind::Padding: return "padding";
-    case ChunkKind::Prefill: break;
+    case ChunkKind::Decode:
+      return "decode";
+    case ChunkKind::Padding:
+      return "padding";
+    case ChunkKind::Prefill:
+      break;
   }
   return "prefill";
 }
@@ -124,21 +130,21 @@ struct StepEntry {
 /// What the engine records of one step (`Engine::step_log`): who ran, how much memory was in
 /// use, what changed. Tests, tutorials and plots read it.
 struct StepRecord {
-  int step = 0;                   ///< index, from 0
-  double start = 0.0;             ///< engine time at its start
-  double end = 0.0;               ///< engine time at its end (when its tokens were drawn)
-  std::vector<StepEntry> batch;   ///< [sequences] who ran
-  std::vector<int> admitted;      ///< requests that started running
-  std::vector<int> preempted;     ///< requests preempted
-  std::vector<int> finished;      ///< requests that ended
-  int waiting = 0;                ///< requests arrived and waiting, after the step
-  int running = 0;                ///< requests running, after the step
-  int blocks_used = 0;            ///< pool blocks held by sequences, after the step
-  int blocks_free = 0;            ///< pool blocks on the free list
-  int blocks_cached = 0;          ///< blocks held only by the prefix cache (evictable)
-  int blocks_reserved = 0;        ///< blocks promised to requests and not yet taken
-  int prefix_hit_tokens = 0;      ///< prompt tokens taken from the prefix cache
-  int evicted_blocks = 0;         ///< cached blocks evicted
+  int step = 0;                  ///< index, from 0
+  double start = 0.0;            ///< engine time at its start
+  double end = 0.0;              ///< engine time at its end (when its tokens were drawn)
+  std::vector<StepEntry> batch;  ///< [sequences] who ran
+  std::vector<int> admitted;     ///< requests that started running
+  std::vector<int> preempted;    ///< requests preempted
+  std::vector<int> finished;     ///< requests that ended
+  int waiting = 0;               ///< requests arrived and waiting, after the step
+  int running = 0;               ///< requests running, after the step
+  int blocks_used = 0;           ///< pool blocks held by sequences, after the step
+  int blocks_free = 0;           ///< pool blocks on the free list
+  int blocks_cached = 0;         ///< blocks held only by the prefix cache (evictable)
+  int blocks_reserved = 0;       ///< blocks promised to requests and not yet taken
+  int prefix_hit_tokens = 0;     ///< prompt tokens taken from the prefix cache
+  int evicted_blocks = 0;        ///< cached blocks evicted
 
   /// Tokens fed, all sequences together.
   int tokens() const {

@@ -38,25 +38,25 @@ struct Percentiles {
 
 /// The figures of a serving run.
 struct ServingSummary {
-  int requests = 0;                 ///< requests finished
-  std::int64_t prompt_tokens = 0;   ///< their prompt tokens
+  int requests = 0;                   ///< requests finished
+  std::int64_t prompt_tokens = 0;     ///< their prompt tokens
   std::int64_t generated_tokens = 0;  ///< tokens generated (stop ids not counted)
   std::int64_t computed_tokens = 0;   ///< rows fed to the model, pad rows and recompute included
-  int steps = 0;                    ///< steps run
-  double wall_s = 0.0;              ///< engine time from 0 to the end of the last step
-  double throughput_tok_s = 0.0;    ///< generated tokens / wall_s
-  Percentiles ttft_s;               ///< time to first token, over requests
-  Percentiles tpot_s;               ///< time per output token after the first, over requests
-  int peak_running = 0;             ///< most requests in one step's batch
-  double mean_running = 0.0;        ///< requests per step's batch, on average
+  int steps = 0;                      ///< steps run
+  double wall_s = 0.0;                ///< engine time from 0 to the end of the last step
+  double throughput_tok_s = 0.0;      ///< generated tokens / wall_s
+  Percentiles ttft_s;                 ///< time to first token, over requests
+  Percentiles tpot_s;                 ///< time per output token after the first, over requests
+  int peak_running = 0;               ///< most requests in one step's batch
+  double mean_running = 0.0;          ///< requests per step's batch, on average
   /// Requests per step's batch, on average over the steps after which requests were still
   /// waiting: how many run at once when demand exceeds what fits (0 if none waited).
   double mean_running_loaded = 0.0;
   /// Blocks holding tokens / blocks held or reserved, averaged over steps: the share of the
   /// memory a policy set aside that holds K/V.
   double kv_utilisation = 0.0;
-  int peak_blocks = 0;              ///< most blocks held or reserved at the end of a step
-  int preemptions = 0;              ///< preemptions (each followed by a recompute)
+  int peak_blocks = 0;                 ///< most blocks held or reserved at the end of a step
+  int preemptions = 0;                 ///< preemptions (each followed by a recompute)
   std::int64_t prefix_hit_tokens = 0;  ///< prompt tokens taken from the prefix cache
   /// prefix_hit_tokens / tokens looked up in the cache (every admission's known tokens).
   double prefix_hit_rate = 0.0;
@@ -68,7 +68,7 @@ inline ServingSummary summarize(const Engine& engine) {
   ServingSummary s;
   const Scheduler& sched = engine.scheduler();
   std::vector<double> ttft, tpot;  // [finished requests]
-  std::int64_t looked_up = 0;  // tokens looked up in the prefix cache
+  std::int64_t looked_up = 0;      // tokens looked up in the prefix cache
   for (int id = 0; id < sched.num_requests(); ++id) {
     if (sched.forgotten(id)) continue;
     const RequestState& r = sched.request(id);
@@ -91,7 +91,8 @@ inline ServingSummary summarize(const Engine& engine) {
     int requests = 0;  // distinct requests in the batch (a padded prompt has two chunks)
     for (std::size_t i = 0; i < step.batch.size(); ++i) {
       bool first = true;
-      for (std::size_t j = 0; j < i; ++j) first = first && step.batch[j].request != step.batch[i].request;
+      for (std::size_t j = 0; j < i; ++j)
+        first = first && step.batch[j].request != step.batch[i].request;
       requests += first ? 1 : 0;
     }
     s.peak_running = std::max(s.peak_running, requests);
@@ -109,14 +110,15 @@ inline ServingSummary summarize(const Engine& engine) {
     s.mean_running = static_cast<double>(running) / static_cast<double>(log.size());
     s.kv_utilisation = utilisation / static_cast<double>(log.size());
     if (loaded_steps > 0)
-      s.mean_running_loaded = static_cast<double>(loaded_running) / static_cast<double>(loaded_steps);
+      s.mean_running_loaded =
+          static_cast<double>(loaded_running) / static_cast<double>(loaded_steps);
   }
   s.throughput_tok_s = s.wall_s > 0 ? static_cast<double>(s.generated_tokens) / s.wall_s : 0.0;
   s.ttft_s = Percentiles{quantile(ttft, 0.5), quantile(ttft, 0.99)};
   s.tpot_s = Percentiles{quantile(tpot, 0.5), quantile(tpot, 0.99)};
-  s.prefix_hit_rate = looked_up > 0 ? static_cast<double>(s.prefix_hit_tokens) /
-                                          static_cast<double>(looked_up)
-                                    : 0.0;
+  s.prefix_hit_rate =
+      looked_up > 0 ? static_cast<double>(s.prefix_hit_tokens) / static_cast<double>(looked_up)
+                    : 0.0;
   return s;
 }
 

@@ -19,12 +19,12 @@ namespace kvlab {
 
 /// The distributions of a generated workload.
 struct WorkloadSpec {
-  int requests = 32;            ///< how many, >= 1
-  std::uint64_t seed = 1;       ///< the generator's seed: the same spec gives the same requests
-  int prompt_min = 8;    ///< fewest own prompt tokens (after the shared prefix), >= 0
-  int prompt_max = 64;   ///< most own prompt tokens: uniform in [prompt_min, prompt_max]
-  int output_min = 8;    ///< fewest max_new_tokens, >= 1
-  int output_max = 128;  ///< most max_new_tokens: uniform in [output_min, output_max]
+  int requests = 32;       ///< how many, >= 1
+  std::uint64_t seed = 1;  ///< the generator's seed: the same spec gives the same requests
+  int prompt_min = 8;      ///< fewest own prompt tokens (after the shared prefix), >= 0
+  int prompt_max = 64;     ///< most own prompt tokens: uniform in [prompt_min, prompt_max]
+  int output_min = 8;      ///< fewest max_new_tokens, >= 1
+  int output_max = 128;    ///< most max_new_tokens: uniform in [output_min, output_max]
   /// Arrivals per unit of engine time (a Poisson process: exponential gaps of mean 1 / rate);
   /// 0 means every request arrives at time 0.
   double rate = 0.0;
@@ -41,12 +41,12 @@ inline std::vector<Request> make_workload(const WorkloadSpec& spec, int vocab_si
   detail::require_at_least(kWhere, "spec.requests", spec.requests, 1);
   detail::require_at_least(kWhere, "spec.prompt_min", spec.prompt_min, 0);
   if (spec.prompt_max < spec.prompt_min)
-    detail::fail(kWhere, "spec.prompt_max", ">= spec.prompt_min (" + std::to_string(spec.prompt_min) + ")",
-                 spec.prompt_max);
+    detail::fail(kWhere, "spec.prompt_max",
+                 ">= spec.prompt_min (" + std::to_string(spec.prompt_min) + ")", spec.prompt_max);
   detail::require_at_least(kWhere, "spec.output_min", spec.output_min, 1);
   if (spec.output_max < spec.output_min)
-    detail::fail(kWhere, "spec.output_max", ">= spec.output_min (" + std::to_string(spec.output_min) + ")",
-                 spec.output_max);
+    detail::fail(kWhere, "spec.output_max",
+                 ">= spec.output_min (" + std::to_string(spec.output_min) + ")", spec.output_max);
   detail::require_at_least(kWhere, "spec.shared_prefix", spec.shared_prefix, 0);
   detail::require_at_least(kWhere, "spec.prompt_min + spec.shared_prefix",
                            spec.prompt_min + spec.shared_prefix, 1);

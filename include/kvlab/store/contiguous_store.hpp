@@ -170,7 +170,7 @@ class ContiguousStore : public KVStore<T> {
 
  private:
   int capacity_;
-  int window_;                                      // 0, or each cache's window
+  int window_;                                     // 0, or each cache's window
   std::map<int, ContiguousKVCache<T, S>> caches_;  // seq -> its cache
   int next_id_ = 0;
 };

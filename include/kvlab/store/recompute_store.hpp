@@ -169,7 +169,7 @@ class RecomputeStore : public KVStore<T> {
   }
 
   int input_width_;
-  int window_;  // 0, or the window of every query's attention
+  int window_;                          // 0, or the window of every query's attention
   std::map<int, RowMatrix<T>> inputs_;  // seq -> [length, input_width]: the kept inputs
   int next_id_ = 0;
   RowMatrix<T> pending_;  // [new rows, input_width]: the open step's new inputs
