@@ -40,7 +40,8 @@ cuda_gc=""
 # compiled at -O1 (KVLAB_QUICK_TEST_OPTIONS): test_suite_quick, test_bad_input and
 # test_engine_faults took 178 s of CPU to compile at -O3 and 107 s at -O1, and their runs stayed
 # at 1.3 s (all of them, ctest -j2). The library is tested at -O3 by test_suite, test_native,
-# the tutorials and the programs.
+# the tutorials and the programs. So is the host code of the CUDA tests (tests/cuda/CMakeLists.txt;
+# without a GPU they are compiled, not run).
 cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNINGS_AS_ERRORS=ON \
   -DCMAKE_CXX_FLAGS="${gcc_gc[*]}" -DCMAKE_CUDA_FLAGS="$cuda_gc" \
   -DKVLAB_QUICK_TEST_OPTIONS=-O1 -DKVLAB_CUDA_ARCHITECTURES=90 >/dev/null
