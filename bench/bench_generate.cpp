@@ -74,7 +74,7 @@ struct Options {
   int reps = 5;
   std::vector<int> threads = {1, 2};
   std::vector<std::string> models = {"stories260K", "stories15M-shape"};
-  std::string models_dir;  // empty: $KVLAB_MODELS_DIR, else ../shared/models
+  std::string models_dir;  // empty: kvlab_support::models_dir's default
   std::string model_file;  // an extra checkpoint (e.g. a real stories15M.bin) or GGUF file
   std::vector<std::string> backends = {"naive", "cached", "paged"};
   int block_size = 16;
@@ -118,11 +118,6 @@ struct PrefillResult {
   // The layers' products inside the timed prefill, GMAC/s.
   double layer_gmacs() const { return static_cast<double>(layer_macs) / phases.matmuls * 1e-9; }
 };
-
-std::string default_models_dir() {
-  const char* env = std::getenv("KVLAB_MODELS_DIR");
-  return env != nullptr && env[0] != '\0' ? env : "../shared/models";
-}
 
 // The weight arrays a decode step reads (for the read-bandwidth reference): every matrix and
 // norm, and the classifier (the embedding table when shared).
@@ -491,9 +486,7 @@ bool parse_options(int argc, char** argv, Options& o) {
                   "stories260K (from --models-dir; skipped if absent), stories15M-shape (random "
                   "weights), tiny (the built-in model), or none (only --model)",
                   {"stories260K", "stories15M-shape", "tiny", "none"});
-  add_file(app, "--models-dir", o.models_dir,
-           "where stories260K.bin is (default $KVLAB_MODELS_DIR, else ../shared/models)")
-      ->type_name("DIR");
+  add_file(app, "--models-dir", o.models_dir, kvlab_support::kModelsDirHelp)->type_name("DIR");
   add_file(app, "--model", o.model_file,
            "also run this llama2.c checkpoint (e.g. stories15M.bin) or GGUF file (.gguf: "
            "SmolLM2-135M-Instruct, dequantized to fp32), and time its prefill too");
@@ -526,7 +519,7 @@ int main(int argc, char** argv) {
   o.threads = kvlab_support::usable_threads("bench_generate", o.threads);
   try {
     std::vector<Model> models;
-    const std::string dir = o.models_dir.empty() ? default_models_dir() : o.models_dir;
+    const std::string dir = kvlab_support::models_dir(o.models_dir);
     for (const std::string& name : o.models) {
       if (name == "stories260K") {
         const std::string path = dir + "/stories260K.bin";

@@ -18,7 +18,7 @@
 //
 // Build and run (Release, from the repository root):
 //   cmake --build build-bench --target bench_kv_accuracy
-//   build-bench/bench/bench_kv_accuracy --model-dir ../shared/models
+//   build-bench/bench/bench_kv_accuracy --model-dir "$KVLAB_MODELS_DIR"
 // --help lists the options.
 #include <algorithm>
 #include <cmath>

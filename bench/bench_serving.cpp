@@ -53,7 +53,7 @@ struct Options {
   int reps = 3;
   std::vector<int> threads = {1, 2};
   std::vector<std::string> models = {"stories260K", "stories15M-shape"};
-  std::string models_dir;  // empty: $KVLAB_MODELS_DIR, else ../shared/models
+  std::string models_dir;  // empty: kvlab_support::models_dir's default
   int requests = 64;
   int pool_tokens = 4096;
   int max_running = 64;
@@ -71,10 +71,7 @@ bool parse(int argc, char** argv, Options& o) {
                   "stories260K (the checkpoint, skipped when absent), stories15M-shape (random "
                   "weights), tiny (the built-in test model)",
                   {"stories260K", "stories15M-shape", "tiny"});
-  add_file(app, "--models-dir", o.models_dir,
-           "where stories260K.bin is (default $KVLAB_MODELS_DIR, else ../shared/models from the "
-           "working directory)")
-      ->type_name("DIR");
+  add_file(app, "--models-dir", o.models_dir, kvlab_support::kModelsDirHelp)->type_name("DIR");
   add_integer_list(app, "--threads", o.threads, "OpenMP thread counts", 1, 256);
   add_integer(app, "--reps", o.reps, "repetitions, medians reported", 1, 1000);
   add_integer(app, "--requests", o.requests, "requests of the mixed workload", 1, 1 << 16);
@@ -168,11 +165,7 @@ int main(int argc, char** argv) {
   if (const auto code = kvlab_support::read_command_line("bench_serving", argc, argv, o, parse))
     return *code;
   if (!kvlab_support::can_write("bench_serving", "--json", o.json)) return 2;
-  std::string dir = o.models_dir;
-  if (dir.empty()) {
-    const char* env = std::getenv("KVLAB_MODELS_DIR");
-    dir = env != nullptr && env[0] != '\0' ? env : "../shared/models";
-  }
+  const std::string dir = kvlab_support::models_dir(o.models_dir);
   std::vector<Figures> all;
   for (const std::string& name : o.models) {
     std::shared_ptr<const kvlab::LlamaWeights> weights;

@@ -4,6 +4,7 @@
 /// same way). Not part of the library.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,25 @@ inline ChosenModel choose_model(const std::string& model, const std::string& bui
   return {std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape)),
           "built-in " + builtin + " model (random weights, seed " +
               std::to_string(kvlab::LlamaWeights::kBuiltinSeed) + ")"};
+}
+
+/// What `--models-dir` says in a program's help.
+inline constexpr const char* kModelsDirHelp =
+    "where stories260K.bin is (default $KVLAB_MODELS_DIR, else the folder the build was "
+    "configured with: CMake's KVLAB_MODELS_DIR)";
+
+/// The folder of the llama2.c model files: `option` (a program's `--models-dir`) when not empty,
+/// else $KVLAB_MODELS_DIR, else the folder the build was configured with (CMake's
+/// KVLAB_MODELS_DIR, compiled in as the macro of that name), else "models".
+inline std::string models_dir(const std::string& option) {
+  if (!option.empty()) return option;
+  const char* env = std::getenv("KVLAB_MODELS_DIR");
+  if (env != nullptr && env[0] != '\0') return env;
+#if defined(KVLAB_MODELS_DIR)
+  return KVLAB_MODELS_DIR;
+#else
+  return "models";
+#endif
 }
 
 }  // namespace kvlab_support

@@ -1,9 +1,9 @@
 // Where the tests find real model files (llama2.c checkpoints and tokenizers), and how a test
 // that needs one reports itself skipped when it is absent.
 //
-// The directory is $KVLAB_MODELS_DIR if set, else the `models` folder of the `shared` directory
-// beside the source tree (KVLAB_TEST_MODELS_DIR, set by tests/CMakeLists.txt). The project does
-// not commit these files; README.md says where to get them.
+// The directory is $KVLAB_MODELS_DIR if set, else the folder the build was configured with
+// (CMake's KVLAB_MODELS_DIR, here as KVLAB_TEST_MODELS_DIR, set by tests/CMakeLists.txt). The
+// project does not commit these files; README.md says where to get them.
 #pragma once
 
 #include <cstdio>
@@ -20,7 +20,7 @@ inline std::string models_dir() {
 #if defined(KVLAB_TEST_MODELS_DIR)
   return KVLAB_TEST_MODELS_DIR;
 #else
-  return "../shared/models";
+  return "models";
 #endif
 }
 

@@ -16,8 +16,8 @@
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_06_generation
 //   build/tutorials/06_generation [stories260K.bin]
-// Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in ../shared/models
-// beside the source tree.
+// Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in the folder the
+// build was configured with (CMake's KVLAB_MODELS_DIR).
 //
 // Next: tutorial 07 serves many requests at once (continuous batching). kvlab-generate
 // (apps/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
@@ -48,16 +48,16 @@ double rel_diff(const kvlab::RowVector<float>& a, const kvlab::RowVector<float>&
   return (a - b).cwiseAbs().maxCoeff() / std::max(1.0f, b.cwiseAbs().maxCoeff());
 }
 
-// stories260K.bin: the argument, else $KVLAB_MODELS_DIR, else ../shared/models beside the
-// source tree (found from this file's path); "" if none exists.
+// stories260K.bin: the argument, else $KVLAB_MODELS_DIR, else the build's folder of model files
+// (KVLAB_MODELS_DIR, defined by tutorials/CMakeLists.txt); "" if none exists.
 std::string find_stories260k(int argc, char** argv) {
   std::vector<std::string> candidates;
   if (argc > 1) candidates.push_back(argv[1]);
   if (const char* dir = std::getenv("KVLAB_MODELS_DIR"))
     candidates.push_back(std::string(dir) + "/stories260K.bin");
-  const std::string here = __FILE__;  // .../tutorials/06_generation.cpp
-  candidates.push_back(here.substr(0, here.rfind("tutorials")) +
-                       "../shared/models/stories260K.bin");
+#if defined(KVLAB_MODELS_DIR)
+  candidates.push_back(std::string(KVLAB_MODELS_DIR) + "/stories260K.bin");
+#endif
   for (const std::string& path : candidates)
     if (std::ifstream(path)) return path;
   return "";

@@ -52,7 +52,7 @@ TEST_CASE("LlamaConfig: sizes of known models, and every rule of validate()") {
   // stories15M.bin on the tinyllamas page (and found by other readers of it).
   CHECK(LlamaConfig::stories15m().num_parameters() == 15191712);
   CHECK(LlamaConfig::stories15m().checkpoint_bytes() == 60816028);
-  // stories260K.bin is 1,056,540 bytes (../shared/models/README.md).
+  // stories260K.bin is 1,056,540 bytes (the file of karpathy/tinyllamas).
   CHECK(LlamaConfig::stories260k().checkpoint_bytes() == 1056540);
   CHECK(LlamaConfig::stories260k().head_dim() == 8);
   CHECK(LlamaConfig::stories260k().kv_dim() == 32);

@@ -2,7 +2,7 @@
 // merges, BOS/EOS) and decode (space after BOS, byte pieces) on a small vocabulary whose results
 // are worked out by hand below; the tokenizer.bin reader on files written here (round trip, every
 // truncation point, corrupt fields, wrong vocabulary size); and the real Llama 2 vocabulary
-// (../shared/models/tokenizer.bin) against published token ids.
+// (tokenizer.bin from the folder of model files) against published token ids.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -435,7 +435,7 @@ TEST_CASE("load with a vocabulary size reads exactly that many tokens") {
 }
 
 // ================================================================================================
-// The real Llama 2 vocabulary (skipped when ../shared/models/tokenizer.bin is absent)
+// The real Llama 2 vocabulary (skipped when tokenizer.bin is absent from the models folder)
 // ================================================================================================
 
 TEST_CASE("the Llama 2 tokenizer.bin loads with 32000 pieces") {
