@@ -1,9 +1,9 @@
 // Where the tests find real model files (llama2.c checkpoints and tokenizers), and how a test
 // that needs one reports itself skipped when it is absent.
 //
-// The directory is $KVLAB_MODELS_DIR if set, else the folder the build was configured with
-// (CMake's KVLAB_MODELS_DIR, here as KVLAB_TEST_MODELS_DIR, set by tests/CMakeLists.txt). The
-// project does not commit these files; README.md says where to get them.
+// The directory is the programs' (kvlab_support::models_dir): $KVLAB_MODELS_DIR if set, else the
+// folder the build was configured with (CMake's KVLAB_MODELS_DIR). The project does not commit
+// these files; README.md says where to get them.
 #pragma once
 
 #include <cstdio>
@@ -11,18 +11,12 @@
 #include <fstream>
 #include <string>
 
+#include "support/builtin_model.hpp"
+
 namespace kvlab_test {
 
 /// The directory holding the model files.
-inline std::string models_dir() {
-  const char* env = std::getenv("KVLAB_MODELS_DIR");
-  if (env != nullptr && env[0] != '\0') return env;
-#if defined(KVLAB_TEST_MODELS_DIR)
-  return KVLAB_TEST_MODELS_DIR;
-#else
-  return "models";
-#endif
-}
+inline std::string models_dir() { return kvlab_support::models_dir(""); }
 
 /// The path of model file `name`; if it cannot be opened, prints why and exits with 77, which
 /// CTest reports as "Skipped" for this test (every Catch2 test runs in a process of its own
