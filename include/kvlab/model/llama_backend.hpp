@@ -130,7 +130,7 @@ bool is_store_of_any_storage(const KVStore<float>& store) {
 /// The backend whose store `store` is, told by its type: a `RecomputeStore` is naive, a
 /// `ContiguousStore` cached and a `PagedStore` paged, whatever their storage type (and whatever
 /// `name()` a class derived from them returns).
-/// 	hrows InvalidArgument for any other `KVStore`.
+/// \throws InvalidArgument for any other `KVStore`.
 inline LlamaBackend llama_backend_of(const KVStore<float>& store) {
   if (dynamic_cast<const RecomputeStore<float>*>(&store) != nullptr) return LlamaBackend::Naive;
   if (detail::is_store_of_any_storage<ContiguousStore>(store)) return LlamaBackend::Cached;
