@@ -25,22 +25,10 @@
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
 
+#include "support/builtin_model.hpp"
 #include "support/cli.hpp"
 
 namespace {
-
-// Where scripts/get-model.sh puts the model: $KVLAB_MODEL_CACHE, else $XDG_CACHE_HOME/kvlab/models,
-// else ~/.cache/kvlab/models.
-std::string default_model() {
-  const auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v != nullptr ? v : "";
-  };
-  std::string dir = env("KVLAB_MODEL_CACHE");
-  if (dir.empty() && !env("XDG_CACHE_HOME").empty()) dir = env("XDG_CACHE_HOME") + "/kvlab/models";
-  if (dir.empty()) dir = env("HOME") + "/.cache/kvlab/models";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 std::string mib(std::size_t bytes) {
   char s[32];
@@ -51,7 +39,7 @@ std::string mib(std::size_t bytes) {
 double per_second(int tokens, double seconds) { return seconds > 0 ? tokens / seconds : 0.0; }
 
 struct Options {
-  std::string model_path = default_model();
+  std::string model_path = kvlab_support::default_chat_model();
   std::string backend = "cached", kv_dtype = "fp32";
   std::string system;
   bool system_given = false;

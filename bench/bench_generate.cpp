@@ -19,7 +19,8 @@
 // against the cached backend's (greedy, so they must be identical); a mismatch exits non-zero.
 //
 // Prefill (--prefill P, default 512; 0 skips it; with the stories15M shape and --model): the cached
-// backend's prefill of a P-token prompt (one `LlamaModel::prefill` call), median of --reps, as
+// backend's prefill of a P-token prompt (one `LlamaModel::prefill` call, or with
+// --prefill-chunk C one call per C tokens, as a server's chunked prefill), median of --reps, as
 // multiply-adds per second (exact, kvlab::LlamaCounters), against Eigen's matrix product (GEMM)
 // timed in the same run on the same products at P rows — each layer's seven weight matrices —
 // the throughput the prefill would have if it were nothing but those products.
@@ -79,7 +80,8 @@ struct Options {
   std::vector<std::string> backends = {"naive", "cached", "paged"};
   int block_size = 16;
   int read_mib = 1024;
-  int prefill = 512;  // prompt tokens of the prefill measurement; 0: none
+  int prefill = 512;      // prompt tokens of the prefill measurement; 0: none
+  int prefill_chunk = 0;  // tokens per prefill step; 0: the whole prompt in one step
   std::string json;
 };
 
@@ -240,7 +242,7 @@ void run_model(const Model& model, int threads, const Options& o, double dram_gb
 // `threads` threads, and Eigen's GEMM on the same layers' products, in turn, `reps` times each.
 PrefillResult run_prefill(const std::string& name,
                           const std::shared_ptr<const kvlab::LlamaWeights>& weights, int tokens,
-                          int threads, int reps) {
+                          int chunk, int threads, int reps) {
   using Clock = std::chrono::steady_clock;
   kvlab_support::set_threads(threads);
   const kvlab::LlamaConfig& c = weights->config;
@@ -265,6 +267,15 @@ PrefillResult run_prefill(const std::string& name,
       gemm_macs += static_cast<std::uint64_t>(tokens) * static_cast<std::uint64_t>(l.w2.size());
     }
   };
+  // The prompt in one step, or in steps of `chunk` tokens.
+  const auto prefill = [&] {
+    const std::size_t step = chunk > 0 ? static_cast<std::size_t>(chunk) : prompt.size();
+    for (std::size_t at = 0; at < prompt.size(); at += step) {
+      const auto from = prompt.begin() + static_cast<std::ptrdiff_t>(at);
+      model.prefill(std::vector<int>(
+          from, from + static_cast<std::ptrdiff_t>(std::min(step, prompt.size() - at))));
+    }
+  };
   std::vector<double> prefill_seconds, gemm_seconds;
   PrefillResult r;
   for (int rep = 0; rep < reps; ++rep) {
@@ -272,9 +283,9 @@ PrefillResult run_prefill(const std::string& name,
                  tokens, name.c_str(), threads, threads == 1 ? "" : "s", rep + 1);
     model.reset();
     auto start = Clock::now();
-    model.prefill(prompt);
+    prefill();
     prefill_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    r.macs = model.last_step().macs();
+    r.macs = model.total().macs();
     gemm_macs = 0;
     start = Clock::now();
     gemm_pass();
@@ -283,7 +294,7 @@ PrefillResult run_prefill(const std::string& name,
   r.layer_macs = gemm_macs;
   model.reset();
   model.time_phases(true);
-  model.prefill(prompt);
+  prefill();
   r.phases = model.phase_times();
   r.model = name;
   r.threads = threads;
@@ -329,10 +340,13 @@ kvlab_support::Json phases_json(const kvlab::PhaseTimes& p, double sampling) {
 void print_prefill(const std::vector<PrefillResult>& prefills, const Options& o) {
   if (prefills.empty()) return;
   std::printf(
-      "\nPrefill of a %d-token prompt (cached backend, one call), median of %d repetitions: "
-      "multiply-adds per second\n(all of the step's, exact) against Eigen's GEMM on the layers' "
+      "\nPrefill of a %d-token prompt (cached backend, %s), median of %d repetitions: "
+      "multiply-adds per second\n(all of the steps', exact) against Eigen's GEMM on the layers' "
       "weight products at %d rows, timed in turn in the same run.\n",
-      o.prefill, o.reps, o.prefill);
+      o.prefill,
+      o.prefill_chunk > 0 ? ("steps of " + std::to_string(o.prefill_chunk) + " tokens").c_str()
+                          : "one step",
+      o.reps, o.prefill);
   std::printf("%-18s %3s | %10s %10s %11s | %11s %6s\n", "model", "thr", "ms", "tok/s", "GMAC/s",
               "GEMM GMAC/s", "frac");
   for (const PrefillResult& r : prefills) {
@@ -463,6 +477,7 @@ void write_json(const std::string& path, const std::vector<Result>& results,
     json["prefill"].push_back({{"model", r.model},
                                {"threads", r.threads},
                                {"tokens", r.tokens},
+                               {"chunk", o.prefill_chunk},
                                {"seconds", r.seconds},
                                {"macs", r.macs},
                                {"GMAC_per_s", r.gmacs()},
@@ -500,6 +515,8 @@ bool parse_options(int argc, char** argv, Options& o) {
               "also time the prefill of a P-token prompt on the stories15M shape and --model "
               "against Eigen's GEMM (0: skip)",
               0, 1 << 16);
+  add_integer(app, "--prefill-chunk", o.prefill_chunk,
+              "feed that prompt in steps of C tokens (0: in one step)", 0, 1 << 16);
   add_file(app, "--json", o.json, "also write the results as JSON");
   if (!kvlab_support::parse(app, argc, argv)) return false;
   if (o.models.size() > 1 && std::find(o.models.begin(), o.models.end(), "none") != o.models.end())
@@ -575,7 +592,8 @@ int main(int argc, char** argv) {
       const auto weights =
           std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape));
       for (int t : o.threads)
-        prefills.push_back(run_prefill("stories15M-shape", weights, o.prefill, t, o.reps));
+        prefills.push_back(
+            run_prefill("stories15M-shape", weights, o.prefill, o.prefill_chunk, t, o.reps));
     }
     if (o.prefill > 0 && !o.model_file.empty()) {
       const Model& m = models.back();
@@ -584,7 +602,7 @@ int main(int argc, char** argv) {
                     m.name.c_str(), m.weights->config.seq_len, o.prefill);
       } else {
         for (int t : o.threads)
-          prefills.push_back(run_prefill(m.name, m.weights, o.prefill, t, o.reps));
+          prefills.push_back(run_prefill(m.name, m.weights, o.prefill, o.prefill_chunk, t, o.reps));
       }
     }
     print_table(results, o);

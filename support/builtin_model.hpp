@@ -36,14 +36,29 @@ inline ChosenModel choose_model(const std::string& model, const std::string& bui
     return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_gguf_weights(model)), model};
   }
   if (!model.empty()) {
-    return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(model)), model};
+    return {std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(model)),
+            model};
   }
-  const kvlab::LlamaConfig shape = builtin == "stories15M"
-                                       ? kvlab::LlamaConfig::stories15m().with_shared_classifier(false)
-                                       : kvlab::LlamaConfig::tiny();
+  const kvlab::LlamaConfig shape =
+      builtin == "stories15M" ? kvlab::LlamaConfig::stories15m().with_shared_classifier(false)
+                              : kvlab::LlamaConfig::tiny();
   return {std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin(shape)),
           "built-in " + builtin + " model (random weights, seed " +
               std::to_string(kvlab::LlamaWeights::kBuiltinSeed) + ")"};
+}
+
+/// Where scripts/get-model.sh puts SmolLM2-135M-Instruct, the default `--model` of kvlab-chat and
+/// kvlab-eval: $KVLAB_MODEL_CACHE, else $XDG_CACHE_HOME/kvlab/models, else ~/.cache/kvlab/models,
+/// then "/SmolLM2-135M-Instruct.Q4_1.gguf".
+inline std::string default_chat_model() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  std::string dir = env("KVLAB_MODEL_CACHE");
+  if (dir.empty() && !env("XDG_CACHE_HOME").empty()) dir = env("XDG_CACHE_HOME") + "/kvlab/models";
+  if (dir.empty()) dir = env("HOME") + "/.cache/kvlab/models";
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 /// What `--models-dir` says in a program's help.

@@ -204,6 +204,55 @@ TEST_CASE("decode_attention splits its K/V heads over 3 threads and over more th
 #endif
 }
 
+TEST_CASE("a prefill chunk over a short cache runs on threads: K/V counted once per query row") {
+#if defined(_OPENMP)
+  // SmolLM2's heads (9 over 3 K/V heads of 64) and a 64-token chunk over a 100-token cache:
+  // 100 * 3 * 64 = 19200 K/V elements per tensor, below kDecodeParallelMinElements, but 64 query
+  // rows read them: 1228800, above. Before the rows were counted, such a chunk ran on one thread
+  // and its fp32 matrix products started Eigen's threads one short product at a time
+  // (bench/results/cpu-prefill-chunk-threads-ab.txt). One decode row over the same cache reads
+  // too little for threads.
+  const AttentionShape shape(9, 3, 64);
+  const int n = 100, chunk = 64;
+  REQUIRE(1LL * n * 3 * 64 < kvlab::cpu::kDecodeParallelMinElements);
+  REQUIRE(1LL * chunk * n * 3 * 64 >= kvlab::cpu::kDecodeParallelMinElements);
+  kvlab::Rng rng(41);
+  kvlab::ContiguousKVCache<float> cache(1, 3, 64, n);
+  cache.append(0, kvlab::random_matrix<float>(n, shape.kv_width(), rng),
+               kvlab::random_matrix<float>(n, shape.kv_width(), rng));
+  const RaggedBatch<float> paged(shape, 16, {n}, KVLayout::NHD, rng);
+  for (int rows : {chunk, 1}) {
+    CAPTURE(rows);
+    const RowMatrix<float> q = kvlab::random_matrix<float>(rows, shape.q_width(), rng);
+    const std::vector<std::int32_t> qo_indptr{0, rows};
+    RowMatrix<float> one, split, paged_one, paged_split;
+    {
+      ScopedThreads scoped(1);
+      one = kvlab::cpu::decode_attention(shape, q, cache.view(0));
+      paged_one = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, paged.view);
+    }
+    const kvlab_test::RanSince ran;
+    {
+      ScopedThreads scoped(2);
+      split = kvlab::cpu::decode_attention(shape, q, cache.view(0));
+    }
+    CHECK(ran.threaded_loops() == (rows > 1 ? 1u : 0u));  // contiguous: threads for the chunk only
+    const kvlab_test::RanSince ran_paged;
+    {
+      ScopedThreads scoped(2);
+      paged_split = kvlab::cpu::paged_prefill_attention(shape, q, qo_indptr, paged.view);
+    }
+    CHECK(ran_paged.threaded_loops() == (rows > 1 ? 1u : 0u));  // paged: the same
+    CHECK(same_bits(split, one));
+    CHECK(same_bits(paged_split, paged_one));
+    check_against_reference(shape, paged, q, qo_indptr, paged_split);
+  }
+#else
+  WARN("built without OpenMP: one thread, nothing is split");
+  SUCCEED();
+#endif
+}
+
 TEST_CASE("cpu::linear splits the weight rows over 3 and 8 threads, unevenly") {
 #if defined(_OPENMP)
   kvlab::Rng rng(41);

@@ -21,6 +21,7 @@
 #include "gguf_writer.hpp"
 #include "kvlab/kvlab.hpp"
 #include "kvlab/model/bpe_tokenizer.hpp"
+#include "kvlab/model/cache_policy.hpp"
 #include "kvlab/model/chat.hpp"
 #include "model_writers.hpp"
 
@@ -631,6 +632,71 @@ TEST_CASE("Refusals that no case had reached: a store's backend and dtype, the w
       },
       names("layers.size()", std::to_string(kvlab::LlamaConfig::tiny().n_layers),
             std::to_string(kvlab::LlamaConfig::tiny().n_layers - 1)));
+}
+
+TEST_CASE("Cache policies: their text and their stores") {
+  const char* parse = "kvlab::parse_cache_policy(const std::string &spec)";
+  const auto policy = [](const std::string& spec) {
+    return [spec] { (void)kvlab::parse_cache_policy(spec); };
+  };
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("fast,kv=int8"),
+      names("spec", "cached or paged, or a key=value item (in 'fast,kv=int8')", "'fast'"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("cached,paged"),
+      names("spec", "key=value items: kv, window, block (in 'cached,paged')", "'paged'"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("cached,sinks=4"),
+      names("spec", "a key of kv, window, block (in 'cached,sinks=4')", "'sinks'"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=4,window=8"),
+      names("spec", "each key at most once (in 'window=4,window=8')", "'window' twice"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("kv=int3"),
+      names("spec", "'kv=' one of fp32, fp16, bf16, int8, int4 (in 'kv=int3')", "'int3'"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=-1"),
+      names("spec", "'window=' an integer in [0, 2147483647] (in 'window=-1')", "'-1'"));
+  refuses<InvalidArgument>(
+      parse, input::kOverflow, no_state, policy("window=2147483648"),
+      names("spec", "'window=' an integer in [0, 2147483647] (in 'window=2147483648')",
+            "'2147483648'"));
+  refuses<InvalidArgument>(
+      parse, input::kSize, no_state, policy("paged,block=0"),
+      names("spec", "'block=' an integer in [1, 2147483647] (in 'paged,block=0')", "'0'"));
+  refuses<InvalidArgument>(
+      parse, input::kState, no_state, policy("block=8"),
+      names("spec", "'block=' with the paged store only (in 'block=8')", "a contiguous store"));
+
+  const char* make =
+      "kvlab::make_policy_store(const CachePolicy &policy, const LlamaConfig &config, int "
+      "max_tokens, int max_step, int sequences=1)";
+  const kvlab::LlamaConfig tiny = kvlab::LlamaConfig::tiny();
+  const kvlab::CachePolicy cached;
+  refuses<InvalidArgument>(
+      make, input::kSize, no_state, [&] { (void)kvlab::make_policy_store(cached, tiny, 0, 1); },
+      names("max_tokens", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      make, input::kSize, no_state, [&] { (void)kvlab::make_policy_store(cached, tiny, 8, 0); },
+      names("max_step", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      make, input::kSize, no_state, [&] { (void)kvlab::make_policy_store(cached, tiny, 8, 1, 0); },
+      names("sequences", ">= 1", "0"));
+  kvlab::CachePolicy naive;
+  naive.backend = kvlab::LlamaBackend::Naive;
+  refuses<InvalidArgument>(
+      make, input::kValue, no_state, [&] { (void)kvlab::make_policy_store(naive, tiny, 8, 1); },
+      names("policy.backend", "cached or paged (a policy keeps K and V)", "naive"));
+  kvlab::CachePolicy negative;
+  negative.window = -2;
+  refuses<InvalidArgument>(
+      make, input::kValue, no_state, [&] { (void)kvlab::make_policy_store(negative, tiny, 8, 1); },
+      names("policy.window", ">= 0", "-2"));
+  kvlab::CachePolicy int8;
+  int8.dtype = kvlab::KVDtype::int8;
+  refuses<InvalidArgument>(
+      make, input::kShape, no_state, [&] { (void)kvlab::make_policy_store(int8, tiny, 8, 1); },
+      names("head_dim", "a multiple of 32 (the values of one int8 block)", "8"));
 }
 
 TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTokenizer") {

@@ -19,8 +19,13 @@
 
 namespace kvlab::cpu {
 
-/// K/V elements (per tensor, all heads) below which `decode_attention` runs on one thread:
-/// starting threads costs microseconds, more than streaming a cache this small.
+/// K/V elements read (per tensor, all heads, counted once per query row: a decode step reads
+/// its cache once, a prefill chunk of q rows q times) below which the CPU attention kernels run
+/// on one thread: starting threads costs microseconds, more than such a small call. Counting
+/// the rows matters for a prefill chunk over a short cache: on one thread there, the fp32 path's
+/// matrix products went to Eigen's own threads, one short parallel product at a time, whose
+/// waits made a prefill in chunks of 64 on two threads slower than on one
+/// (`bench/results/README.md`, "a prefill chunk's threads").
 constexpr long long kDecodeParallelMinElements = 1 << 16;
 
 namespace detail {
@@ -46,11 +51,11 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
   const int first_position = cache.length - q_len;  // position of query row 0
   out.resize(q_len, shape.q_width());
 
-  const bool parallel =
-      1LL * cache.length * shape.head_dim() * shape.num_kv_heads() >= kDecodeParallelMinElements;
+  const bool parallel = 1LL * q_len * cache.length * shape.head_dim() * shape.num_kv_heads() >=
+                        kDecodeParallelMinElements;
   // In parallel each K/V head is an item, and its tiles read one head's rows. A cache too small
-  // to be worth threads (under kDecodeParallelMinElements per tensor: at most 512 KiB of fp32 K
-  // and V) is one item whose tiles take every head at once:
+  // to be worth threads (under kDecodeParallelMinElements per tensor, once per query row: at
+  // most 512 KiB of fp32 K and V) is one item whose tiles take every head at once:
   // each token's rows of all heads are read together, so the walk over the tokens is paid once,
   // not once per head (`attend_partial` computes the same whatever its `heads`).
   const int heads_per_item = parallel ? 1 : shape.num_kv_heads();

@@ -33,7 +33,8 @@ namespace kvlab::cpu {
 /// what `plan_paged_attention` returns and `paged_prefill_attention` and
 /// `paged_decode_attention` follow.
 struct PagedAttentionPlan {
-  /// Enough K/V (at least `kDecodeParallelMinElements` elements per tensor) to start threads.
+  /// Enough K/V read to start threads: at least `kDecodeParallelMinElements` elements per
+  /// tensor, each sequence's counted once per query row.
   bool parallel = false;
   /// Threads the kernel uses: the thread count asked for when `parallel`, else 1.
   int threads = 1;
@@ -63,10 +64,11 @@ PagedAttentionPlan plan_paged_attention(const AttentionShape& shape, const Paged
   kvlab::detail::require_at_least("kvlab::cpu::plan_paged_attention", "threads", threads, 1);
   PagedAttentionPlan plan;
   const int kv_heads = shape.num_kv_heads();
-  long long elements = 0;  // K/V elements per tensor in the batch
+  long long elements = 0;  // K/V elements per tensor read by the batch's query rows
   bool decode = true;      // at most one query per sequence
   for (int s = 0; s < cache.batch; ++s) {
-    elements += 1LL * cache.seq_len(s) * kv_heads * shape.head_dim();
+    const long long rows = std::max(1, qo_indptr[s + 1] - qo_indptr[s]);
+    elements += rows * cache.seq_len(s) * kv_heads * shape.head_dim();
     decode = decode && qo_indptr[s + 1] - qo_indptr[s] <= 1;
   }
   plan.parallel = elements >= kDecodeParallelMinElements;

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Checks the JSON that kvlab-eval writes (--json) against what its policies must give:
+
+- a policy that keeps every token at fp32 in the contiguous cache ("cached") equals the
+  reference exactly: KL 0 at every position, top-1 agreement 1, the same perplexity;
+- a lower precision is not free: int8 and int4 have KL > 0, and int4 more than int8;
+- every policy's KV bytes at the end of a window, held (reserved) and filled, equal their
+  closed form from the model's shape: a token row is 2 · layers · kv_heads · (head_dim values
+  as stored) bytes; the full contiguous cache holds and fills `context` rows; a windowed ring
+  W − 1 + step rows (at most context); the paged store holds the whole blocks from the one
+  holding the next token's first key (context − W + 1) to the last, and fills those from that
+  block's first row on;
+- the per-position spans cover the window and count every position once;
+- the pass-key probe has one result per policy and the reference.
+
+    check_eval_json.py EVAL_JSON
+"""
+import json
+import math
+import sys
+
+ROW_BYTES = {"fp32": lambda d: 4 * d, "fp16": lambda d: 2 * d, "bf16": lambda d: 2 * d,
+             "int8": lambda d: d // 32 * 34, "int4": lambda d: d // 32 * 18}
+
+
+def expected_bytes(policy, shape, context, step):
+    """(held, filled) bytes at the end of a window of `context` tokens."""
+    row = 2 * shape["n_layers"] * shape["n_kv_heads"] * ROW_BYTES[policy["storage"]](shape["head_dim"])
+    w = policy["window"]
+    if policy["store"] == "paged":
+        b = policy["block_size"]
+        first = (max(0, context - w + 1) if w > 0 else 0) // b  # the first block kept
+        return (-(-context // b) - first) * b * row, (context - first * b) * row
+    if w == 0:
+        return context * row, context * row
+    w = min(w, context)
+    rows = min(context, w - 1 + min(step, context - w + 1))
+    return rows * row, rows * row
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        run = json.load(f)
+    problems = []
+    shape, text = run["model_config"], run["text"]
+    context, step = text["context"], run["step"]
+    positions = text["tokens"]
+    by_name = {p["policy"]: p for p in run["policies"]}
+    full = by_name.get("cached")
+    if full is None:
+        problems.append("no 'cached' policy to compare with the reference")
+    else:
+        for key, want in (("kl_mean", 0), ("kl_p99", 0), ("kl_max", 0), ("top1", 1)):
+            if full[key] != want:
+                problems.append(f"cached: {key}: expected exactly {want}, got {full[key]}")
+        if full["perplexity"] != run["reference"]["perplexity"]:
+            problems.append(f"cached: perplexity {full['perplexity']} differs from the reference's "
+                            f"{run['reference']['perplexity']}")
+    kl = {p["storage"]: p["kl_mean"] for p in run["policies"]
+          if p["store"] == "contiguous" and p["window"] == 0}
+    for name in ("int8", "int4"):
+        if name in kl and not kl[name] > 0:
+            problems.append(f"kv={name}: expected a KL above 0, got {kl[name]}")
+    if "int8" in kl and "int4" in kl and not kl["int4"] > kl["int8"]:
+        problems.append(f"expected int4's KL ({kl['int4']}) above int8's ({kl['int8']})")
+    for p in run["policies"]:
+        held, filled = expected_bytes(p, shape, context, step)
+        for key, want in (("kv_bytes_at_context", held), ("kv_bytes_used_at_context", filled)):
+            if p[key] != want:
+                problems.append(f"{p['policy']}: {key}: expected {want}, got {p[key]}")
+        spans = p["per_position"]
+        if spans[0]["begin"] != 0 or spans[-1]["end"] != context or any(
+                a["end"] != b["begin"] for a, b in zip(spans, spans[1:])):
+            problems.append(f"{p['policy']}: the spans do not cover [0, {context}) in order")
+        if sum(s["positions"] for s in spans) != positions:
+            problems.append(f"{p['policy']}: the spans count {sum(s['positions'] for s in spans)} "
+                            f"positions, expected {positions}")
+        if not (0 <= p["top1"] <= 1 and p["kl_mean"] >= 0 and math.isfinite(p["perplexity"])):
+            problems.append(f"{p['policy']}: a figure out of range: {p}")
+    for probe in run["passkey"]:
+        names = [r["policy"] for r in probe["results"]]
+        if names != ["reference"] + [p["policy"] for p in run["policies"]]:
+            problems.append(f"pass key at {probe['length']}: results for {names}")
+    for problem in problems:
+        print(problem)
+    print(f"{len(run['policies'])} policies checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+// CachePolicy: the text of a policy reads back to the same policy; make_policy_store builds the
+// store it names, whose KV bytes equal their closed form as a sequence grows (the full cache,
+// a ring of W − 1 + step slots, the paged store's blocks from the next token's first key on),
+// both held (reserved, whole blocks) and filled;
+// and a model over a policy's ring computes what it computes over make_llama_store's ring.
+//
+// Tolerance: the two rings hold the same rows in different slots, so the kernels read them in
+// spans cut at other places and sum in another order: logits within 1e-5 of each other
+// (test_support.hpp, `tolerance<float>`), relative to the row's largest.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvlab/kvlab.hpp"
+#include "kvlab/model/cache_policy.hpp"
+#include "test_support.hpp"
+
+using kvlab::CachePolicy;
+using kvlab::KVDtype;
+using kvlab::LlamaBackend;
+
+TEST_CASE("a policy's text reads back to the same policy, defaults left out") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cached", "cached"},
+      {"paged", "paged"},
+      {"kv=int8", "cached,kv=int8"},
+      {"cached,kv=fp32,window=0", "cached"},
+      {"paged,window=512,kv=int4", "paged,kv=int4,window=512"},
+      {"paged,block=32", "paged,block=32"},
+      {"paged,block=16", "paged"},
+      {"cached,kv=bf16,window=1", "cached,kv=bf16,window=1"},
+  };
+  for (const auto& [spec, name] : cases) {
+    CAPTURE(spec);
+    const CachePolicy p = kvlab::parse_cache_policy(spec);
+    CHECK(p.name() == name);
+    CHECK(kvlab::parse_cache_policy(p.name()) == p);
+  }
+  const CachePolicy p = kvlab::parse_cache_policy("paged,kv=fp16,window=7,block=3");
+  CHECK(p.backend == LlamaBackend::Paged);
+  CHECK(p.dtype == KVDtype::fp16);
+  CHECK(p.window == 7);
+  CHECK(p.block_size == 3);
+}
+
+TEST_CASE("a policy's store: its type, and KV bytes equal to their closed form as it grows") {
+  const kvlab::LlamaConfig config = kvlab::LlamaConfig::tiny();  // 3 layers, 2 K/V heads of 8
+  auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const int max_tokens = 64, step = 5;
+  // one token, every layer: K and V of 2 heads of 8 values, as stored
+  const auto row = [&](std::size_t value_bytes) { return 2 * 3 * 2 * 8 * value_bytes; };
+  struct Case {
+    std::string spec;
+    std::size_t row_bytes;
+    const char* store;
+    // Tokens' rows the store holds (reserved, whole blocks) and fills, once the sequence has
+    // `length` tokens (every step of `step` tokens done).
+    int (*held)(int length);
+    int (*used)(int length);
+  };
+  const std::vector<Case> cases = {
+      // the full cache reserves max_tokens rows up front
+      {"cached", row(4), "contiguous", [](int) { return 64; }, [](int n) { return n; }},
+      {"cached,kv=fp16", row(2), "contiguous", [](int) { return 64; }, [](int n) { return n; }},
+      // a ring of W - 1 + step = 12 slots
+      {"cached,window=8", row(4), "contiguous", [](int) { return 12; },
+       [](int n) { return std::min(n, 12); }},
+      // whole blocks of 4, as the sequence grows
+      {"paged,block=4", row(4), "paged", [](int n) { return (n + 3) / 4 * 4; },
+       [](int n) { return n; }},
+      // blocks of 4 from the one holding the next token's first key, n - 8 + 1
+      {"paged,window=8,block=4", row(4), "paged",
+       [](int n) { return (n + 3) / 4 * 4 - std::max(0, n - 7) / 4 * 4; },
+       [](int n) { return n - std::max(0, n - 7) / 4 * 4; }},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.spec);
+    auto store =
+        kvlab::make_policy_store(kvlab::parse_cache_policy(c.spec), config, max_tokens, step);
+    CHECK(std::string(store->name()) == c.store);
+    CHECK(store->bytes_per_token() == c.row_bytes);
+    kvlab::LlamaModel model(weights, store, max_tokens);
+    const int seq = store->add_sequence();
+    for (int length = step; length <= 60; length += step) {
+      std::vector<int> tokens(static_cast<std::size_t>(step));
+      for (int i = 0; i < step; ++i) tokens[static_cast<std::size_t>(i)] = (length * 7 + i) % 256;
+      (void)model.forward_batch({kvlab::SequenceChunk{seq, tokens}});
+      CAPTURE(length);
+      CHECK(store->bytes_reserved() == static_cast<std::size_t>(c.held(length)) * c.row_bytes);
+      CHECK(store->bytes_used() == static_cast<std::size_t>(c.used(length)) * c.row_bytes);
+    }
+  }
+}
+
+TEST_CASE("a policy's ring of W - 1 + step slots computes what make_llama_store's ring does") {
+  auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const kvlab::LlamaConfig& config = weights->config;
+  const int window = 8, step = 3, max_tokens = 90;
+  auto policy_store = kvlab::make_policy_store(kvlab::parse_cache_policy("cached,window=8"), config,
+                                               max_tokens, step);
+  kvlab::LlamaModel ours(weights, policy_store, max_tokens);
+  kvlab::LlamaModel theirs(weights, LlamaBackend::Cached, 16, max_tokens, KVDtype::fp32, window);
+  const int seq = policy_store->add_sequence();
+  for (int at = 0; at < 84; at += step) {
+    const std::vector<int> tokens = {(at * 5) % 256, (at * 5 + 1) % 256, (at * 5 + 2) % 256};
+    const kvlab::RowMatrix<float> a = ours.forward_batch({kvlab::SequenceChunk{seq, tokens}}, true);
+    const kvlab::RowMatrix<float> b = theirs.forward(tokens);
+    CAPTURE(at);
+    REQUIRE(kvlab_test::max_row_relative_error(a, b) <= kvlab_test::tolerance<float>());
+  }
+}
