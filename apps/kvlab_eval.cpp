@@ -165,11 +165,29 @@ void start_window(Evaluated& e) {
   e.seq = e.store->add_sequence();
 }
 
-// Logits of every token of `tokens`, fed to `e`'s sequence as one step.
+// Logits of every token of `tokens`, [tokens, vocab], fed to sequence `seq` of `model` in one
+// step, or in as many as the store's step limit takes (a ring cut to the sequence's length).
+kvlab::RowMatrix<float> feed(kvlab::LlamaModel& model, int seq, const std::vector<int>& tokens) {
+  const auto limit = static_cast<std::size_t>(model.store().max_step_tokens());
+  if (tokens.size() <= limit) return model.forward_batch({kvlab::SequenceChunk{seq, tokens}}, true);
+  kvlab::RowMatrix<float> logits(static_cast<Eigen::Index>(tokens.size()),
+                                 model.config().vocab_size);
+  for (std::size_t at = 0; at < tokens.size(); at += limit) {
+    const std::size_t n = std::min(limit, tokens.size() - at);
+    const auto from = tokens.begin() + static_cast<std::ptrdiff_t>(at);
+    logits.middleRows(static_cast<Eigen::Index>(at), static_cast<Eigen::Index>(n)) =
+        model.forward_batch(
+            {kvlab::SequenceChunk{seq,
+                                  std::vector<int>(from, from + static_cast<std::ptrdiff_t>(n))}},
+            true);
+  }
+  return logits;
+}
+
+// `feed` to `e`'s sequence, timed.
 kvlab::RowMatrix<float> feed(Evaluated& e, const std::vector<int>& tokens) {
   const auto start = Clock::now();
-  kvlab::RowMatrix<float> logits = e.model->forward_batch({kvlab::SequenceChunk{e.seq, tokens}},
-                                                          /*every_token=*/true);
+  kvlab::RowMatrix<float> logits = feed(*e.model, e.seq, tokens);
   e.seconds += std::chrono::duration<double>(Clock::now() - start).count();
   return logits;
 }
@@ -361,8 +379,9 @@ int run(const Options& o) {
       for (std::size_t at = 0; at < p.prompt.size(); at += static_cast<std::size_t>(step)) {
         const std::size_t n = std::min(p.prompt.size() - at, static_cast<std::size_t>(step));
         const auto from = p.prompt.begin() + static_cast<std::ptrdiff_t>(at);
-        last = model.forward_batch({kvlab::SequenceChunk{
-            seq, std::vector<int>(from, from + static_cast<std::ptrdiff_t>(n))}});
+        const kvlab::RowMatrix<float> logits =  // [n, vocab]
+            feed(model, seq, std::vector<int>(from, from + static_cast<std::ptrdiff_t>(n)));
+        last = logits.bottomRows(1);
       }
       const int forced = store->fork(seq);  // the same prompt, to be continued by the key
       // Teacher-forced: the log-probability of the key's tokens after the prompt.
@@ -445,7 +464,7 @@ int run(const Options& o) {
   if (!o.json.empty()) {
     Json root;
     root["program"] = "kvlab-eval";
-    root["model"] = o.model;
+    root["model"] = o.model.substr(o.model.find_last_of('/') + 1);  // the file's name
     root["model_shape"] = kvlab::to_string(config);
     root["model_config"] = {{"n_layers", config.n_layers},
                             {"n_kv_heads", config.n_kv_heads},

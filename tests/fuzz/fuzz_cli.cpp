@@ -1,8 +1,8 @@
 // Fuzz target: the command-line parsers of kvlab's programs (kvlab-gap, kvlab-generate,
-// kvlab-serve, kvlab-chat, kvlab_stress, the plain benchmarks, and the step benchmarks' shared
-// parser), each declared with CLI11 (support/cli.hpp), on arbitrary arguments. One program holds
-// them all: the environment variable KVLAB_FUZZ_PARSER names the one a run fuzzes (one CTest per
-// parser, tests/fuzz/CMakeLists.txt), so that CLI11, most of the compile, is compiled once.
+// kvlab-serve, kvlab-chat, kvlab-eval, kvlab_stress, the plain benchmarks, and the step benchmarks'
+// shared parser), each declared with CLI11 (support/cli.hpp), on arbitrary arguments. One program
+// holds them all: the environment variable KVLAB_FUZZ_PARSER names the one a run fuzzes (one CTest
+// per parser, tests/fuzz/CMakeLists.txt), so that CLI11, most of the compile, is compiled once.
 // Each program's source is included in a namespace of its own with its `main` renamed (a static
 // function nothing calls, left out of the object code), after every header any of them
 // includes (so that their own includes are already done: no header lands inside a namespace).
@@ -38,6 +38,7 @@
 #include <kvlab/analysis/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
 #include <kvlab/model/bpe_tokenizer.hpp>
+#include <kvlab/model/cache_policy.hpp>
 #include <kvlab/model/chat.hpp>
 #include <kvlab/report/state_dot.hpp>
 
@@ -48,6 +49,7 @@
 #include "serve_workload.hpp"      // apps
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
+#include "support/json.hpp"
 #include "support/stats.hpp"
 #include "timing.hpp"  // bench: the step benchmarks' parser
 
@@ -63,6 +65,9 @@ namespace fuzz_kvlab_serve {
 }
 namespace fuzz_kvlab_chat {
 #include "apps/kvlab_chat.cpp"
+}
+namespace fuzz_kvlab_eval {
+#include "apps/kvlab_eval.cpp"
 }
 namespace fuzz_bench_generate {
 #include "bench/bench_generate.cpp"
@@ -114,6 +119,7 @@ const Parser kParsers[] = {
     {"kvlab_generate", [](int c, char** v) { run(&fuzz_kvlab_generate::parse_options, c, v); }},
     {"kvlab_serve", [](int c, char** v) { run(&fuzz_kvlab_serve::parse, c, v); }},
     {"kvlab_chat", [](int c, char** v) { run(&fuzz_kvlab_chat::parse_options, c, v); }},
+    {"kvlab_eval", [](int c, char** v) { run(&fuzz_kvlab_eval::parse_options, c, v); }},
     {"bench_generate", [](int c, char** v) { run(&fuzz_bench_generate::parse_options, c, v); }},
     {"bench_kv_accuracy",
      [](int c, char** v) { run(&fuzz_bench_kv_accuracy::parse_options, c, v); }},

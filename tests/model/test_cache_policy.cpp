@@ -111,3 +111,22 @@ TEST_CASE("a policy's ring of W - 1 + step slots computes what make_llama_store'
     REQUIRE(kvlab_test::max_row_relative_error(a, b) <= kvlab_test::tolerance<float>());
   }
 }
+
+TEST_CASE("a window as long as the sequences is the full cache, and near that, steps are shorter") {
+  const kvlab::LlamaConfig config = kvlab::LlamaConfig::tiny();
+  // W >= max_tokens leaves no key out: the full cache, no window
+  for (int window : {40, 41, 1000}) {
+    CAPTURE(window);
+    kvlab::CachePolicy policy = kvlab::parse_cache_policy("cached");
+    policy.window = window;
+    const auto store = kvlab::make_policy_store(policy, config, 40, 16);
+    CHECK(store->window() == 0);
+    policy.backend = LlamaBackend::Paged;
+    CHECK(kvlab::make_policy_store(policy, config, 40, 16)->window() == 0);
+  }
+  // W = 30 of 40 tokens: the ring is cut to 40 slots, so a step takes 40 - 30 + 1 = 11 at most
+  const auto store =
+      kvlab::make_policy_store(kvlab::parse_cache_policy("cached,window=30"), config, 40, 16);
+  CHECK(store->window() == 30);
+  CHECK(store->max_step_tokens() == 11);
+}

@@ -129,10 +129,12 @@ inline CachePolicy parse_cache_policy(const std::string& spec) {
 ///  - contiguous without a window: a `ContiguousStore` reserving `max_tokens` per sequence;
 ///  - contiguous with a window W: a ring of `min(max_tokens, W − 1 + max_step)` slots per
 ///    sequence (a step's first query sees the W − 1 keys before it; `max_step` 1 — decoding —
-///    keeps exactly W);
+///    keeps exactly W), whose steps take `KVStore::max_step_tokens()` tokens at most (fewer
+///    than `max_step` where the ring is cut to `max_tokens`);
 ///  - paged: a `PagedStore` of `sequences · ceil(max_tokens / block)` blocks, which with a
 ///    window gives back the blocks wholly before each sequence's window after every step.
-/// K and V are kept as `policy.dtype`.
+/// K and V are kept as `policy.dtype`. A window of `max_tokens` keys or more leaves no key out
+/// of any query of such sequences: the store is the full cache then (`window()` 0).
 /// \throws InvalidArgument if `max_tokens`, `max_step` or `sequences` is below 1, the policy's
 ///         store is naive, or as `make_llama_store` (a head_dim int8 and int4 cannot hold, too
 ///         many blocks).
@@ -147,12 +149,13 @@ inline std::shared_ptr<KVStore<float>> make_policy_store(const CachePolicy& poli
   if (policy.backend == LlamaBackend::Naive) {
     detail::fail(kWhere, "policy.backend", "cached or paged (a policy keeps K and V)", "naive");
   }
-  if (policy.backend == LlamaBackend::Paged || policy.window == 0) {
+  // A window of max_tokens keys or more never leaves a key out: the full cache.
+  const int window = policy.window < max_tokens ? policy.window : 0;
+  if (policy.backend == LlamaBackend::Paged || window == 0) {
     return make_llama_store(policy.backend, config, max_tokens, policy.block_size, sequences,
-                            policy.dtype, policy.window);
+                            policy.dtype, window);
   }
   const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
-  const int window = std::min(policy.window, max_tokens);
   const int slots = window - 1 + std::min(max_step, max_tokens - window + 1);
   return visit_kv_dtype(policy.dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
     using S = typename decltype(tag)::type;
