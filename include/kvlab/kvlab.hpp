@@ -15,8 +15,9 @@
 ///  - `store/`: `KVStore`, one interface for how a model keeps its past between steps, and one
 ///    class per way (recompute, contiguous, paged), each a cache and its kernel;
 ///  - `model/`: the per-layer attention step (written once, over a store), the toy attention
-///    stack and its decoders, the Llama model, its readers (llama2.c checkpoints, GGUF files),
-///    tokenizer, sampler and generation loop. The GGUF files' byte-level BPE tokenizer
+///    stack and its decoders, the Llama model, its cache policies as text (`cache_policy.hpp`),
+///    its readers (llama2.c checkpoints, GGUF files), tokenizer, sampler and generation loop.
+///    The GGUF files' byte-level BPE tokenizer
 ///    (`kvlab/model/bpe_tokenizer.hpp`) is not included here: it reads a Unicode table that
 ///    kvlab's CMake build generates (see `unicode_classes.hpp`); include it where you need it;
 ///  - `serving/`: continuous batching — requests, the schedulers, the prefix cache, the engine;
@@ -51,6 +52,7 @@
 #include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_layer.hpp"
 #include "kvlab/model/attention_step.hpp"
+#include "kvlab/model/cache_policy.hpp"
 #include "kvlab/model/decoder.hpp"
 #include "kvlab/model/decoders.hpp"
 #include "kvlab/model/ggml_types.hpp"
