@@ -179,9 +179,12 @@ class KVStore {
   bool contains(int seq) const { return do_contains(seq); }
   /// Ids of the live sequences, ascending.
   virtual std::vector<int> sequences() const = 0;
-  /// Bytes the store has reserved for what it keeps (K and V, or the inputs of `RecomputeStore`).
+  /// Bytes the store has reserved for what it keeps (K and V, or the inputs of `RecomputeStore`):
+  /// what it holds of memory — a contiguous cache's whole reservation (every slot of a windowed
+  /// ring), a paged store's blocks in use, whole.
   virtual std::size_t bytes_reserved() const = 0;
-  /// Bytes of those that hold tokens of live sequences.
+  /// Bytes of those that hold tokens of live sequences: a contiguous cache's filled rows, the
+  /// tokens in a paged store's blocks.
   virtual std::size_t bytes_used() const = 0;
 
   /// Starts a step in which sequence `seqs[i]` adds the rows `[new_indptr[i], new_indptr[i +
