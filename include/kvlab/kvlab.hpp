@@ -87,6 +87,7 @@
 #include "kvlab/store/kv_store.hpp"
 #include "kvlab/store/paged_store.hpp"
 #include "kvlab/store/recompute_store.hpp"
+#include "kvlab/store/selective_store.hpp"
 
 /// kvlab: how a transformer decoder attends to its past — naive, KV-cached and paged attention
 /// side by side, with exact cost counters.

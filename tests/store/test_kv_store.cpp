@@ -1,7 +1,9 @@
 // One suite over every way of keeping K/V (every KVStore: recompute, contiguous, paged with
 // block sizes 1, 7 and 16 in both pool layouts, the contiguous and paged stores keeping K/V
-// as fp16, bf16, int8 and int4, and every store with a sliding window — the contiguous one a
-// ring that wraps, the paged one giving blocks back — a new variant is one line of kKinds): a
+// as fp16, bf16, int8 and int4, every store with a sliding window — the contiguous one a
+// ring that wraps, the paged one giving blocks back — and the SelectiveStore with a policy per
+// head: every token, a window, sinks, heavy hitters, K and V in different types; a new variant
+// is one line of kKinds): a
 // ragged batch — sequences of different
 // lengths, prompt chunks and decode tokens in one step, sequences joining and leaving between
 // steps — gives each sequence exactly what it gets alone; forks continue as their parents
@@ -46,6 +48,7 @@ struct StoreKind {
   kvlab::KVLayout layout;
   kvlab::KVDtype dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
   int window = 0;        // a sliding window (contiguous: a ring; paged: blocks given back)
+  int selective = 0;     // SelectiveStore: 1 every head full, 2 every head windowed, 3 mixed
 };
 
 using kvlab::KVDtype;
@@ -68,7 +71,29 @@ const StoreKind kKinds[] = {{"recompute", 0, KVLayout::NHD, KVDtype::fp32},
                             {"contiguous", 0, KVLayout::NHD, KVDtype::fp32, 6},
                             {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6},
                             {"paged", 7, KVLayout::NHD, KVDtype::fp32, 6},
-                            {"paged", 3, KVLayout::HND, KVDtype::bf16, 6}};
+                            {"paged", 3, KVLayout::HND, KVDtype::bf16, 6},
+                            {"selective", 0, KVLayout::NHD, KVDtype::fp32, 0, 1},
+                            {"selective", 0, KVLayout::NHD, KVDtype::fp32, 6, 2},
+                            {"selective", 0, KVLayout::NHD, KVDtype::int8, 6, 3}};
+
+// The head policies of a SelectiveStore kind: every head full at fp32, every head a window of
+// W, or four policies in turn — K fp16 and V int4 with every token; a window with 2 sinks; a
+// window with 3 heavy hitters, K int8; a window with a sink and 2 heavy hitters, K bf16, V int8.
+std::vector<kvlab::HeadPolicy> selective_heads(const StoreKind& kind, int heads) {
+  using kvlab::HeadPolicy;
+  const int w = kind.window;
+  const HeadPolicy mixed[] = {{KVDtype::fp16, KVDtype::int4, 0, 0, 0},
+                              {KVDtype::fp32, KVDtype::fp32, w, 2, 0},
+                              {KVDtype::int8, KVDtype::fp32, w, 0, 3},
+                              {KVDtype::bf16, KVDtype::int8, w, 1, 2}};
+  std::vector<HeadPolicy> policies;
+  for (int i = 0; i < heads; ++i) {
+    if (kind.selective == 1) policies.push_back(HeadPolicy{});
+    if (kind.selective == 2) policies.push_back(HeadPolicy{KVDtype::fp32, KVDtype::fp32, w});
+    if (kind.selective == 3) policies.push_back(mixed[i % 4]);
+  }
+  return policies;
+}
 
 // The kinds that a test in T runs: all of them in double, the fp32 ones in float (see above).
 template <typename T>
@@ -85,6 +110,10 @@ std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionSta
   const int layers = stack.num_layers(), kv_heads = stack.shape().num_kv_heads(),
             head_dim = stack.shape().head_dim();
   const std::string name = kind.name;
+  if (name == "selective") {
+    return std::make_shared<kvlab::SelectiveStore<T>>(layers, kv_heads, head_dim,
+                                                      selective_heads(kind, layers * kv_heads));
+  }
   if (name == "recompute") {
     return std::make_shared<kvlab::RecomputeStore<T>>(layers, kv_heads, head_dim, stack.d_model(),
                                                       kind.window);
@@ -118,7 +147,7 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
   using T = TestType;
   const StoreKind kind = GENERATE(from_range(kinds_for<T>()));
   CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype),
-          kind.window);
+          kind.window, kind.selective);
   const AttentionShape shape(8, 2, 32);  // GQA
   const auto stack = AttentionStack<T>::random(3, shape, 32, 11);
   constexpr int kSequences = 5, kMaxLen = 40;
@@ -187,7 +216,7 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
 TEST_CASE("every store: a fork continues as its parent would, and the parent is unchanged") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
   CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype),
-          kind.window);
+          kind.window, kind.selective);
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 2);
   kvlab::Rng rng(9);
   const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);
@@ -198,28 +227,28 @@ TEST_CASE("every store: a fork continues as its parent would, and the parent is 
   kvlab::run_stack(*stack, *store, {a}, {0, 10}, prompt);
   const int b = store->fork(a);
   CHECK(store->length(b) == 10);
-  // Both continue in one step with different tokens; each equals a fresh sequence fed its whole
+  // Both continue in one step with different tokens; each equals a fresh sequence fed the same
   // history.
   RowMatrix<double> x(7, 16);
   x << a_tail, b_tail;
   const RowMatrix<double> y = kvlab::run_stack(*stack, *store, {a, b}, {0, 4, 7}, x);
   for (const auto& [tail, rows_at] :
        std::vector<std::pair<RowMatrix<double>, int>>{{a_tail, 0}, {b_tail, 4}}) {
+    // (in the same steps: heavy hitters are chosen at the end of each step)
     const auto fresh = make_store<double>(kind, *stack, 20, 1);
     const int f = fresh->add_sequence();
-    RowMatrix<double> history(10 + tail.rows(), 16);
-    history << prompt, tail;
-    const RowMatrix<double> want = kvlab::run_stack(
-        *stack, *fresh, {f}, {0, static_cast<std::int32_t>(history.rows())}, history);
-    CHECK(max_row_relative_error(RowMatrix<double>(y.middleRows(rows_at, tail.rows())),
-                                 RowMatrix<double>(want.bottomRows(tail.rows()))) <=
+    kvlab::run_stack(*stack, *fresh, {f}, {0, 10}, prompt);
+    const RowMatrix<double> want =
+        kvlab::run_stack(*stack, *fresh, {f}, {0, static_cast<std::int32_t>(tail.rows())}, tail);
+    CHECK(max_row_relative_error(RowMatrix<double>(y.middleRows(rows_at, tail.rows())), want) <=
           tolerance<double>());
   }
   CHECK(store->length(a) == 14);
   CHECK(store->length(b) == 13);
   // Truncating the fork back and freeing it leaves the parent as it was.
-  // (a windowed store keeps only the window's keys: it can go back one token, not to 5)
-  const int keep = kind.window > 0 ? 12 : 5;
+  // (a windowed store keeps only the window's keys: a ring can go back one token, not to 5; a
+  // SelectiveStore keeps the next token's W - 1 keys only, so it stays at 13)
+  const int keep = kind.selective > 1 ? 13 : kind.window > 0 ? 12 : 5;
   store->truncate(b, keep);
   CHECK(store->length(b) == keep);
   store->free_sequence(b);
@@ -327,7 +356,7 @@ TEST_CASE("a step is all or nothing: no room for one sequence fails the step, no
 
 TEST_CASE("every store: an aborted step leaves every sequence as it was") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype), kind.window);
+  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype), kind.window, kind.selective);
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 4);
   kvlab::Rng rng(8);
   const RowMatrix<double> x = kvlab::random_matrix<double>(8, 16, rng);
