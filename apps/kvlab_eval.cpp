@@ -1,18 +1,22 @@
 // kvlab-eval: what a smaller KV cache costs a real model. It reads a fixed text, feeds it to the
 // model teacher-forced (every token of the text, not the model's own), once through the full
 // fp32 contiguous cache — the reference — and once through each cache policy given
-// (`kvlab::CachePolicy`: a lower precision, a sliding window, the paged store), in lockstep,
+// (`kvlab::CachePolicy`: lower precisions for K and V, a sliding window with attention sinks
+// and heavy hitters, heads or layers kept whole, the paged store), in lockstep,
 // and at every position compares the policy's next-token distribution with the reference's:
 // KL divergence (mean, 99th percentile, largest), top-1 agreement, the text's perplexity under
 // both, and the KV bytes the policy's store holds (its own counters: what it has reserved —
 // whole blocks of the paged store, every slot of a ring — and what of it tokens fill), overall
 // and per span of positions. A pass-key probe (a number stated early in a long prompt, asked for at
-// its end) shows what each policy forgets.
+// its end) shows what each policy forgets. Selective caching (--selective K): a calibration on
+// another text ranks the heads by the attention they put outside a window and sinks; the top K
+// keep every token, the others the window.
 //
 //   scripts/get-model.sh                        # once: SmolLM2-135M-Instruct (about 98 MB)
 //   build/apps/kvlab-eval                       # the default policies on the default text
 //   build/apps/kvlab-eval --policy cached,kv=int4 --policy paged,window=512 --json eval.json
 //   build/apps/kvlab-eval --tokens 1024 --context 512 --passkey 1024
+//   build/apps/kvlab-eval --selective 9,18,45 --calibrate cached,window=256,sinks=4
 // --help lists the options.
 #include <algorithm>
 #include <chrono>
@@ -51,6 +55,13 @@ struct Options {
   std::vector<std::string> policies = {"cached", "cached,kv=int8", "cached,kv=int4",
                                        "cached,window=1024"};
   std::vector<int> passkey;  // prompt lengths of the probe; none: no probe
+  // Selective caching: the top K heads of a calibration kept in full, the rest as `calibrate`.
+  std::vector<int> selective;  // the Ks; none: no calibration
+  std::string calibrate = "cached,window=256,sinks=4";
+  std::vector<std::string> calibration_texts = {"/usr/share/common-licenses/GFDL-1.3"};
+  int calibration_tokens = 2048;
+  std::string calibration;      // a ranking file to read instead of calibrating
+  std::string calibration_out;  // where to write the ranking
   int threads = 1;
   std::string json;
   bool quiet = false;
@@ -66,8 +77,11 @@ bool parse_options(int argc, char** argv, Options& o) {
       "perplexity) and the policy's KV bytes are read from its store."};
   app.footer(
       "A policy is a store name and key=value items (kvlab::CachePolicy): cached or paged; "
-      "kv=fp32|fp16|bf16|int8|int4; window=W (each query sees its last W keys); block=N (paged). "
-      "Examples: cached,kv=int8  paged,window=512  cached,kv=int4,window=1024.");
+      "kv=fp32|fp16|bf16|int8|int4, or k= and v= each; window=W (each query sees its last W "
+      "keys); with a window on the cached store: sinks=S (the first S tokens too), h2o=H (and "
+      "the H that received the most attention), full_layers=L+L and full_heads=L.H+L.H (kept "
+      "whole); block=N (paged). Examples: cached,kv=int8  cached,k=fp16,v=int4  "
+      "paged,window=512  cached,window=256,sinks=4,h2o=256.");
   add_file(app, "--model", o.model,
            "the GGUF file (default: where scripts/get-model.sh puts SmolLM2-135M-Instruct)")
       ->capture_default_str();
@@ -93,6 +107,28 @@ bool parse_options(int argc, char** argv, Options& o) {
                    "prompt lengths of the pass-key probe, in tokens (e.g. 1024,2048,4096; none: "
                    "no probe)",
                    64, 1 << 20);
+  add_integer_list(app, "--selective", o.selective,
+                   "selective caching: for each K, a policy that keeps the K heads of the "
+                   "calibration that put the most attention outside --calibrate's window and "
+                   "sinks in full, and the others as --calibrate (e.g. 9,18,45)",
+                   1, 1 << 20);
+  app.add_option("--calibrate", o.calibrate,
+                 "the window and sinks that the calibration measures against and the other "
+                 "heads keep (a cache policy with a window)")
+      ->type_name("POLICY")
+      ->capture_default_str();
+  app.add_option("--calibration-text", o.calibration_texts,
+                 "text files for the calibration, joined by a blank line (default: the GNU FDL "
+                 "1.3 from /usr/share/common-licenses, not the evaluated text)")
+      ->type_name("FILE ...")
+      ->capture_default_str();
+  add_integer(app, "--calibration-tokens", o.calibration_tokens,
+              "tokens of the calibration text, fed in one window", 2, 1 << 20);
+  add_file(app, "--calibration", o.calibration,
+           "read the heads' ranking from this file (written by --calibration-out for the same "
+           "model) instead of calibrating");
+  app.add_option("--calibration-out", o.calibration_out, "write the heads' ranking to this file")
+      ->type_name("FILE");
   add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 1024);
   app.add_option("--json", o.json, "write every figure to this JSON file")->type_name("FILE");
   app.add_flag("--quiet", o.quiet, "no progress on standard error");
@@ -104,17 +140,36 @@ bool parse_options(int argc, char** argv, Options& o) {
       throw UsageError(std::string("--policy: ") + e.what());
     }
   }
+  kvlab::CachePolicy calibrate;
+  try {
+    calibrate = kvlab::parse_cache_policy(o.calibrate);
+  } catch (const kvlab::InvalidArgument& e) {
+    throw UsageError(std::string("--calibrate: ") + e.what());
+  }
+  if (calibrate.window == 0 || calibrate.backend != kvlab::LlamaBackend::Cached ||
+      calibrate.heavy != 0 || !calibrate.full_heads.empty()) {
+    throw UsageError(
+        "--calibrate: expected a contiguous policy with a window, no h2o and no "
+        "full_heads, got '" +
+        o.calibrate + "'");
+  }
   return true;
 }
 
-// The whole of file `path`.
-// \throws UsageError naming --text when it cannot be read.
-std::string read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw UsageError("--text: expected a readable file, got '" + path + "'");
-  std::ostringstream text;
-  text << file.rdbuf();
-  return text.str();
+// The files `paths`, read in order and joined by a blank line.
+// \throws UsageError naming `option` when one cannot be read.
+std::string read_texts(const std::vector<std::string>& paths, const char* option) {
+  std::string text;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    std::ifstream file(paths[i], std::ios::binary);
+    if (!file) {
+      throw UsageError(std::string(option) + ": expected a readable file, got '" + paths[i] + "'");
+    }
+    std::ostringstream content;
+    content << file.rdbuf();
+    text += (i > 0 ? "\n\n" : "") + content.str();
+  }
+  return text;
 }
 
 // log softmax of `logits`, in double: [vocab]
@@ -252,6 +307,103 @@ PasskeyPrompt passkey_prompt(const kvlab::TextTokenizer& tok, int length, int tr
   return p;
 }
 
+// The model's shape as the calibration file records it.
+Json config_json(const kvlab::LlamaConfig& config) {
+  return {{"n_layers", config.n_layers},
+          {"n_kv_heads", config.n_kv_heads},
+          {"head_dim", config.head_dim()},
+          {"vocab_size", config.vocab_size}};
+}
+
+// The heads' ranking: every (layer, K/V head) with the attention its queries put outside
+// --calibrate's window and sinks on the calibration text, the most first — read from
+// --calibration, or measured with every head kept in full at fp32 (a `SelectiveStore` that
+// measures, `SelectiveStore::measure_outside`).
+Json rank_heads(const Options& o, const std::shared_ptr<const kvlab::LlamaWeights>& weights,
+                const kvlab::BpeTokenizer& tokenizer, int step) {
+  const kvlab::LlamaConfig& config = weights->config;
+  const kvlab::CachePolicy base = kvlab::parse_cache_policy(o.calibrate);
+  if (!o.calibration.empty()) {
+    std::ifstream file(o.calibration);
+    Json ranking;
+    try {
+      ranking = Json::parse(file);
+    } catch (const std::exception&) {
+      throw UsageError("--calibration: expected a JSON file written by --calibration-out, got '" +
+                       o.calibration + "'");
+    }
+    if (!ranking.contains("model_config") || ranking["model_config"] != config_json(config)) {
+      throw UsageError("--calibration: expected a ranking for this model (" +
+                       config_json(config).dump() + "), got one for " +
+                       (ranking.contains("model_config") ? ranking["model_config"].dump()
+                                                         : std::string("no model")) +
+                       " in '" + o.calibration + "'");
+    }
+    if (ranking["window"] != base.window || ranking["sinks"] != base.sinks) {
+      throw UsageError("--calibration: expected a ranking against --calibrate's window " +
+                       std::to_string(base.window) + " and sinks " + std::to_string(base.sinks) +
+                       ", got window " + ranking["window"].dump() + " and sinks " +
+                       ranking["sinks"].dump() + " in '" + o.calibration + "'");
+    }
+    return ranking;
+  }
+  std::vector<int> ids =
+      tokenizer.encode_text(read_texts(o.calibration_texts, "--calibration-text"), false);
+  if (static_cast<int>(ids.size()) < o.calibration_tokens) {
+    throw UsageError("--calibration-tokens: expected at most the calibration text's " +
+                     std::to_string(ids.size()) + " tokens, got " +
+                     std::to_string(o.calibration_tokens));
+  }
+  ids.resize(static_cast<std::size_t>(o.calibration_tokens));
+  const int heads = config.n_layers * config.n_kv_heads;
+  auto store = std::make_shared<kvlab::SelectiveStore<float>>(
+      config.n_layers, config.n_kv_heads, config.head_dim(),
+      std::vector<kvlab::HeadPolicy>(static_cast<std::size_t>(heads)));
+  store->measure_outside(base.window, base.sinks);
+  kvlab::LlamaModel model(weights, store, o.calibration_tokens);
+  const int seq = store->add_sequence();
+  const auto start = Clock::now();
+  for (int at = 0; at < o.calibration_tokens; at += step) {
+    const int n = std::min(step, o.calibration_tokens - at);
+    (void)model.forward_batch(
+        {kvlab::SequenceChunk{seq, std::vector<int>(ids.begin() + at, ids.begin() + at + n)}});
+    if (!o.quiet) {
+      std::fprintf(stderr, "\r  calibration: %d/%d tokens, %.0f s", at + n, o.calibration_tokens,
+                   std::chrono::duration<double>(Clock::now() - start).count());
+      std::fflush(stderr);
+    }
+  }
+  if (!o.quiet) std::fprintf(stderr, "\n");
+  const std::vector<double> outside = store->attention_outside();
+  std::vector<int> order(static_cast<std::size_t>(heads));
+  for (int i = 0; i < heads; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return outside[static_cast<std::size_t>(a)] > outside[static_cast<std::size_t>(b)];
+  });
+  Json ranking;
+  ranking["model"] = o.model.substr(o.model.find_last_of('/') + 1);
+  ranking["model_config"] = config_json(config);
+  ranking["text"] = o.calibration_texts;
+  ranking["tokens"] = o.calibration_tokens;
+  ranking["window"] = base.window;
+  ranking["sinks"] = base.sinks;
+  ranking["heads"] = Json::array();
+  for (int i : order) {
+    ranking["heads"].push_back({{"layer", i / config.n_kv_heads},
+                                {"kv_head", i % config.n_kv_heads},
+                                {"outside", outside[static_cast<std::size_t>(i)]}});
+  }
+  return ranking;
+}
+
+// A policy's name for the table: its heads kept in full counted, not listed, when many.
+std::string table_name(const kvlab::CachePolicy& policy) {
+  if (policy.full_heads.size() <= 3) return policy.name();
+  kvlab::CachePolicy shown = policy;
+  shown.full_heads.clear();
+  return shown.name() + ",full_heads=" + std::to_string(policy.full_heads.size()) + " heads";
+}
+
 int run(const Options& o) {
   kvlab_support::set_threads(kvlab_support::usable_threads("kvlab-eval", {o.threads}).front());
   if (!kvlab_support::can_write("kvlab-eval", "--json", o.json)) return 2;
@@ -269,10 +421,7 @@ int run(const Options& o) {
                        std::to_string(config.seq_len) + " tokens, got " + std::to_string(length));
     }
   }
-  std::string text;
-  for (std::size_t i = 0; i < o.texts.size(); ++i)
-    text += (i > 0 ? "\n\n" : "") + read_file(o.texts[i]);
-  std::vector<int> ids = tokenizer.encode_text(text, false);
+  std::vector<int> ids = tokenizer.encode_text(read_texts(o.texts, "--text"), false);
   const int text_tokens = static_cast<int>(ids.size());
   if (o.tokens > text_tokens) {
     throw UsageError("--tokens: expected at most the text's " + std::to_string(text_tokens) +
@@ -284,11 +433,45 @@ int run(const Options& o) {
   const int step = std::min(o.step, context);
   const int buckets = (context + o.bucket - 1) / o.bucket;
 
+  // The policies: those given, then the selective ones from the heads' ranking.
+  std::vector<kvlab::CachePolicy> chosen;
+  for (const std::string& spec : o.policies) chosen.push_back(kvlab::parse_cache_policy(spec));
+  Json ranking;
+  if (!o.selective.empty() || !o.calibration_out.empty()) {
+    const int heads = config.n_layers * config.n_kv_heads;
+    for (int k : o.selective) {
+      if (k > heads) {
+        throw UsageError("--selective: expected at most the model's " + std::to_string(heads) +
+                         " heads, got " + std::to_string(k));
+      }
+    }
+    ranking = rank_heads(o, weights, tokenizer, step);
+    if (!o.calibration_out.empty()) kvlab_support::write_json_file(o.calibration_out, ranking);
+    for (int k : o.selective) {
+      kvlab::CachePolicy p = kvlab::parse_cache_policy(o.calibrate);
+      for (int i = 0; i < k; ++i) {
+        const Json& h = ranking["heads"][static_cast<std::size_t>(i)];
+        p.full_heads.emplace_back(h["layer"].get<int>(), h["kv_head"].get<int>());
+      }
+      std::sort(p.full_heads.begin(), p.full_heads.end());
+      chosen.push_back(p);
+    }
+  }
+  // A budget that covers a whole window keeps every token: it would measure nothing.
+  for (const kvlab::CachePolicy& p : chosen) {
+    const long long budget = 1LL * p.sinks + p.window + p.heavy;
+    if (p.window > 0 && budget >= context) {
+      throw UsageError("--policy '" + p.name() + "': expected sinks + window + h2o (" +
+                       std::to_string(budget) + ") below --context (" + std::to_string(context) +
+                       "): such a budget keeps every token of a window");
+    }
+  }
+
   // The reference, then every policy: a model each, over a store of its own.
-  std::vector<Evaluated> evals(o.policies.size() + 1);
+  std::vector<Evaluated> evals(chosen.size() + 1);
   for (std::size_t i = 0; i < evals.size(); ++i) {
     Evaluated& e = evals[i];
-    e.policy = i == 0 ? kvlab::CachePolicy{} : kvlab::parse_cache_policy(o.policies[i - 1]);
+    e.policy = i == 0 ? kvlab::CachePolicy{} : chosen[i - 1];
     e.store = kvlab::make_policy_store(e.policy, config, context, step);
     e.model = std::make_unique<kvlab::LlamaModel>(weights, e.store, context);
     e.spans.resize(static_cast<std::size_t>(buckets));
@@ -298,7 +481,7 @@ int run(const Options& o) {
                  "kvlab-eval: %s (%s)\n  %d tokens of %d in %d window(s) of %d, steps of %d; %zu "
                  "policies against the full fp32 cache\n",
                  o.model.c_str(), kvlab::to_string(config).c_str(), o.tokens, text_tokens, windows,
-                 context, step, o.policies.size());
+                 context, step, chosen.size());
   }
 
   const auto start = Clock::now();
@@ -430,7 +613,7 @@ int run(const Options& o) {
     const double ppl = std::exp(e.all.nll / static_cast<double>(e.all.targets));
     const double per_token =
         e.bytes_at_context > 0 ? static_cast<double>(e.bytes_at_context) / context : 0.0;
-    const std::string name = i == 0 ? "reference (" + e.policy.name() + ")" : e.policy.name();
+    const std::string name = i == 0 ? "reference (" + e.policy.name() + ")" : table_name(e.policy);
     std::printf("%-34s %12.3e %10.3e %10.3e %8.4f %10.4f %14.1f\n", name.c_str(), kl_mean, p99,
                 kl_max, top1, ppl, per_token);
     if (i == 0) continue;
@@ -439,6 +622,13 @@ int run(const Options& o) {
     j["store"] = e.store->name();
     j["storage"] = e.store->storage_name();
     j["window"] = e.policy.window;
+    j["key_storage"] = kvlab::dtype_name(e.policy.key_dtype);
+    j["value_storage"] = kvlab::dtype_name(e.policy.value_dtype);
+    j["sinks"] = e.policy.sinks;
+    j["h2o"] = e.policy.heavy;
+    j["full_layers"] = e.policy.full_layers;
+    j["full_heads"] = Json::array();
+    for (const auto& h : e.policy.full_heads) j["full_heads"].push_back({h.first, h.second});
     j["block_size"] = e.policy.backend == kvlab::LlamaBackend::Paged ? e.policy.block_size : 0;
     j["kv_bytes_per_token_stored"] = e.store->bytes_per_token();
     j["kl_mean"] = kl_mean;
@@ -466,10 +656,7 @@ int run(const Options& o) {
     root["program"] = "kvlab-eval";
     root["model"] = o.model.substr(o.model.find_last_of('/') + 1);  // the file's name
     root["model_shape"] = kvlab::to_string(config);
-    root["model_config"] = {{"n_layers", config.n_layers},
-                            {"n_kv_heads", config.n_kv_heads},
-                            {"head_dim", config.head_dim()},
-                            {"vocab_size", config.vocab_size}};
+    root["model_config"] = config_json(config);
     root["text"] = {{"files", o.texts},
                     {"text_tokens", text_tokens},
                     {"tokens", o.tokens},
@@ -485,6 +672,7 @@ int run(const Options& o) {
         {"seconds", evals[0].seconds}};
     root["policies"] = policies;
     root["passkey"] = passkey;
+    if (!ranking.is_null()) root["calibration"] = ranking;
     kvlab_support::write_json_file(o.json, root);
   }
   return 0;

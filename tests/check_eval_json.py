@@ -9,7 +9,10 @@
   as stored) bytes; the full contiguous cache holds and fills `context` rows; a windowed ring
   W − 1 + step rows (at most context); the paged store holds the whole blocks from the one
   holding the next token's first key (context − W + 1) to the last, and fills those from that
-  block's first row on;
+  block's first row on; a policy per head (the selective store) holds, per head, every token
+  or at most S + W − 1 + H rows (sinks, the next query's window, heavy hitters), each a key
+  row and a value row of their own types;
+- selective caching from a calibration: its policies keep the ranking's top heads whole;
 - the per-position spans cover the window and count every position once;
 - the pass-key probe has one result per policy and the reference.
 
@@ -25,8 +28,18 @@ ROW_BYTES = {"fp32": lambda d: 4 * d, "fp16": lambda d: 2 * d, "bf16": lambda d:
 
 def expected_bytes(policy, shape, context, step):
     """(held, filled) bytes at the end of a window of `context` tokens."""
-    row = 2 * shape["n_layers"] * shape["n_kv_heads"] * ROW_BYTES[policy["storage"]](shape["head_dim"])
     w = policy["window"]
+    if policy["store"] == "selective":  # per head: every token, or S + W - 1 + H rows at most
+        d, total = shape["head_dim"], 0
+        row = ROW_BYTES[policy["key_storage"]](d) + ROW_BYTES[policy["value_storage"]](d)
+        for layer in range(shape["n_layers"]):
+            for head in range(shape["n_kv_heads"]):
+                full = (w == 0 or layer in policy["full_layers"]
+                        or [layer, head] in policy["full_heads"])
+                rows = context if full else min(context, policy["sinks"] + w - 1 + policy["h2o"])
+                total += rows * row
+        return total, total
+    row = 2 * shape["n_layers"] * shape["n_kv_heads"] * ROW_BYTES[policy["storage"]](shape["head_dim"])
     if policy["store"] == "paged":
         b = policy["block_size"]
         first = (max(0, context - w + 1) if w > 0 else 0) // b  # the first block kept
@@ -77,6 +90,16 @@ def main():
                             f"positions, expected {positions}")
         if not (0 <= p["top1"] <= 1 and p["kl_mean"] >= 0 and math.isfinite(p["perplexity"])):
             problems.append(f"{p['policy']}: a figure out of range: {p}")
+    if "calibration" in run:
+        ranking = run["calibration"]["heads"]
+        if len(ranking) != shape["n_layers"] * shape["n_kv_heads"] or any(
+                a["outside"] < b["outside"] for a, b in zip(ranking, ranking[1:])):
+            problems.append("calibration: expected every head once, the most attention outside first")
+        for p in run["policies"]:
+            k = len(p["full_heads"])
+            if k > 3 and sorted(p["full_heads"]) != sorted(
+                    [h["layer"], h["kv_head"]] for h in ranking[:k]):
+                problems.append(f"{p['policy']}: expected the ranking's top {k} heads in full")
     for probe in run["passkey"]:
         names = [r["policy"] for r in probe["results"]]
         if names != ["reference"] + [p["policy"] for p in run["policies"]]:

@@ -2,7 +2,9 @@
 // store it names, whose KV bytes equal their closed form as a sequence grows (the full cache,
 // a ring of W − 1 + step slots, the paged store's blocks from the next token's first key on),
 // both held (reserved, whole blocks) and filled;
-// and a model over a policy's ring computes what it computes over make_llama_store's ring.
+// and a model over a policy's ring computes what it computes over make_llama_store's ring;
+// a policy per head is a SelectiveStore, whose bytes follow HeadPolicy's closed form, and which
+// with every head kept in full at fp32 computes what the full cache computes.
 //
 // Tolerance: the two rings hold the same rows in different slots, so the kernels read them in
 // spans cut at other places and sum in another order: logits within 1e-5 of each other
@@ -31,6 +33,12 @@ TEST_CASE("a policy's text reads back to the same policy, defaults left out") {
       {"paged,block=32", "paged,block=32"},
       {"paged,block=16", "paged"},
       {"cached,kv=bf16,window=1", "cached,kv=bf16,window=1"},
+      {"k=fp16,v=int8,window=4", "cached,k=fp16,v=int8,window=4"},
+      {"k=int4,v=int4", "cached,kv=int4"},
+      {"v=bf16", "cached,k=fp32,v=bf16"},
+      {"cached,window=256,h2o=64,sinks=4", "cached,window=256,sinks=4,h2o=64"},
+      {"window=9,full_heads=3.1+0.2,full_layers=5+2",
+       "cached,window=9,full_layers=2+5,full_heads=0.2+3.1"},
   };
   for (const auto& [spec, name] : cases) {
     CAPTURE(spec);
@@ -40,9 +48,80 @@ TEST_CASE("a policy's text reads back to the same policy, defaults left out") {
   }
   const CachePolicy p = kvlab::parse_cache_policy("paged,kv=fp16,window=7,block=3");
   CHECK(p.backend == LlamaBackend::Paged);
-  CHECK(p.dtype == KVDtype::fp16);
+  CHECK(p.key_dtype == KVDtype::fp16);
+  CHECK(p.value_dtype == KVDtype::fp16);
   CHECK(p.window == 7);
   CHECK(p.block_size == 3);
+  const CachePolicy s = kvlab::parse_cache_policy("k=int8,window=64,sinks=4,h2o=32,full_heads=1.0");
+  CHECK(s.key_dtype == KVDtype::int8);
+  CHECK(s.value_dtype == KVDtype::fp32);
+  CHECK((s.sinks == 4 && s.heavy == 32));
+  CHECK(s.head(1, 0) == kvlab::HeadPolicy{KVDtype::int8, KVDtype::fp32});  // kept in full
+  CHECK(s.head(1, 1) == kvlab::HeadPolicy{KVDtype::int8, KVDtype::fp32, 64, 4, 32});
+}
+
+TEST_CASE("a policy per head: a SelectiveStore, its bytes equal to their closed form") {
+  const kvlab::LlamaConfig config = kvlab::LlamaConfig::tiny();  // 3 layers, 2 K/V heads of 8
+  auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const int max_tokens = 64, step = 5;
+  // one head's row of 8 values: fp32 32 bytes, fp16 16
+  struct Case {
+    std::string spec;
+    std::size_t (*bytes)(std::size_t length);  // held once the sequence has `length` tokens
+  };
+  const std::vector<Case> cases = {
+      // every token, K fp16 and V fp32, 6 heads
+      {"cached,k=fp16,v=fp32", [](std::size_t n) { return n * 6 * (16 + 32); }},
+      // 2 sinks and the next query's 7 keys: 9 rows per head at most
+      {"cached,window=8,sinks=2",
+       [](std::size_t n) { return std::min<std::size_t>(n, 9) * 6 * 64; }},
+      // and 5 heavy hitters: 14
+      {"cached,window=8,sinks=2,h2o=5",
+       [](std::size_t n) { return std::min<std::size_t>(n, 14) * 6 * 64; }},
+      // layer 1 in full, the 4 other heads their window's 7
+      {"cached,window=8,full_layers=1",
+       [](std::size_t n) { return (2 * n + 4 * std::min<std::size_t>(n, 7)) * 64; }},
+      // heads 0.1 and 2.0 in full
+      {"cached,kv=fp16,window=8,full_heads=0.1+2.0",
+       [](std::size_t n) { return (2 * n + 4 * std::min<std::size_t>(n, 7)) * 32; }},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.spec);
+    auto store =
+        kvlab::make_policy_store(kvlab::parse_cache_policy(c.spec), config, max_tokens, step);
+    CHECK(std::string(store->name()) == "selective");
+    kvlab::LlamaModel model(weights, store, max_tokens);
+    const int seq = store->add_sequence();
+    for (int length = step; length <= 60; length += step) {
+      std::vector<int> tokens(static_cast<std::size_t>(step));
+      for (int i = 0; i < step; ++i) tokens[static_cast<std::size_t>(i)] = (length * 7 + i) % 256;
+      (void)model.forward_batch({kvlab::SequenceChunk{seq, tokens}});
+      CAPTURE(length);
+      CHECK(store->bytes_used() == c.bytes(static_cast<std::size_t>(length)));
+      CHECK(store->bytes_reserved() == store->bytes_used());
+    }
+  }
+}
+
+TEST_CASE("a policy whose every head keeps every token at fp32 computes what the full cache does") {
+  // A window on every head but every layer kept in full: a SelectiveStore of full fp32 heads.
+  auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const int max_tokens = 60, step = 4;
+  auto store = kvlab::make_policy_store(
+      kvlab::parse_cache_policy("cached,window=8,sinks=2,full_layers=0+1+2"), weights->config,
+      max_tokens, step);
+  REQUIRE(std::string(store->name()) == "selective");
+  kvlab::LlamaModel ours(weights, store, max_tokens);
+  kvlab::LlamaModel full(weights, LlamaBackend::Cached, 16, max_tokens);
+  const int seq = store->add_sequence();
+  for (int at = 0; at < 56; at += step) {
+    const std::vector<int> tokens = {(at * 5) % 256, (at * 5 + 1) % 256, (at * 5 + 2) % 256,
+                                     (at * 5 + 3) % 256};
+    const kvlab::RowMatrix<float> a = ours.forward_batch({kvlab::SequenceChunk{seq, tokens}}, true);
+    const kvlab::RowMatrix<float> b = full.forward(tokens);
+    CAPTURE(at);
+    REQUIRE(kvlab_test::max_row_relative_error(a, b) <= kvlab_test::tolerance<float>());
+  }
 }
 
 TEST_CASE("a policy's store: its type, and KV bytes equal to their closed form as it grows") {

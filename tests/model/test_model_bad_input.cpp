@@ -404,11 +404,11 @@ TEST_CASE("The model's layers, weights, batch, generation and paged decoder refu
   refuses<InvalidArgument>(
       store_ctor, input::kValue, no_state,
       [&] { kvlab::LlamaModel m(weights, std::make_shared<ForeignStore>(3, 2, 8)); },
-      names("store", "a RecomputeStore, ContiguousStore or PagedStore", "foreign"));
+      names("store", "a RecomputeStore, ContiguousStore, PagedStore or SelectiveStore", "foreign"));
   refuses<InvalidArgument>(
       "kvlab::llama_backend_of(const KVStore< float > &store)", input::kValue, no_state,
       [] { (void)kvlab::llama_backend_of(ForeignStore(3, 2, 8)); },
-      names("store", "a RecomputeStore, ContiguousStore or PagedStore", "foreign"));
+      names("store", "a RecomputeStore, ContiguousStore, PagedStore or SelectiveStore", "foreign"));
   auto store = std::make_shared<kvlab::PagedStore<float>>(3, 2, 8, 4, 16);
   kvlab::LlamaModel batched(weights, store);
   const int s = store->add_sequence();
@@ -644,10 +644,55 @@ TEST_CASE("Cache policies: their text and their stores") {
       names("spec", "cached or paged, or a key=value item (in 'fast,kv=int8')", "'fast'"));
   refuses<InvalidArgument>(
       parse, input::kValue, no_state, policy("cached,paged"),
-      names("spec", "key=value items: kv, window, block (in 'cached,paged')", "'paged'"));
+      names("spec",
+            "key=value items: kv, k, v, window, sinks, h2o, full_layers, full_heads, block (in "
+            "'cached,paged')",
+            "'paged'"));
   refuses<InvalidArgument>(
-      parse, input::kValue, no_state, policy("cached,sinks=4"),
-      names("spec", "a key of kv, window, block (in 'cached,sinks=4')", "'sinks'"));
+      parse, input::kValue, no_state, policy("cached,streams=4"),
+      names("spec",
+            "a key of kv, k, v, window, sinks, h2o, full_layers, full_heads, block (in "
+            "'cached,streams=4')",
+            "'streams'"));
+  refuses<InvalidArgument>(
+      parse, input::kState, no_state, policy("kv=int8,v=int4"),
+      names("spec", "'kv=' or 'k=' and 'v=', not both (in 'kv=int8,v=int4')", "'kv=' and 'v='"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("k=fp8"),
+      names("spec", "'k=' one of fp32, fp16, bf16, int8, int4 (in 'k=fp8')", "'fp8'"));
+  refuses<InvalidArgument>(
+      parse, input::kState, no_state, policy("cached,sinks=4"),
+      names("spec", "a window with 'sinks=' (without one every token is kept; in 'cached,sinks=4')",
+            "no window"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=4,sinks=4"),
+      names("spec", "'sinks=' below the window (4; in 'window=4,sinks=4')", "4"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=4,h2o=-1"),
+      names("spec", "'h2o=' an integer in [0, 2147483647] (in 'window=4,h2o=-1')", "'-1'"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=4,full_layers=1+1"),
+      names("spec", "each layer once in 'full_layers=' (in 'window=4,full_layers=1+1')",
+            "layer 1 twice"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=4,full_heads=1"),
+      names("spec", "'full_heads=' items layer.kv_head joined by '+' (in 'window=4,full_heads=1')",
+            "'1'"));
+  refuses<InvalidArgument>(
+      parse, input::kValue, no_state, policy("window=4,full_heads=1.0+1.0"),
+      names("spec", "each head once in 'full_heads=' (in 'window=4,full_heads=1.0+1.0')",
+            "head 1.0 twice"));
+  refuses<InvalidArgument>(
+      parse, input::kEmpty, no_state, policy("window=4,full_layers="),
+      names("spec", "'full_layers=' an integer in [0, 2147483647] (in 'window=4,full_layers=')",
+            "''"));
+  refuses<InvalidArgument>(
+      parse, input::kState, no_state, policy("paged,window=8,sinks=4"),
+      names("spec",
+            "one type for K and V and no sinks, h2o, full_layers or full_heads with the paged "
+            "store (a layer's heads share its block table: blocks are freed for all of them at "
+            "once; in 'paged,window=8,sinks=4')",
+            "'paged,window=8,sinks=4'"));
   refuses<InvalidArgument>(
       parse, input::kValue, no_state, policy("window=4,window=8"),
       names("spec", "each key at most once (in 'window=4,window=8')", "'window' twice"));
@@ -693,10 +738,27 @@ TEST_CASE("Cache policies: their text and their stores") {
       make, input::kValue, no_state, [&] { (void)kvlab::make_policy_store(negative, tiny, 8, 1); },
       names("policy.window", ">= 0", "-2"));
   kvlab::CachePolicy int8;
-  int8.dtype = kvlab::KVDtype::int8;
+  int8.key_dtype = int8.value_dtype = kvlab::KVDtype::int8;
   refuses<InvalidArgument>(
       make, input::kShape, no_state, [&] { (void)kvlab::make_policy_store(int8, tiny, 8, 1); },
       names("head_dim", "a multiple of 32 (the values of one int8 block)", "8"));
+  // tiny: 3 layers of 2 K/V heads
+  const kvlab::CachePolicy layer3 = kvlab::parse_cache_policy("window=4,full_layers=3");
+  refuses<InvalidArgument>(
+      make, input::kValue, no_state, [&] { (void)kvlab::make_policy_store(layer3, tiny, 8, 1); },
+      names("policy.full_layers", "layers in [0, 3) (the model's)", "3"));
+  const kvlab::CachePolicy head2 = kvlab::parse_cache_policy("window=4,full_heads=0.0+1.2");
+  refuses<InvalidArgument>(
+      make, input::kValue, no_state, [&] { (void)kvlab::make_policy_store(head2, tiny, 8, 1); },
+      names("policy.full_heads",
+            "heads layer.kv_head with layer in [0, 3) and kv_head in [0, 2) (the model's)", "1.2"));
+  kvlab::CachePolicy paged_sinks = kvlab::parse_cache_policy("window=4,sinks=2");
+  paged_sinks.backend = kvlab::LlamaBackend::Paged;  // past the parser's check
+  refuses<InvalidArgument>(
+      make, input::kState, no_state,
+      [&] { (void)kvlab::make_policy_store(paged_sinks, tiny, 8, 1); },
+      names("policy", "a uniform policy with the paged store (`parse_cache_policy`)",
+            "paged,window=4,sinks=2"));
 }
 
 TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTokenizer") {

@@ -12,6 +12,8 @@
 // double, 1e-12 likewise.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -234,4 +236,32 @@ TEST_CASE("SelectiveStore: the heavy hitters are the keys that received the most
     const std::vector<int> want = heavy == 1 ? std::vector<int>{3, 11} : std::vector<int>{11};
     CHECK(store.held_positions(seq, 0, 0) == want);
   }
+}
+
+TEST_CASE("SelectiveStore: the attention a window with sinks would leave out, per head") {
+  // Keys all zero: every query spreads its attention evenly, 1 / (p + 1) on each key up to
+  // itself, so the query at p puts (p − W + 1 − S) / (p + 1) on the keys at or before p − W
+  // that are not sinks. Decoded one token at a time, W = 3, S = 1, two query heads per K/V
+  // head: both heads' means are the mean of that over p.
+  const AttentionShape grouped(4, 2, 32);
+  SelectiveStore<double> store(1, 2, 32, {HeadPolicy{}, HeadPolicy{}});
+  CHECK_THROWS_MATCHES(store.attention_outside(), kvlab::InvalidArgument,
+                       names("measure_outside", "called first", "not called"));
+  store.measure_outside(3, 1);
+  const int seq = store.add_sequence();
+  kvlab::Rng rng(12);
+  RowMatrix<double> out, inputs;
+  double want = 0;
+  for (int p = 0; p < 10; ++p) {
+    store.begin_step({seq}, {0, 1}, RowMatrix<double>::Zero(1, 1), inputs);
+    store.append(0, RowMatrix<double>::Zero(1, 64), kvlab::random_matrix<double>(1, 64, rng));
+    store.attend(0, grouped, kvlab::random_matrix<double>(1, 128, rng), {0, 1}, out, nullptr);
+    store.end_step();
+    want += std::max(0, p - 3 + 1 - 1) / static_cast<double>(p + 1);
+  }
+  want /= 10;
+  const std::vector<double> outside = store.attention_outside();
+  REQUIRE(outside.size() == 2);
+  CHECK(std::abs(outside[0] - want) <= 1e-12);
+  CHECK(std::abs(outside[1] - want) <= 1e-12);
 }

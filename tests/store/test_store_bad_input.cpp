@@ -164,3 +164,53 @@ TEST_CASE("Refusals that no case had reached: a step whose inputs are its new in
       },
       names("inputs", "a matrix other than new_inputs", "new_inputs"));
 }
+
+TEST_CASE("SelectiveStore refuses bad head policies, heads out of range and a bad measurement") {
+  using kvlab::HeadPolicy;
+  using kvlab::KVDtype;
+  const char* ctor =
+      "kvlab::SelectiveStore::SelectiveStore(int num_layers, int num_kv_heads, int head_dim, "
+      "std::vector< HeadPolicy > heads)";
+  const auto make = [](int head_dim, std::vector<HeadPolicy> heads) {
+    return [head_dim, heads] { kvlab::SelectiveStore<double> s(1, 2, head_dim, heads); };
+  };
+  const HeadPolicy full;
+  refuses<InvalidArgument>(ctor, input::kShape, no_state, make(32, {full}),
+                           names("heads.size()", "2 (num_layers * num_kv_heads)", "1"));
+  refuses<InvalidArgument>(ctor, input::kSize, no_state, make(0, {full, full}),
+                           names("head_dim", ">= 1", "0"));
+  refuses<InvalidArgument>(ctor, input::kValue, no_state,
+                           make(32, {full, HeadPolicy{KVDtype::fp32, KVDtype::fp32, -1}}),
+                           names("heads[1] (layer 0, K/V head 1).window", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      ctor, input::kState, no_state,
+      make(32, {HeadPolicy{KVDtype::fp32, KVDtype::fp32, 0, 0, 4}, full}),
+      names("heads[0] (layer 0, K/V head 0).window",
+            "at least 1 with sinks or heavy hitters (without a window every token is kept)", "0"));
+  refuses<InvalidArgument>(
+      ctor, input::kValue, no_state,
+      make(32, {full, HeadPolicy{KVDtype::fp32, KVDtype::fp32, 4, 4}}),
+      names("heads[1] (layer 0, K/V head 1).sinks", "below the window (4)", "4"));
+  refuses<InvalidArgument>(
+      ctor, input::kShape, no_state, make(16, {full, HeadPolicy{KVDtype::fp16, KVDtype::int4}}),
+      names("head_dim", "a multiple of 32 (the values of one int4 block)", "16"));
+  kvlab::SelectiveStore<double> store(1, 2, 32, {full, full});
+  const int seq = store.add_sequence();
+  const auto state = [&] { return store.sequences(); };
+  refuses<InvalidArgument>(
+      "kvlab::SelectiveStore::policy(int layer, int kv_head) const", input::kRange, state,
+      [&] { (void)store.policy(0, 2); }, names("kv_head", "in [0, 2)", "2"));
+  refuses<InvalidArgument>(
+      "kvlab::SelectiveStore::held_positions(int seq, int layer, int kv_head) const", input::kRange,
+      state, [&] { (void)store.held_positions(seq, 1, 0); }, names("layer", "in [0, 1)", "1"));
+  refuses<InvalidArgument>(
+      "kvlab::SelectiveStore::held_positions(int seq, int layer, int kv_head) const", input::kRange,
+      state, [&] { (void)store.held_positions(seq + 1, 0, 0); },
+      names("seq", "a live sequence id", std::to_string(seq + 1)));
+  refuses<InvalidArgument>(
+      "kvlab::SelectiveStore::measure_outside(int window, int sinks)", input::kSize, state,
+      [&] { store.measure_outside(0, 0); }, names("window", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      "kvlab::SelectiveStore::measure_outside(int window, int sinks)", input::kValue, state,
+      [&] { store.measure_outside(4, 4); }, names("sinks", "below the window (4)", "4"));
+}

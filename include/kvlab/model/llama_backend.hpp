@@ -14,6 +14,7 @@
 #include "kvlab/store/kv_store.hpp"
 #include "kvlab/store/paged_store.hpp"
 #include "kvlab/store/recompute_store.hpp"
+#include "kvlab/store/selective_store.hpp"
 
 namespace kvlab {
 
@@ -128,15 +129,17 @@ bool is_store_of_any_storage(const KVStore<float>& store) {
 }  // namespace detail
 
 /// The backend whose store `store` is, told by its type: a `RecomputeStore` is naive, a
-/// `ContiguousStore` cached and a `PagedStore` paged, whatever their storage type (and whatever
+/// `ContiguousStore` or `SelectiveStore` cached (a step computes the new tokens only, over K/V
+/// kept per sequence) and a `PagedStore` paged, whatever their storage type (and whatever
 /// `name()` a class derived from them returns).
 /// \throws InvalidArgument for any other `KVStore`.
 inline LlamaBackend llama_backend_of(const KVStore<float>& store) {
   if (dynamic_cast<const RecomputeStore<float>*>(&store) != nullptr) return LlamaBackend::Naive;
   if (detail::is_store_of_any_storage<ContiguousStore>(store)) return LlamaBackend::Cached;
   if (detail::is_store_of_any_storage<PagedStore>(store)) return LlamaBackend::Paged;
+  if (dynamic_cast<const SelectiveStore<float>*>(&store) != nullptr) return LlamaBackend::Cached;
   detail::fail("kvlab::llama_backend_of", "store",
-               "a RecomputeStore, ContiguousStore or PagedStore", store.name());
+               "a RecomputeStore, ContiguousStore, PagedStore or SelectiveStore", store.name());
 }
 
 }  // namespace kvlab

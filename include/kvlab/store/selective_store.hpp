@@ -181,6 +181,38 @@ class SelectiveStore : public KVStore<T> {
     return sequences_.at(seq).heads[head_index(kWhere, layer, kv_head)].positions;
   }
 
+  /// Starts measuring, in every head, the attention that a window of `window` keys with `sinks`
+  /// sinks would leave out: each query's probability on its keys at or before p − W that are
+  /// not sinks (a "retrieval" head puts much there, a "streaming" head almost none). What a
+  /// calibration ranks heads by (`attention_outside()`); measured from the next `attend` on.
+  /// \throws InvalidArgument if `window` < 1 or `sinks` is not in [0, window).
+  void measure_outside(int window, int sinks) {
+    constexpr const char* kWhere = "kvlab::SelectiveStore::measure_outside";
+    detail::require_at_least(kWhere, "window", window, 1);
+    detail::require_at_least(kWhere, "sinks", sinks, 0);
+    if (sinks >= window) {
+      detail::fail(kWhere, "sinks", "below the window (" + std::to_string(window) + ")", sinks);
+    }
+    measure_window_ = window;
+    measure_sinks_ = sinks;
+    outside_.assign(heads_.size(), 0.0);
+    measured_.assign(heads_.size(), 0);
+  }
+  /// Per head, layer by layer (`[num_layers · num_kv_heads]`): the mean over the queries and
+  /// query heads measured since `measure_outside` of the probability they put outside the sinks
+  /// and their window (0 for a head that no query has reached yet).
+  /// \throws InvalidArgument if `measure_outside` was not called.
+  std::vector<double> attention_outside() const {
+    if (measure_window_ == 0) {
+      detail::fail("kvlab::SelectiveStore::attention_outside", "measure_outside", "called first",
+                   "not called");
+    }
+    std::vector<double> mean(heads_.size(), 0.0);
+    for (std::size_t i = 0; i < heads_.size(); ++i)
+      if (measured_[i] > 0) mean[i] = outside_[i] / static_cast<double>(measured_[i]);
+    return mean;
+  }
+
   int add_sequence() override {
     Sequence s;
     s.heads.resize(heads_.size());
@@ -345,6 +377,18 @@ class SelectiveStore : public KVStore<T> {
                 out.row(q0 + t).segment((h * group + j) * head_dim, head_dim) =
                     weighted.row(t * group + j);
               }
+            }
+            if (measure_window_ > 0) {  // the attention outside the measured window and sinks
+              for (int t = 0; t < nq; ++t) {
+                const int edge = first + t - measure_window_;  // keys at or before it are outside
+                for (int j = 0; j < group; ++j) {
+                  for (int r = 0; r < held && rows.positions[r] <= edge; ++r) {
+                    if (rows.positions[r] >= measure_sinks_)
+                      outside_[i] += scores(t * group + j, r);
+                  }
+                }
+              }
+              measured_[i] += static_cast<std::uint64_t>(nq) * static_cast<std::uint64_t>(group);
             }
             if (p.heavy > 0) {  // the attention each row received, for the end of the step
               for (int r = 0; r < held; ++r)
@@ -511,10 +555,13 @@ class SelectiveStore : public KVStore<T> {
     });
   }
 
-  std::vector<HeadPolicy> heads_;         // [num_layers · num_kv_heads]
-  std::vector<std::size_t> key_bytes_;    // [num_layers · num_kv_heads]: a key row
-  std::vector<std::size_t> value_bytes_;  // [num_layers · num_kv_heads]: a value row
-  std::map<int, Sequence> sequences_;     // seq -> what its heads hold
+  std::vector<HeadPolicy> heads_;               // [num_layers · num_kv_heads]
+  std::vector<std::size_t> key_bytes_;          // [num_layers · num_kv_heads]: a key row
+  std::vector<std::size_t> value_bytes_;        // [num_layers · num_kv_heads]: a value row
+  std::map<int, Sequence> sequences_;           // seq -> what its heads hold
+  int measure_window_ = 0, measure_sinks_ = 0;  // measure_outside's; 0: not measuring
+  std::vector<double> outside_;                 // [num_layers · num_kv_heads]: summed
+  std::vector<std::uint64_t> measured_;         // [num_layers · num_kv_heads]: query heads
   int next_id_ = 0;
 };
 
