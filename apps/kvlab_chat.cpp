@@ -27,6 +27,7 @@
 
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
+#include "support/policy_option.hpp"
 
 namespace {
 
@@ -41,6 +42,7 @@ double per_second(int tokens, double seconds) { return seconds > 0 ? tokens / se
 struct Options {
   std::string model_path = kvlab_support::default_chat_model();
   std::string backend = "cached", kv_dtype = "fp32";
+  std::string policy;  // a cache policy instead of --backend, --kv-dtype, --window, --block-size
   std::string system;
   bool system_given = false;
   std::vector<std::string> turns;
@@ -61,14 +63,24 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_file(app, "--model", o.model_path,
            "the GGUF file (default: where scripts/get-model.sh puts SmolLM2-135M-Instruct)")
       ->capture_default_str();
-  add_choice(app, "--backend", o.backend,
-             "naive (recompute the whole chat every token), cached or paged",
-             {"naive", "cached", "paged"});
-  add_choice(app, "--kv-dtype", o.kv_dtype, "how K and V are stored",
-             {"fp32", "fp16", "bf16", "int8", "int4"});
-  add_integer(app, "--window", o.window, "attend to the last W tokens only (0: all)", 0, 1 << 20);
+  CLI::Option* backend = add_choice(app, "--backend", o.backend,
+                                    "naive (recompute the whole chat every token), cached or paged",
+                                    {"naive", "cached", "paged"});
+  CLI::Option* dtype = add_choice(app, "--kv-dtype", o.kv_dtype, "how K and V are stored",
+                                  {"fp32", "fp16", "bf16", "int8", "int4"});
+  CLI::Option* window = add_integer(app, "--window", o.window,
+                                    "attend to the last W tokens only (0: all)", 0, 1 << 20);
   add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 1024);
-  add_integer(app, "--block-size", o.block_size, "tokens per block of the paged cache", 1, 1 << 16);
+  CLI::Option* block = add_integer(app, "--block-size", o.block_size,
+                                   "tokens per block of the paged cache", 1, 1 << 16);
+  add_policy(app, "--policy", o.policy,
+             std::string("what the cache keeps, instead of --backend, --kv-dtype, --window and "
+                         "--block-size: ") +
+                 policy_syntax())
+      ->excludes(backend)
+      ->excludes(dtype)
+      ->excludes(window)
+      ->excludes(block);
   add_integer(app, "--context", o.context,
               "the longest conversation, in tokens (at most the model's own)", 2, 1 << 20);
   add_integer(app, "--max-new-tokens", o.max_new_tokens, "the longest reply", 1, 1 << 20);
@@ -113,18 +125,26 @@ int main(int argc, char** argv) {
                    weights->config.seq_len, context);
       return 2;
     }
-    const kvlab::LlamaBackend backend = kvlab::parse_llama_backend(backend_name);
-    kvlab::LlamaModel model(weights, backend, block_size, context,
-                            kvlab::parse_kv_dtype(dtype_name), window);
+    const kvlab::CachePolicy policy =
+        o.policy.empty() ? kvlab::CachePolicy{} : kvlab::parse_cache_policy(o.policy);
+    const kvlab::LlamaBackend backend =
+        o.policy.empty() ? kvlab::parse_llama_backend(backend_name) : policy.backend;
+    std::unique_ptr<kvlab::LlamaModel> own =
+        o.policy.empty()
+            ? std::make_unique<kvlab::LlamaModel>(weights, backend, block_size, context,
+                                                  kvlab::parse_kv_dtype(dtype_name), window)
+            : std::make_unique<kvlab::LlamaModel>(weights, policy, context);
+    kvlab::LlamaModel& model = *own;
     kvlab::ChatSession chat(model, tokenizer, chat_template,
                             kvlab::Sampler(tokenizer.vocab_size(), o.temperature, o.top_p, o.seed),
                             o.system_given ? o.system : chat_template.default_system());
     if (!quiet) {
-      std::fprintf(
-          stderr,
-          "kvlab-chat: %s (%s)\n  %s backend, K/V as %s: %zu bytes per token; context %d tokens\n",
-          file.path().c_str(), kvlab::to_string(weights->config).c_str(), backend_name.c_str(),
-          dtype_name.c_str(), model.store().bytes_per_token(), context);
+      const std::string how =
+          o.policy.empty() ? backend_name + " backend, K/V as " + dtype_name
+                           : "policy " + policy.name() + " (" + model.store().name() + " store)";
+      std::fprintf(stderr, "kvlab-chat: %s (%s)\n  %s: %zu bytes per token; context %d tokens\n",
+                   file.path().c_str(), kvlab::to_string(weights->config).c_str(), how.c_str(),
+                   model.store().bytes_per_token(), context);
     }
 #if defined(KVLAB_HAS_ISATTY)
     const bool interactive = turns.empty() && isatty(0) != 0;

@@ -36,6 +36,7 @@
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
 #include "support/json.hpp"
+#include "support/policy_option.hpp"
 
 namespace {
 
@@ -75,13 +76,7 @@ bool parse_options(int argc, char** argv, Options& o) {
       "contiguous cache and through each --policy; at every position the policy's next-token "
       "distribution is compared with the full cache's (KL divergence, top-1 agreement, "
       "perplexity) and the policy's KV bytes are read from its store."};
-  app.footer(
-      "A policy is a store name and key=value items (kvlab::CachePolicy): cached or paged; "
-      "kv=fp32|fp16|bf16|int8|int4, or k= and v= each; window=W (each query sees its last W "
-      "keys); with a window on the cached store: sinks=S (the first S tokens too), h2o=H (and "
-      "the H that received the most attention), full_layers=L+L and full_heads=L.H+L.H (kept "
-      "whole); block=N (paged). Examples: cached,kv=int8  cached,k=fp16,v=int4  "
-      "paged,window=512  cached,window=256,sinks=4,h2o=256.");
+  app.footer(std::string("A policy is ") + policy_syntax() + ".");
   add_file(app, "--model", o.model,
            "the GGUF file (default: where scripts/get-model.sh puts SmolLM2-135M-Instruct)")
       ->capture_default_str();
@@ -100,9 +95,7 @@ bool parse_options(int argc, char** argv, Options& o) {
               1, 1 << 20);
   add_integer(app, "--bucket", o.bucket, "positions per span in the per-position figures", 1,
               1 << 20);
-  app.add_option("--policy", o.policies, "a cache policy to evaluate (repeat for several)")
-      ->type_name("POLICY")
-      ->capture_default_str();
+  add_policies(app, "--policy", o.policies, "a cache policy to evaluate (repeat for several)");
   add_integer_list(app, "--passkey", o.passkey,
                    "prompt lengths of the pass-key probe, in tokens (e.g. 1024,2048,4096; none: "
                    "no probe)",
@@ -112,10 +105,9 @@ bool parse_options(int argc, char** argv, Options& o) {
                    "calibration that put the most attention outside --calibrate's window and "
                    "sinks in full, and the others as --calibrate (e.g. 9,18,45)",
                    1, 1 << 20);
-  app.add_option("--calibrate", o.calibrate,
-                 "the window and sinks that the calibration measures against and the other "
-                 "heads keep (a cache policy with a window)")
-      ->type_name("POLICY")
+  add_policy(app, "--calibrate", o.calibrate,
+             "the window and sinks that the calibration measures against and the other heads "
+             "keep (a cache policy with a window)")
       ->capture_default_str();
   app.add_option("--calibration-text", o.calibration_texts,
                  "text files for the calibration, joined by a blank line (default: the GNU FDL "
@@ -133,19 +125,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   app.add_option("--json", o.json, "write every figure to this JSON file")->type_name("FILE");
   app.add_flag("--quiet", o.quiet, "no progress on standard error");
   if (!kvlab_support::parse(app, argc, argv)) return false;
-  for (const std::string& spec : o.policies) {
-    try {
-      (void)kvlab::parse_cache_policy(spec);
-    } catch (const kvlab::InvalidArgument& e) {
-      throw UsageError(std::string("--policy: ") + e.what());
-    }
-  }
-  kvlab::CachePolicy calibrate;
-  try {
-    calibrate = kvlab::parse_cache_policy(o.calibrate);
-  } catch (const kvlab::InvalidArgument& e) {
-    throw UsageError(std::string("--calibrate: ") + e.what());
-  }
+  const kvlab::CachePolicy calibrate = kvlab::parse_cache_policy(o.calibrate);  // checked
   if (calibrate.window == 0 || calibrate.backend != kvlab::LlamaBackend::Cached ||
       calibrate.heavy != 0 || !calibrate.full_heads.empty()) {
     throw UsageError(

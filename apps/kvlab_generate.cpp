@@ -36,6 +36,7 @@
 
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
+#include "support/policy_option.hpp"
 
 namespace {
 
@@ -55,7 +56,8 @@ struct Options {
   std::uint64_t seed = 42;
   int block_size = 16;
   kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
-  int window = 0;  // 0: every query sees every past token
+  int window = 0;      // 0: every query sees every past token
+  std::string policy;  // a cache policy instead of --backend, --kv-dtype, --window, --block-size
   int threads = 1;
   bool quiet = false;
   bool phases = false;  // time each step's phases and print where the time went
@@ -76,10 +78,11 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_file(app, "--tokenizer", o.tokenizer,
            "llama2.c tokenizer.bin with the model's vocabulary; without it, token ids are printed "
            "and --prompt is a list of ids");
-  add_choice(app, "--backend", backend,
-             "naive (recompute the prefix every step), cached (contiguous KV cache) or paged (KV "
-             "cache in blocks)",
-             {"naive", "cached", "paged"});
+  CLI::Option* backend_option =
+      add_choice(app, "--backend", backend,
+                 "naive (recompute the prefix every step), cached (contiguous KV cache) or paged "
+                 "(KV cache in blocks)",
+                 {"naive", "cached", "paged"});
   CLI::Option* steps =
       add_integer(app, "--steps", o.steps,
                   "tokens to generate (at most what the model's seq_len leaves)", 1, 1 << 30);
@@ -91,16 +94,26 @@ bool parse_options(int argc, char** argv, Options& o) {
   add_number(app, "--temperature", o.temperature, "0 is greedy", 0.0, 1e6);
   add_number(app, "--top-p", o.top_p, "nucleus sampling threshold, 1 = off", 1e-9, 1.0);
   add_integer(app, "--seed", o.seed, "seed of the sampler (runs are reproducible)", 0, 2147483647L);
-  add_integer(app, "--block-size", o.block_size, "tokens per block of the paged backend", 1,
-              1 << 20);
-  add_choice(app, "--kv-dtype", kv_dtype,
-             "how the cached and paged backends store K and V: fp32, fp16, bf16, int8 (q8_0: 8.5 "
-             "bits per value) or int4 (q4_0: 4.5 bits per value)",
-             {"fp32", "fp16", "bf16", "int8", "int4"});
-  add_integer(app, "--window", o.window,
-              "sliding window: each token attends to its last W tokens, itself included (cached "
-              "keeps a ring of 2W - 1 positions, paged gives blocks back); 0: no window",
-              0, 1 << 30);
+  CLI::Option* block = add_integer(app, "--block-size", o.block_size,
+                                   "tokens per block of the paged backend", 1, 1 << 20);
+  CLI::Option* dtype =
+      add_choice(app, "--kv-dtype", kv_dtype,
+                 "how the cached and paged backends store K and V: fp32, fp16, bf16, int8 (q8_0: "
+                 "8.5 bits per value) or int4 (q4_0: 4.5 bits per value)",
+                 {"fp32", "fp16", "bf16", "int8", "int4"});
+  CLI::Option* window = add_integer(
+      app, "--window", o.window,
+      "sliding window: each token attends to its last W tokens, itself included "
+      "(cached keeps a ring of 2W - 1 positions, paged gives blocks back); 0: no window",
+      0, 1 << 30);
+  add_policy(app, "--policy", o.policy,
+             std::string("what the cache keeps, instead of --backend, --kv-dtype, --window and "
+                         "--block-size: ") +
+                 policy_syntax())
+      ->excludes(backend_option)
+      ->excludes(dtype)
+      ->excludes(window)
+      ->excludes(block);
   add_integer(app, "--threads", o.threads, "OpenMP threads", 1, 256);
   add_choice(app, "--builtin", o.builtin,
              "the model used without --model: tiny (dim 48, 3 layers, vocab 256) or stories15M "
@@ -114,6 +127,13 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (!kvlab_support::parse(app, argc, argv)) return false;
   o.backend = kvlab::parse_llama_backend(backend);
   o.kv_dtype = kvlab::parse_kv_dtype(kv_dtype);
+  if (!o.policy.empty()) {  // the policy's store, types and window
+    const kvlab::CachePolicy policy = kvlab::parse_cache_policy(o.policy);
+    o.backend = policy.backend;
+    o.kv_dtype = policy.key_dtype;
+    o.window = policy.window;
+    o.block_size = policy.block_size;
+  }
   o.steps_given = steps->count() > 0;
   o.prompt_given = prompt->count() > 0;
   return true;
@@ -202,7 +222,12 @@ int run(const Options& o) {
                                  "to store), got ") +
                      kvlab::dtype_name(o.kv_dtype));
   }
-  kvlab::LlamaModel model(weights, o.backend, o.block_size, 0, o.kv_dtype, o.window);
+  const std::unique_ptr<kvlab::LlamaModel> own =
+      o.policy.empty()
+          ? std::make_unique<kvlab::LlamaModel>(weights, o.backend, o.block_size, 0, o.kv_dtype,
+                                                o.window)
+          : std::make_unique<kvlab::LlamaModel>(weights, kvlab::parse_cache_policy(o.policy), 0);
+  kvlab::LlamaModel& model = *own;
   // tokens generate() can make
   const int room = model.max_tokens() - static_cast<int>(prompt.size()) + 1;
   if (room < 1) {
@@ -328,7 +353,13 @@ int run(const Options& o) {
                    all > 0 ? 100 * parts[i].second / all : 0.0, i + 1 < count ? "," : "\n");
   }
   const kvlab::KVStore<float>& store = model.store();
-  if (o.backend == kvlab::LlamaBackend::Cached) {
+  if (const auto* selective = dynamic_cast<const kvlab::SelectiveStore<float>*>(&store)) {
+    std::fprintf(stderr,
+                 "  KV cache: a policy per head (%s), %s, %d positions, %.1f KiB held (%zu bytes "
+                 "per token where every head keeps it)\n",
+                 o.policy.c_str(), selective->storage_name(), model.position(),
+                 static_cast<double>(store.bytes_reserved()) / 1024, store.bytes_per_token());
+  } else if (o.backend == kvlab::LlamaBackend::Cached) {
     std::fprintf(
         stderr,
         "  KV cache: contiguous, %s, %d positions%s, %zu bytes per token, %.1f KiB "

@@ -42,6 +42,7 @@
 #include "serve_workload.hpp"
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
+#include "support/policy_option.hpp"
 
 namespace {
 
@@ -53,7 +54,8 @@ struct Options {
   kvlab::BatchingPolicy policy = kvlab::BatchingPolicy::Continuous;
   int block_size = 16;
   kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
-  int window = 0;  // 0: every query sees every past token
+  int window = 0;            // 0: every query sees every past token
+  std::string cache_policy;  // a paged cache policy instead of --block-size, --kv-dtype, --window
   int pool_tokens = 4096;
   int max_batched_tokens = 256;
   int max_running = 16;
@@ -92,16 +94,28 @@ bool parse(int argc, char** argv, Options& o) {
              "token budget; static: a batch admitted together, padded to the longest, nobody joins "
              "until it ends; contiguous: continuous, but each request reserves --max-len tokens",
              {"continuous", "static", "contiguous"});
-  add_integer(app, "--block-size", o.block_size, "tokens per block of the pool", 1, 1 << 16);
-  add_choice(app, "--kv-dtype", kv_dtype,
-             "how the pool stores K and V: fp32, fp16, bf16, int8 (q8_0, 8.5 bits per value) or "
-             "int4 (q4_0, 4.5 bits per value)",
-             {"fp32", "fp16", "bf16", "int8", "int4"});
-  add_integer(app, "--window", o.window,
-              "sliding window: each token attends to its last W tokens; the pool gives back the "
-              "blocks before each window (prefix caching is then off: kvlab does not combine the "
-              "two); 0: no window",
-              0, 1 << 30);
+  CLI::Option* block =
+      add_integer(app, "--block-size", o.block_size, "tokens per block of the pool", 1, 1 << 16);
+  CLI::Option* dtype =
+      add_choice(app, "--kv-dtype", kv_dtype,
+                 "how the pool stores K and V: fp32, fp16, bf16, int8 (q8_0, 8.5 bits per value) "
+                 "or int4 (q4_0, 4.5 bits per value)",
+                 {"fp32", "fp16", "bf16", "int8", "int4"});
+  CLI::Option* window =
+      add_integer(app, "--window", o.window,
+                  "sliding window: each token attends to its last W tokens; the pool gives back "
+                  "the blocks before each window (prefix caching is then off: kvlab does not "
+                  "combine the two); 0: no window",
+                  0, 1 << 30);
+  add_policy(app, "--cache-policy", o.cache_policy,
+             std::string("what the pool keeps, instead of --block-size, --kv-dtype and --window: "
+                         "a paged policy with one type for K and V and no sinks, h2o or full "
+                         "layers and heads (the pool's block table is shared by a layer's heads); "
+                         "a policy is ") +
+                 policy_syntax())
+      ->excludes(block)
+      ->excludes(dtype)
+      ->excludes(window);
   add_integer(app, "--pool-tokens", o.pool_tokens,
               "KV memory, in tokens: a multiple of the block size; the same for every policy", 1,
               1 << 26);
@@ -152,6 +166,18 @@ bool parse(int argc, char** argv, Options& o) {
   if (!kvlab_support::parse(app, argc, argv)) return false;
   o.policy = kvlab::parse_batching_policy(policy);
   o.kv_dtype = kvlab::parse_kv_dtype(kv_dtype);
+  if (!o.cache_policy.empty()) {
+    const kvlab::CachePolicy cache = kvlab::parse_cache_policy(o.cache_policy);
+    if (cache.backend != kvlab::LlamaBackend::Paged) {
+      throw UsageError(
+          "--cache-policy: expected a paged policy (the engine keeps K and V in its "
+          "pool of blocks), got '" +
+          o.cache_policy + "'");
+    }
+    o.block_size = cache.block_size;  // the parser refused a paged policy that is not uniform
+    o.kv_dtype = cache.key_dtype;
+    o.window = cache.window;
+  }
   o.prefix_caching = prefix_caching == "on";
   o.prefix_caching_given = prefix->count() > 0;
   o.max_len_given = max_len->count() > 0;

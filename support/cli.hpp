@@ -79,7 +79,8 @@ inline CLI::Validator number_in(double minimum, double maximum) {
         char* end = nullptr;
         errno = 0;
         const double value = std::strtod(text.c_str(), &end);
-        if (text.empty() || *end != '\0' || errno == ERANGE || !(value >= minimum && value <= maximum))
+        if (text.empty() || *end != '\0' || errno == ERANGE ||
+            !(value >= minimum && value <= maximum))
           return expected_got(number_range(minimum, maximum), text);
         return "";
       },
@@ -111,8 +112,8 @@ inline long long parse_integer(const std::string& option, std::string text, long
 
 /// Declares the integer option `name`, which sets `value`, in [minimum, maximum].
 template <class Int>
-CLI::Option* add_integer(CLI::App& app, const std::string& name, Int& value, const std::string& help,
-                         long long minimum, long long maximum) {
+CLI::Option* add_integer(CLI::App& app, const std::string& name, Int& value,
+                         const std::string& help, long long minimum, long long maximum) {
   return app.add_option(name, value, help)
       ->check(detail::integer_in(minimum, maximum))
       ->type_name("INT in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]")
@@ -121,8 +122,8 @@ CLI::Option* add_integer(CLI::App& app, const std::string& name, Int& value, con
 
 /// Declares the number option `name`, which sets `value`, in [minimum, maximum].
 template <class Real>
-CLI::Option* add_number(CLI::App& app, const std::string& name, Real& value, const std::string& help,
-                        double minimum, double maximum) {
+CLI::Option* add_number(CLI::App& app, const std::string& name, Real& value,
+                        const std::string& help, double minimum, double maximum) {
   char type[64];
   std::snprintf(type, sizeof type, "NUMBER in [%g, %g]", minimum, maximum);
   return app.add_option(name, value, help)
@@ -145,8 +146,8 @@ CLI::Option* add_integer_list(CLI::App& app, const std::string& name, std::vecto
 
 /// Declares the option `name` written MIN:MAX ("8:64"), which sets `low` and `high`: integers
 /// in [minimum, maximum], MIN <= MAX.
-inline CLI::Option* add_integer_interval(CLI::App& app, const std::string& name, int& low, int& high,
-                                         const std::string& help, long long minimum,
+inline CLI::Option* add_integer_interval(CLI::App& app, const std::string& name, int& low,
+                                         int& high, const std::string& help, long long minimum,
                                          long long maximum) {
   const std::string range = "[" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
   return app

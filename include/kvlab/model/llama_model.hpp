@@ -16,6 +16,7 @@
 /// fresh pages") and "bench_generate on the real model".
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +33,7 @@
 #include "kvlab/cpu/layer_ops.hpp"
 #include "kvlab/matrix.hpp"
 #include "kvlab/model/attention_step.hpp"
+#include "kvlab/model/cache_policy.hpp"
 #include "kvlab/model/llama_backend.hpp"
 #include "kvlab/model/llama_config.hpp"
 #include "kvlab/model/llama_counters.hpp"
@@ -102,6 +104,26 @@ class LlamaModel {
         backend_(backend),
         block_size_(block_size) {}
 
+  /// A model of one sequence, with a store of its own that keeps `policy`
+  /// (`make_policy_store`: a windowed ring takes prompt chunks of up to W tokens, as the
+  /// backend constructor's; a policy per head is a `SelectiveStore`).
+  /// \param weights     the weights (checked against their config)
+  /// \param policy      what the store keeps, and how (`CachePolicy`, `parse_cache_policy`)
+  /// \param max_tokens  the longest sequence; 0 means `config.seq_len`, the model's own limit
+  /// \throws InvalidArgument if `weights` is null or malformed, `max_tokens` is not in
+  ///         [0, seq_len], or `make_policy_store` refuses the policy for this model.
+  LlamaModel(std::shared_ptr<const LlamaWeights> weights, const CachePolicy& policy,
+             int max_tokens = 0)
+      : weights_(checked(std::move(weights))),
+        max_tokens_(checked_max_tokens(weights_->config, policy.block_size, max_tokens)),
+        shape_(weights_->config.n_heads, weights_->config.n_kv_heads, weights_->config.head_dim()),
+        rope_(weights_->config.head_dim(), max_tokens_, weights_->config.rope_theta),
+        store_(make_policy_store(policy, weights_->config, max_tokens_,
+                                 std::max(1, std::min(policy.window, max_tokens_)), 1)),
+        seq_(store_->add_sequence()),
+        backend_(llama_backend_of(*store_)),
+        block_size_(policy.block_size) {}
+
   /// A model over `store`, which may hold many sequences (and be shared): run them with
   /// `forward_batch(batch)`, add and free them through `store()`. This model owns no sequence of
   /// its own, so `prefill`, `decode`, `forward(tokens)`, `position`, `tokens` and `reset` refuse.
@@ -110,7 +132,8 @@ class LlamaModel {
   ///                    type gives `backend()` (`llama_backend_of`)
   /// \param max_tokens  the longest sequence (the RoPE table); 0 means `config.seq_len`
   /// \throws InvalidArgument if `weights` or `store` is null, the store is not a
-  ///         `RecomputeStore`, `ContiguousStore` or `PagedStore`, the store's layers, K/V heads
+  ///         `RecomputeStore`, `ContiguousStore`, `PagedStore` or `SelectiveStore`, the store's
+  ///         layers, K/V heads
   ///         or head_dim differ from the model's, or `max_tokens` is not in [0, seq_len].
   LlamaModel(std::shared_ptr<const LlamaWeights> weights, std::shared_ptr<KVStore<float>> store,
              int max_tokens = 0)
@@ -279,7 +302,8 @@ class LlamaModel {
   // The own sequence's tokens; a truncate through store() shortens them here too.
   const std::vector<int>& own_tokens(const char* where) const {
     if (seq_ < 0) {
-      detail::fail(where, "model", "a model of one sequence (built with a LlamaBackend)",
+      detail::fail(where, "model",
+                   "a model of one sequence (built with a LlamaBackend or a CachePolicy)",
                    "a model built over a store: use forward_batch(batch)");
     }
     const auto length = static_cast<std::size_t>(store_->length(seq_));
