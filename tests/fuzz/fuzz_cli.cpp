@@ -50,6 +50,7 @@
 #include "support/builtin_model.hpp"
 #include "support/cli.hpp"
 #include "support/json.hpp"
+#include "support/policy_option.hpp"
 #include "support/stats.hpp"
 #include "timing.hpp"  // bench: the step benchmarks' parser
 
