@@ -2,7 +2,7 @@
 # Installs the Debian/Ubuntu packages kvlab builds with, if any is missing (with sudo when
 # not root). Run by scripts/run.sh and scripts/test.sh; safe to run again.
 set -euo pipefail
-packages=(cmake g++ clang make ninja-build libeigen3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev unicode-data python3-pip doxygen graphviz doxygen-awesome-css libjs-mathjax chromium chromium-driver python3-selenium)
+packages=(cmake g++ clang make ninja-build libeigen3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev unicode-data python3-pip doxygen graphviz doxygen-awesome-css libjs-mathjax chromium chromium-driver python3-selenium python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
