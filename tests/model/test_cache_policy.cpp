@@ -23,6 +23,20 @@ using kvlab::CachePolicy;
 using kvlab::KVDtype;
 using kvlab::LlamaBackend;
 
+namespace {
+// Grows `model`'s sequence `seq` by steps of `step` made-up tokens up to 60, and calls
+// `after(length)` after each step.
+template <typename After>
+void grow(kvlab::LlamaModel& model, int seq, int step, const After& after) {
+  for (int length = step; length <= 60; length += step) {
+    std::vector<int> tokens(static_cast<std::size_t>(step));
+    for (int i = 0; i < step; ++i) tokens[static_cast<std::size_t>(i)] = (length * 7 + i) % 256;
+    (void)model.forward_batch({kvlab::SequenceChunk{seq, tokens}});
+    after(length);
+  }
+}
+}  // namespace
+
 TEST_CASE("a policy's text reads back to the same policy, defaults left out") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"cached", "cached"},
@@ -92,14 +106,11 @@ TEST_CASE("a policy per head: a SelectiveStore, its bytes equal to their closed 
     CHECK(std::string(store->name()) == "selective");
     kvlab::LlamaModel model(weights, store, max_tokens);
     const int seq = store->add_sequence();
-    for (int length = step; length <= 60; length += step) {
-      std::vector<int> tokens(static_cast<std::size_t>(step));
-      for (int i = 0; i < step; ++i) tokens[static_cast<std::size_t>(i)] = (length * 7 + i) % 256;
-      (void)model.forward_batch({kvlab::SequenceChunk{seq, tokens}});
+    grow(model, seq, step, [&](int length) {
       CAPTURE(length);
       CHECK(store->bytes_used() == c.bytes(static_cast<std::size_t>(length)));
       CHECK(store->bytes_reserved() == store->bytes_used());
-    }
+    });
   }
 }
 
@@ -162,14 +173,11 @@ TEST_CASE("a policy's store: its type, and KV bytes equal to their closed form a
     CHECK(store->bytes_per_token() == c.row_bytes);
     kvlab::LlamaModel model(weights, store, max_tokens);
     const int seq = store->add_sequence();
-    for (int length = step; length <= 60; length += step) {
-      std::vector<int> tokens(static_cast<std::size_t>(step));
-      for (int i = 0; i < step; ++i) tokens[static_cast<std::size_t>(i)] = (length * 7 + i) % 256;
-      (void)model.forward_batch({kvlab::SequenceChunk{seq, tokens}});
+    grow(model, seq, step, [&](int length) {
       CAPTURE(length);
       CHECK(store->bytes_reserved() == static_cast<std::size_t>(c.held(length)) * c.row_bytes);
       CHECK(store->bytes_used() == static_cast<std::size_t>(c.used(length)) * c.row_bytes);
-    }
+    });
   }
 }
 
