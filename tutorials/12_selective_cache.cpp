@@ -10,7 +10,9 @@
 //     window slides, and the heavy hitters are chosen by the attention each row received.
 //  3. Its memory: a head holds min(n, S + W − 1 + H) rows, each its key and value row; the store
 //     counts exactly those bytes.
-//  4. A policy that keeps every token at fp32 in every head computes what the full cache computes.
+//  4. Why a paged cache does not drop single tokens: its blocks are shared by a layer's heads, and
+//     a block goes back only when none of them holds a row of it.
+//  5. A policy that keeps every token at fp32 in every head computes what the full cache computes.
 // It checks itself: it exits non-zero if a head holds other rows than its policy says, the bytes
 // differ from the closed form, or the full policy's logits differ from the full cache's.
 //
@@ -117,7 +119,38 @@ int main() {
   }
 
   std::printf(
-      "\n3. Every head whole at fp32 ('cached,window=6,full_layers=0+1+2'): the full cache\n");
+      "\n3. The same rows in a paged cache of blocks of 4 tokens: a block goes back to the\n"
+      "   pool only when no head of its layer holds a row of it (one block table per layer)\n");
+  constexpr int kBlock = 4;
+  for (int l = 1; l < config.n_layers; ++l) {
+    std::string held_per_block;  // rows any head of the layer holds, per block
+    int freed = 0, kept_rows = 0, kept_blocks = 0;
+    for (int b = 0; b * kBlock < 24; ++b) {
+      int rows = 0;  // positions of the block that some head of the layer holds
+      for (int pos = b * kBlock; pos < (b + 1) * kBlock; ++pos) {
+        bool any = false;
+        for (int h = 0; h < config.n_kv_heads; ++h) {
+          const std::vector<int> held = selective.held_positions(seq, l, h);
+          any = any || std::binary_search(held.begin(), held.end(), pos);
+        }
+        rows += any ? 1 : 0;
+      }
+      held_per_block += " " + std::to_string(rows);
+      freed += rows == 0 ? 1 : 0;
+      kept_blocks += rows > 0 ? 1 : 0;
+      kept_rows += rows;
+    }
+    std::printf(
+        "   layer %d: rows held per block [%s ]: %d of 6 blocks given back, %d kept for %d "
+        "rows (%d slots)\n",
+        l, held_per_block.c_str(), freed, kept_blocks, kept_rows, kept_blocks * kBlock);
+  }
+  std::printf(
+      "   Single tokens dropped leave holes inside blocks that only a copy could close:\n"
+      "   paged systems give back whole blocks, or preempt whole sequences, instead.\n");
+
+  std::printf(
+      "\n4. Every head whole at fp32 ('cached,window=6,full_layers=0+1+2'): the full cache\n");
   auto whole = kvlab::make_policy_store(
       kvlab::parse_cache_policy("cached,window=6,full_layers=0+1+2"), config, max_tokens, 8);
   kvlab::LlamaModel ours(weights, whole, max_tokens);
