@@ -121,8 +121,9 @@ class SelectiveStore : public KVStore<T> {
     for (std::size_t i = 0; i < heads_.size(); ++i) {
       const HeadPolicy& p = heads_[i];
       const std::string name = "heads[" + std::to_string(i) + "] (layer " +
-                               std::to_string(i / num_kv_heads) + ", K/V head " +
-                               std::to_string(i % num_kv_heads) + ")";
+                               std::to_string(i / static_cast<std::size_t>(num_kv_heads)) +
+                               ", K/V head " +
+                               std::to_string(i % static_cast<std::size_t>(num_kv_heads)) + ")";
       detail::require_at_least(kWhere, name + ".window", p.window, 0);
       detail::require_at_least(kWhere, name + ".sinks", p.sinks, 0);
       detail::require_at_least(kWhere, name + ".heavy", p.heavy, 0);
@@ -250,6 +251,7 @@ class SelectiveStore : public KVStore<T> {
   /// rows received from the dropped tokens stay in their totals.
   void do_truncate(int seq, int length) override {
     Sequence& s = sequences_.at(seq);
+    const auto kv = static_cast<std::size_t>(this->num_kv_heads());
     for (std::size_t i = 0; i < heads_.size(); ++i) {
       const HeadPolicy& p = heads_[i];
       const std::vector<int>& pos = s.heads[i].positions;
@@ -259,9 +261,9 @@ class SelectiveStore : public KVStore<T> {
       if (gone >= 0) {
         detail::fail(this->where("truncate").c_str(), "length",
                      "at least " + std::to_string(gone + p.window) + " (layer " +
-                         std::to_string(i / this->num_kv_heads()) + ", K/V head " +
-                         std::to_string(i % this->num_kv_heads()) + " has dropped position " +
-                         std::to_string(gone) + ", which the next token's window would see)",
+                         std::to_string(i / kv) + ", K/V head " + std::to_string(i % kv) +
+                         " has dropped position " + std::to_string(gone) +
+                         ", which the next token's window would see)",
                      length);
       }
     }
@@ -292,14 +294,14 @@ class SelectiveStore : public KVStore<T> {
     const int kv_heads = this->num_kv_heads(), head_dim = this->head_dim();
     // Every value storable first, so that nothing changes when one is not.
     for (int h = 0; h < kv_heads; ++h) {
-      const std::size_t i = static_cast<std::size_t>(layer) * kv_heads + h;
+      const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
       check_storable(heads_[i].key, "k", k.middleCols(h * head_dim, head_dim));
       check_storable(heads_[i].value, "v", v.middleCols(h * head_dim, head_dim));
     }
     for (int b = 0; b < batch.size(); ++b) {
       Sequence& s = sequences_.at(batch.seq(b));
       for (int h = 0; h < kv_heads; ++h) {
-        const std::size_t i = static_cast<std::size_t>(layer) * kv_heads + h;
+        const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
         HeadRows& rows = s.heads[i];
         for (int t = 0; t < batch.computed(b); ++t) {
           const int r = batch.row_begin(b) + t;
@@ -329,7 +331,7 @@ class SelectiveStore : public KVStore<T> {
     }
     cpu::detail::parallel_for(
         kv_heads, work * kv_heads >= cpu::kDecodeParallelMinElements, [&](int h) {
-          const std::size_t i = static_cast<std::size_t>(layer) * kv_heads + h;
+          const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
           const HeadPolicy& p = heads_[i];
           for (int b = 0; b < batch.size(); ++b) {
             HeadRows& rows = sequences_.at(batch.seq(b)).heads[i];
@@ -356,7 +358,7 @@ class SelectiveStore : public KVStore<T> {
             for (int t = 0; t < nq; ++t) {
               const int position = first + t;
               for (int r = 0; r < held; ++r) {
-                const int key = rows.positions[r];
+                const int key = rows.positions[static_cast<std::size_t>(r)];
                 const bool seen = key <= position && (p.window == 0 || p.heavy > 0 ||
                                                       key > position - p.window || key < p.sinks);
                 if (!seen) {
@@ -382,8 +384,9 @@ class SelectiveStore : public KVStore<T> {
               for (int t = 0; t < nq; ++t) {
                 const int edge = first + t - measure_window_;  // keys at or before it are outside
                 for (int j = 0; j < group; ++j) {
-                  for (int r = 0; r < held && rows.positions[r] <= edge; ++r) {
-                    if (rows.positions[r] >= measure_sinks_)
+                  for (int r = 0; r < held && rows.positions[static_cast<std::size_t>(r)] <= edge;
+                       ++r) {
+                    if (rows.positions[static_cast<std::size_t>(r)] >= measure_sinks_)
                       outside_[i] += scores(t * group + j, r);
                   }
                 }
@@ -400,7 +403,7 @@ class SelectiveStore : public KVStore<T> {
         });
     if (counters != nullptr) {
       for (int h = 0; h < kv_heads; ++h) {
-        const std::size_t i = static_cast<std::size_t>(layer) * kv_heads + h;
+        const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
         const auto hh = static_cast<std::size_t>(h);
         counters->qk_dots += dots[hh];
         counters->macs += 2 * dots[hh] * static_cast<std::uint64_t>(head_dim);
