@@ -155,8 +155,11 @@ TEST_CASE("SelectiveStore: keys and values each in their own type") {
     const RowMatrix<double> want = kvlab::cpu::reference_attention(
         shape, q.middleRows(at, n), stored_k.topRows(at + n), stored_v.topRows(at + n), at);
     CHECK(max_row_relative_error(out, want) <= tolerance<double>());
-    // every held row met by every query of both heads' groups, masked ones too
+    // every held row read once per K/V head, and scored by every query of its group, masked
+    // ones too (the store computes the whole score matrix)
     CHECK(counters.kv_bytes_read == static_cast<std::uint64_t>(at + n) * store.bytes_per_token());
+    CHECK(counters.qk_dots ==
+          static_cast<std::uint64_t>(n) * 4 * static_cast<std::uint64_t>(at + n));
     at += n;
   }
   CHECK(store.bytes_used() == 10 * store.bytes_per_token());

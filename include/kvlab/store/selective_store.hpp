@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -113,13 +114,13 @@ class SelectiveStore : public KVStore<T> {
   ///         sinks or heavy hitters without a window, sinks >= window, or a quantized type and
   ///         a head_dim that is not a multiple of 32 (each message names the head).
   SelectiveStore(int num_layers, int num_kv_heads, int head_dim, std::vector<HeadPolicy> heads)
-      : KVStore<T>("kvlab::SelectiveStore", num_layers, num_kv_heads, head_dim),
-        heads_(std::move(heads)) {
+      : KVStore<T>("kvlab::SelectiveStore", num_layers, num_kv_heads, head_dim) {
     constexpr const char* kWhere = "kvlab::SelectiveStore";
-    detail::require_equal(kWhere, "heads.size()", static_cast<long long>(heads_.size()),
+    s_->heads = std::move(heads);
+    detail::require_equal(kWhere, "heads.size()", static_cast<long long>(s_->heads.size()),
                           1LL * num_layers * num_kv_heads, "num_layers * num_kv_heads");
-    for (std::size_t i = 0; i < heads_.size(); ++i) {
-      const HeadPolicy& p = heads_[i];
+    for (std::size_t i = 0; i < s_->heads.size(); ++i) {
+      const HeadPolicy& p = s_->heads[i];
       const std::string name = "heads[" + std::to_string(i) + "] (layer " +
                                std::to_string(i / static_cast<std::size_t>(num_kv_heads)) +
                                ", K/V head " +
@@ -142,8 +143,8 @@ class SelectiveStore : public KVStore<T> {
           detail::require_storage_head_dim<Stored<typename decltype(tag)::type>>(kWhere, head_dim);
         });
       }
-      key_bytes_.push_back(row_bytes(p.key));
-      value_bytes_.push_back(row_bytes(p.value));
+      s_->key_bytes.push_back(row_bytes(p.key));
+      s_->value_bytes.push_back(row_bytes(p.value));
     }
   }
 
@@ -151,35 +152,36 @@ class SelectiveStore : public KVStore<T> {
   /// The storage of every head's keys and values when they are all one type ("fp32", "int8",
   /// …), else "mixed".
   const char* storage_name() const override {
-    for (const HeadPolicy& p : heads_) {
-      if (p.key != heads_[0].key || p.value != heads_[0].value) return "mixed";
+    for (const HeadPolicy& p : s_->heads) {
+      if (p.key != s_->heads[0].key || p.value != s_->heads[0].value) return "mixed";
     }
-    if (heads_[0].key != heads_[0].value) return "mixed";
-    return visit_kv_dtype(heads_[0].key, [](auto tag) {
+    if (s_->heads[0].key != s_->heads[0].value) return "mixed";
+    return visit_kv_dtype(s_->heads[0].key, [](auto tag) {
       return KVStorage<Stored<typename decltype(tag)::type>>::name();
     });
   }
   /// Bytes of one token in every head that keeps it: Σ over heads of its key and value row.
   std::size_t bytes_per_token() const override {
     std::size_t bytes = 0;
-    for (std::size_t i = 0; i < heads_.size(); ++i) bytes += key_bytes_[i] + value_bytes_[i];
+    for (std::size_t i = 0; i < s_->heads.size(); ++i)
+      bytes += s_->key_bytes[i] + s_->value_bytes[i];
     return bytes;
   }
 
   /// The policy of K/V head `kv_head` of `layer`.
   /// \throws InvalidArgument if either is out of range.
   const HeadPolicy& policy(int layer, int kv_head) const {
-    return heads_[head_index("kvlab::SelectiveStore::policy", layer, kv_head)];
+    return s_->heads[head_index("kvlab::SelectiveStore::policy", layer, kv_head)];
   }
   /// Every head's policy, layer by layer: `[num_layers · num_kv_heads]`.
-  const std::vector<HeadPolicy>& policies() const { return heads_; }
+  const std::vector<HeadPolicy>& policies() const { return s_->heads; }
 
   /// Positions of the rows that K/V head `kv_head` of `layer` holds for `seq`, ascending.
   /// \throws InvalidArgument if `seq` is not live or the layer or head is out of range.
   std::vector<int> held_positions(int seq, int layer, int kv_head) const {
     constexpr const char* kWhere = "kvlab::SelectiveStore::held_positions";
     if (!do_contains(seq)) detail::fail(kWhere, "seq", "a live sequence id", seq);
-    return sequences_.at(seq).heads[head_index(kWhere, layer, kv_head)].positions;
+    return s_->sequences.at(seq).heads[head_index(kWhere, layer, kv_head)].positions;
   }
 
   /// Starts measuring, in every head, the attention that a window of `window` keys with `sinks`
@@ -194,35 +196,35 @@ class SelectiveStore : public KVStore<T> {
     if (sinks >= window) {
       detail::fail(kWhere, "sinks", "below the window (" + std::to_string(window) + ")", sinks);
     }
-    measure_window_ = window;
-    measure_sinks_ = sinks;
-    outside_.assign(heads_.size(), 0.0);
-    measured_.assign(heads_.size(), 0);
+    s_->measure_window = window;
+    s_->measure_sinks = sinks;
+    s_->outside.assign(s_->heads.size(), 0.0);
+    s_->measured.assign(s_->heads.size(), 0);
   }
   /// Per head, layer by layer (`[num_layers · num_kv_heads]`): the mean over the queries and
   /// query heads measured since `measure_outside` of the probability they put outside the sinks
   /// and their window (0 for a head that no query has reached yet).
   /// \throws InvalidArgument if `measure_outside` was not called.
   std::vector<double> attention_outside() const {
-    if (measure_window_ == 0) {
+    if (s_->measure_window == 0) {
       detail::fail("kvlab::SelectiveStore::attention_outside", "measure_outside", "called first",
                    "not called");
     }
-    std::vector<double> mean(heads_.size(), 0.0);
-    for (std::size_t i = 0; i < heads_.size(); ++i)
-      if (measured_[i] > 0) mean[i] = outside_[i] / static_cast<double>(measured_[i]);
+    std::vector<double> mean(s_->heads.size(), 0.0);
+    for (std::size_t i = 0; i < s_->heads.size(); ++i)
+      if (s_->measured[i] > 0) mean[i] = s_->outside[i] / static_cast<double>(s_->measured[i]);
     return mean;
   }
 
   int add_sequence() override {
     Sequence s;
-    s.heads.resize(heads_.size());
-    sequences_.emplace(next_id_, std::move(s));
-    return next_id_++;
+    s.heads.resize(s_->heads.size());
+    s_->sequences.emplace(s_->next_id, std::move(s));
+    return s_->next_id++;
   }
   std::vector<int> sequences() const override {
     std::vector<int> ids;
-    for (const auto& entry : sequences_) ids.push_back(entry.first);
+    for (const auto& entry : s_->sequences) ids.push_back(entry.first);
     return ids;
   }
   /// The bytes of the rows held (nothing is reserved ahead): as `bytes_used()`.
@@ -230,30 +232,30 @@ class SelectiveStore : public KVStore<T> {
   /// Σ over sequences and heads of the rows held times the head's key and value row bytes.
   std::size_t bytes_used() const override {
     std::size_t bytes = 0;
-    for (const auto& entry : sequences_) {
-      for (std::size_t i = 0; i < heads_.size(); ++i) {
-        bytes += entry.second.heads[i].positions.size() * (key_bytes_[i] + value_bytes_[i]);
+    for (const auto& entry : s_->sequences) {
+      for (std::size_t i = 0; i < s_->heads.size(); ++i) {
+        bytes += entry.second.heads[i].positions.size() * (s_->key_bytes[i] + s_->value_bytes[i]);
       }
     }
     return bytes;
   }
 
  protected:
-  bool do_contains(int seq) const override { return sequences_.count(seq) != 0; }
-  int do_length(int seq) const override { return sequences_.at(seq).length; }
-  void do_free_sequence(int seq) override { sequences_.erase(seq); }
+  bool do_contains(int seq) const override { return s_->sequences.count(seq) != 0; }
+  int do_length(int seq) const override { return s_->sequences.at(seq).length; }
+  void do_free_sequence(int seq) override { s_->sequences.erase(seq); }
   int do_fork(int seq) override {
-    sequences_.emplace(next_id_, sequences_.at(seq));  // a copy of every held row
-    return next_id_++;
+    s_->sequences.emplace(s_->next_id, s_->sequences.at(seq));  // a copy of every held row
+    return s_->next_id++;
   }
   /// Going back to `length` tokens needs, in every head with a window, the rows the next
   /// token's window reaches (from length − W + 1) still held; the sums of attention the held
   /// rows received from the dropped tokens stay in their totals.
   void do_truncate(int seq, int length) override {
-    Sequence& s = sequences_.at(seq);
+    Sequence& s = s_->sequences.at(seq);
     const auto kv = static_cast<std::size_t>(this->num_kv_heads());
-    for (std::size_t i = 0; i < heads_.size(); ++i) {
-      const HeadPolicy& p = heads_[i];
+    for (std::size_t i = 0; i < s_->heads.size(); ++i) {
+      const HeadPolicy& p = s_->heads[i];
       const std::vector<int>& pos = s.heads[i].positions;
       if (p.window == 0) continue;
       const int from = std::max(p.sinks, length - p.window + 1);
@@ -276,7 +278,7 @@ class SelectiveStore : public KVStore<T> {
     batch.row_indptr = batch.new_indptr;  // the new tokens only
     batch.first_position.clear();
     for (int i = 0; i < batch.size(); ++i) {
-      const Sequence& s = sequences_.at(batch.seq(i));
+      const Sequence& s = s_->sequences.at(batch.seq(i));
       if (1LL * s.length + batch.new_tokens(i) > INT_MAX) {
         detail::fail<CapacityError>(
             this->where("begin_step").c_str(),
@@ -295,11 +297,11 @@ class SelectiveStore : public KVStore<T> {
     // Every value storable first, so that nothing changes when one is not.
     for (int h = 0; h < kv_heads; ++h) {
       const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
-      check_storable(heads_[i].key, "k", k.middleCols(h * head_dim, head_dim));
-      check_storable(heads_[i].value, "v", v.middleCols(h * head_dim, head_dim));
+      check_storable(s_->heads[i].key, "k", k.middleCols(h * head_dim, head_dim));
+      check_storable(s_->heads[i].value, "v", v.middleCols(h * head_dim, head_dim));
     }
     for (int b = 0; b < batch.size(); ++b) {
-      Sequence& s = sequences_.at(batch.seq(b));
+      Sequence& s = s_->sequences.at(batch.seq(b));
       for (int h = 0; h < kv_heads; ++h) {
         const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
         HeadRows& rows = s.heads[i];
@@ -308,8 +310,8 @@ class SelectiveStore : public KVStore<T> {
           rows.positions.push_back(batch.first(b) + t);
           rows.received.push_back(0);
           rows.pending.push_back(0);
-          append_encoded(heads_[i].key, k.row(r).data() + h * head_dim, rows.keys);
-          append_encoded(heads_[i].value, v.row(r).data() + h * head_dim, rows.values);
+          append_encoded(s_->heads[i].key, k.row(r).data() + h * head_dim, rows.keys);
+          append_encoded(s_->heads[i].value, v.row(r).data() + h * head_dim, rows.values);
         }
       }
     }
@@ -332,9 +334,9 @@ class SelectiveStore : public KVStore<T> {
     cpu::detail::parallel_for(
         kv_heads, work * kv_heads >= cpu::kDecodeParallelMinElements, [&](int h) {
           const std::size_t i = static_cast<std::size_t>(layer * kv_heads + h);
-          const HeadPolicy& p = heads_[i];
+          const HeadPolicy& p = s_->heads[i];
           for (int b = 0; b < batch.size(); ++b) {
-            HeadRows& rows = sequences_.at(batch.seq(b)).heads[i];
+            HeadRows& rows = s_->sequences.at(batch.seq(b)).heads[i];
             const auto s = static_cast<std::size_t>(b);
             const int q0 = q_indptr[s], nq = q_indptr[s + 1] - q_indptr[s];
             const int held = static_cast<int>(rows.positions.size());
@@ -361,13 +363,14 @@ class SelectiveStore : public KVStore<T> {
                 const int key = rows.positions[static_cast<std::size_t>(r)];
                 const bool seen = key <= position && (p.window == 0 || p.heavy > 0 ||
                                                       key > position - p.window || key < p.sinks);
-                if (!seen) {
+                if (!seen)
                   for (int j = 0; j < group; ++j) scores(t * group + j, r) = -inf();
-                } else {
-                  dots[static_cast<std::size_t>(h)] += static_cast<std::uint64_t>(group);
-                }
               }
             }
+            // every entry of the score matrix was computed, masked ones too
+            dots[static_cast<std::size_t>(h)] += static_cast<std::uint64_t>(nq) *
+                                                 static_cast<std::uint64_t>(group) *
+                                                 static_cast<std::uint64_t>(held);
             for (Eigen::Index row = 0; row < scores.rows(); ++row) {
               const T max = scores.row(row).maxCoeff();  // finite: a query sees itself
               scores.row(row) = (scores.row(row).array() - max).exp();
@@ -380,18 +383,19 @@ class SelectiveStore : public KVStore<T> {
                     weighted.row(t * group + j);
               }
             }
-            if (measure_window_ > 0) {  // the attention outside the measured window and sinks
+            if (s_->measure_window > 0) {  // the attention outside the measured window and sinks
               for (int t = 0; t < nq; ++t) {
-                const int edge = first + t - measure_window_;  // keys at or before it are outside
+                const int edge =
+                    first + t - s_->measure_window;  // keys at or before it are outside
                 for (int j = 0; j < group; ++j) {
                   for (int r = 0; r < held && rows.positions[static_cast<std::size_t>(r)] <= edge;
                        ++r) {
-                    if (rows.positions[static_cast<std::size_t>(r)] >= measure_sinks_)
-                      outside_[i] += scores(t * group + j, r);
+                    if (rows.positions[static_cast<std::size_t>(r)] >= s_->measure_sinks)
+                      s_->outside[i] += scores(t * group + j, r);
                   }
                 }
               }
-              measured_[i] += static_cast<std::uint64_t>(nq) * static_cast<std::uint64_t>(group);
+              s_->measured[i] += static_cast<std::uint64_t>(nq) * static_cast<std::uint64_t>(group);
             }
             if (p.heavy > 0) {  // the attention each row received, for the end of the step
               for (int r = 0; r < held; ++r)
@@ -407,7 +411,7 @@ class SelectiveStore : public KVStore<T> {
         const auto hh = static_cast<std::size_t>(h);
         counters->qk_dots += dots[hh];
         counters->macs += 2 * dots[hh] * static_cast<std::uint64_t>(head_dim);
-        counters->kv_bytes_read += rows_read[hh] * (key_bytes_[i] + value_bytes_[i]);
+        counters->kv_bytes_read += rows_read[hh] * (s_->key_bytes[i] + s_->value_bytes[i]);
       }
     }
   }
@@ -415,15 +419,15 @@ class SelectiveStore : public KVStore<T> {
   void do_end_step() override {
     const StepBatch& batch = this->step();
     for (int b = 0; b < batch.size(); ++b) {
-      Sequence& s = sequences_.at(batch.seq(b));
+      Sequence& s = s_->sequences.at(batch.seq(b));
       s.length = batch.first(b) + batch.new_tokens(b);
-      for (std::size_t i = 0; i < heads_.size(); ++i) s.heads[i].evict(heads_[i], s.length);
+      for (std::size_t i = 0; i < s_->heads.size(); ++i) s.heads[i].evict(s_->heads[i], s.length);
     }
   }
   void do_abort_step() noexcept override {
     const StepBatch& batch = this->step();
     for (int b = 0; b < batch.size(); ++b) {
-      Sequence& s = sequences_.at(batch.seq(b));
+      Sequence& s = s_->sequences.at(batch.seq(b));
       for (HeadRows& h : s.heads) {
         h.keep_below(batch.first(b));
         std::fill(h.pending.begin(), h.pending.end(), 0.0);
@@ -558,14 +562,21 @@ class SelectiveStore : public KVStore<T> {
     });
   }
 
-  std::vector<HeadPolicy> heads_;               // [num_layers · num_kv_heads]
-  std::vector<std::size_t> key_bytes_;          // [num_layers · num_kv_heads]: a key row
-  std::vector<std::size_t> value_bytes_;        // [num_layers · num_kv_heads]: a value row
-  std::map<int, Sequence> sequences_;           // seq -> what its heads hold
-  int measure_window_ = 0, measure_sinks_ = 0;  // measure_outside's; 0: not measuring
-  std::vector<double> outside_;                 // [num_layers · num_kv_heads]: summed
-  std::vector<std::uint64_t> measured_;         // [num_layers · num_kv_heads]: query heads
-  int next_id_ = 0;
+  // What the store keeps, behind one pointer, so that the store object is its base and a
+  // pointer. (GCC 12 at -O3 speculatively inlines a KVStore's virtual calls into this class's
+  // members even where the object is another store, and -Warray-bounds then reports this
+  // class's members as beyond that object's end: a false positive, which this avoids.)
+  struct State {
+    std::vector<HeadPolicy> heads;              // [num_layers · num_kv_heads]
+    std::vector<std::size_t> key_bytes;         // [num_layers · num_kv_heads]: a key row
+    std::vector<std::size_t> value_bytes;       // [num_layers · num_kv_heads]: a value row
+    std::map<int, Sequence> sequences;          // seq -> what its heads hold
+    int measure_window = 0, measure_sinks = 0;  // measure_outside's; 0: not measuring
+    std::vector<double> outside;                // [num_layers · num_kv_heads]: summed
+    std::vector<std::uint64_t> measured;        // [num_layers · num_kv_heads]: query heads
+    int next_id = 0;
+  };
+  std::unique_ptr<State> s_ = std::make_unique<State>();
 };
 
 }  // namespace kvlab
