@@ -405,6 +405,19 @@ TEST_CASE("The model's layers, weights, batch, generation and paged decoder refu
       store_ctor, input::kValue, no_state,
       [&] { kvlab::LlamaModel m(weights, std::make_shared<ForeignStore>(3, 2, 8)); },
       names("store", "a RecomputeStore, ContiguousStore, PagedStore or SelectiveStore", "foreign"));
+  const char* policy_ctor =
+      "kvlab::LlamaModel::LlamaModel(std::shared_ptr< const LlamaWeights > weights, const "
+      "CachePolicy &policy, int max_tokens=0)";
+  const kvlab::CachePolicy sinks = kvlab::parse_cache_policy("cached,window=8,sinks=2");
+  refuses<InvalidArgument>(
+      policy_ctor, input::kValue, no_state, [&] { kvlab::LlamaModel m(weights, sinks, 513); },
+      names("max_tokens", "in [0, seq_len (512)]", "513"));
+  refuses<InvalidArgument>(
+      policy_ctor, input::kValue, no_state,
+      [&] {
+        kvlab::LlamaModel m(weights, kvlab::parse_cache_policy("cached,window=8,full_layers=3"));
+      },
+      names("policy.full_layers", "layers in [0, 3) (the model's)", "3"));
   refuses<InvalidArgument>(
       "kvlab::llama_backend_of(const KVStore< float > &store)", input::kValue, no_state,
       [] { (void)kvlab::llama_backend_of(ForeignStore(3, 2, 8)); },
