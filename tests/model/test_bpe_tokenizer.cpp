@@ -198,6 +198,29 @@ TEST_CASE("BpeTokenizer: a byte without a token is refused, naming it") {
   CHECK(t.encode_text("ab", false).size() == 2);
 }
 
+TEST_CASE("BpeTokenizer: a token that does not decode to a byte or a merge's parts is not used") {
+  // Found by fuzz_gguf: a vocabulary whose token for byte 0xC3 (its text "Ã", U+00C3) was a
+  // control token encoded that byte through it, and decoded its text as is (0xC3 0x83). A token
+  // counts as a byte only if it decodes to it, and a merge applies only if its token decodes to
+  // its parts' bytes: every encoding decodes back. (Where the text is the byte itself — ASCII
+  // letters — the token still decodes to it, and is used.)
+  Vocab byte = small_vocab();
+  byte.types[4 + 0xC3] = 3;  // byte 0xC3's token "Ã": control
+  const BpeTokenizer a = make(byte);
+  CHECK(a.encode_text("q", false).size() == 1);
+  CHECK(error_of([&] {
+          a.encode_text("w\xC3\xB6rld", false);
+        }).find("got byte 0xC3 at offset 1, which has no token") != std::string::npos);
+  Vocab merged = small_vocab();
+  merged.types[static_cast<std::size_t>(make(merged).lookup("Ġw"))] = 3;  // "Ġ w": control
+  const BpeTokenizer b = make(merged);
+  CHECK(b.encode_text(" w", false) ==
+        std::vector<int>{4 + static_cast<unsigned char>(' '), 4 + static_cast<unsigned char>('w')});
+  for (const std::string& text : {std::string(" w"), std::string("hello world")}) {
+    CHECK(b.decode(b.encode_text(text, false)) == text);
+  }
+}
+
 TEST_CASE("BpeTokenizer: every defect of a vocabulary is refused with the documented error") {
   const auto error = [](Vocab v, const std::string& pre = "smollm", int bos = 1, int eos = 2) {
     return error_of([&] { BpeTokenizer t(v.tokens, v.types, v.merges, pre, bos, eos); });

@@ -113,9 +113,13 @@ class BpeTokenizer : public TextTokenizer {
         bytes_[static_cast<std::size_t>(id)] = alphabet_bytes(t, at);
       }
     }
-    for (int b = 0; b < 256; ++b) {  // -1: the vocabulary cannot encode byte b (see encode_text)
+    // -1: the vocabulary cannot encode byte b (see encode_text). A token counts as byte b only
+    // if it decodes to b: a control or user-defined token with that text decodes to the text.
+    for (int b = 0; b < 256; ++b) {
       const auto it = index_.find(byte_char(static_cast<unsigned char>(b)));
-      byte_token_[static_cast<std::size_t>(b)] = it == index_.end() ? -1 : it->second;
+      const bool decodes = it != index_.end() && bytes_[static_cast<std::size_t>(it->second)] ==
+                                                     std::string(1, static_cast<char>(b));
+      byte_token_[static_cast<std::size_t>(b)] = decodes ? it->second : -1;
     }
     for (std::size_t r = 0; r < merges.size(); ++r) {
       const std::string& m = merges[r];
@@ -132,6 +136,12 @@ class BpeTokenizer : public TextTokenizer {
       if (both == index_.end()) {
         detail::fail(kWhere, at, "a pair whose concatenation is a token", "'" + left + right + "'");
       }
+      // A merge whose token does not decode to its two parts' bytes (a control or user-defined
+      // token among the three) would break decode(encode(text)) == text: it never applies.
+      const auto bytes_of = [&](int id) -> const std::string& {
+        return bytes_[static_cast<std::size_t>(id)];
+      };
+      if (bytes_of(both->second) != bytes_of(l->second) + bytes_of(rt->second)) continue;
       ranks_.emplace(pair_key(l->second, rt->second),
                      std::make_pair(static_cast<int>(r), both->second));  // the first one wins
     }
