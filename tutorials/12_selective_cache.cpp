@@ -13,6 +13,9 @@
 //  4. Why a paged cache does not drop single tokens: its blocks are shared by a layer's heads, and
 //     a block goes back only when none of them holds a row of it.
 //  5. A policy that keeps every token at fp32 in every head computes what the full cache computes.
+//  6. Not caching a layer at all (kvlab::PartialCacheDecoder): its K/V must come from its input,
+//     which must be kept (576 values a token in SmolLM2, more than its K and V, 2 x 192) or
+//     recomputed through every layer below; the counters show each cost.
 // It checks itself: it exits non-zero if a head holds other rows than its policy says, the bytes
 // differ from the closed form, or the full policy's logits differ from the full cache's.
 //
@@ -27,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -163,6 +167,48 @@ int main() {
               whole->name(), diff);
   check(diff <= 1e-5 * std::max(1.0f, b.cwiseAbs().maxCoeff()),
         "every head whole = the full cache");
+
+  std::printf(
+      "\n5. Not caching a layer: two attention layers of SmolLM2-135M's shape (d_model 576,\n"
+      "   9 query heads, 3 K/V heads of 64; random weights), one decode step after 255 tokens\n");
+  const auto stack =
+      kvlab::AttentionStack<float>::random(2, kvlab::AttentionShape(9, 3, 64), 576, 12);
+  kvlab::Rng rng(12);
+  const kvlab::RowMatrix<float> x = kvlab::random_matrix<float>(256, 576, rng);  // [256, 576]
+  kvlab::CachedDecoder<float> both(stack, 256);
+  kvlab::PartialCacheDecoder<float> input_kept(stack, 256, {1});  // layer 1 keeps its input
+  kvlab::PartialCacheDecoder<float> nothing(stack, 256, {0, 1});  // only the model's input
+  std::printf("   %-32s %14s %14s %16s\n", "kept per token", "bytes/token", "K/V projected",
+              "multiply-adds");
+  const auto row = [&](const char* what, kvlab::Decoder<float>& d, std::size_t bytes) {
+    (void)d.prefill(x.topRows(255));
+    const kvlab::RowVector<float> y = d.decode(x.row(255));
+    std::printf("   %-32s %14zu %14llu %16llu\n", what, bytes,
+                static_cast<unsigned long long>(d.last_step().kv_projections),
+                static_cast<unsigned long long>(d.last_step().macs));
+    return y;
+  };
+  const kvlab::RowVector<float> y0 =
+      row("K and V of both layers", both, both.store().bytes_per_token());
+  const kvlab::RowVector<float> y1 =
+      row("layer 1: its input, not K/V", input_kept, input_kept.bytes_per_token());
+  const kvlab::RowVector<float> y2 =
+      row("nothing: layers 0-1 recomputed", nothing, nothing.bytes_per_token());
+  std::printf(
+      "   Layer 1's input is 576 values a token, its K and V 2 x 192: under grouped-query\n"
+      "   attention not caching a layer costs memory as well as 255 x 3 K/V projections a step.\n"
+      "   Keeping nothing saves memory, and recomputes every position of every layer below.\n");
+  const std::uint64_t t = 255;
+  check(input_kept.bytes_per_token() == (2 * 192 + 576) * sizeof(float),
+        "a layer's input kept instead of its K/V: 576 + 2 x 192 values a token");
+  check(input_kept.last_step().kv_projections == both.last_step().kv_projections + 3 * t,
+        "layer 1's K/V projected again for the 255 past tokens");
+  check(nothing.last_step().q_projections == both.last_step().q_projections + 9 * t,
+        "layer 0's queries computed again for the 255 past tokens");
+  const float scale = std::max(1.0f, y0.cwiseAbs().maxCoeff());
+  check((y1 - y0).cwiseAbs().maxCoeff() <= 1e-5f * scale &&
+            (y2 - y0).cwiseAbs().maxCoeff() <= 1e-5f * scale,
+        "the same outputs as the cached decoder (fp32 sums in another order)");
 
   std::printf(failures == 0 ? "\nAll checks passed.\n" : "\n%d check(s) FAILED.\n", failures);
   return failures == 0 ? 0 : 1;

@@ -365,3 +365,141 @@ TEST_CASE("AttentionLayer and AttentionStack check their weights") {
   const auto stack = AttentionStack<float>::random(2, shape, 10, 3);
   CHECK_THROWS_MATCHES(stack->layer(2), kvlab::InvalidArgument, names("l", "in [0, 2)", "2"));
 }
+
+namespace {
+
+// The work of one step of a PartialCacheDecoder of `layers` layers, `uncached` of them without a
+// cache, that adds p tokens after t: per cached layer that of CachedDecoder; per uncached layer
+// K/V of all t + p tokens, and queries of all t + p below the top of its run (whose outputs the
+// next layer of the run needs for every token), of the p new ones at the top; the uncached runs
+// attend with cpu::naive_attention, which computes every score of [queries, t + p] and reads each
+// K/V row once per query head.
+kvlab::CostCounters partial_cache_step(int layers, const std::vector<int>& uncached, int H, int Hkv,
+                                       int head_dim, int d_model, int t, int p,
+                                       std::size_t value_bytes) {
+  using u64 = std::uint64_t;
+  const auto is_uncached = [&](int l) {
+    return std::find(uncached.begin(), uncached.end(), l) != uncached.end();
+  };
+  const u64 T = static_cast<u64>(t), P = static_cast<u64>(p),
+            row = 2 * static_cast<u64>(head_dim) * value_bytes;
+  kvlab::CostCounters c;
+  for (int l = 0; l < layers; ++l) {
+    if (!is_uncached(l)) {
+      c.q_projections += static_cast<u64>(H) * P;
+      c.kv_projections += static_cast<u64>(Hkv) * P;
+      c.qk_dots += static_cast<u64>(H) * (P * T + P * (P + 1) / 2);
+      c.kv_bytes_read += static_cast<u64>(Hkv) * row * (T + P);  // one query tile: p <= 16
+      continue;
+    }
+    const bool top_of_run = l + 1 == layers || !is_uncached(l + 1);
+    const u64 queries = top_of_run ? P : T + P;
+    c.q_projections += static_cast<u64>(H) * queries;
+    c.kv_projections += static_cast<u64>(Hkv) * (T + P);
+    c.qk_dots += static_cast<u64>(H) * queries * (T + P);
+    c.kv_bytes_read += static_cast<u64>(H) * row * (T + P);
+  }
+  c.macs = 2 * static_cast<u64>(head_dim) *
+           (static_cast<u64>(d_model) * (c.q_projections + c.kv_projections) + c.qk_dots);
+  return c;
+}
+
+}  // namespace
+
+// Tolerance 1e-12 per row relative (double): the runs without a cache attend with
+// cpu::naive_attention, a GEMM over every key, the cached ones stream rows; the same values in
+// another order (as the suite above).
+TEST_CASE(
+    "a decoder without some layers' caches: CachedDecoder's outputs, its work and bytes "
+    "equal to their closed forms") {
+  const int layers = 4, H = 6, Hkv = 2, head_dim = 8, n = 24, prompt = 5;
+  for (int d_model : {16, 48}) {  // narrower than K and V together (2 * 16 = 32), and wider
+    const auto stack =
+        AttentionStack<double>::random(layers, AttentionShape(H, Hkv, head_dim), d_model, 11);
+    kvlab::Rng rng(12);
+    const RowMatrix<double> inputs = kvlab::random_matrix<double>(n, d_model, rng);
+    for (const std::vector<int>& uncached :
+         std::vector<std::vector<int>>{{}, {2}, {0}, {3}, {0, 1, 2}, {1, 3}, {0, 1, 2, 3}}) {
+      INFO("d_model " << d_model << ", uncached layers " << uncached.size()
+                      << (uncached.empty() ? "" : ", first " + std::to_string(uncached[0])));
+      CachedDecoder<double> cached(stack, n);
+      kvlab::PartialCacheDecoder<double> partial(stack, n, uncached);
+      CHECK(partial.uncached_layers() == uncached);
+      // Bytes per token: K and V of each cached layer, the input of each run of uncached ones.
+      std::size_t runs = 0;
+      for (std::size_t i = 0; i < uncached.size(); ++i)
+        if (i == 0 || uncached[i] != uncached[i - 1] + 1) ++runs;
+      const std::size_t want_bytes = (static_cast<std::size_t>(layers) - uncached.size()) * 2 *
+                                         Hkv * head_dim * sizeof(double) +
+                                     runs * static_cast<std::size_t>(d_model) * sizeof(double);
+      CHECK(partial.bytes_per_token() == want_bytes);
+
+      double worst = 0;
+      worst = std::max(worst, max_row_relative_error(partial.prefill(inputs.topRows(prompt)),
+                                                     cached.prefill(inputs.topRows(prompt))));
+      CHECK(partial.last_step() == partial_cache_step(layers, uncached, H, Hkv, head_dim, d_model,
+                                                      0, prompt, sizeof(double)));
+      for (int t = prompt; t < n; ++t) {
+        const RowMatrix<double> got(partial.decode(inputs.row(t)));
+        worst = std::max(
+            worst, max_row_relative_error(got, RowMatrix<double>(cached.decode(inputs.row(t)))));
+        REQUIRE(partial.last_step() == partial_cache_step(layers, uncached, H, Hkv, head_dim,
+                                                          d_model, t, 1, sizeof(double)));
+        REQUIRE(partial.bytes_used() == want_bytes * static_cast<std::size_t>(t + 1));
+      }
+      CHECK(worst <= tolerance<double>());
+      if (uncached.empty()) CHECK(partial.total() == cached.total());
+    }
+  }
+}
+
+TEST_CASE(
+    "not caching one layer of SmolLM2's shape: its input (576 values) costs more than its "
+    "K and V (2 x 192), and t more K/V projections per step") {
+  // SmolLM2-135M's attention: d_model 576, 9 query heads, 3 K/V heads of 64 (two layers of
+  // random weights: what is counted depends on the shape only).
+  const int d_model = 576, H = 9, Hkv = 3, head_dim = 64, n = 40;
+  const auto stack =
+      AttentionStack<float>::random(2, AttentionShape(H, Hkv, head_dim), d_model, 13);
+  kvlab::Rng rng(14);
+  const RowMatrix<float> inputs = kvlab::random_matrix<float>(n, d_model, rng);
+  CachedDecoder<float> cached(stack, n);
+  kvlab::PartialCacheDecoder<float> input_kept(stack, n, {1});  // layer 1 keeps its input
+  kvlab::PartialCacheDecoder<float> nothing(stack, n, {0, 1});  // nothing but the model's input
+  CHECK(cached.store().bytes_per_token() == 2 * 2 * 192 * sizeof(float));  // 3072
+  CHECK(input_kept.bytes_per_token() == (2 * 192 + 576) * sizeof(float));  // 3840: more
+  CHECK(nothing.bytes_per_token() == 576 * sizeof(float));                 // 2304: less
+  (void)cached.prefill(inputs.topRows(n - 1));
+  (void)input_kept.prefill(inputs.topRows(n - 1));
+  (void)nothing.prefill(inputs.topRows(n - 1));
+  (void)cached.decode(inputs.row(n - 1));
+  (void)input_kept.decode(inputs.row(n - 1));
+  (void)nothing.decode(inputs.row(n - 1));
+  const std::uint64_t t = n - 1;  // tokens before the step
+  // Keeping layer 1's input: K/V of the t past tokens projected again, 2·576·192 MACs each.
+  CHECK(input_kept.last_step().kv_projections - cached.last_step().kv_projections == Hkv * t);
+  CHECK(input_kept.last_step().macs - cached.last_step().macs ==
+        Hkv * t * 2 * static_cast<std::uint64_t>(d_model) * head_dim);
+  // Keeping nothing: layer 0 runs again over all t + 1 tokens, queries and scores included.
+  CHECK(nothing.last_step().q_projections - cached.last_step().q_projections == H * t);
+  CHECK(nothing.last_step().qk_dots == H * (t + 1) * (t + 1) + H * (t + 1));
+}
+
+TEST_CASE("a decoder without some layers' caches: a step that does not fit changes nothing") {
+  const auto stack = AttentionStack<double>::random(3, AttentionShape(2, 1, 4), 8, 15);
+  kvlab::Rng rng(16);
+  const RowMatrix<double> inputs = kvlab::random_matrix<double>(8, 8, rng);
+  // Layer 0 recomputed (no capacity), layers 1 and 2 cached for 6 tokens: a step of 2 after 5
+  // passes layer 0, then does not fit in the caches above.
+  kvlab::PartialCacheDecoder<double> partial(stack, 6, {0});
+  kvlab::PartialCacheDecoder<double> fresh(stack, 6, {0});
+  (void)partial.prefill(inputs.topRows(5));
+  (void)fresh.prefill(inputs.topRows(5));
+  const std::size_t bytes = partial.bytes_used();
+  const kvlab::CostCounters total = partial.total();
+  CHECK_THROWS_AS(partial.prefill(inputs.middleRows(5, 2)), kvlab::CapacityError);
+  CHECK(partial.position() == 5);
+  CHECK(partial.bytes_used() == bytes);
+  CHECK(partial.total() == total);
+  CHECK(partial.decode(inputs.row(5)) == fresh.decode(inputs.row(5)));
+}

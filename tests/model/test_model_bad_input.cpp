@@ -231,6 +231,35 @@ TEST_CASE("LlamaConfig setters, the model and the decoders refuse bad sizes") {
       "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0)",
       input::kSize, no_state, [&] { kvlab::PagedDecoder<double> d(stack, 4, 0); },
       names("num_blocks", ">= 1", "0"));
+  {
+    const char* partial =
+        "kvlab::PartialCacheDecoder::PartialCacheDecoder(std::shared_ptr< const AttentionStack< T "
+        "> > stack, int capacity, std::vector< int > uncached_layers)";
+    const auto deep =
+        kvlab::AttentionStack<double>::random(3, kvlab::AttentionShape(2, 1, 4), 8, 5);
+    refuses<InvalidArgument>(
+        partial, input::kSize, no_state,
+        [&] { kvlab::PartialCacheDecoder<double> d(deep, 0, {1}); },
+        names("capacity", ">= 1", "0"));
+    refuses<InvalidArgument>(
+        partial, input::kRange, no_state,
+        [&] { kvlab::PartialCacheDecoder<double> d(deep, 4, {3}); },
+        names("uncached_layers[0]", "in [0, 3) (ascending layers of the stack)", "3"));
+    refuses<InvalidArgument>(
+        partial, input::kRange, no_state,
+        [&] { kvlab::PartialCacheDecoder<double> d(deep, 4, {-1}); },
+        names("uncached_layers[0]", "in [0, 3)", "-1"));
+    refuses<InvalidArgument>(
+        partial, input::kValue, no_state,
+        [&] {
+          kvlab::PartialCacheDecoder<double> d(deep, 4, {1, 1});
+        },
+        names("uncached_layers[1]", "in [2, 3) (ascending layers of the stack)", "1"));
+    refuses<InvalidArgument>(
+        partial, input::kEmpty, no_state,
+        [&] { kvlab::PartialCacheDecoder<double> d(nullptr, 4, {0}); },
+        names("stack", "a non-null stack", "nullptr"));
+  }
   kvlab::CachedDecoder<double> decoder(stack, 4);
   decoder.prefill(RowMatrix<double>::Ones(2, 8));
   const auto decoder_state = [&] { return decoder.position(); };

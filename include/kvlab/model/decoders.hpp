@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -208,6 +209,140 @@ class PagedDecoder : public StoreDecoder<T, PagedStore<T, S>> {
                                               s->shape().head_dim(), block_size, num_blocks, layout,
                                               window);
   }
+};
+
+/// A decoder that caches K and V of some layers and not of others: selective caching by layer,
+/// the reading "for an unimportant layer, do not cache" made concrete, with its cost counted.
+///
+/// Layer l's K and V at a past token are a projection of layer l's input at that token, and that
+/// input is the output of every layer below. So a layer without a cache must get its past inputs
+/// from somewhere: each run of consecutive uncached layers [a, b] keeps the input of its first
+/// layer a for every token (a `RecomputeStore`, `d_model` values per token) and runs layers a…b
+/// again over every token at each step; the layers between runs keep K and V as
+/// `CachedDecoder` does (a `ContiguousStore` of `capacity` tokens each). Two readings of "layer
+/// l not cached":
+///  - `{l}`: keep layer l's input instead of its K/V. Per token that is `d_model` values against
+///    `2 · num_kv_heads · head_dim` — for SmolLM2-135M 576 against 2 × 192 = 384, half as much
+///    again (grouped-query attention made the K/V narrower than the input); only multi-head
+///    attention (K/V as wide as the input, 2 × d_model) saves by it. A step of p new tokens after
+///    t then projects K/V of t + p tokens in layer l instead of p: `t · num_kv_heads` more K/V
+///    projections, `2 · t · d_model · num_kv_heads · head_dim` more multiply-adds.
+///  - `{0, …, l}`: keep nothing of layer l (only the model's inputs, which token ids give back):
+///    then layers 0…l run over all t + p tokens at each step — below l every position's query
+///    and attention too, (t + p)² scores per head per layer — Θ(n²) projections over n tokens,
+///    what `NaiveDecoder` pays for the whole stack.
+/// The outputs are those of `CachedDecoder` (the same arithmetic on every token, to rounding:
+/// `cpu::naive_attention` sums in another order), checked with the closed forms of every counter
+/// in `tests/model/test_decoders.cpp`. A run of uncached layers attends with
+/// `cpu::naive_attention`, which computes the masked scores too (`qk_dots` counts them).
+template <typename T>
+class PartialCacheDecoder : public Decoder<T> {
+ public:
+  /// A decoder running `stack` whose layers `uncached_layers` (ascending, each in
+  /// [0, num_layers)) keep no K/V, and whose other layers cache up to `capacity` tokens.
+  /// \throws InvalidArgument if `stack` is null, `capacity < 1`, or `uncached_layers` is not
+  ///         strictly ascending within [0, num_layers) (naming the entry).
+  PartialCacheDecoder(std::shared_ptr<const AttentionStack<T>> stack, int capacity,
+                      std::vector<int> uncached_layers)
+      : Decoder<T>(std::move(stack)), state_(std::make_unique<State>()) {
+    constexpr const char* kWhere = "kvlab::PartialCacheDecoder";
+    const AttentionStack<T>& s = this->stack();
+    detail::require_at_least(kWhere, "capacity", capacity, 1);
+    for (std::size_t i = 0; i < uncached_layers.size(); ++i) {
+      const int lo = i == 0 ? 0 : uncached_layers[i - 1] + 1;  // ascending, no repeats
+      if (uncached_layers[i] < lo || uncached_layers[i] >= s.num_layers()) {
+        detail::fail(kWhere, "uncached_layers[" + std::to_string(i) + "]",
+                     "in [" + std::to_string(lo) + ", " + std::to_string(s.num_layers()) +
+                         ") (ascending layers of the stack)",
+                     uncached_layers[i]);
+      }
+    }
+    state_->uncached = std::move(uncached_layers);
+    // The runs of layers of one kind, bottom to top.
+    for (int first = 0; first < s.num_layers();) {
+      const bool cached = !is_uncached(first);
+      int end = first + 1;
+      while (end < s.num_layers() && !is_uncached(end) == cached) ++end;
+      std::vector<AttentionLayer<T>> layers;
+      for (int l = first; l < end; ++l) layers.push_back(s.layer(l));
+      Segment seg;
+      seg.first = first;
+      seg.stack = std::make_shared<const AttentionStack<T>>(std::move(layers));
+      const int kv_heads = s.shape().num_kv_heads(), head_dim = s.shape().head_dim();
+      if (cached) {
+        seg.store = std::make_unique<ContiguousStore<T>>(end - first, kv_heads, head_dim, capacity);
+      } else {
+        seg.store =
+            std::make_unique<RecomputeStore<T>>(end - first, kv_heads, head_dim, s.d_model());
+      }
+      seg.seq = seg.store->add_sequence();
+      state_->segments.push_back(std::move(seg));
+      first = end;
+    }
+  }
+
+  /// The layers that keep no K/V, ascending.
+  const std::vector<int>& uncached_layers() const { return state_->uncached; }
+  /// Bytes kept per token, all layers: `2 · num_kv_heads · head_dim · sizeof(T)` per cached
+  /// layer, plus `d_model · sizeof(T)` per run of uncached layers (the input of its first).
+  std::size_t bytes_per_token() const {
+    std::size_t bytes = 0;
+    for (const Segment& seg : state_->segments) bytes += seg.store->bytes_per_token();
+    return bytes;
+  }
+  /// Bytes that hold tokens now: `bytes_per_token() · position()`, from the stores' counters.
+  std::size_t bytes_used() const {
+    std::size_t bytes = 0;
+    for (const Segment& seg : state_->segments) bytes += seg.store->bytes_used();
+    return bytes;
+  }
+
+ protected:
+  RowMatrix<T> forward(const RowMatrix<T>& x, CostCounters& counters) override {
+    const std::vector<std::int32_t> x_indptr{0, static_cast<std::int32_t>(x.rows())};  // [2]
+    CostCounters work;
+    RowMatrix<T> h = x;  // [p, d_model]: the new tokens' input to the next run of layers
+    std::vector<Segment>& segments = state_->segments;
+    std::size_t done = 0;
+    try {
+      for (; done < segments.size(); ++done) {
+        Segment& seg = segments[done];
+        h = run_stack(*seg.stack, *seg.store, {seg.seq}, x_indptr, h, &work,
+                      "kvlab::Decoder::prefill");
+      }
+    } catch (...) {
+      // The runs below kept the step: back to the tokens before it (the failing run is unchanged).
+      for (std::size_t i = 0; i < done; ++i)
+        segments[i].store->truncate(segments[i].seq, this->position());
+      throw;
+    }
+    counters += work;
+    return h;  // [p, d_model]
+  }
+  void truncate(int position) override {
+    for (Segment& seg : state_->segments) seg.store->truncate(seg.seq, position);
+  }
+
+ private:
+  struct Segment {
+    int first = 0;                                   // the run's first layer
+    std::shared_ptr<const AttentionStack<T>> stack;  // its layers
+    std::unique_ptr<KVStore<T>> store;               // K/V (cached) or its first layer's inputs
+    int seq = 0;                                     // this decoder's sequence in store
+  };
+  // Behind one pointer: GCC 12 at -O3 speculatively inlines this class's forward() where
+  // another decoder's is called, and warns (-Warray-bounds) of members past that object's end.
+  struct State {
+    std::vector<int> uncached;      // ascending
+    std::vector<Segment> segments;  // the runs of layers, bottom to top
+  };
+  bool is_uncached(int layer) const {
+    for (int l : state_->uncached)
+      if (l == layer) return true;
+    return false;
+  }
+
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace kvlab
