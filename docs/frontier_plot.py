@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """The cache-policy frontier: KV bytes per token held at 4,096 tokens against the mean KL
 divergence from the full fp32 cache, a point per policy, drawn with matplotlib from kvlab-eval's
-JSON files (bench/results/cpu-eval-smollm2*.json). Deterministic: the same files give the same
-SVG, byte for byte (no date, a fixed hash salt).
+JSON files (bench/results/cpu-eval-smollm2*.json); with --steps, a second panel below against
+the same axis of bytes: the decode step's attention time / the full cache's at 4,096 and 8,192
+tokens (bench_policy_step's JSON). Deterministic: the same files give the same SVG, byte for
+byte (no date, a fixed hash salt).
 
     frontier_plot.py OUT.svg EVAL.json [EVAL.json ...] --machine TEXT
+                     [--steps STEPS.json --steps-machine TEXT]
 """
 import argparse
 import json
@@ -57,12 +60,44 @@ def label(policy):
     return ",".join(items) if items else "fp32"
 
 
+def steps_panel(ax, points, path):
+    """Time / the full cache's at each context of bench_policy_step's JSON (filled: the largest,
+    hollow: the others), at the bytes per token of the same policy in the panel above."""
+    with open(path) as f:
+        steps = json.load(f)["results"]
+    contexts = sorted({r["n"] for r in steps})
+    for r in sorted(steps, key=lambda r: (r["n"], r["policy"])):
+        p = points.get(r["policy"])
+        if p is None:  # a paged policy, or one the evaluation did not run
+            continue
+        _, colour, marker = FAMILIES[family(p)]
+        filled = r["n"] == contexts[-1]
+        ax.scatter([p["kv_bytes_per_token_at_context"]], [r["time_ratio_to_full"]],
+                   marker=marker, s=45, zorder=3, color=colour if filled else "none",
+                   edgecolors=colour, linewidths=1.2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(2000, 80000)
+    ax.axhline(1.0, color="#999999", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("KV bytes held per token at 4,096 tokens (log)")
+    ax.set_ylabel("decode step's attention time\n/ the full fp32 cache's (log)")
+    names = " and ".join(f"{n:,}" for n in contexts)
+    ax.set_title(f"Time of a decode step's attention at {names} tokens (filled: {contexts[-1]:,}; "
+                 "hollow: fewer)\nK and V in two types, sinks, heavy hitters, heads or layers "
+                 "whole: the reference store, not tuned", fontsize=10)
+    ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--machine", required=True)
+    parser.add_argument("--steps")
+    parser.add_argument("--steps-machine")
     args = parser.parse_args()
+    if args.steps and not args.steps_machine:
+        parser.error("--steps needs --steps-machine")
 
     points = {}  # policy name -> its figures (the first file that has it)
     reference = None
@@ -83,7 +118,12 @@ def main():
             points.setdefault(p["policy"], p)
 
     plt.rcParams.update({"svg.hashsalt": "kvlab", "font.size": 11, "svg.fonttype": "none"})
-    fig, ax = plt.subplots(figsize=(9.5, 6.2), dpi=100)
+    if args.steps:
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9.5, 10.4), dpi=100,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(9.5, 6.2), dpi=100)
+        ax2 = None
     seen = set()
     placed = []  # (x, y, text) of every point, labelled once the axes are final
     for p in sorted(points.values(), key=lambda p: (p["kv_bytes_per_token_at_context"],
@@ -128,13 +168,16 @@ def main():
                  fontsize=12)
     handles, labels = ax.get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: [n for n, _, _ in FAMILIES].index(labels[i]))
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper center",
-              bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=9, frameon=False)
-    fig.text(0.01, 0.005,
-             f"kvlab-eval, 8,192 tokens of the GNU GPL in windows of 4,096, steps of 16 "
-             f"(full-cache perplexity {reference:.2f}); {args.machine}",
-             fontsize=8, color="#555555")
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    credit = (f"kvlab-eval, 8,192 tokens of the GNU GPL in windows of 4,096, steps of 16 "
+              f"(full-cache perplexity {reference:.2f}); {args.machine}")
+    if ax2 is not None:
+        steps_panel(ax2, points, args.steps)
+        credit += f"\nbench_policy_step (the step's attention, every layer; medians); {args.steps_machine}"
+    (ax2 if ax2 is not None else ax).legend(
+        [handles[i] for i in order], [labels[i] for i in order], loc="upper center",
+        bbox_to_anchor=(0.5, -0.13 if ax2 is None else -0.2), ncol=2, fontsize=9, frameon=False)
+    fig.text(0.01, 0.005, credit, fontsize=8, color="#555555")
+    fig.tight_layout(rect=(0, 0.02 if ax2 is None else 0.035, 1, 1))
     fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None})
 
 
