@@ -7,11 +7,14 @@
 #   bench/cuda/run_on_gpu.sh tests   # build, ctest -L cuda, compute-sanitizer memcheck + racecheck
 #   bench/cuda/run_on_gpu.sh bench   # the GPU benchmarks and PyTorch on the same shapes, as JSON
 #
-# Needs .deps/ (Eigen, Catch2, Google Benchmark and the tokenizer's Unicode data, made by
-# scripts/prepare-gpu-deps.sh on a machine with the Debian packages and carried along), nvcc,
-# CMake, Ninja; `bench` uses PyTorch if present.
+#   bench/cuda/run_on_gpu.sh kernels # a short check of the attention kernels: their CUDA tests but
+#                                    # vLLM's grid, memcheck + racecheck on the sinks
+#
+# Needs .deps/ (Eigen, Catch2, Google Benchmark, CLI11, nlohmann/json and the tokenizer's
+# Unicode data, made by scripts/prepare-gpu-deps.sh on a machine with the Debian packages and
+# carried along), nvcc, CMake, Ninja; `bench` uses PyTorch if present.
 # Files written (at most 8 per stage):
-#   tests: build.log, ctest-cuda.log, sanitizer.log
+#   tests, kernels: build.log, ctest-cuda.log, sanitizer.log
 #   bench: <gpu>-cuda-decode.{json,txt}, <gpu>-torch-decode.{json,txt},
 #          <gpu>-attention-lab.{json,txt}, <gpu>-cuda-generation.{json,txt}
 set -uo pipefail
@@ -60,6 +63,29 @@ case "$stage" in
       done
     done
     ;;
+  kernels)
+    nvidia-smi -L
+    echo "== build (the CUDA tests of the kernels and caches)"
+    start=$(date +%s)
+    configure_and_build test_cuda_attention test_cuda_cache > "$out/build.log" 2>&1 ||
+      { tail -40 "$out/build.log"; exit 1; }
+    echo "built in $(( $(date +%s) - start )) s"
+    echo "== ctest: test_cuda_attention (but vLLM's grid, whose CPU reference takes minutes) and test_cuda_cache"
+    ctest --test-dir "$build" -R '^test_cuda_(attention|cache):' -E "vLLM's grid" --output-on-failure \
+      -j 4 --timeout 300 2>&1 | tee "$out/ctest-cuda.log" | tail -12
+    echo "== compute-sanitizer (memcheck, racecheck): the sinks cases"
+    : > "$out/sanitizer.log"
+    for tool in memcheck racecheck; do
+      for filter in "with attention sinks*"; do
+        echo "---- $tool: test_cuda_attention $filter" >> "$out/sanitizer.log"
+        timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+          "$build/tests/cuda/test_cuda_attention" "$filter" >> "$out/sanitizer.log" 2>&1
+        status=$?
+        echo "$tool test_cuda_attention $filter: exit $status ($( [ $status -eq 0 ] && echo clean || echo 'SEE sanitizer.log' ))"
+      done
+    done
+    echo "total $(( $(date +%s) - start )) s"
+    ;;
   bench)
     nvidia-smi -L
     configure_and_build attention_lab bench_cuda_decode bench_cuda_generation > "$out/bench-build.log" 2>&1 ||
@@ -76,7 +102,7 @@ case "$stage" in
       tee "$out/$gpu-cuda-generation.txt"
     ;;
   *)
-    echo "usage: bench/cuda/run_on_gpu.sh tests|bench" >&2
+    echo "usage: bench/cuda/run_on_gpu.sh tests|bench|kernels" >&2
     exit 2
     ;;
 esac

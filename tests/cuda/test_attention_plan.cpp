@@ -64,35 +64,46 @@ TEST_CASE("partition_size, partition_count and partition_keys cut a context into
       }
 }
 
-TEST_CASE("row_partition_keys: a row's partitions cover exactly its window, cut at block edges") {
+TEST_CASE(
+    "row_partition_keys: a row's partitions cover exactly its window and sinks, cut at block "
+    "edges") {
   using namespace kvlab::cuda;
   for (int block_size : {1, 3, 16})
     for (int window : {0, 1, 2, 5, 16, 17, 300, 700})
-      for (int keys = 1; keys <= 1200; keys += keys < 40 ? 1 : 37)
-        for (int parts : {1, 2, 3, 7, 64}) {
-          CAPTURE(block_size, window, keys, parts);
-          const QueryRow row = query_row(0, keys, window);
-          CHECK(row.first == kvlab::first_visible_key(keys - 1, window));
-          CHECK(row.keys - row.first == (window > 0 ? std::min(window, keys) : keys));
-          const int unit = split_k_unit(block_size);
-          const int count = row_partition_count(row, parts, unit, block_size);
-          CHECK(count >= 1);
-          CHECK(count <= parts);
-          int next = row.first;  // the partitions follow each other from the first visible key
-          for (int p = 0; p < parts; ++p) {
-            const KeyRange r = row_partition_keys(row, parts, unit, block_size, p);
-            if (p < count) {
-              CHECK(r.begin == next);
-              CHECK(r.end > r.begin);
-              if (p > 0) CHECK(r.begin % block_size == 0);  // whole blocks of the pool
-              if (p + 1 < count) CHECK(r.end % block_size == 0);
-              next = r.end;
-            } else {
-              CHECK(r.begin == r.end);  // past the last: empty
+      for (int sinks : {0, 1, 4})
+        for (int keys = 1; keys <= 1200; keys += keys < 40 ? 1 : 37)
+          for (int parts : {1, 2, 3, 7, 64}) {
+            if (sinks > 0 && sinks >= window) continue;  // sinks only below a window
+            CAPTURE(block_size, window, sinks, keys, parts);
+            const QueryRow row = query_row(0, keys, window, sinks);
+            CHECK(row.first == kvlab::first_visible_key(keys - 1, window));
+            CHECK(row.keys - row.first == (window > 0 ? std::min(window, keys) : keys));
+            // the sinks that have left the window: the first min(S, first) keys
+            CHECK(row.sinks == std::min(sinks, row.first));
+            // virtual keys [begin, keys): the sinks at positions 0 .. sinks - 1, then the window
+            bool mapped = true;
+            for (int i = row.begin(); i < row.keys; ++i)
+              mapped = mapped && row.key_position(i) == (i < row.first ? i - row.begin() : i);
+            CHECK(mapped);
+            const int unit = split_k_unit(block_size);
+            const int count = row_partition_count(row, parts, unit, block_size);
+            CHECK(count >= 1);
+            CHECK(count <= parts);
+            int next = row.begin();  // the partitions follow each other from the first key
+            for (int p = 0; p < parts; ++p) {
+              const KeyRange r = row_partition_keys(row, parts, unit, block_size, p);
+              if (p < count) {
+                CHECK(r.begin == next);
+                CHECK(r.end > r.begin);
+                if (p > 0) CHECK(r.begin % block_size == 0);  // whole blocks of the pool
+                if (p + 1 < count) CHECK(r.end % block_size == 0);
+                next = r.end;
+              } else {
+                CHECK(r.begin == r.end);  // past the last: empty
+              }
             }
+            CHECK(next == keys);
           }
-          CHECK(next == keys);
-        }
 }
 
 TEST_CASE("lanes per row, GQA tiles and the split-K unit") {

@@ -12,7 +12,8 @@
 //  - split-K equals the single pass; paged_prefill_attention vs the CPU; counters; argument
 //    checks; CUDA errors as CudaError;
 //  - a sliding window through every kernel (naive, decode over a ring, paged decode and prefill
-//    with the blocks before the window released and NaN), against the CPU twins;
+//    with the blocks before the window released and NaN), against the CPU twins, and the same
+//    with attention sinks (the ring keeping them, their blocks kept);
 //  - int8 and int4 caches (q8_0, q4_0 blocks made by the CPU caches) through the contiguous and
 //    paged kernels, against the CPU kernels on the same blocks, at fp32 tolerance.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp). On the CPU emulator
@@ -421,10 +422,10 @@ TEMPLATE_TEST_CASE("cuda::paged_prefill_attention equals cpu::paged_prefill_atte
   CHECK(ran[1] == (kFewerUnderSanitizer ? 4 : 8));
 }
 
-// A RaggedBatch read with a sliding window of `window` keys: every block wholly before the
-// first visible key of a sequence's first query (its last `q_len` tokens query) is given back —
-// kReleasedBlock in a copy of the tables, NaN in the pool — so a kernel that reads one
-// poisons its output or trips on the table.
+// A RaggedBatch read with a sliding window of `window` keys and `sinks` attention sinks: every
+// block wholly before the first visible key of a sequence's first query (its last `q_len` tokens
+// query) that holds no sink is given back — kReleasedBlock in a copy of the tables, NaN in the
+// pool — so a kernel that reads one poisons its output or trips on the table.
 template <typename T>
 struct WindowedBatch {
   kvlab_test::RaggedBatch<float> batch;
@@ -433,16 +434,18 @@ struct WindowedBatch {
 
   WindowedBatch(const AttentionShape& shape, int block_size, const std::vector<int>& lengths,
                 const std::vector<std::int32_t>& qo_indptr, KVLayout layout, int window,
-                kvlab::Rng& rng)
+                kvlab::Rng& rng, int sinks = 0)
       : batch(shape, block_size, lengths, layout, rng, kvlab_test::RoundTo<T>{}) {
     view = batch.view;
     view.window = window;
+    view.sinks = sinks;
     indices.assign(view.indices, view.indices + view.indptr[view.batch]);
     for (int s = 0; s < view.batch; ++s) {
       const int q_len =
           qo_indptr[static_cast<std::size_t>(s) + 1] - qo_indptr[static_cast<std::size_t>(s)];
       const int first = kvlab::first_visible_key(view.seq_len(s) - q_len, window);
       for (int page = 0; page < first / block_size; ++page) {
+        if (page * block_size < sinks) continue;  // holds a sink
         auto& entry = indices[static_cast<std::size_t>(view.indptr[s] + page)];
         for (int pos = page * block_size; pos < (page + 1) * block_size; ++pos)
           for (int h = 0; h < shape.num_kv_heads(); ++h) {
@@ -565,6 +568,100 @@ TEMPLATE_TEST_CASE(
         }
       }
   }
+}
+
+TEMPLATE_TEST_CASE(
+    "with attention sinks every CUDA kernel equals its CPU twin, and reads only the sinks and "
+    "the window",
+    "", float, __half) {
+  // Windows shorter than a block and longer than two; 1 and 4 sinks; sequences shorter than the
+  // window, around W + S, and long ones.
+  const AttentionShape shape(8, 2, 64);
+  std::uint64_t seed = 3100;
+  for (int window : {5, 40})
+    for (int sinks : {1, 4}) {
+      kvlab::Rng rng(seed++);
+      const std::vector<int> lengths{
+          1, window - 1, window + sinks, window + sinks + 1, 2 * window + 5, kContext.prefill_long};
+      SECTION("decode_attention over a ring, window " + std::to_string(window) + ", sinks " +
+              std::to_string(sinks)) {
+        // A ring of S + W − 1 + 7 slots, filled in chunks of up to 7 tokens: after each chunk its
+        // queries attend, the ring wrapping many times over the 90 tokens, the sinks kept.
+        const int chunk = 7;
+        kvlab::ContiguousKVCache<float> ring(1, shape.num_kv_heads(), shape.head_dim(),
+                                             sinks + window - 1 + chunk, window, sinks);
+        const RowMatrix<float> keys = random_rounded<TestType>(90, shape.kv_width(), rng);
+        const RowMatrix<float> values = random_rounded<TestType>(90, shape.kv_width(), rng);
+        for (int pos = 0; pos < 90;) {
+          const int n = std::min({chunk, 90 - pos, ring.max_chunk(0)});
+          ring.append(0, keys.middleRows(pos, n), values.middleRows(pos, n));
+          pos += n;
+          const RowMatrix<float> q = random_rounded<TestType>(n, shape.q_width(), rng);
+          for (int partitions : {1, 2}) {
+            CAPTURE(window, sinks, pos, n, partitions);
+            kc::LaunchOptions options;
+            options.partitions = partitions;
+            kvlab::CostCounters want_counts, got_counts;
+            const RowMatrix<float> want =
+                kvlab::cpu::decode_attention(shape, q, ring.view(0), &want_counts);
+            check_close<TestType>(
+                kc::decode_attention<TestType>(shape, q, ring.view(0), &got_counts, options), want);
+            CHECK(got_counts.qk_dots == want_counts.qk_dots);
+            CHECK(got_counts.macs == want_counts.macs);
+          }
+        }
+      }
+      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+        for (int block_size : {3, 16}) {
+          // under the sanitizer one pool layout per (window, sinks, block size), in turn
+          if (kFewerUnderSanitizer && (sinks + block_size + (layout == KVLayout::HND)) % 2 == 0)
+            continue;
+          SECTION("paged decode and prefill, window " + std::to_string(window) + ", sinks " +
+                  std::to_string(sinks) + ", " + kvlab::to_string(layout) + ", blocks of " +
+                  std::to_string(block_size)) {
+            CAPTURE(window, sinks, kvlab::to_string(layout), block_size);
+            std::vector<std::int32_t> one_each(lengths.size() + 1);
+            for (std::size_t s = 0; s <= lengths.size(); ++s)
+              one_each[s] = static_cast<std::int32_t>(s);
+            const WindowedBatch<TestType> decode(shape, block_size, lengths, one_each, layout,
+                                                 window, rng, sinks);
+            const RowMatrix<float> q =
+                random_rounded<TestType>(static_cast<int>(lengths.size()), shape.q_width(), rng);
+            kvlab::CostCounters want_counts;
+            const RowMatrix<float> want =
+                kvlab::cpu::paged_decode_attention(shape, q, decode.view, &want_counts);
+            for (int partitions : {1, 0, 3}) {
+              CAPTURE(partitions);
+              kc::LaunchOptions options;
+              options.partitions = partitions;
+              kvlab::CostCounters got_counts;
+              check_close<TestType>(
+                  kc::paged_decode_attention<TestType>(shape, q, decode.view, &got_counts, options),
+                  want);
+              CHECK(got_counts.qk_dots == want_counts.qk_dots);
+              CHECK(got_counts.macs == want_counts.macs);
+            }
+            // prefill chunks that cross the point where the sinks leave the window
+            const std::vector<int> new_tokens{
+                1, std::max(1, window - 1) / 2, sinks + 1, 0, window + 1, 20};
+            std::vector<std::int32_t> qo_indptr{0};
+            for (int n : new_tokens) qo_indptr.push_back(qo_indptr.back() + n);
+            const WindowedBatch<TestType> prefill(shape, block_size, lengths, qo_indptr, layout,
+                                                  window, rng, sinks);
+            const RowMatrix<float> queries =
+                random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
+            kvlab::CostCounters want_prefill, got_prefill;
+            const RowMatrix<float> want_rows = kvlab::cpu::paged_prefill_attention(
+                shape, queries, qo_indptr, prefill.view, &want_prefill);
+            kc::LaunchOptions split;
+            split.partitions = 2;
+            check_close<TestType>(kc::paged_prefill_attention<TestType>(
+                                      shape, queries, qo_indptr, prefill.view, &got_prefill, split),
+                                  want_rows);
+            CHECK(got_prefill.qk_dots == want_prefill.qk_dots);
+          }
+        }
+    }
 }
 
 TEST_CASE("the CUDA kernels refuse a window that reaches a released block, as the CPU's do") {

@@ -41,6 +41,12 @@ namespace kvlab {
 /// slots; a step of C new tokens needs W − 1 + C (its first query sees the W − 1 keys before it,
 /// which the chunk's own writes must not overwrite): `append` refuses a chunk larger than
 /// `capacity − W + 1`, and `truncate` a length whose window reaches rows already overwritten.
+/// With attention sinks (`sinks` = S, 1 <= S < W: StreamingLLM) each query also sees the
+/// sequence's first S keys: they keep slots [0, S) and the ring is the other `capacity − S`
+/// (`ContiguousKVView::slot`), so every size above counts `capacity − S` slots. Keys are cached
+/// after RoPE, each rotated by its own position: a sink at position 0 and a query at p are p
+/// apart, as in `reference_attention` (StreamingLLM instead renumbers the kept keys 0 … S + W − 1
+/// and rotates them again at every step; kvlab keeps the positions the model was trained with).
 ///
 /// Memory: `2 * num_layers * num_kv_heads * capacity * storage_row_bytes<S>(head_dim)` bytes
 /// (`head_dim * sizeof(T)` per row for `S = T`), reserved up front whether or not the sequence
@@ -49,23 +55,27 @@ template <typename T, typename S = T>
 class ContiguousKVCache {
  public:
   /// An empty cache for `capacity` tokens, or with a sliding window of `window` keys a ring of
-  /// `capacity` slots (`capacity >= window`: W − 1 + C for steps of up to C tokens).
-  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`,
+  /// `capacity` slots (`capacity >= window`: W − 1 + C for steps of up to C tokens), the first
+  /// `sinks` of them kept for the sequence's first tokens (`capacity >= sinks + window`).
+  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`
+  ///         less the sinks, `sinks` is negative, or not below a window (none without one),
   ///         `head_dim` is not a multiple of the values per stored element of `S` (32 for int8
   ///         and int4), a K/V row (num_kv_heads * head_dim) does not fit in an `int`, or the
   ///         cache does not fit in the address space.
-  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0)
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0,
+                    int sinks = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         capacity_(capacity),
-        window_(window) {
+        window_(window),
+        sinks_(sinks) {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache";
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     detail::require_at_least(kWhere, "capacity", capacity, 1);
-    detail::check_ring_window(kWhere, capacity, window);
+    detail::check_ring_window(kWhere, capacity, window, sinks);
     detail::require_storage_head_dim<S>(kWhere, head_dim);
     if (num_kv_heads > INT_MAX / head_dim) {
       detail::fail(kWhere, "num_kv_heads * head_dim", "at most " + std::to_string(INT_MAX),
@@ -98,11 +108,13 @@ class ContiguousKVCache {
   int capacity() const { return capacity_; }
   /// The sliding window: each query sees its last `window()` keys; 0 for none.
   int window() const { return window_; }
-  /// The most tokens one `append` may add: `capacity() − window() + 1` with a window (the rest
-  /// of the ring holds the keys before them), the free capacity without.
+  /// The attention sinks: each query also sees the first `sinks()` keys; 0 for none.
+  int sinks() const { return sinks_; }
+  /// The most tokens one `append` may add: `capacity() − sinks() − window() + 1` with a window
+  /// (the rest of the ring holds the keys before them), the free capacity without.
   int max_chunk(int layer) const {
     check_layer("kvlab::ContiguousKVCache::max_chunk", layer);
-    return window_ > 0 ? capacity_ - window_ + 1 : capacity_ - length_[at(layer)];
+    return window_ > 0 ? capacity_ - sinks_ - window_ + 1 : capacity_ - length_[at(layer)];
   }
   /// The name of the storage type: "fp32", "fp16", "bf16", "int8", "int4" (`KVStorage<S>`).
   static const char* storage_name() { return KVStorage<S>::name(); }
@@ -137,7 +149,8 @@ class ContiguousKVCache {
     detail::require_equal(kWhere, "v.cols()", static_cast<long>(v.cols()), static_cast<long>(width),
                           "num_kv_heads * head_dim");
     const std::size_t l = at(layer);
-    detail::check_contiguous_append(kWhere, "k.rows()", k.rows(), capacity_, window_, length_[l]);
+    detail::check_contiguous_append(kWhere, "k.rows()", k.rows(), capacity_, window_, length_[l],
+                                    sinks_);
     detail::require_storable<S>(kWhere, "k", k);
     detail::require_storable<S>(kWhere, "v", v);
     // Encode each token's row, head by head, into the head-major blocks.
@@ -152,7 +165,8 @@ class ContiguousKVCache {
     }
     length_[l] += static_cast<int>(k.rows());
     // the rows overwritten in the ring are gone
-    valid_from_[l] = detail::ring_valid_from(valid_from_[l], length_[l], capacity_, window_);
+    valid_from_[l] =
+        detail::ring_valid_from(valid_from_[l], length_[l], capacity_, window_, sinks_);
   }
 
   /// Forgets every token at position `length` and after, in every layer (for example to undo
@@ -164,7 +178,7 @@ class ContiguousKVCache {
     constexpr const char* kWhere = "kvlab::ContiguousKVCache::truncate";
     for (int l = 0; l < num_layers_; ++l)
       detail::check_contiguous_truncate(kWhere, length, l, length_[at(l)], window_,
-                                        valid_from_[at(l)]);
+                                        valid_from_[at(l)], sinks_);
     for (int& len : length_) len = length;
   }
 
@@ -187,6 +201,7 @@ class ContiguousKVCache {
     view.capacity = capacity_;
     view.length = length_[l];
     view.window = window_;
+    view.sinks = sinks_;
     return view;
   }
 
@@ -250,6 +265,7 @@ class ContiguousKVCache {
   int head_dim_;
   int capacity_;
   int window_;  // 0, or W: a ring of capacity_ slots
+  int sinks_;   // 0, or S < W: slots [0, S) keep the first S tokens, the ring the others
   // [num_layers][num_kv_heads * capacity * row_units]: row_units = head_dim / values per S
   std::vector<std::vector<S>> k_;
   std::vector<std::vector<S>> v_;  // [num_layers][num_kv_heads * capacity * row_units]

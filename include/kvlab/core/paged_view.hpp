@@ -56,7 +56,9 @@ inline const char* to_string(KVLayout layout) { return layout == KVLayout::HND ?
 /// With a sliding window (`window` = W >= 1; see `cpu::reference_attention`) the query at
 /// position p reads only keys (p − W, p]: the blocks wholly before the first query's window may
 /// have gone back to the pool, and their entries in `indices` are `kReleasedBlock` (−1) —
-/// nothing that can be read (the kernels check that no query's window reaches one).
+/// nothing that can be read (the kernels check that no query's window reaches one). With
+/// attention sinks (`sinks` = S >= 1, a window only) a query also sees the sequence's first S
+/// keys (`sink_keys`), so the blocks that hold them stay.
 template <typename T>
 struct PagedKVView {
   /// keys:   [num_blocks, block_size, num_kv_heads, head_dim] (NHD)
@@ -73,6 +75,7 @@ struct PagedKVView {
   const std::int32_t* last_page_len = nullptr;
   KVLayout layout = KVLayout::NHD;  ///< order of the values within a block
   int window = 0;  ///< W >= 1: a query sees its last W keys; 0: every key up to itself
+  int sinks = 0;   ///< S >= 1 (a window only): a query also sees keys [0, S)
 
   /// Blocks held by sequence `seq`.
   KVLAB_HOST_DEVICE int num_pages(int seq) const { return indptr[seq + 1] - indptr[seq]; }
@@ -127,7 +130,8 @@ namespace detail {
 /// Checks a paged view against `shape` and every invariant of its block tables (a raw view may
 /// come from anywhere): non-null arrays, `indptr` increasing from 0, every index a block of the
 /// pool (or, with a window, `kReleasedBlock`: `check_window_pages` says whether a query reaches
-/// it), `1 <= last_page_len <= block_size`, a window >= 0. O(number of pages).
+/// it), `1 <= last_page_len <= block_size`, a window >= 0, sinks >= 0 and only with a window.
+/// O(number of pages).
 /// (Host only.)
 template <typename T>
 void check_paged_view(const char* where, const AttentionShape& shape, const PagedKVView<T>& cache) {
@@ -138,6 +142,10 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
   require_at_least(where, "cache.block_size", cache.block_size, 1);
   require_at_least(where, "cache.num_blocks", cache.num_blocks, 1);
   require_at_least(where, "cache.window", cache.window, 0);
+  require_at_least(where, "cache.sinks", cache.sinks, 0);
+  if (cache.sinks > 0 && cache.window == 0) {
+    fail(where, "cache.sinks", "0 without a window (every key is seen)", cache.sinks);
+  }
   if (cache.k == nullptr || cache.v == nullptr || cache.indptr == nullptr ||
       cache.indices == nullptr || cache.last_page_len == nullptr) {
     fail(where, "cache.k / v / indptr / indices / last_page_len", "non-null pointers",
@@ -175,7 +183,8 @@ void check_paged_view(const char* where, const AttentionShape& shape, const Page
 
 /// Checks that no query reaches a released block: for each sequence s with q queries
 /// (`qo_indptr`, [batch + 1], checked), every page from the one holding its first query's first
-/// visible key on is a block of the pool. (Host only.)
+/// visible key on, and every page holding a sink its last query sees, is a block of the pool.
+/// (Host only.)
 template <typename T>
 void check_window_pages(const char* where, const std::int32_t* qo_indptr,
                         const PagedKVView<T>& cache) {
@@ -184,11 +193,17 @@ void check_window_pages(const char* where, const std::int32_t* qo_indptr,
     if (q_len == 0) continue;
     const int first_page =
         kvlab::first_visible_key(cache.seq_len(s) - q_len, cache.window) / cache.block_size;
-    for (std::int32_t i = cache.indptr[s] + first_page; i < cache.indptr[s + 1]; ++i) {
-      if (cache.indices[i] == kReleasedBlock) {
+    // pages [0, sink_pages) hold the sinks that the last query sees (the most of any)
+    const int sink_pages =
+        (kvlab::sink_keys(cache.seq_len(s) - 1, cache.window, cache.sinks) + cache.block_size - 1) /
+        cache.block_size;
+    for (std::int32_t i = cache.indptr[s]; i < cache.indptr[s + 1]; ++i) {
+      const std::int32_t page = i - cache.indptr[s];
+      if (cache.indices[i] == kReleasedBlock && (page >= first_page || page < sink_pages)) {
         fail(where, "cache.indices[" + std::to_string(i) + "]",
-             "a block of the pool (page " + std::to_string(i - cache.indptr[s]) + " of sequence " +
-                 std::to_string(s) + " is within its queries' window)",
+             "a block of the pool (page " + std::to_string(page) + " of sequence " +
+                 std::to_string(s) +
+                 (page >= first_page ? " is within its queries' window)" : " holds sinks)"),
              "kReleasedBlock (-1)");
       }
     }

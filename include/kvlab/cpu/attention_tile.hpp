@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvlab/core/counters.hpp"
@@ -222,6 +223,10 @@ struct TileScratch {
   /// [heads * head_dim]: one token's rows of the tile's heads, decoded (a cache that stores
   /// its rows as fp16 or bf16; unused otherwise)
   std::vector<T> row;
+  /// [heads * rows * group, head_dim]: `acc` of the window while `attend_tile` attends the sinks
+  RowMatrix<T> window_acc;
+  /// [heads * rows * group]: `state` of the window while `attend_tile` attends the sinks
+  std::vector<SoftmaxState<T>> window_state;
 };
 
 /// Columns to allocate for `span` scores per query: `span` rounded up to whole 64-byte lines,
@@ -323,7 +328,8 @@ void for_each_row_run(const Walk& walk, int begin, int end, int max_run, const F
 /// The queries and keys of one call of `attend_partial` or `attend_tile`: query rows [row0,
 /// row0 + rows) of `q` — consecutive tokens of one sequence, row `row0` at `first_position` —
 /// with the query heads of K/V heads [hk0, hk0 + heads), over keys [key_begin, key_end), each
-/// row seeing its last `window` keys (the band; 0: all keys up to itself).
+/// row seeing its last `window` keys (the band; 0: all keys up to itself), and for `attend_tile`
+/// also the `sinks` first keys of the sequence that have left its band (`sink_keys`).
 struct AttentionTile {
   int row0 = 0;            ///< first query row of the tile in `q`
   int rows = 1;            ///< query rows, 1 <= rows <= kDecodeQueryTile
@@ -333,6 +339,7 @@ struct AttentionTile {
   int key_begin = 0;       ///< first key of the range
   int key_end = 0;         ///< one past the last key; the tile's last row sees keys up to it
   int window = 0;          ///< W >= 1: row at position p sees keys (p - W, p]; 0: all up to p
+  int sinks = 0;           ///< S >= 1 (a window): `attend_tile`'s rows also see keys [0, S)
 };
 
 /// The keys that each query of a tile sees, and the queries that see each key: query qi of a K/V
@@ -636,7 +643,9 @@ void attend_row_by_row(const TileGeometry g, const RowAsks asks, T scale, const 
 /// which rows are read (one head at a time suits the head-major contiguous cache and HND pool, all
 /// heads of a token at once suits the token-major NHD pool). A key range other than [0,
 /// first_position + rows) — one partition of a split context — is for a single row
-/// (`rows == 1`), which sees every key up to its position. With a window each row sees only its
+/// (`rows == 1`), which sees every key up to its position, or without a window a prefix [0, n)
+/// that every row sees (n <= first_position + 1: the sinks). `tile.sinks` is not read here
+/// (`attend_tile` attends the sinks). With a window each row sees only its
 /// last W keys (`cpu::reference_attention`'s band): the keys stream from the first row's first
 /// visible key, and each key meets the rows whose band holds it.
 template <typename T, typename Source>
@@ -680,8 +689,61 @@ void attend_partial(const AttentionShape& shape, const Eigen::Ref<const RowMatri
   }
 }
 
+/// Calls `f(i0, n, keys)` for each run of consecutive rows [i0, i0 + n) of a tile of `rows` query
+/// rows (row 0 at `first_position`) that see the same sinks beside their window: keys [0, keys),
+/// `sink_keys` of their positions, keys >= 1 (rows that see none are skipped). The sinks a row
+/// sees grow with its position, so a prefill tile has at most S + 1 runs, a decode step one.
+template <typename F>
+void for_each_sink_run(int first_position, int rows, int window, int sinks, F&& f) {
+  for (int i0 = 0; i0 < rows;) {
+    const int keys = sink_keys(first_position + i0, window, sinks);
+    int end = i0 + 1;
+    while (end < rows && sink_keys(first_position + end, window, sinks) == keys) ++end;
+    if (keys > 0) f(i0, end - i0, keys);
+    i0 = end;
+  }
+}
+
+/// Adds to the partial results that `attend_partial` left in `scratch` for the rows of `tile`
+/// (their windows) the sinks each row sees besides its window (`tile.sinks`): for each run of rows
+/// that see the same sinks (`for_each_sink_run`), the partial attention over those keys, merged
+/// into each query's state and sum by the log-sum-exp rule (`merge_softmax_states`), as split-K
+/// merges two partitions: a query's window and its sinks are disjoint key ranges.
+template <typename T, typename Source>
+void attend_sinks(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T>>& q,
+                  const AttentionTile& tile, const Source& source, TileScratch<T>& scratch) {
+  const int group = shape.group_size();
+  const int hd = shape.head_dim();
+  std::swap(scratch.acc, scratch.window_acc);  // the window's results aside (no copy)
+  std::swap(scratch.state, scratch.window_state);
+  for_each_sink_run(
+      tile.first_position, tile.rows, tile.window, tile.sinks, [&](int i0, int n, int keys) {
+        AttentionTile sinks = tile;  // rows [i0, i0 + n) of the tile over keys [0, keys)
+        sinks.row0 = tile.row0 + i0;
+        sinks.rows = n;
+        sinks.first_position = tile.first_position + i0;
+        sinks.key_begin = 0;
+        sinks.key_end = keys;
+        sinks.window = 0;
+        sinks.sinks = 0;
+        attend_partial(shape, q, sinks, source, scratch);
+        for (int j = 0; j < tile.heads; ++j)
+          for (int i = 0; i < n; ++i)
+            for (int m = 0; m < group; ++m) {
+              const int a = (j * tile.rows + i0 + i) * group + m;  // in the tile
+              const int b = (j * n + i) * group + m;               // in the run
+              merge_softmax_states(
+                  scratch.window_state[static_cast<std::size_t>(a)], &scratch.window_acc(a, 0),
+                  scratch.state[static_cast<std::size_t>(b)], &scratch.acc(b, 0), hd);
+            }
+      });
+  std::swap(scratch.acc, scratch.window_acc);
+  std::swap(scratch.state, scratch.window_state);
+}
+
 /// Attention of the query rows of `tile` over all the keys each sees (the tile's key range is
-/// ignored: [0, first_position + rows); see `attend_partial`), normalised — output =
+/// ignored: [0, first_position + rows), the band of each row with a window, and the sinks that
+/// have left it with `tile.sinks`; see `attend_partial`, `attend_sinks`), normalised — output =
 /// Σ exp(score − max) · value / Σ exp(score − max), the softmax-weighted sum — and written to the
 /// same rows and heads of `out` ([q.rows(), num_heads * head_dim]).
 template <typename T, typename Source>
@@ -692,6 +754,7 @@ void attend_tile(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T
   all_keys.key_begin = 0;
   all_keys.key_end = tile.first_position + tile.rows;
   attend_partial(shape, q, all_keys, source, scratch);
+  if (tile.sinks > 0) attend_sinks(shape, q, all_keys, source, scratch);
   const int row0 = tile.row0, rows = tile.rows, hk0 = tile.hk0, heads = tile.heads;
   const int group = shape.group_size();
   const int hd = shape.head_dim();
@@ -706,17 +769,22 @@ void attend_tile(const AttentionShape& shape, const Eigen::Ref<const RowMatrix<T
 
 /// Adds the work of `q_len` query rows of one sequence, the first at position
 /// `first_position`, processed in tiles of `kDecodeQueryTile` rows, to `counters`: row i sees
-/// first_position + i + 1 keys (at most `window` with a window), and each tile streams the rows
-/// from its first row's first visible key to its last row, once per K/V head, each row
-/// `row_bytes` bytes as stored.
+/// first_position + i + 1 keys (at most `window` with a window, and the sinks that have left it
+/// with `sinks`), and each tile streams the rows from its first row's first visible key to its
+/// last row, and the sinks once per run of rows that see the same (`for_each_sink_run`), once per
+/// K/V head, each row `row_bytes` bytes as stored.
 inline void count_tiled_attention(const AttentionShape& shape, std::size_t row_bytes, int q_len,
-                                  int first_position, CostCounters& counters, int window = 0) {
-  const std::uint64_t keys = visible_keys(first_position, q_len, window);
+                                  int first_position, CostCounters& counters, int window = 0,
+                                  int sinks = 0) {
+  const std::uint64_t keys = visible_keys(first_position, q_len, window, sinks);
   std::uint64_t rows_streamed = 0;
   for (int r0 = 0; r0 < q_len; r0 += kDecodeQueryTile) {
-    const int end = first_position + r0 + std::min(kDecodeQueryTile, q_len - r0);
+    const int rows = std::min(kDecodeQueryTile, q_len - r0);
+    const int end = first_position + r0 + rows;
     rows_streamed +=
         static_cast<std::uint64_t>(end - first_visible_key(first_position + r0, window));
+    for_each_sink_run(first_position + r0, rows, window, sinks,
+                      [&](int, int, int n) { rows_streamed += static_cast<std::uint64_t>(n); });
   }
   add_attention_counts(shape, row_bytes, keys, rows_streamed, counters);
 }

@@ -71,13 +71,14 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       tile.hk0 = hk0;
       tile.heads = heads_per_item;
       tile.window = cache.window;
+      tile.sinks = cache.sinks;
       attend_tile(shape, q, tile, rows_of_heads, scratch, out);
     }
   });
 
   if (counters != nullptr)
     count_tiled_attention(shape, storage_row_bytes<S>(shape.head_dim()), q_len, first_position,
-                          *counters, cache.window);
+                          *counters, cache.window, cache.sinks);
 }
 
 }  // namespace detail
@@ -91,11 +92,12 @@ void decode_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// `reference_attention` computes over the cache's rows (and so equals `naive_attention` on them,
 /// to rounding). With a window (`cache.window` = W >= 1) each query sees its last W keys, read
 /// from the cache's ring of slots (`ContiguousKVView`), as `reference_attention` with that window
-/// computes them. A cache that stores its rows in another type than `T` (fp16, bf16, int8, int4:
-/// `KVStorage<S>`) has each row decoded as the kernel reads it (int8 and int4 rows block by block,
-/// each block's scale taken out of its sum; fp16 and bf16 rows eight values at a time in vector
-/// registers where the build has that form: `cpu/row_runs.hpp`), and the result is that
-/// attention over the decoded rows.
+/// computes them; with attention sinks (`cache.sinks` = S) also the first S keys, attended as a
+/// second key range and merged by the log-sum-exp rule (`detail::attend_sinks`). A cache that
+/// stores its rows in another type than `T` (fp16, bf16, int8, int4: `KVStorage<S>`) has each row
+/// decoded as the kernel reads it (int8 and int4 rows block by block, each block's scale taken out
+/// of its sum; fp16 and bf16 rows eight values at a time in vector registers where the build has
+/// that form: `cpu/row_runs.hpp`), and the result is that attention over the decoded rows.
 ///
 /// For each K/V head, the queries of its group (and of up to `kDecodeQueryTile` query rows)
 /// are gathered (`detail::attend_tile`, shared with the paged kernels); then

@@ -118,6 +118,7 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
   const int heads = shape.num_heads();
   struct Partition {
     int seq, begin, end;  // keys [begin, end) of sequence seq
+    int window;           // the view's window; 0 for the sinks' partition (keys [0, end))
   };
   std::vector<Partition> partitions;  // in sequence order, then key order
   for (int s = 0; s < cache.batch; ++s) {
@@ -126,8 +127,11 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
     // the keys the query sees, from the start of the block that holds the first (its window's)
     const int from = first_visible_key(len - 1, cache.window) / cache.block_size * cache.block_size;
     const int size = partition_size(len - from, parts, cache.block_size);
+    // the sinks that have left the window, if any: one more partition, before the others
+    const int sinks = sink_keys(len - 1, cache.window, cache.sinks);
+    if (sinks > 0) partitions.push_back({s, 0, sinks, 0});
     for (int begin = from; begin < len; begin += size)
-      partitions.push_back({s, begin, std::min(len, begin + size)});
+      partitions.push_back({s, begin, std::min(len, begin + size), cache.window});
   }
   const int items = static_cast<int>(partitions.size());
   // Partial result (item, query head h) lives at slot item * heads + h of `state` and `acc`.
@@ -143,7 +147,7 @@ void paged_decode_split_k(const AttentionShape& shape, const RowMatrixRef<T>& q,
     tile.heads = shape.num_kv_heads();
     tile.key_begin = p.begin;
     tile.key_end = p.end;
-    tile.window = cache.window;
+    tile.window = p.window;
     attend_partial(shape, q, tile, PagedRows<S>{cache, p.seq, 0}, scratch);
     std::copy(scratch.state.begin(), scratch.state.end(),
               state.begin() + static_cast<std::ptrdiff_t>(slot(item, 0)));
@@ -212,6 +216,7 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
         tile.hk0 = hk0;
         tile.heads = hk1 - hk0;
         tile.window = cache.window;
+        tile.sinks = cache.sinks;
         attend_tile(shape, q, tile, rows_from, scratch, out);
       }
     });
@@ -225,7 +230,7 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
       const int q_len = qo_indptr[s + 1] - qo_indptr[s];
       if (q_len > 0) {
         count_tiled_attention(shape, storage_row_bytes<S>(shape.head_dim()), q_len,
-                              cache.seq_len(s) - q_len, *counters, cache.window);
+                              cache.seq_len(s) - q_len, *counters, cache.window, cache.sinks);
       }
     }
   }
@@ -310,7 +315,8 @@ RowMatrix<typename Q::Scalar> paged_decode_attention(const AttentionShape& shape
 /// `decode_attention` on a contiguous cache holding the same rows. With a sliding window
 /// (`cache.window` = W >= 1) each query sees its last W keys, and the blocks wholly before a
 /// sequence's first query's window may be `kReleasedBlock` in the tables (checked: no query
-/// reaches one).
+/// reaches one); with attention sinks (`cache.sinks` = S) also the first S keys, whose blocks
+/// stay.
 ///
 /// \param shape      the head layout; `cache` must have its num_kv_heads and head_dim
 /// \param q          queries, [qo_indptr[batch], num_heads * head_dim], sequence by sequence

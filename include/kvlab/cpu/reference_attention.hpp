@@ -42,6 +42,14 @@ namespace kvlab::cpu {
 /// included, so W = 1 attends to the token itself only. With W at least the sequence's length the
 /// band is the whole causal mask.
 ///
+/// **Attention sinks** (`sinks` = S >= 1, with a window; StreamingLLM, Xiao et al. 2023): the
+/// query also sees the sequence's first S keys, positions j < S, where they have left its band —
+/// keys j with j < S or i − W < j <= i. The keys are those the cache holds, rotated by their own
+/// positions (kvlab caches keys after RoPE), so a sink at 0 and a query at i are i apart;
+/// StreamingLLM's code instead renumbers the S + W kept keys and rotates them again at every
+/// step. For a model trained with full attention the two differ once i >= W; kvlab keeps the
+/// positions the model was trained with, and re-rotating needs the keys before RoPE.
+///
 /// The sums are in double, so that the oracle's own rounding stays far below that of the float
 /// kernels it checks. Cost: Θ(q_len · kv_len · num_heads · head_dim); for tests and lessons.
 ///
@@ -54,12 +62,13 @@ namespace kvlab::cpu {
 /// \param v               values,  [kv_len, num_kv_heads * head_dim]
 /// \param first_position  position of query row 0, in [0, kv_len - q_len]
 /// \param window          W >= 1: each query sees its last W keys (the band); 0: all of them
+/// \param sinks           S >= 1 (with a window): each query also sees keys [0, S)
 /// \return                [q_len, num_heads * head_dim]
-/// \throws InvalidArgument for a shape, position or window that does not fit the above.
+/// \throws InvalidArgument for a shape, position, window or sinks that do not fit the above.
 template <typename Q, typename K, typename V, typename T = typename Q::Scalar>
 RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::MatrixBase<Q>& q,
                                  const Eigen::MatrixBase<K>& k, const Eigen::MatrixBase<V>& v,
-                                 int first_position, int window = 0) {
+                                 int first_position, int window = 0, int sinks = 0) {
   static_assert(
       std::is_same<typename K::Scalar, T>::value && std::is_same<typename V::Scalar, T>::value,
       "reference_attention: q, k and v must have one scalar type");
@@ -80,10 +89,15 @@ RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::Matri
                         first_position);
   }
   kvlab::detail::require_at_least(kWhere, "window", window, 0);
+  kvlab::detail::require_at_least(kWhere, "sinks", sinks, 0);
+  if (sinks > 0 && window == 0) {
+    kvlab::detail::fail(kWhere, "sinks", "0 without a window (every key is seen)", sinks);
+  }
 
   // [loops]
   const int hd = shape.head_dim();
   RowMatrix<T> out(q.rows(), shape.q_width());  // [q_len, num_heads * head_dim]
+  std::vector<long> seen;                       // [keys seen]: their positions
   std::vector<double> p;                        // [keys seen]: scores, then probabilities
   for (int h = 0; h < shape.num_heads(); ++h) {
     const int hk = shape.kv_head_of(h);  // the K/V head this query head reads
@@ -91,14 +105,20 @@ RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::Matri
       const long last = first_position + i;  // the causal mask: keys 0 .. last
       // the band: keys first .. last, the last `window` of them (all with no window)
       const long first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
-      p.assign(static_cast<std::size_t>(last - first + 1), 0.0);  // p[j - first]
+      // the sinks that left the band: keys 0 .. sink_end - 1 (none without sinks)
+      const long sink_end = sinks < first ? sinks : first;
+      seen.clear();
+      for (long j = 0; j < sink_end; ++j) seen.push_back(j);
+      for (long j = first; j <= last; ++j) seen.push_back(j);
+      p.assign(seen.size(), 0.0);  // p[n] for key seen[n]
       // 1. One score per visible key: the scaled dot product of the query with the key.
       double max_score = -INFINITY;
-      for (long j = first; j <= last; ++j) {
+      for (std::size_t n = 0; n < seen.size(); ++n) {
+        const long j = seen[n];
         double dot = 0;
         for (int c = 0; c < hd; ++c) dot += double(q(i, h * hd + c)) * double(k(j, hk * hd + c));
         const double score = shape.scale() * dot;
-        p[static_cast<std::size_t>(j - first)] = score;
+        p[n] = score;
         if (score > max_score) max_score = score;
       }
       // 2. Softmax: exp(score - max) (the max subtracted, so no exponent overflows), normalised.
@@ -107,8 +127,7 @@ RowMatrix<T> reference_attention(const AttentionShape& shape, const Eigen::Matri
       // 3. The probability-weighted sum of the visible value rows.
       for (int c = 0; c < hd; ++c) {
         double acc = 0;
-        for (long j = first; j <= last; ++j)
-          acc += p[static_cast<std::size_t>(j - first)] * double(v(j, hk * hd + c));
+        for (std::size_t n = 0; n < seen.size(); ++n) acc += p[n] * double(v(seen[n], hk * hd + c));
         out(i, h * hd + c) = static_cast<T>(acc / sum);
       }
     }

@@ -118,17 +118,31 @@ KVLAB_HOST_DEVICE inline int sequence_of_row(const std::int32_t* qo_indptr, int 
 }
 
 /// What one query row reads: its sequence and which of that sequence's keys it sees.
+///
+/// The keys it sees are [0, sinks) and [first, keys); the kernels walk them as one range of
+/// *virtual* keys [first − sinks, keys), virtual key i being position `key_position(i)`: the
+/// sinks just before the window, so that a row with sinks is cut into split-K partitions and
+/// tiles as a row without them is.
 struct QueryRow {
   int seq;    ///< sequence (0 for a contiguous cache)
   int first;  ///< it sees keys [first, keys): 0, or with a window W its last W
               ///< (`first_visible_key`)
   int keys;   ///< one past its last key: its own position + 1
+  int sinks;  ///< and keys [0, sinks): the attention sinks that have left its window
+              ///< (`sink_keys`; 0 without)
+
+  /// The first virtual key: first − sinks.
+  KVLAB_HOST_DEVICE int begin() const { return first - sinks; }
+  /// The position of virtual key `i` (in [begin(), keys)): i itself in the window, i − begin()
+  /// for a sink.
+  KVLAB_HOST_DEVICE int key_position(int i) const { return i >= first ? i : i - begin(); }
 };
 
 /// The query row whose position is `keys − 1`, of sequence `seq`, with a window of `window` keys
-/// (0: none).
-KVLAB_HOST_DEVICE inline QueryRow query_row(int seq, int keys, int window) {
-  return QueryRow{seq, first_visible_key(keys - 1, window), keys};
+/// (0: none) and `sinks` attention sinks (0: none).
+KVLAB_HOST_DEVICE inline QueryRow query_row(int seq, int keys, int window, int sinks) {
+  return QueryRow{seq, first_visible_key(keys - 1, window), keys,
+                  sink_keys(keys - 1, window, sinks)};
 }
 
 /// Query row `row` of `rows` new tokens over a contiguous cache (the tokens are the cache's
@@ -137,7 +151,7 @@ KVLAB_HOST_DEVICE inline QueryRow query_row(int seq, int keys, int window) {
 template <typename T>
 KVLAB_HOST_DEVICE QueryRow locate_row(const ContiguousKVView<T>& cache,
                                       const std::int32_t* /*qo_indptr*/, int rows, int row) {
-  return query_row(0, cache.length - rows + row + 1, cache.window);
+  return query_row(0, cache.length - rows + row + 1, cache.window, cache.sinks);
 }
 
 /// Query row `row` over a paged cache. Without `qo_indptr` (decode) row s is sequence s and
@@ -147,17 +161,19 @@ KVLAB_HOST_DEVICE QueryRow locate_row(const ContiguousKVView<T>& cache,
 template <typename T>
 KVLAB_HOST_DEVICE QueryRow locate_row(const PagedKVView<T>& cache, const std::int32_t* qo_indptr,
                                       int /*rows*/, int row) {
-  if (qo_indptr == nullptr) return query_row(row, cache.seq_len(row), cache.window);
+  if (qo_indptr == nullptr) return query_row(row, cache.seq_len(row), cache.window, cache.sinks);
   const int seq = sequence_of_row(qo_indptr, cache.batch, row);
   const int q_len = qo_indptr[seq + 1] - qo_indptr[seq];
-  return query_row(seq, cache.seq_len(seq) - q_len + (row - qo_indptr[seq]) + 1, cache.window);
+  return query_row(seq, cache.seq_len(seq) - q_len + (row - qo_indptr[seq]) + 1, cache.window,
+                   cache.sinks);
 }
 
 /// Where a query row's split-K partitions start: the first key of the block that holds its
-/// first visible key (`block_size` 1 for a contiguous cache), so partitions of whole units are
-/// still whole blocks of the pool. 0 without a window.
+/// first virtual key (`QueryRow::begin`; `block_size` 1 for a contiguous cache), so partitions
+/// of whole units are still whole blocks of the pool where the row has no sinks. 0 without a
+/// window.
 KVLAB_HOST_DEVICE inline int partition_origin(const QueryRow& row, int block_size) {
-  return row.first / block_size * block_size;
+  return row.begin() / block_size * block_size;
 }
 
 /// Number of non-empty split-K partitions of a query row: `partition_count` of its keys from
@@ -167,15 +183,15 @@ KVLAB_HOST_DEVICE inline int row_partition_count(const QueryRow& row, int parts,
   return partition_count(row.keys - partition_origin(row, block_size), parts, unit);
 }
 
-/// Keys of partition `part` of a query row: `partition_keys` counted from `partition_origin`,
-/// the first partition starting at the row's first visible key. Empty ({keys, keys}) past the
-/// last partition.
+/// Virtual keys (`QueryRow::key_position`) of partition `part` of a query row: `partition_keys`
+/// counted from `partition_origin`, the first partition starting at the row's first virtual key.
+/// Empty ({keys, keys}) past the last partition.
 KVLAB_HOST_DEVICE inline KeyRange row_partition_keys(const QueryRow& row, int parts, int unit,
                                                      int block_size, int part) {
   const int origin = partition_origin(row, block_size);
   const KeyRange range = partition_keys(row.keys - origin, parts, unit, part);
   const int begin = origin + range.begin;
-  return KeyRange{begin > row.first ? begin : row.first, origin + range.end};
+  return KeyRange{begin > row.begin() ? begin : row.begin(), origin + range.end};
 }
 
 /// Offset, in elements from `cache.k` (or `cache.v`), of the row of K/V head `kv_head` at

@@ -39,7 +39,9 @@ namespace kvlab::cuda {
 /// `capacity` slots (row `pos` in slot `pos % capacity`, `ContiguousKVView::slot`), the sequence
 /// may grow past `capacity`, a chunk may add at most `capacity − W + 1` tokens, and `truncate`
 /// refuses a length whose window reaches overwritten rows — the same checks, in one place
-/// (`detail::check_contiguous_append`, `detail::check_contiguous_truncate`).
+/// (`detail::check_contiguous_append`, `detail::check_contiguous_truncate`). With attention
+/// sinks (`sinks` = S, 1 <= S < W) the first S slots keep the sequence's first S tokens and
+/// the ring is the other `capacity − S`, as in the CPU cache.
 template <typename T>
 class ContiguousKVCache {
  public:
@@ -47,18 +49,22 @@ class ContiguousKVCache {
   using Input = StorageInput<T>;
 
   /// An empty cache for `capacity` tokens, or with a sliding window of `window` keys a ring of
-  /// `capacity` slots (`capacity >= window`: W − 1 + C for steps of up to C tokens); device
+  /// `capacity` slots (`capacity >= window`: W − 1 + C for steps of up to C tokens), the first
+  /// `sinks` of them kept for the sequence's first tokens (`capacity >= sinks + window`); device
   /// memory, uninitialised.
-  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`,
+  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`
+  ///         less the sinks, `sinks` is negative or not below a window (none without one),
   ///         `head_dim` is not a multiple of 32 for int8/int4, or the sizes overflow; CudaError
   ///         if the allocation fails.
-  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0)
+  ContiguousKVCache(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0,
+                    int sinks = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         capacity_(capacity),
         window_(window),
-        k_(elements(num_layers, num_kv_heads, head_dim, capacity, window)),
+        sinks_(sinks),
+        k_(elements(num_layers, num_kv_heads, head_dim, capacity, window, sinks)),
         v_(k_.size()),
         length_(at(num_layers), 0),
         valid_from_(at(num_layers), 0) {}
@@ -73,12 +79,14 @@ class ContiguousKVCache {
   int capacity() const { return capacity_; }
   /// The sliding window: each query sees its last `window()` keys; 0 for none.
   int window() const { return window_; }
-  /// The most tokens one `append` may add: `capacity() − window() + 1` with a window, the free
-  /// capacity without (as `kvlab::ContiguousKVCache::max_chunk`).
+  /// The attention sinks: each query also sees the first `sinks()` keys; 0 for none.
+  int sinks() const { return sinks_; }
+  /// The most tokens one `append` may add: `capacity() − sinks() − window() + 1` with a window,
+  /// the free capacity without (as `kvlab::ContiguousKVCache::max_chunk`).
   /// \throws InvalidArgument if `layer` is out of range.
   int max_chunk(int layer) const {
     check_layer("kvlab::cuda::ContiguousKVCache::max_chunk", layer);
-    return window_ > 0 ? capacity_ - window_ + 1 : capacity_ - length_[at(layer)];
+    return window_ > 0 ? capacity_ - sinks_ - window_ + 1 : capacity_ - length_[at(layer)];
   }
   /// Tokens of the sequence in `layer` (with a window, possibly more than the ring keeps).
   /// \throws InvalidArgument if `layer` is out of range.
@@ -102,8 +110,8 @@ class ContiguousKVCache {
     check_layer(kWhere, layer);
     detail::check_rows(kWhere, k, v, num_kv_heads_ * head_dim_, 1);
     const std::size_t l = at(layer);
-    kvlab::detail::check_contiguous_append(kWhere, "k.rows", k.rows, capacity_, window_,
-                                           length_[l]);
+    kvlab::detail::check_contiguous_append(kWhere, "k.rows", k.rows, capacity_, window_, length_[l],
+                                           sinks_);
     const ContiguousKVView<T> layout = view(layer);  // with a window, slots in the ring
     detail::launch_kernel(
         "kvlab::cuda::detail::append_rows_kernel", detail::append_rows_kernel<T>,
@@ -113,7 +121,8 @@ class ContiguousKVCache {
         layer_data(v_, layer), layout, length_[l]);
     length_[l] += k.rows;
     // the rows overwritten in the ring are gone
-    valid_from_[l] = kvlab::detail::ring_valid_from(valid_from_[l], length_[l], capacity_, window_);
+    valid_from_[l] =
+        kvlab::detail::ring_valid_from(valid_from_[l], length_[l], capacity_, window_, sinks_);
   }
 
   /// Forgets every token at position `length` and after, in every layer. With a window, the next
@@ -124,7 +133,7 @@ class ContiguousKVCache {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache::truncate";
     for (int l = 0; l < num_layers_; ++l)
       kvlab::detail::check_contiguous_truncate(kWhere, length, l, length_[at(l)], window_,
-                                               valid_from_[at(l)]);
+                                               valid_from_[at(l)], sinks_);
     for (int& len : length_) len = length;
   }
   /// Empties every layer; the memory stays reserved.
@@ -143,7 +152,8 @@ class ContiguousKVCache {
                                head_dim_,
                                capacity_,
                                length_[at(layer)],
-                               window_};
+                               window_,
+                               sinks_};
   }
 
   /// Bytes reserved for K and V in all layers.
@@ -154,13 +164,13 @@ class ContiguousKVCache {
   static std::size_t at(int i) { return static_cast<std::size_t>(i); }
   // Checks the arguments; the elements of K (or V) in all layers.
   static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int capacity,
-                              int window) {
+                              int window, int sinks) {
     constexpr const char* kWhere = "kvlab::cuda::ContiguousKVCache";
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
     kvlab::detail::require_at_least(kWhere, "capacity", capacity, 1);
-    kvlab::detail::check_ring_window(kWhere, capacity, window);
+    kvlab::detail::check_ring_window(kWhere, capacity, window, sinks);
     if (head_dim % StorageUnit<T>::kValues != 0) {
       kvlab::detail::fail(kWhere, "head_dim",
                           std::string("a multiple of 32 (whole ") + storage_name<T>() + " blocks)",
@@ -194,6 +204,7 @@ class ContiguousKVCache {
   int head_dim_;
   int capacity_;
   int window_;                   // 0, or W: a ring of capacity_ slots
+  int sinks_;                    // 0, or S < W: slots [0, S) keep the first S tokens
   DeviceBuffer<T> k_;            // [num_layers, num_kv_heads, capacity, row units]
   DeviceBuffer<T> v_;            // [num_layers, num_kv_heads, capacity, row units]
   std::vector<int> length_;      // [num_layers]: tokens of the sequence

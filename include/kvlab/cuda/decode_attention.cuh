@@ -108,9 +108,10 @@ __device__ inline float warp_sum(float x) {
 /// reads 32 / lanes rows at once and the block 128 / lanes ("key slots"). Each thread keeps its
 /// 8 values of every served query head (registers `q`) and of every head's running output
 /// (registers `acc`). A block serves one query row, so the keys it sees are one range: [first
-/// visible key, own position] (`locate_row`; the band of a sliding window), cut into split-K
-/// partitions from the block that holds its first key (`row_partition_keys`). The block walks
-/// its partition's keys in tiles of `kKeyTile`:
+/// visible key, own position] (`locate_row`; the band of a sliding window), with attention sinks
+/// preceded by the sinks as virtual keys (`QueryRow::key_position`), cut into split-K partitions
+/// from the block that holds its first key (`row_partition_keys`). The block walks its
+/// partition's keys in tiles of `kKeyTile`:
 ///  0. translate: each key's position to the offset of its row (`row_offset`: through the
 ///     block table for a paged cache), into shared memory — one table read per key and block;
 ///  1. scores: each key slot loads key rows (`kRowsInFlight` at a time), each thread multiplies
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int n = min(kKeyTile, range.end - t0);  // keys in this tile
     // 0. Where each key's row is (the block table is read here, once per key).
     for (int j = thread; j < n; j += kAttentionThreads)
-      offsets[j] = row_offset(a.cache, where.seq, t0 + j, kv_head);
+      offsets[j] = row_offset(a.cache, where.seq, where.key_position(t0 + j), kv_head);
     __syncthreads();
 
     // 1. Scores: scale · q · k for each served head and each key of the tile.
@@ -465,6 +466,11 @@ void check_paged_fields(const char* where, const PagedKVView<S>& cache) {
                         "a null pointer");
   }
   kvlab::detail::require_at_least(where, "cache.window", cache.window, 0);
+  kvlab::detail::require_at_least(where, "cache.sinks", cache.sinks, 0);
+  if (cache.sinks > 0 && cache.window == 0) {
+    kvlab::detail::fail(where, "cache.sinks", "0 without a window (every key is seen)",
+                        cache.sinks);
+  }
   require_aligned(where, "cache.k", cache.k);
   require_aligned(where, "cache.v", cache.v);
 }
@@ -496,7 +502,7 @@ std::uint64_t paged_keys_seen(const PagedKVView<S>& cache, const std::int32_t* q
     const int q_len = qo_indptr == nullptr
                           ? 1
                           : qo[static_cast<std::size_t>(s) + 1] - qo[static_cast<std::size_t>(s)];
-    keys += visible_keys(host.seq_len(s) - q_len, q_len, cache.window);
+    keys += visible_keys(host.seq_len(s) - q_len, q_len, cache.window, cache.sinks);
   }
   return keys;
 }
@@ -545,7 +551,8 @@ void decode_attention(const AttentionShape& shape, DeviceInput<T> q,
   detail::launch_attention(shape, q, cache, nullptr, out, /*block_size=*/1, options);
   if (counters != nullptr) {
     count_attention(shape, storage_row_bytes<S>(shape.head_dim()),
-                    visible_keys(cache.length - q.rows, q.rows, cache.window), *counters);
+                    visible_keys(cache.length - q.rows, q.rows, cache.window, cache.sinks),
+                    *counters);
   }
 }
 

@@ -117,6 +117,7 @@ struct DevicePagedCopy {
     view.last_page_len = last.data();
     view.layout = cache.layout;
     view.window = cache.window;
+    view.sinks = cache.sinks;
   }
 };
 
@@ -216,7 +217,7 @@ RowMatrix<float> decode_attention(const AttentionShape& shape, const RowMatrix<f
   const auto d_v = detail::upload_cache<Storage>(v.data(), v.size());
   const ContiguousKVView<detail::DeviceStored<Storage, S>> device{
       d_k.data(), d_v.data(),   cache.num_kv_heads, cache.head_dim,
-      slots,      cache.length, cache.window};
+      slots,      cache.length, cache.window,       cache.sinks};
   const auto d_q = detail::upload_matrix<Storage>(kWhere, "q", q);
   const int q_rows = static_cast<int>(q.rows());
   DeviceBuffer<Storage> d_out(kvlab::detail::elements(q_rows, shape.q_width()));
