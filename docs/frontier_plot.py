@@ -83,8 +83,8 @@ def steps_panel(ax, points, path):
     ax.set_ylabel("decode step's attention time\n/ the full fp32 cache's (log)")
     names = " and ".join(f"{n:,}" for n in contexts)
     ax.set_title(f"Time of a decode step's attention at {names} tokens (filled: {contexts[-1]:,}; "
-                 "hollow: fewer)\nK and V in two types, sinks, heavy hitters, heads or layers "
-                 "whole: the reference store, not tuned", fontsize=10)
+                 "hollow: fewer)\nK and V in two types, heavy hitters, heads or layers whole: the "
+                 "reference store, not tuned", fontsize=10)
     ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
 
 

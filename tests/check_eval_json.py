@@ -7,9 +7,10 @@
 - every policy's KV bytes at the end of a window, held (reserved) and filled, equal their
   closed form from the model's shape: a token row is 2 · layers · kv_heads · (head_dim values
   as stored) bytes; the full contiguous cache holds and fills `context` rows; a windowed ring
-  W − 1 + step rows (at most context); the paged store holds the whole blocks from the one
-  holding the next token's first key (context − W + 1) to the last, and fills those from that
-  block's first row on; a policy per head (the selective store) holds, per head, every token
+  W − 1 + step rows (at most context), and S more with S sinks (a window and sinks that cover
+  the context: the full cache); the paged store holds the whole blocks from the one holding the
+  next token's first key (context − W + 1) to the last, and those holding the S sinks, and fills
+  their rows up to the context; a policy per head (the selective store) holds, per head, every token
   or at most S + W − 1 + H rows (sinks, the next query's window, heavy hitters), each a key
   row and a value row of their own types;
 - selective caching from a calibration: its policies keep the ranking's top heads whole;
@@ -40,14 +41,16 @@ def expected_bytes(policy, shape, context, step):
                 total += rows * row
         return total, total
     row = 2 * shape["n_layers"] * shape["n_kv_heads"] * ROW_BYTES[policy["storage"]](shape["head_dim"])
+    s = policy["sinks"]
     if policy["store"] == "paged":
         b = policy["block_size"]
-        first = (max(0, context - w + 1) if w > 0 else 0) // b  # the first block kept
-        return (-(-context // b) - first) * b * row, (context - first * b) * row
-    if w == 0:
+        first = (max(0, context - w + 1) if w > 0 else 0) // b  # the first block of the window
+        kept = [k for k in range(-(-context // b)) if k >= first or k * b < s]  # and the sinks'
+        return len(kept) * b * row, sum(min(b, context - k * b) for k in kept) * row
+    if w == 0 or w + s >= context:
         return context * row, context * row
     w = min(w, context)
-    rows = min(context, w - 1 + min(step, context - w + 1))
+    rows = min(context, s + w - 1 + min(step, context - s - w + 1))
     return rows * row, rows * row
 
 

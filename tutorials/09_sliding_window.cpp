@@ -10,6 +10,9 @@
 //  3. A paged cache gives back the blocks wholly before the window; the block table keeps their
 //     entries (positions keep their pages) but they point to nothing.
 //  4. Attention over the ring and over the paged blocks is the reference attention with the band.
+//  5. Attention sinks (StreamingLLM): a window that also keeps the sequence's first S tokens. The
+//     ring keeps them in its first S slots and wraps the rest; the pool keeps their blocks; the
+//     kernels attend the sinks as a second range of keys and merge the two.
 // It checks itself: it exits non-zero if an output differs from the reference's band.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
@@ -50,8 +53,9 @@ void part1_band(int window) {
     }
     std::printf("   (keys %d..%d)\n", kvlab::first_visible_key(i, window), i);
   }
-  std::printf("   W keys, the query's own included (the Mistral paper's text counts W before it: "
-              "W + 1)\n\n");
+  std::printf(
+      "   W keys, the query's own included (the Mistral paper's text counts W before it: "
+      "W + 1)\n\n");
 }
 
 // Part 2: a ring of W - 1 + C slots.
@@ -63,15 +67,16 @@ void part2_ring(int window) {
   std::vector<int> holds(static_cast<std::size_t>(capacity), -1);   // [slot]: its position
   for (int pos = 0; pos < 11; ++pos) {
     // K = V = [pos, pos]: the row says which token it is
-    const kvlab::RowMatrix<float> kv = kvlab::RowMatrix<float>::Constant(1, 2, static_cast<float>(pos));
+    const kvlab::RowMatrix<float> kv =
+        kvlab::RowMatrix<float>::Constant(1, 2, static_cast<float>(pos));
     ring.append(0, kv, kv);
     holds[static_cast<std::size_t>(pos % capacity)] = pos;
     std::string slots;
     for (int s = 0; s < capacity; ++s) {
       const float stored = ring.view(0).key(0, 0)[s * 2];  // slot s, first value
-      slots += " " + (holds[static_cast<std::size_t>(s)] < 0 ? std::string(" .")
-                                                              : (stored < 10 ? " " : "") +
-                                                                    std::to_string(static_cast<int>(stored)));
+      slots += " " + (holds[static_cast<std::size_t>(s)] < 0
+                          ? std::string(" .")
+                          : (stored < 10 ? " " : "") + std::to_string(static_cast<int>(stored)));
     }
     std::printf("   after token %2d: slots [%s ]  (the next query reads keys %d..%d)\n", pos,
                 slots.c_str(), kvlab::first_visible_key(pos + 1, window), pos + 1);
@@ -87,13 +92,15 @@ void part2_ring(int window) {
 
 // Part 3: a paged pool gives back the blocks before the window.
 void part3_paged(int window) {
-  std::printf("3. A paged pool with a window of %d, blocks of 2 tokens: the table after each token\n",
-              window);
-  kvlab::PagedKVCache<float> pool(1, 1, 2, /*block_size=*/2, /*num_blocks=*/8,
-                                  kvlab::KVLayout::NHD, window);
+  std::printf(
+      "3. A paged pool with a window of %d, blocks of 2 tokens: the table after each token\n",
+      window);
+  kvlab::PagedKVCache<float> pool(1, 1, 2, /*block_size=*/2, /*num_blocks=*/8, kvlab::KVLayout::NHD,
+                                  window);
   const int seq = pool.add_sequence();
   for (int pos = 0; pos < 10; ++pos) {
-    const kvlab::RowMatrix<float> kv = kvlab::RowMatrix<float>::Constant(1, 2, static_cast<float>(pos));
+    const kvlab::RowMatrix<float> kv =
+        kvlab::RowMatrix<float>::Constant(1, 2, static_cast<float>(pos));
     pool.append(seq, kv, kv);
     // after the step (its query has attended): what the next token's window leaves behind
     const int released = pool.release_out_of_window(seq);
@@ -103,20 +110,27 @@ void part3_paged(int window) {
     std::printf("   after token %d: table [%s ]  held %d, free %d%s\n", pos, table.c_str(),
                 pool.held_blocks(seq), pool.allocator().num_free(),
                 released > 0 ? "  <- a block went back" : "");
-    check(pool.held_blocks(seq) <= (window - 1 + 1 + 1) / 2 + 1, "held <= ceil((W - 1 + 1) / 2) + 1");
+    check(pool.held_blocks(seq) <= (window - 1 + 1 + 1) / 2 + 1,
+          "held <= ceil((W - 1 + 1) / 2) + 1");
   }
-  std::printf("   ('-': a block back in the pool; positions keep their pages, which point nowhere)\n\n");
+  std::printf(
+      "   ('-': a block back in the pool; positions keep their pages, which point nowhere)\n\n");
 }
 
 // Part 4: the kernels compute the band.
 void part4_attention(int window) {
-  std::printf("4. One decode step over 40 tokens, W = %d: the ring and the paged pool against the "
-              "reference's band\n", window);
+  std::printf(
+      "4. One decode step over 40 tokens, W = %d: the ring and the paged pool against the "
+      "reference's band\n",
+      window);
   const kvlab::AttentionShape shape(4, 2, 8);
   kvlab::Rng rng(2);
-  const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
-  const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
-  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);    // [1, 32]
+  const kvlab::RowMatrix<float> k =
+      kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
+  const kvlab::RowMatrix<float> v =
+      kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
+  const kvlab::RowMatrix<float> q =
+      kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 32]
   const kvlab::RowMatrix<float> want = kvlab::cpu::reference_attention(shape, q, k, v, 39, window);
   kvlab::ContiguousKVCache<float> ring(1, 2, 8, window, window);  // W slots: enough for decode
   kvlab::PagedKVCache<float> pool(1, 2, 8, 4, 16, kvlab::KVLayout::NHD, window);
@@ -140,6 +154,86 @@ void part4_attention(int window) {
   check(ring_error <= 1e-5 && pool_error <= 1e-5, "the kernels compute the band");
 }
 
+// Part 5: a window with sinks.
+void part5_sinks(int window, int sinks) {
+  std::printf("5. A window of %d with %d sinks: the band, and the first %d keys besides\n", window,
+              sinks, sinks);
+  std::printf("      j: 0 1 2 3 4 5 6 7 8 9\n");
+  for (int i = 0; i < 10; ++i) {
+    std::printf("   i = %d ", i);
+    for (int j = 0; j < 10; ++j) {
+      const bool band = j <= i && j > i - window;
+      const bool sink = j < sinks && j <= i && !band;  // a sink the band has left
+      std::printf(" %c", band ? 'x' : sink ? 's' : '.');
+    }
+    std::printf("   (%d keys)\n", static_cast<int>(kvlab::visible_keys(i, 1, window, sinks)));
+  }
+  // The ring: S slots for the sinks, then W - 1 + C for the band and a step of C = 1.
+  const int capacity = sinks + window;
+  kvlab::ContiguousKVCache<float> ring(1, 1, 2, capacity, window, sinks);
+  for (int pos = 0; pos < 11; ++pos) {
+    const kvlab::RowMatrix<float> kv =
+        kvlab::RowMatrix<float>::Constant(1, 2, static_cast<float>(pos));
+    ring.append(0, kv, kv);
+  }
+  std::string slots;
+  for (int s = 0; s < capacity; ++s)
+    slots += " " + std::to_string(static_cast<int>(ring.view(0).key(0, 0)[s * 2]));
+  std::printf(
+      "   a ring of %d slots after token 10: [%s ]  (sinks 0 and 1 stay in slots 0-1; "
+      "the band wraps in the other %d)\n",
+      capacity, slots.c_str(), capacity - sinks);
+  // The pool: the sinks' block is never given back.
+  kvlab::PagedKVCache<float> pool(1, 1, 2, /*block_size=*/2, /*num_blocks=*/8, kvlab::KVLayout::NHD,
+                                  window, sinks);
+  const int seq = pool.add_sequence();
+  for (int pos = 0; pos < 10; ++pos) {
+    const kvlab::RowMatrix<float> kv =
+        kvlab::RowMatrix<float>::Constant(1, 2, static_cast<float>(pos));
+    pool.append(seq, kv, kv);
+    pool.release_out_of_window(seq);
+  }
+  std::string table;
+  for (std::int32_t b : pool.blocks(seq))
+    table += b == kvlab::kReleasedBlock ? " -" : " " + std::to_string(b);
+  std::printf(
+      "   a paged pool, blocks of 2, after token 9: table [%s ]  held %d (the sinks' block "
+      "and the window's)\n",
+      table.c_str(), pool.held_blocks(seq));
+  check(pool.blocks(seq).front() != kvlab::kReleasedBlock, "the sinks' block is kept");
+  // The kernels: one decode step over 40 tokens against the reference with sinks.
+  const kvlab::AttentionShape shape(4, 2, 8);
+  kvlab::Rng rng(5);
+  const kvlab::RowMatrix<float> k =
+      kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
+  const kvlab::RowMatrix<float> v =
+      kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
+  const kvlab::RowMatrix<float> q =
+      kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 32]
+  const kvlab::RowMatrix<float> want =
+      kvlab::cpu::reference_attention(shape, q, k, v, 39, window, sinks);
+  kvlab::ContiguousKVCache<float> big_ring(1, 2, 8, capacity, window, sinks);
+  kvlab::PagedKVCache<float> big_pool(1, 2, 8, 4, 16, kvlab::KVLayout::NHD, window, sinks);
+  const int big = big_pool.add_sequence();
+  for (int pos = 0; pos < 40; ++pos) {
+    big_pool.release_out_of_window(big);
+    big_ring.append(0, k.row(pos), v.row(pos));
+    big_pool.append(big, k.row(pos), v.row(pos));
+  }
+  const kvlab::BlockTables tables = big_pool.tables({big});
+  const double ring_error =
+      (kvlab::cpu::decode_attention(shape, q, big_ring.view(0)) - want).cwiseAbs().maxCoeff();
+  const double pool_error =
+      (kvlab::cpu::paged_decode_attention(shape, q, big_pool.view(0, tables)) - want)
+          .cwiseAbs()
+          .maxCoeff();
+  std::printf(
+      "   one decode step over 40 tokens: ring %.2e, paged %.2e from the reference with "
+      "sinks\n",
+      ring_error, pool_error);
+  check(ring_error <= 1e-5 && pool_error <= 1e-5, "the kernels compute the band and the sinks");
+}
+
 }  // namespace
 
 int main() {
@@ -148,10 +242,13 @@ int main() {
   part2_ring(window);
   part3_paged(window);
   part4_attention(window);
+  std::printf("\n");
+  part5_sinks(window, 2);
   if (failures != 0) {
     std::printf("\n%d checks FAILED\n", failures);
     return 1;
   }
-  std::printf("\nThe ring and the paged pool give the reference attention's band.\n");
+  std::printf(
+      "\nThe ring and the paged pool give the reference attention's band, with sinks too.\n");
   return 0;
 }

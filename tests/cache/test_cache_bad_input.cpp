@@ -177,7 +177,7 @@ TEST_CASE("BlockTables: bad arrays and arguments are refused") {
 TEST_CASE("PagedKVCache: bad input is refused and changes nothing") {
   const char* ctor =
       "kvlab::PagedKVCache::PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int "
-      "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0)";
+      "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0, int sinks=0)";
   refuses<InvalidArgument>(
       ctor, input::kSize, no_state, [] { kvlab::PagedKVCache<double> c(0, 2, 2, 4, 6); },
       names("num_layers", ">= 1", "0"));
@@ -191,6 +191,10 @@ TEST_CASE("PagedKVCache: bad input is refused and changes nothing") {
       ctor, input::kSize, no_state,
       [] { kvlab::PagedKVCache<double> c(1, 2, 2, 4, 6, kvlab::KVLayout::NHD, -1); },
       names("window", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      ctor, input::kRange, no_state,
+      [] { kvlab::PagedKVCache<double> c(1, 2, 2, 4, 6, kvlab::KVLayout::NHD, 4, 4); },
+      names("sinks", "below the window (4)", "4"));
   refuses<InvalidArgument>(
       ctor, input::kShape, no_state,
       [] { kvlab::PagedKVCache<float, kvlab::BlockQ8_0> c(1, 2, 16, 4, 6); },
@@ -410,7 +414,7 @@ TEST_CASE("PagedKVCache: bad input is refused and changes nothing") {
 TEST_CASE("ContiguousKVCache: bad input is refused and changes nothing") {
   const char* ctor =
       "kvlab::ContiguousKVCache::ContiguousKVCache(int num_layers, int num_kv_heads, int "
-      "head_dim, int capacity, int window=0)";
+      "head_dim, int capacity, int window=0, int sinks=0)";
   refuses<InvalidArgument>(
       ctor, input::kSize, no_state, [] { kvlab::ContiguousKVCache<double> c(1, 2, 2, 0); },
       names("capacity", ">= 1", "0"));
@@ -420,6 +424,13 @@ TEST_CASE("ContiguousKVCache: bad input is refused and changes nothing") {
   refuses<InvalidArgument>(
       ctor, input::kRange, no_state, [] { kvlab::ContiguousKVCache<double> c(1, 2, 2, 8, 9); },
       names("window", "at most capacity (8): a decode step needs its W keys in the ring", "9"));
+  refuses<InvalidArgument>(
+      ctor, input::kRange, no_state, [] { kvlab::ContiguousKVCache<double> c(1, 2, 2, 8, 6, 4); },
+      names("window", "at most capacity - sinks (4): a decode step needs its W keys in the ring",
+            "6"));
+  refuses<InvalidArgument>(
+      ctor, input::kValue, no_state, [] { kvlab::ContiguousKVCache<double> c(1, 2, 2, 8, 0, 2); },
+      names("sinks", "0 without a window (every key is seen)", "2"));
   refuses<InvalidArgument>(
       ctor, input::kOverflow, no_state,
       [] { kvlab::ContiguousKVCache<double> c(1, 1 << 16, 1 << 16, 8); },
@@ -585,7 +596,8 @@ TEST_CASE("PagedSequences: bad input is refused and changes nothing") {
     refuses<InvalidArgument>(
         e, input::kState, state, [&] { call(5); }, names("block", "a block in use", "5 (free)"));
   }
-  const char* front = "kvlab::PagedSequences::release_front(int seq, int keep_from)";
+  const char* front =
+      "kvlab::PagedSequences::release_front(int seq, int keep_from, int keep_before=0)";
   refuses<InvalidArgument>(
       front, input::kRange, state, [&] { (void)book.release_front(live, 6); },
       names("keep_from", "in [0, 5]", "6"));
@@ -604,10 +616,14 @@ TEST_CASE("PagedSequences: bad input is refused and changes nothing") {
               "0 (its first block went back out of a window)"));
     CHECK(windowed.tables({seq}, 4).indices()[0] == kvlab::kReleasedBlock);
   }
-  const char* window = "kvlab::PagedSequences::release_out_of_window(int seq, int window)";
+  const char* window =
+      "kvlab::PagedSequences::release_out_of_window(int seq, int window, int sinks=0)";
   refuses<InvalidArgument>(
       window, input::kSize, state, [&] { (void)book.release_out_of_window(live, -1); },
       names("window", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      window, input::kSize, state, [&] { (void)book.release_out_of_window(live, 2, -1); },
+      names("sinks", ">= 0", "-1"));
   refuses<InvalidArgument>(
       window, input::kRange, state, [&] { (void)book.release_out_of_window(8, 2); },
       names("seq", "a live sequence id", "8"));

@@ -91,7 +91,8 @@ TEST_CASE("The random numbers and the keys a window leaves visible refuse bad in
         names("hi", "a number above lo (2)", "2"));
   }
 
-  const char* visible = "kvlab::visible_keys(int first_position, int q_len, int window)";
+  const char* visible =
+      "kvlab::visible_keys(int first_position, int q_len, int window, int sinks=0)";
   refuses<InvalidArgument>(
       visible, input::kRange, no_state, [] { (void)kvlab::visible_keys(-1, 2, 0); },
       names("first_position", ">= 0", "-1"));
@@ -101,4 +102,7 @@ TEST_CASE("The random numbers and the keys a window leaves visible refuse bad in
   refuses<InvalidArgument>(
       visible, input::kSize, no_state, [] { (void)kvlab::visible_keys(0, 2, -1); },
       names("window", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      visible, input::kSize, no_state, [] { (void)kvlab::visible_keys(0, 2, 4, -1); },
+      names("sinks", ">= 0", "-1"));
 }

@@ -73,7 +73,7 @@ TEST_CASE("The CPU attention functions refuse wrong shapes and leave the output 
   const char* ref6 =
       "kvlab::cpu::reference_attention(const AttentionShape &shape, const Eigen::MatrixBase< Q > "
       "&q, const Eigen::MatrixBase< K > &k, const Eigen::MatrixBase< V > &v, int first_position, "
-      "int window=0)";
+      "int window=0, int sinks=0)";
   refuses<InvalidArgument>(
       ref6, input::kRange, no_state,
       [&] { (void)kvlab::cpu::reference_attention(shape, q, k, v, 3); },
@@ -82,6 +82,10 @@ TEST_CASE("The CPU attention functions refuse wrong shapes and leave the output 
       ref6, input::kSize, no_state,
       [&] { (void)kvlab::cpu::reference_attention(shape, q, k, v, 2, -3); },
       names("window", ">= 0", "-3"));
+  refuses<InvalidArgument>(
+      ref6, input::kValue, no_state,
+      [&] { (void)kvlab::cpu::reference_attention(shape, q, k, v, 2, 0, 1); },
+      names("sinks", "0 without a window (every key is seen)", "1"));
 
   kvlab::ContiguousKVCache<double> cache(1, 2, 2, 8);
   cache.append(0, k, v);

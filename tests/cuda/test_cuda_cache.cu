@@ -8,7 +8,8 @@
 //  - cuda::NaiveDecoder, CachedDecoder and PagedDecoder against the CPU decoders at every step
 //    (per element, |gpu - cpu| <= 1e-5 + 1e-5 |cpu|: fp32 GEMMs and attention in another order,
 //    through two layers), and their counters; and with K/V stored as fp16, bf16, int8 and int4
-//    and with a sliding window, against the CPU decoders of the same storage and window.
+//    and with a sliding window, against the CPU decoders of the same storage and window;
+//  - a window with attention sinks in the device ring and pool, against the CPU caches.
 // Without a GPU every test reports itself skipped (cuda_skip_listener.cpp); the CPU emulator
 // (emulator/) runs them unchanged.
 #include <cuda_runtime.h>
@@ -437,6 +438,70 @@ TEMPLATE_TEST_CASE("a windowed cuda::PagedKVCache releases the blocks the CPU po
   }
   CHECK_THROWS_MATCHES(kc::PagedKVCache<S>(1, 2, 32, 4, 4, KVLayout::NHD, -1),
                        kvlab::InvalidArgument, kvlab_test::names("window", ">= 0", "-1"));
+}
+
+// With attention sinks the device caches keep what the CPU caches keep: a ring whose first 2
+// slots hold the sinks while the other 10 wrap, and a pool that gives back the blocks before the
+// window but the sinks' block; after each chunk the slots and blocks agree bit for bit, and the
+// chunk's last query attends over each as cpu::decode_attention or cpu::paged_decode_attention
+// does over the CPU's (fp32 tolerance, cuda_compare.hpp).
+TEST_CASE("with sinks the device ring and pool keep what the CPU's keep") {
+  const AttentionShape shape(4, 2, 32);
+  const int window = 5, sinks = 2, capacity = 12, block_size = 4;
+  kvlab::Rng rng(37);
+  kvlab::ContiguousKVCache<float> cpu_ring(1, 2, 32, capacity, window, sinks);
+  kc::ContiguousKVCache<float> gpu_ring(1, 2, 32, capacity, window, sinks);
+  kvlab::PagedKVCache<float> cpu_pool(1, 2, 32, block_size, 16, KVLayout::NHD, window, sinks);
+  kc::PagedKVCache<float> gpu_pool(1, 2, 32, block_size, 16, KVLayout::NHD, window, sinks);
+  REQUIRE(gpu_ring.sinks() == sinks);
+  REQUIRE(gpu_pool.sinks() == sinks);
+  REQUIRE(gpu_ring.max_chunk(0) == capacity - sinks - window + 1);
+  const int seq = cpu_pool.add_sequence();
+  REQUIRE(gpu_pool.add_sequence() == seq);
+  for (int n : {3, 1, 6, 1, 1, 4, 2, 6, 1, 6, 1, 1}) {
+    CAPTURE(n, cpu_ring.length(0));
+    const RowMatrix<float> k = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
+    const RowMatrix<float> v = kvlab::random_matrix<float>(n, shape.kv_width(), rng);
+    const kc::DeviceBuffer<float> dk = kc::to_device<float>(k), dv = kc::to_device<float>(v);
+    cpu_ring.append(0, k, v);
+    gpu_ring.append(0, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+    const std::vector<std::int64_t> slots = cpu_pool.append(seq, k, v);
+    REQUIRE(gpu_pool.reserve(seq, n) == slots);
+    gpu_pool.write(0, slots, dk.matrix(n, shape.kv_width()), dv.matrix(n, shape.kv_width()));
+    const kvlab::ContiguousKVView<float> want_ring = cpu_ring.view(0), got_ring = gpu_ring.view(0);
+    REQUIRE(got_ring.sinks == sinks);
+    CHECK(contiguous_mismatches(got_ring, want_ring, 0) == 0);
+    const kvlab::BlockTables tables = cpu_pool.tables({seq});
+    const kc::DeviceBlockTables device_tables(gpu_pool.tables({seq}));
+    const kvlab::PagedKVView<float> want_pool = cpu_pool.view(0, tables);
+    const kvlab::PagedKVView<float> got_pool = gpu_pool.view(0, device_tables);
+    REQUIRE(got_pool.sinks == sinks);
+    const int length = cpu_pool.length(seq);
+    CHECK(paged_mismatches(got_pool, want_pool, kvlab::first_visible_key(length - n, window)) == 0);
+    // the last token's query over each ring and pool
+    const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);
+    const kc::DeviceBuffer<float> d_q = kc::to_device<float>(q);
+    kc::DeviceBuffer<float> d_out(static_cast<std::size_t>(shape.q_width()));
+    kc::decode_attention(shape, d_q.matrix(1, shape.q_width()), got_ring,
+                         d_out.matrix(1, shape.q_width()));
+    check_close<float>(kc::to_host(d_out, 1, shape.q_width()),
+                       kvlab::cpu::decode_attention(shape, q, want_ring));
+    kc::paged_decode_attention(shape, d_q.matrix(1, shape.q_width()), got_pool,
+                               d_out.matrix(1, shape.q_width()));
+    check_close<float>(kc::to_host(d_out, 1, shape.q_width()),
+                       kvlab::cpu::paged_decode_attention(shape, q, want_pool));
+    const int released = cpu_pool.release_out_of_window(seq);
+    CHECK(gpu_pool.release_out_of_window(seq) == released);
+    CHECK(gpu_pool.blocks(seq) == cpu_pool.blocks(seq));
+    CHECK(gpu_pool.blocks(seq).front() != kvlab::kReleasedBlock);  // the sinks' block
+  }
+  REQUIRE(cpu_ring.length(0) == 33);      // the ring's 10 slots past the sinks wrapped three times
+  CHECK(cpu_pool.held_blocks(seq) == 3);  // the sinks' block and the window's two
+  CHECK_THROWS_MATCHES(kc::ContiguousKVCache<float>(1, 2, 32, 12, 5, 5), kvlab::InvalidArgument,
+                       kvlab_test::names("sinks", "below the window (5)", "5"));
+  CHECK_THROWS_MATCHES(kc::PagedKVCache<float>(1, 2, 32, 4, 4, KVLayout::NHD, 0, 1),
+                       kvlab::InvalidArgument,
+                       kvlab_test::names("sinks", "0 without a window (every key is seen)", "1"));
 }
 
 TEST_CASE("cuda::PagedKVCache::write with device slots skips negative slots") {

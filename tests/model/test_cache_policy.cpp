@@ -86,9 +86,9 @@ TEST_CASE("a policy per head: a SelectiveStore, its bytes equal to their closed 
   const std::vector<Case> cases = {
       // every token, K fp16 and V fp32, 6 heads
       {"cached,k=fp16,v=fp32", [](std::size_t n) { return n * 6 * (16 + 32); }},
-      // 2 sinks and the next query's 7 keys: 9 rows per head at most
-      {"cached,window=8,sinks=2",
-       [](std::size_t n) { return std::min<std::size_t>(n, 9) * 6 * 64; }},
+      // K fp16 and V fp32, 2 sinks and the next query's 7 keys: 9 rows per head at most
+      {"cached,k=fp16,v=fp32,window=8,sinks=2",
+       [](std::size_t n) { return std::min<std::size_t>(n, 9) * 6 * (16 + 32); }},
       // and 5 heavy hitters: 14
       {"cached,window=8,sinks=2,h2o=5",
        [](std::size_t n) { return std::min<std::size_t>(n, 14) * 6 * 64; }},
@@ -111,6 +111,48 @@ TEST_CASE("a policy per head: a SelectiveStore, its bytes equal to their closed 
       CHECK(store->bytes_used() == c.bytes(static_cast<std::size_t>(length)));
       CHECK(store->bytes_reserved() == store->bytes_used());
     });
+  }
+}
+
+TEST_CASE(
+    "a window with sinks is a ContiguousStore or PagedStore, computing what SelectiveStore "
+    "computes") {
+  // The same policy on every head: the tuned stores (a ring whose first S slots keep the sinks;
+  // a pool keeping the sinks' blocks) against SelectiveStore's reference path, on the builtin
+  // model, 56 tokens in steps of 4 past a window of 8 with 2 sinks.
+  auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
+  const kvlab::LlamaConfig& config = weights->config;
+  const int max_tokens = 60, step = 4;
+  for (const char* spec :
+       {"cached,kv=fp16,window=8,sinks=2", "paged,kv=fp16,window=8,sinks=2,block=3"}) {
+    CAPTURE(spec);
+    auto store =
+        kvlab::make_policy_store(kvlab::parse_cache_policy(spec), config, max_tokens, step);
+    const bool paged = std::string(spec).rfind("paged", 0) == 0;
+    CHECK(std::string(store->name()) == (paged ? "paged" : "contiguous"));
+    CHECK(store->window() == 8);
+    CHECK(store->sinks() == 2);
+    // the reference: every head's policy given one by one (a SelectiveStore)
+    std::vector<kvlab::HeadPolicy> heads(
+        static_cast<std::size_t>(config.n_layers * config.n_kv_heads),
+        kvlab::HeadPolicy{KVDtype::fp16, KVDtype::fp16, 8, 2, 0});
+    auto reference = std::make_shared<kvlab::SelectiveStore<float>>(
+        config.n_layers, config.n_kv_heads, config.head_dim(), heads);
+    kvlab::LlamaModel ours(weights, store, max_tokens);
+    kvlab::LlamaModel oracle(weights, reference, max_tokens);
+    const int seq = store->add_sequence(), ref = reference->add_sequence();
+    for (int at = 0; at < 56; at += step) {
+      const std::vector<int> tokens = {(at * 7) % 256, (at * 7 + 1) % 256, (at * 7 + 2) % 256,
+                                       (at * 7 + 3) % 256};
+      const kvlab::RowMatrix<float> a =
+          ours.forward_batch({kvlab::SequenceChunk{seq, tokens}}, true);
+      const kvlab::RowMatrix<float> b =
+          oracle.forward_batch({kvlab::SequenceChunk{ref, tokens}}, true);
+      CAPTURE(at);
+      REQUIRE(kvlab_test::max_row_relative_error(a, b) <= kvlab_test::tolerance<float>());
+    }
+    // the ring: the sinks, the window's 7 keys before a step and the step's 4 tokens
+    if (!paged) CHECK(store->bytes_reserved() == (2 + 7 + 4) * store->bytes_per_token());
   }
 }
 

@@ -408,7 +408,8 @@ TEST_CASE("The model's layers, weights, batch, generation and paged decoder refu
       names("n_layers", "at most 1 (so that the size fits in std::int64_t)", "3"));
   refuses<InvalidArgument>(
       "kvlab::make_llama_store(LlamaBackend backend, const LlamaConfig &config, int max_tokens, "
-      "int block_size=16, int sequences=1, KVDtype dtype=KVDtype::fp32, int window=0)",
+      "int block_size=16, int sequences=1, KVDtype dtype=KVDtype::fp32, int window=0, int "
+      "sinks=0)",
       input::kSize, no_state,
       [] {
         (void)kvlab::make_llama_store(kvlab::LlamaBackend::Paged, kvlab::LlamaConfig::tiny(), 16,
@@ -643,7 +644,8 @@ TEST_CASE("Refusals that no case had reached: a store's backend and dtype, the w
   // Found by scripts/coverage.sh: each check below was written, and no test had ever taken it.
   const char* store =
       "kvlab::make_llama_store(LlamaBackend backend, const LlamaConfig &config, int max_tokens, "
-      "int block_size=16, int sequences=1, KVDtype dtype=KVDtype::fp32, int window=0)";
+      "int block_size=16, int sequences=1, KVDtype dtype=KVDtype::fp32, int window=0, int "
+      "sinks=0)";
   const kvlab::LlamaConfig tiny = kvlab::LlamaConfig::tiny();
   refuses<InvalidArgument>(
       store, input::kValue, no_state,
@@ -652,6 +654,20 @@ TEST_CASE("Refusals that no case had reached: a store's backend and dtype, the w
                                       kvlab::KVDtype::fp16);
       },
       names("dtype", "fp32 for the naive backend (it keeps no K/V to store)", "fp16"));
+  refuses<InvalidArgument>(
+      store, input::kValue, no_state,
+      [&] {
+        (void)kvlab::make_llama_store(kvlab::LlamaBackend::Naive, tiny, 16, 16, 1,
+                                      kvlab::KVDtype::fp32, 8, 2);
+      },
+      names("sinks", "0 for the naive backend (its store applies a window only)", "2"));
+  refuses<InvalidArgument>(
+      store, input::kRange, no_state,
+      [&] {
+        (void)kvlab::make_llama_store(kvlab::LlamaBackend::Cached, tiny, 16, 16, 1,
+                                      kvlab::KVDtype::fp32, 4, 4);
+      },
+      names("sinks", "below the window (4)", "4"));
   refuses<InvalidArgument>(
       store, input::kOverflow, no_state,
       [&] {
@@ -729,12 +745,12 @@ TEST_CASE("Cache policies: their text and their stores") {
       names("spec", "'full_layers=' an integer in [0, 2147483647] (in 'window=4,full_layers=')",
             "''"));
   refuses<InvalidArgument>(
-      parse, input::kState, no_state, policy("paged,window=8,sinks=4"),
+      parse, input::kState, no_state, policy("paged,window=8,h2o=4"),
       names("spec",
-            "one type for K and V and no sinks, h2o, full_layers or full_heads with the paged "
-            "store (a layer's heads share its block table: blocks are freed for all of them at "
-            "once; in 'paged,window=8,sinks=4')",
-            "'paged,window=8,sinks=4'"));
+            "one type for K and V and no h2o, full_layers or full_heads with the paged store (a "
+            "layer's heads share its block table: blocks are freed for all of them at once; in "
+            "'paged,window=8,h2o=4')",
+            "'paged,window=8,h2o=4'"));
   refuses<InvalidArgument>(
       parse, input::kValue, no_state, policy("window=4,window=8"),
       names("spec", "each key at most once (in 'window=4,window=8')", "'window' twice"));
@@ -794,13 +810,12 @@ TEST_CASE("Cache policies: their text and their stores") {
       make, input::kValue, no_state, [&] { (void)kvlab::make_policy_store(head2, tiny, 8, 1); },
       names("policy.full_heads",
             "heads layer.kv_head with layer in [0, 3) and kv_head in [0, 2) (the model's)", "1.2"));
-  kvlab::CachePolicy paged_sinks = kvlab::parse_cache_policy("window=4,sinks=2");
-  paged_sinks.backend = kvlab::LlamaBackend::Paged;  // past the parser's check
+  kvlab::CachePolicy paged_h2o = kvlab::parse_cache_policy("window=4,h2o=2");
+  paged_h2o.backend = kvlab::LlamaBackend::Paged;  // past the parser's check
   refuses<InvalidArgument>(
-      make, input::kState, no_state,
-      [&] { (void)kvlab::make_policy_store(paged_sinks, tiny, 8, 1); },
+      make, input::kState, no_state, [&] { (void)kvlab::make_policy_store(paged_h2o, tiny, 8, 1); },
       names("policy", "a uniform policy with the paged store (`parse_cache_policy`)",
-            "paged,window=4,sinks=2"));
+            "paged,window=4,h2o=2"));
 }
 
 TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTokenizer") {

@@ -1,14 +1,18 @@
 // One suite over every way of keeping K/V (every KVStore: recompute, contiguous, paged with
 // block sizes 1, 7 and 16 in both pool layouts, the contiguous and paged stores keeping K/V
 // as fp16, bf16, int8 and int4, every store with a sliding window — the contiguous one a
-// ring that wraps, the paged one giving blocks back — and the SelectiveStore with a policy per
-// head: every token, a window, sinks, heavy hitters, K and V in different types; a new variant
-// is one line of kKinds): a
+// ring that wraps, the paged one giving blocks back — and with attention sinks besides — the
+// ring keeping them in its first slots, the pool keeping their blocks — and the SelectiveStore
+// with a policy per head: every token, a window, sinks, heavy hitters, K and V in different
+// types; a new variant is one line of kKinds): a
 // ragged batch — sequences of different
 // lengths, prompt chunks and decode tokens in one step, sequences joining and leaving between
 // steps — gives each sequence exactly what it gets alone; forks continue as their parents
 // would; a step is all or nothing (a sequence without room fails the whole step, and nothing
-// changes); an aborted step leaves every sequence as it was; bad arguments are named.
+// changes); an aborted step leaves every sequence as it was; bad arguments are named. A window
+// with sinks in the contiguous and paged stores gives what SelectiveStore gives with that
+// policy on every head (its reference path, checked against reference_attention in
+// test_selective_store.cpp), and keeps exactly S + W − 1 tokens' blocks or slots in use.
 //
 // Tolerance (test_support.hpp): a sequence in a batch shares its matrix products with the
 // other sequences' rows, so its sums may be computed in another order than alone — double
@@ -49,6 +53,7 @@ struct StoreKind {
   kvlab::KVDtype dtype;  // contiguous and paged: how K/V are stored (fp32: as computed)
   int window = 0;        // a sliding window (contiguous: a ring; paged: blocks given back)
   int selective = 0;     // SelectiveStore: 1 every head full, 2 every head windowed, 3 mixed
+  int sinks = 0;         // attention sinks besides the window (contiguous and paged)
 };
 
 using kvlab::KVDtype;
@@ -72,6 +77,10 @@ const StoreKind kKinds[] = {{"recompute", 0, KVLayout::NHD, KVDtype::fp32},
                             {"contiguous", 0, KVLayout::NHD, KVDtype::int8, 6},
                             {"paged", 7, KVLayout::NHD, KVDtype::fp32, 6},
                             {"paged", 3, KVLayout::HND, KVDtype::bf16, 6},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::fp32, 6, 0, 2},
+                            {"contiguous", 0, KVLayout::NHD, KVDtype::int4, 6, 0, 1},
+                            {"paged", 7, KVLayout::NHD, KVDtype::fp32, 6, 0, 2},
+                            {"paged", 3, KVLayout::HND, KVDtype::fp16, 6, 0, 4},
                             {"selective", 0, KVLayout::NHD, KVDtype::fp32, 0, 1},
                             {"selective", 0, KVLayout::NHD, KVDtype::fp32, 6, 2},
                             {"selective", 0, KVLayout::NHD, KVDtype::int8, 6, 3}};
@@ -122,14 +131,14 @@ std::shared_ptr<KVStore<T>> make_store(const StoreKind& kind, const AttentionSta
     using S = std::conditional_t<std::is_same<typename decltype(tag)::type, float>::value, T,
                                  typename decltype(tag)::type>;  // fp32: T itself
     if (name == "contiguous" && kind.window > 0) {  // a ring for steps of up to 16 tokens
-      return std::make_shared<kvlab::ContiguousStore<T, S>>(layers, kv_heads, head_dim,
-                                                            kind.window - 1 + 16, kind.window);
+      return std::make_shared<kvlab::ContiguousStore<T, S>>(
+          layers, kv_heads, head_dim, kind.sinks + kind.window - 1 + 16, kind.window, kind.sinks);
     }
     if (name == "contiguous")
       return std::make_shared<kvlab::ContiguousStore<T, S>>(layers, kv_heads, head_dim, max_len);
     const int blocks = sequences * ((max_len - 1) / kind.block_size + 1);
     return std::make_shared<kvlab::PagedStore<T, S>>(layers, kv_heads, head_dim, kind.block_size,
-                                                     blocks, kind.layout, kind.window);
+                                                     blocks, kind.layout, kind.window, kind.sinks);
   };
   return kvlab::visit_kv_dtype(kind.dtype, of);
 }
@@ -147,7 +156,7 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
   using T = TestType;
   const StoreKind kind = GENERATE(from_range(kinds_for<T>()));
   CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype),
-          kind.window, kind.selective);
+          kind.window, kind.selective, kind.sinks);
   const AttentionShape shape(8, 2, 32);  // GQA
   const auto stack = AttentionStack<T>::random(3, shape, 32, 11);
   constexpr int kSequences = 5, kMaxLen = 40;
@@ -216,7 +225,7 @@ TEMPLATE_TEST_CASE("every store: a ragged batch gives each sequence what it gets
 TEST_CASE("every store: a fork continues as its parent would, and the parent is unchanged") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
   CAPTURE(kind.name, kind.block_size, kvlab::to_string(kind.layout), kvlab::dtype_name(kind.dtype),
-          kind.window, kind.selective);
+          kind.window, kind.selective, kind.sinks);
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 2);
   kvlab::Rng rng(9);
   const RowMatrix<double> prompt = kvlab::random_matrix<double>(10, 16, rng);
@@ -254,6 +263,68 @@ TEST_CASE("every store: a fork continues as its parent would, and the parent is 
   store->free_sequence(b);
   CHECK(store->sequences() == std::vector<int>{a});
   CHECK(store->length(a) == 14);
+}
+
+TEST_CASE(
+    "a window with sinks: the contiguous and paged stores give SelectiveStore's outputs, and "
+    "keep the sinks and the window only") {
+  // Every head of the SelectiveStore keeps the window of W keys and S sinks at fp32: its
+  // reference path is the oracle. The tuned stores run the same steps: prompts in chunks that
+  // cross the point where the sinks leave the window, then decode far past the ring's wraps.
+  const int window = GENERATE(3, 6);
+  const int sinks = GENERATE(1, 2);
+  const AttentionShape shape(4, 2, 16);
+  const auto stack = AttentionStack<double>::random(2, shape, 16, 21);
+  const int layers = 2, kv_heads = 2, head_dim = 16, max_len = 60;
+  kvlab::Rng rng(22);
+  const RowMatrix<double> inputs = kvlab::random_matrix<double>(max_len, 16, rng);
+  const std::vector<int> chunks = {4, 1, 7, 1, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const std::vector<kvlab::HeadPolicy> every_head(layers * kv_heads,
+                                                  {KVDtype::fp32, KVDtype::fp32, window, sinks, 0});
+  for (const char* name : {"contiguous", "paged"}) {
+    for (int block_size : {1, 4}) {
+      if (std::string(name) == "contiguous" && block_size > 1) continue;
+      CAPTURE(window, sinks, name, block_size);
+      std::shared_ptr<KVStore<double>> store;
+      if (std::string(name) == "contiguous") {
+        store = std::make_shared<kvlab::ContiguousStore<double>>(
+            layers, kv_heads, head_dim, sinks + window - 1 + 9, window, sinks);
+      } else {
+        store = std::make_shared<kvlab::PagedStore<double>>(layers, kv_heads, head_dim, block_size,
+                                                            max_len / block_size + 1, KVLayout::NHD,
+                                                            window, sinks);
+      }
+      CHECK(store->window() == window);
+      CHECK(store->sinks() == sinks);
+      kvlab::SelectiveStore<double> fresh_oracle(layers, kv_heads, head_dim, every_head);
+      const int seq = store->add_sequence();
+      const int want_seq = fresh_oracle.add_sequence();
+      int fed = 0;
+      double worst = 0;
+      for (int n : chunks) {
+        if (fed + n > max_len) break;
+        CAPTURE(fed, n);
+        const RowMatrix<double> x = inputs.middleRows(fed, n);
+        const RowMatrix<double> got = kvlab::run_stack(*stack, *store, {seq}, {0, n}, x);
+        const RowMatrix<double> want =
+            kvlab::run_stack(*stack, fresh_oracle, {want_seq}, {0, n}, x);
+        worst = std::max(worst, max_row_relative_error(got, want));
+        fed += n;
+        // what the store keeps: the contiguous one its whole ring; the paged one the blocks of
+        // the sinks and of the next token's window (from fed - W + 1) to its end
+        if (std::string(name) == "paged") {
+          const int from = kvlab::first_visible_key(fed, window);
+          int blocks = 0;
+          for (int b = 0; b * block_size < fed; ++b)
+            if (b * block_size < sinks || (b + 1) * block_size > from) ++blocks;
+          CHECK(store->paged_pool()->held_blocks(seq) == blocks);
+        }
+      }
+      CHECK(fed > 40);  // the ring wrapped, blocks went back
+      CHECK(worst <= tolerance<double>());
+    }
+  }
 }
 
 TEST_CASE("every store: bytes reserved and used follow the sequences") {
@@ -356,7 +427,8 @@ TEST_CASE("a step is all or nothing: no room for one sequence fails the step, no
 
 TEST_CASE("every store: an aborted step leaves every sequence as it was") {
   const StoreKind kind = GENERATE(from_range(std::begin(kKinds), std::end(kKinds)));
-  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype), kind.window, kind.selective);
+  CAPTURE(kind.name, kind.block_size, kvlab::dtype_name(kind.dtype), kind.window, kind.selective,
+          kind.sinks);
   const auto stack = AttentionStack<double>::random(2, AttentionShape(4, 2, 32), 16, 4);
   kvlab::Rng rng(8);
   const RowMatrix<double> x = kvlab::random_matrix<double>(8, 16, rng);

@@ -25,13 +25,17 @@ namespace input = kvlab_test::input;
 TEST_CASE("The stores refuse bad sizes, sequences they do not hold and an append without a step") {
   const char* contiguous =
       "kvlab::ContiguousStore::ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int "
-      "capacity, int window=0)";
+      "capacity, int window=0, int sinks=0)";
   refuses<InvalidArgument>(
       contiguous, input::kSize, no_state, [] { kvlab::ContiguousStore<double> s(1, 1, 2, 0); },
       names("capacity", ">= 1", "0"));
+  refuses<InvalidArgument>(
+      contiguous, input::kRange, no_state,
+      [] { kvlab::ContiguousStore<double> s(1, 1, 2, 8, 6, 3); },
+      names("window", "at most capacity - sinks (5)", "6"));
   const char* paged =
       "kvlab::PagedStore::PagedStore(int num_layers, int num_kv_heads, int head_dim, int "
-      "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0)";
+      "block_size, int num_blocks, KVLayout layout=KVLayout::NHD, int window=0, int sinks=0)";
   refuses<InvalidArgument>(
       paged, input::kSize, no_state, [] { kvlab::PagedStore<double> s(1, 1, 2, 4, 0); },
       names("num_blocks", ">= 1", "0"));

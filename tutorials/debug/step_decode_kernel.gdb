@@ -3,7 +3,7 @@
 # picks the thread (threadIdx is a plain variable there).
 set pagination off
 set trace-commands on
-break decode_attention.cuh:179 if threadIdx.x == 9 && blockIdx.y == 0
+break decode_attention.cuh:180 if threadIdx.x == 9 && blockIdx.y == 0
 run
 print blockIdx
 print threadIdx
@@ -15,7 +15,7 @@ print a.lanes
 print a.head_dim
 print q[0]
 delete
-break decode_attention.cuh:179 if threadIdx.x == 0 && blockIdx.y == 3
+break decode_attention.cuh:180 if threadIdx.x == 0 && blockIdx.y == 3
 continue
 print kv_head
 print head0
@@ -24,7 +24,7 @@ delete
 continue
 # What the session must show (checked by tutorials/debug/run_session.py, which the docs build
 # and the CTest tutorial_11_debugger run):
-# expect: at line 179: float acc[kGroupTile][kValuesPerThread] = {};
+# expect: at line 180: float acc[kGroupTile][kValuesPerThread] = {};
 # expect: print threadIdx => {x = 9, y = 0, z = 0}
 # expect: print chunk => 9
 # expect: print key_slot => 0

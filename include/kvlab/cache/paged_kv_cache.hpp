@@ -163,6 +163,9 @@ class PagedKVCacheBase {
   /// The sliding window of the pool's attention: each query sees its last `window()` keys, and
   /// `release_out_of_window` gives back the blocks before them; 0 for none.
   int window() const { return window_; }
+  /// The attention sinks: each query also sees the first `sinks()` tokens of its sequence,
+  /// whose blocks `release_out_of_window` keeps; 0 for none.
+  int sinks() const { return sinks_; }
 
   /// With a window, gives back the blocks of `seq` wholly before the next token's window — the
   /// keys from `length(seq) − W + 1` on are all a later query can see — and returns how many
@@ -170,7 +173,7 @@ class PagedKVCacheBase {
   /// `kReleasedBlock`). A sequence then holds at most `ceil((W − 1 + C) / block_size) + 1`
   /// blocks while a step of C tokens runs. Without a window it does nothing.
   /// \throws InvalidArgument if `seq` is not live.
-  int release_out_of_window(int seq) { return book_.release_out_of_window(seq, window_); }
+  int release_out_of_window(int seq) { return book_.release_out_of_window(seq, window_, sinks_); }
 
   /// Blocks that `seq` holds: its table's entries less those given back out of the window.
   /// \throws InvalidArgument if `seq` is not live.
@@ -249,19 +252,21 @@ class PagedKVCacheBase {
   /// `unit_values` values (`sizeof(S)` and `KVStorage<S>::kValues` of the derived cache), named
   /// `storage` in messages.
   /// A sliding window of `window` keys (0: none) makes the views carry it and lets
-  /// `release_out_of_window` give blocks back.
-  /// \throws InvalidArgument if any size is below 1, `window` is negative, `head_dim` is not a
-  ///         multiple of `unit_values`, or the pool overflows the address space.
+  /// `release_out_of_window` give blocks back, those of the first `sinks` tokens kept.
+  /// \throws InvalidArgument if any size is below 1, `window` is negative, `sinks` is negative
+  ///         or not below a window (none without one), `head_dim` is not a multiple of
+  ///         `unit_values`, or the pool overflows the address space.
   PagedKVCacheBase(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
                    KVLayout layout, std::size_t unit_bytes, int unit_values, const char* storage,
-                   int window)
+                   int window, int sinks = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         layout_(layout),
         window_(window),
+        sinks_(sinks),
         book_(checked_sizes(num_layers, num_kv_heads, head_dim, block_size, num_blocks, unit_bytes,
-                            unit_values, storage, window),
+                            unit_values, storage, window, sinks),
               num_blocks, "kvlab::PagedKVCache") {
     const std::size_t layers = at(num_layers), slots = at(num_blocks) * at(block_size);
     written_.assign(layers, std::vector<std::uint8_t>(slots, 1));  // nothing reserved yet
@@ -273,11 +278,11 @@ class PagedKVCacheBase {
   /// \throws InvalidArgument as the constructor.
   static int checked_sizes(int num_layers, int num_kv_heads, int head_dim, int block_size,
                            int num_blocks, std::size_t unit_bytes, int unit_values,
-                           const char* storage, int window) {
+                           const char* storage, int window, int sinks) {
     constexpr const char* kWhere = "kvlab::PagedKVCache";
     detail::require_at_least(kWhere, "block_size", block_size, 1);
     detail::require_at_least(kWhere, "num_blocks", num_blocks, 1);
-    detail::require_at_least(kWhere, "window", window, 0);
+    detail::check_window_sinks(kWhere, window, sinks);
     detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     detail::require_at_least(kWhere, "head_dim", head_dim, 1);
@@ -391,6 +396,7 @@ class PagedKVCacheBase {
   int head_dim_;
   KVLayout layout_;
   int window_;           // 0, or the window of the pool's attention
+  int sinks_;            // 0, or S < window: the first S tokens of each sequence are kept
   PagedSequences book_;  // which blocks each sequence holds; the allocator
   // [num_layers][num_blocks * block_size]: 0 where reserve() made room and write() has not
   // filled it yet, 1 elsewhere
@@ -435,13 +441,16 @@ class PagedKVCache : public PagedKVCacheBase {
   /// \param layout        the order of a block's values (NHD: token-major, HND: head-major)
   /// \param window        a sliding window of that many keys (0: none): the views carry it and
   ///                      `release_out_of_window` gives the blocks before it back
-  /// \throws InvalidArgument if any size is below 1, `window` is negative, `head_dim` is not a
-  ///         multiple of the values per stored element of `S` (32 for int8 and int4), or the
-  ///         pool overflows the address space.
+  /// \param sinks         attention sinks (0: none; below `window`): each query also sees the
+  ///                      first `sinks` tokens of its sequence, whose blocks are kept
+  /// \throws InvalidArgument if any size is below 1, `window` is negative, `sinks` is negative
+  ///         or not below a window (none without one), `head_dim` is not a multiple of the
+  ///         values per stored element of `S` (32 for int8 and int4), or the pool overflows the
+  ///         address space.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD, int window = 0)
+               KVLayout layout = KVLayout::NHD, int window = 0, int sinks = 0)
       : PagedKVCacheBase(num_layers, num_kv_heads, head_dim, block_size, num_blocks, layout,
-                         sizeof(S), KVStorage<S>::kValues, KVStorage<S>::name(), window) {
+                         sizeof(S), KVStorage<S>::kValues, KVStorage<S>::name(), window, sinks) {
     const std::size_t slots = at(num_blocks) * at(block_size);
     const std::size_t token = at(num_kv_heads) * at(head_dim / KVStorage<S>::kValues);
     k_.assign(at(num_layers), std::vector<S>(slots * token));
@@ -540,6 +549,7 @@ class PagedKVCache : public PagedKVCacheBase {
     PagedKVView<S> view = tables.view(k_[l].data(), v_[l].data(), this->num_kv_heads(),
                                       this->head_dim(), this->layout());
     view.window = this->window();
+    view.sinks = this->sinks();
     check_written(kWhere, layer, view);
     return view;
   }

@@ -175,10 +175,10 @@ class PagedSequences {
   /// Gives back the blocks of `seq` that hold only tokens before position `keep_from` (a sliding
   /// window's first visible key): each loses this holder, and its entry in the block table
   /// becomes `kReleasedBlock` — the table stays append-only, positions keep their pages. The
-  /// last block, which later tokens fill, is given back only when it is full. Returns the
-  /// blocks given back now.
+  /// last block, which later tokens fill, is given back only when it is full. Blocks holding a
+  /// token before `keep_before` (attention sinks) are kept. Returns the blocks given back now.
   /// \throws InvalidArgument if `seq` is not live or `keep_from` is not in [0, length(seq)].
-  int release_front(int seq, int keep_from) {
+  int release_front(int seq, int keep_from, int keep_before = 0) {
     Sequence& s = find("release_front", seq);
     if (keep_from < 0 || keep_from > s.length) {
       detail::fail(where("release_front").c_str(), "keep_from",
@@ -187,7 +187,8 @@ class PagedSequences {
     int released = 0;
     for (std::size_t b = 0;
          b < s.blocks.size() && static_cast<int>(b + 1) * block_size_ <= keep_from; ++b) {
-      if (s.blocks[b] == kReleasedBlock) continue;
+      if (s.blocks[b] == kReleasedBlock || static_cast<int>(b) * block_size_ < keep_before)
+        continue;
       allocator_.release(s.blocks[b]);
       s.blocks[b] = kReleasedBlock;
       ++released;
@@ -196,14 +197,16 @@ class PagedSequences {
   }
 
   /// With a sliding window of `window` keys, gives back the blocks of `seq` wholly before the
-  /// next token's window (`release_front` from `first_visible_key(length(seq), window)`) and
-  /// returns how many went back now; without one (0) does nothing. What
-  /// `PagedKVCache::release_out_of_window` and its CUDA twin do.
-  /// \throws InvalidArgument if `seq` is not live or `window < 0`.
-  int release_out_of_window(int seq, int window) {
+  /// next token's window (`release_front` from `first_visible_key(length(seq), window)`) but
+  /// those holding its first `sinks` tokens (attention sinks), and returns how many went back
+  /// now; without a window (0) does nothing. What `PagedKVCache::release_out_of_window` and its
+  /// CUDA twin do.
+  /// \throws InvalidArgument if `seq` is not live, `window < 0` or `sinks < 0`.
+  int release_out_of_window(int seq, int window, int sinks = 0) {
     const int length = find("release_out_of_window", seq).length;
     detail::require_at_least(where("release_out_of_window").c_str(), "window", window, 0);
-    return window == 0 ? 0 : release_front(seq, first_visible_key(length, window));
+    detail::require_at_least(where("release_out_of_window").c_str(), "sinks", sinks, 0);
+    return window == 0 ? 0 : release_front(seq, first_visible_key(length, window), sinks);
   }
 
   /// Throws unless the next token after truncating `seq` to `length` could still see its window

@@ -137,12 +137,10 @@ void check_contiguous_length(const char* where, const char* q_rows_name, long lo
   }
 }
 
-/// The window and sinks of a contiguous cache, checked by the constructors of
-/// `ContiguousKVCache` and `cuda::ContiguousKVCache`: W >= 0 (0: no window), S >= 0, sinks only
-/// with a window and fewer than it (S < W: `SelectiveStore`'s rule), and S + W at most
-/// `capacity`, since a decode step needs its W keys in the ring besides the sinks' slots.
+/// The window and sinks of a cache or store: W >= 0 (0: no window), S >= 0, and sinks only with
+/// a window and fewer than it (S < W: `SelectiveStore`'s rule).
 /// \throws InvalidArgument naming `window` or `sinks`.
-inline void check_ring_window(const char* where, int capacity, int window, int sinks = 0) {
+inline void check_window_sinks(const char* where, int window, int sinks) {
   require_at_least(where, "window", window, 0);
   require_at_least(where, "sinks", sinks, 0);
   if (sinks > 0 && sinks >= window) {
@@ -151,6 +149,15 @@ inline void check_ring_window(const char* where, int capacity, int window, int s
                      : "below the window (" + std::to_string(window) + ")",
          sinks);
   }
+}
+
+/// The window and sinks of a contiguous cache, checked by the constructors of
+/// `ContiguousKVCache` and `cuda::ContiguousKVCache`: W >= 0 (0: no window), S >= 0, sinks only
+/// with a window and fewer than it (S < W: `SelectiveStore`'s rule), and S + W at most
+/// `capacity`, since a decode step needs its W keys in the ring besides the sinks' slots.
+/// \throws InvalidArgument naming `window` or `sinks`.
+inline void check_ring_window(const char* where, int capacity, int window, int sinks = 0) {
+  check_window_sinks(where, window, sinks);
   if (window + sinks > capacity) {
     fail(where, "window",
          (sinks == 0 ? "at most capacity (" : "at most capacity - sinks (") +

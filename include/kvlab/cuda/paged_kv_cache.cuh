@@ -103,18 +103,21 @@ class PagedKVCache {
   /// \param window        a sliding window of that many keys (0: none): the views carry it and
   ///                      `release_out_of_window` gives the blocks before it back, as in
   ///                      `PagedKVCache`
-  /// \throws InvalidArgument if any size is below 1, `window` is negative, `head_dim` is not a
-  ///         multiple of 32 for int8/int4, or the pool overflows; CudaError if the allocation
-  ///         fails.
+  /// \param sinks         attention sinks (0: none; below `window`): each query also sees the
+  ///                      first `sinks` tokens of its sequence, whose blocks are kept
+  /// \throws InvalidArgument if any size is below 1, `window` is negative, `sinks` is negative or
+  ///         not below a window (none without one), `head_dim` is not a multiple of 32 for
+  ///         int8/int4, or the pool overflows; CudaError if the allocation fails.
   PagedKVCache(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-               KVLayout layout = KVLayout::NHD, int window = 0)
+               KVLayout layout = KVLayout::NHD, int window = 0, int sinks = 0)
       : num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         layout_(layout),
         window_(window),
+        sinks_(sinks),
         book_(block_size, num_blocks, "kvlab::cuda::PagedKVCache"),
-        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks, window)),
+        k_(elements(num_layers, num_kv_heads, head_dim, block_size, num_blocks, window, sinks)),
         v_(k_.size()) {}
 
   /// Layers.
@@ -230,10 +233,12 @@ class PagedKVCache {
 
   /// The sliding window of the pool's attention (0: none), as `PagedKVCache::window`.
   int window() const { return window_; }
+  /// The attention sinks (`PagedKVCache::sinks`); 0 for none.
+  int sinks() const { return sinks_; }
   /// As `PagedKVCache::release_out_of_window` (`PagedSequences::release_out_of_window`): with a
   /// window, the blocks of `seq` before the next token's window go back; returns how many.
   /// \throws InvalidArgument if `seq` is not live.
-  int release_out_of_window(int seq) { return book_.release_out_of_window(seq, window_); }
+  int release_out_of_window(int seq) { return book_.release_out_of_window(seq, window_, sinks_); }
   /// Blocks that `seq` holds, less those given back out of the window.
   /// \throws InvalidArgument if `seq` is not live.
   int held_blocks(int seq) const { return book_.held_blocks(seq); }
@@ -261,6 +266,7 @@ class PagedKVCache {
     PagedKVView<T> view = tables.view<T>(layer_data(k_, layer), layer_data(v_, layer),
                                          num_kv_heads_, head_dim_, layout_);
     view.window = window_;
+    view.sinks = sinks_;
     return view;
   }
 
@@ -271,9 +277,9 @@ class PagedKVCache {
  private:
   // Checks the arguments; the elements of K (or V) in all layers.
   static std::size_t elements(int num_layers, int num_kv_heads, int head_dim, int block_size,
-                              int num_blocks, int window) {
+                              int num_blocks, int window, int sinks) {
     constexpr const char* kWhere = "kvlab::cuda::PagedKVCache";
-    kvlab::detail::require_at_least(kWhere, "window", window, 0);
+    kvlab::detail::check_window_sinks(kWhere, window, sinks);
     kvlab::detail::require_at_least(kWhere, "num_layers", num_layers, 1);
     kvlab::detail::require_at_least(kWhere, "num_kv_heads", num_kv_heads, 1);
     kvlab::detail::require_at_least(kWhere, "head_dim", head_dim, 1);
@@ -344,6 +350,7 @@ class PagedKVCache {
   int head_dim_;
   KVLayout layout_;
   int window_;           // 0, or the window of the pool's attention
+  int sinks_;            // 0, or S < window: the first S tokens of each sequence are kept
   PagedSequences book_;  // which blocks each sequence holds; the allocator (host)
   // [num_layers, num_blocks * block_size * num_kv_heads * row units], in layout_
   DeviceBuffer<T> k_;

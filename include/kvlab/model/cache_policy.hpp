@@ -74,10 +74,9 @@ struct CachePolicy {
   }
 
   /// True when every head keeps one policy that a `ContiguousStore` or `PagedStore` keeps: K
-  /// and V of one type, no sinks, heavy hitters or heads kept in full.
+  /// and V of one type, no heavy hitters or heads kept in full (a window with sinks is one).
   bool uniform() const {
-    return key_dtype == value_dtype && sinks == 0 && heavy == 0 && full_layers.empty() &&
-           full_heads.empty();
+    return key_dtype == value_dtype && heavy == 0 && full_layers.empty() && full_heads.empty();
   }
 
   /// What K/V head `kv_head` of `layer` keeps under this policy (`SelectiveStore`): every
@@ -259,9 +258,9 @@ inline CachePolicy parse_cache_policy(const std::string& spec) {
   }
   if (policy.backend == LlamaBackend::Paged && !policy.uniform()) {
     detail::fail(kWhere, "spec",
-                 "one type for K and V and no sinks, h2o, full_layers or full_heads with the "
-                 "paged store (a layer's heads share its block table: blocks are freed for all "
-                 "of them at once; in '" +
+                 "one type for K and V and no h2o, full_layers or full_heads with the paged "
+                 "store (a layer's heads share its block table: blocks are freed for all of them "
+                 "at once; in '" +
                      spec + "')",
                  "'" + policy.name() + "'");
   }
@@ -271,17 +270,19 @@ inline CachePolicy parse_cache_policy(const std::string& spec) {
 /// The store that keeps `policy` for a model of shape `config`: room for `sequences` sequences
 /// of up to `max_tokens` tokens, fed in steps of at most `max_step` tokens each.
 ///  - contiguous without a window: a `ContiguousStore` reserving `max_tokens` per sequence;
-///  - contiguous with a window W: a ring of `min(max_tokens, W − 1 + max_step)` slots per
-///    sequence (a step's first query sees the W − 1 keys before it; `max_step` 1 — decoding —
-///    keeps exactly W), whose steps take `KVStore::max_step_tokens()` tokens at most (fewer
-///    than `max_step` where the ring is cut to `max_tokens`);
+///  - contiguous with a window W and S sinks: a ring of `min(max_tokens, S + W − 1 + max_step)`
+///    slots per sequence, the first S for the sinks (a step's first query sees the W − 1 keys
+///    before it; `max_step` 1 — decoding — keeps exactly S + W), whose steps take
+///    `KVStore::max_step_tokens()` tokens at most (fewer than `max_step` where the ring is cut to
+///    `max_tokens`);
 ///  - paged: a `PagedStore` of `sequences · ceil(max_tokens / block)` blocks, which with a
-///    window gives back the blocks wholly before each sequence's window after every step;
-///  - a policy that is not `uniform()` (K and V of two types, sinks, heavy hitters, layers or
-///    heads kept in full): a `SelectiveStore` with `policy.head(l, h)` for every head.
-/// Keys and values are kept as the policy's types. A window of `max_tokens` keys or more
-/// leaves no key out of any query of such sequences: every head keeps every token then (the
-/// store is the full cache, `window()` 0, unless K and V differ in type).
+///    window gives back the blocks wholly before each sequence's window after every step, but
+///    the blocks of its sinks;
+///  - a policy that is not `uniform()` (K and V of two types, heavy hitters, layers or heads kept
+///    in full): a `SelectiveStore` with `policy.head(l, h)` for every head.
+/// Keys and values are kept as the policy's types. A window of W keys with S sinks, W + S >=
+/// `max_tokens`, leaves no key out of any query of such sequences: every head keeps every token
+/// then (the store is the full cache, `window()` 0, unless K and V differ in type).
 /// \throws InvalidArgument if `max_tokens`, `max_step` or `sequences` is below 1, the policy's
 ///         store is naive, a full layer or head is not one of the model's, or as
 ///         `make_llama_store` (a head_dim int8 and int4 cannot hold, too many blocks).
@@ -313,7 +314,7 @@ inline std::shared_ptr<KVStore<float>> make_policy_store(const CachePolicy& poli
   }
   // A window of max_tokens keys or more never leaves a key out: every token is kept.
   CachePolicy kept = policy;
-  if (policy.window >= max_tokens) {
+  if (policy.window > 0 && policy.window + policy.sinks >= max_tokens) {
     kept.window = kept.sinks = kept.heavy = 0;
     kept.full_layers.clear();
     kept.full_heads.clear();
@@ -328,15 +329,16 @@ inline std::shared_ptr<KVStore<float>> make_policy_store(const CachePolicy& poli
       for (int h = 0; h < kv_heads; ++h) heads.push_back(kept.head(l, h));
     return std::make_shared<SelectiveStore<float>>(layers, kv_heads, head_dim, std::move(heads));
   }
-  const int window = kept.window;
+  const int window = kept.window, sinks = kept.sinks;
   if (policy.backend == LlamaBackend::Paged || window == 0) {
     return make_llama_store(policy.backend, config, max_tokens, policy.block_size, sequences,
-                            kept.key_dtype, window);
+                            kept.key_dtype, window, sinks);
   }
-  const int slots = window - 1 + std::min(max_step, max_tokens - window + 1);
+  const int slots = sinks + window - 1 + std::min(max_step, max_tokens - sinks - window + 1);
   return visit_kv_dtype(kept.key_dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
     using S = typename decltype(tag)::type;
-    return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim, slots, window);
+    return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim, slots, window,
+                                                       sinks);
   });
 }
 

@@ -62,21 +62,29 @@ inline LlamaBackend parse_llama_backend(const std::string& name) {
 /// contiguous store becomes a ring of `min(max_tokens, 2 · window − 1)` slots per sequence,
 /// which takes steps of up to `window` tokens (a longer prompt goes in in chunks:
 /// `LlamaModel::prefill`), and the paged store gives back the blocks wholly before each
-/// sequence's window after every step.
+/// sequence's window after every step. With `sinks` attention sinks (cached or paged, below the
+/// window) each query also sees its sequence's first `sinks` tokens: the ring gains as many
+/// slots, and the paged store keeps their blocks; a window and sinks that together cover
+/// `max_tokens` leave no key out, and the cached store is then the full cache.
 /// \throws InvalidArgument if `block_size`, `max_tokens` or `sequences` is below 1, `dtype` is
 ///         not fp32 for the naive backend (it keeps no K/V), the head_dim is not a multiple
-///         of 32 for int8 and int4, or `window` is negative.
+///         of 32 for int8 and int4, `window` is negative, or `sinks` is negative, not below a
+///         window (none without one) or given to the naive backend.
 inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
                                                         const LlamaConfig& config, int max_tokens,
                                                         int block_size = 16, int sequences = 1,
                                                         KVDtype dtype = KVDtype::fp32,
-                                                        int window = 0) {
+                                                        int window = 0, int sinks = 0) {
   constexpr const char* kWhere = "kvlab::make_llama_store";
   detail::require_at_least(kWhere, "max_tokens", max_tokens, 1);
   detail::require_at_least(kWhere, "block_size", block_size, 1);
   detail::require_at_least(kWhere, "sequences", sequences, 1);
   const int layers = config.n_layers, kv_heads = config.n_kv_heads, head_dim = config.head_dim();
-  detail::require_at_least(kWhere, "window", window, 0);
+  detail::check_window_sinks(kWhere, window, sinks);
+  if (backend == LlamaBackend::Naive && sinks > 0) {
+    detail::fail(kWhere, "sinks", "0 for the naive backend (its store applies a window only)",
+                 sinks);
+  }
   if (backend == LlamaBackend::Naive && dtype != KVDtype::fp32) {
     detail::fail(kWhere, "dtype", "fp32 for the naive backend (it keeps no K/V to store)",
                  dtype_name(dtype));
@@ -88,10 +96,14 @@ inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
     case LlamaBackend::Cached:
       return visit_kv_dtype(dtype, [&](auto tag) -> std::shared_ptr<KVStore<float>> {
         using S = typename decltype(tag)::type;
-        // a window's ring: the window's keys and a step of up to `window` tokens
-        const int slots = window > 0 ? std::min(max_tokens, 2 * window - 1) : max_tokens;
+        // a window and sinks that cover every token: the full cache
+        if (sinks > 0 && window + sinks >= max_tokens)
+          return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim,
+                                                             max_tokens);
+        // a window's ring: the sinks, the window's keys and a step of up to `window` tokens
+        const int slots = window > 0 ? std::min(max_tokens, sinks + 2 * window - 1) : max_tokens;
         return std::make_shared<ContiguousStore<float, S>>(layers, kv_heads, head_dim, slots,
-                                                           std::min(window, slots));
+                                                           std::min(window, slots), sinks);
       });
     case LlamaBackend::Paged: {
       const long long blocks = 1LL * sequences * ((max_tokens - 1) / block_size + 1);
@@ -105,7 +117,7 @@ inline std::shared_ptr<KVStore<float>> make_llama_store(LlamaBackend backend,
         using S = typename decltype(tag)::type;
         return std::make_shared<PagedStore<float, S>>(layers, kv_heads, head_dim, block_size,
                                                       static_cast<int>(blocks), KVLayout::NHD,
-                                                      window);
+                                                      window, sinks);
       });
     }
   }

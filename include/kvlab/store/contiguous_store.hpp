@@ -37,6 +37,8 @@ namespace kvlab {
 /// `fork` copies the whole cache. With a sliding window of W keys each sequence's cache is a
 /// ring of `capacity` slots (`ContiguousKVCache`): sequences grow without bound, each step adds at
 /// most `capacity − W + 1` tokens to a sequence, and memory stays `capacity` tokens per sequence.
+/// With `sinks` attention sinks the ring's first `sinks` slots keep each sequence's first tokens
+/// (`ContiguousKVCache`), and a step adds at most `capacity − sinks − W + 1`.
 /// `S` is the type K and V are stored as (`KVStorage`: `T`,
 /// fp16, bf16, int8, int4): each row is encoded when appended and decoded as the kernel reads
 /// it, so memory per token is `2 · layers · kv_heads · storage_row_bytes<S>(head_dim)`.
@@ -44,19 +46,25 @@ template <typename T, typename S = T>
 class ContiguousStore : public KVStore<T> {
  public:
   /// A store whose sequences each reserve `capacity` tokens in every layer — with a sliding
-  /// window of `window` keys (>= 1), a ring of `capacity` slots each.
-  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`,
-  ///         or `head_dim` is not a multiple of the values per stored element of `S` (32 for
-  ///         int8 and int4).
-  ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0)
+  /// window of `window` keys (>= 1), a ring of `capacity` slots each, the first `sinks` of them
+  /// for the attention sinks.
+  /// \throws InvalidArgument if any size is below 1, `window` is negative or above `capacity`
+  ///         less the sinks, `sinks` is negative or not below a window (none without one), or
+  ///         `head_dim` is not a multiple of the values per stored element of `S` (32 for int8
+  ///         and int4).
+  ContiguousStore(int num_layers, int num_kv_heads, int head_dim, int capacity, int window = 0,
+                  int sinks = 0)
       : KVStore<T>("kvlab::ContiguousStore", num_layers, num_kv_heads, head_dim),
         capacity_(capacity),
-        window_(window) {
+        window_(window),
+        sinks_(sinks) {
     detail::require_at_least("kvlab::ContiguousStore", "capacity", capacity, 1);
-    detail::require_at_least("kvlab::ContiguousStore", "window", window, 0);
-    if (window > capacity) {
+    detail::check_window_sinks("kvlab::ContiguousStore", window, sinks);
+    if (window + sinks > capacity) {
       detail::fail("kvlab::ContiguousStore", "window",
-                   "at most capacity (" + std::to_string(capacity) + ")", window);
+                   (sinks == 0 ? "at most capacity (" : "at most capacity - sinks (") +
+                       std::to_string(capacity - sinks) + ")",
+                   window);
     }
     detail::require_storage_head_dim<S>("kvlab::ContiguousStore", head_dim);
   }
@@ -70,16 +78,18 @@ class ContiguousStore : public KVStore<T> {
   /// Tokens each sequence can hold (slots of its ring, with a window).
   int capacity() const { return capacity_; }
   int window() const override { return window_; }
-  /// `capacity − window + 1` with a window (the ring holds the step's tokens and the window's
-  /// keys before them); no limit without one (room is checked per sequence).
+  int sinks() const override { return sinks_; }
+  /// `capacity − sinks − window + 1` with a window (the ring holds the step's tokens and the
+  /// window's keys before them); no limit without one (room is checked per sequence).
   int max_step_tokens() const override {
-    return window_ > 0 ? capacity_ - window_ + 1 : KVStore<T>::max_step_tokens();
+    return window_ > 0 ? capacity_ - sinks_ - window_ + 1 : KVStore<T>::max_step_tokens();
   }
 
   /// Reserves a cache of `capacity` tokens and returns the new sequence's id.
   int add_sequence() override {
-    caches_.emplace(next_id_, ContiguousKVCache<T, S>(this->num_layers(), this->num_kv_heads(),
-                                                      this->head_dim(), capacity_, window_));
+    caches_.emplace(next_id_,
+                    ContiguousKVCache<T, S>(this->num_layers(), this->num_kv_heads(),
+                                            this->head_dim(), capacity_, window_, sinks_));
     return next_id_++;
   }
   std::vector<int> sequences() const override {
@@ -126,7 +136,7 @@ class ContiguousStore : public KVStore<T> {
       // the cache's own check (before any layer is touched)
       const std::string name = "new tokens of sequence " + std::to_string(seq);
       detail::check_contiguous_append(caller, name.c_str(), batch.new_tokens(i), capacity_, window_,
-                                      length);
+                                      length, sinks_);
       batch.first_position.push_back(length);
     }
     inputs = new_inputs;
@@ -171,6 +181,7 @@ class ContiguousStore : public KVStore<T> {
  private:
   int capacity_;
   int window_;                                     // 0, or each cache's window
+  int sinks_;                                      // 0, or each cache's attention sinks
   std::map<int, ContiguousKVCache<T, S>> caches_;  // seq -> its cache
   int next_id_ = 0;
 };

@@ -134,6 +134,9 @@ class KVStore {
   /// The sliding window its attention applies: each query sees its last `window()` keys
   /// (`cpu::reference_attention`); 0 for none.
   virtual int window() const { return 0; }
+  /// The attention sinks its attention applies besides the window: each query also sees the
+  /// first `sinks()` tokens of its sequence (`reference_attention`'s sinks); 0 for none.
+  virtual int sinks() const { return 0; }
   /// The most new tokens one step may add to a sequence: a windowed ring's `capacity − W + 1`
   /// (`ContiguousStore`), else no limit (`INT_MAX`; room is checked by `begin_step`).
   virtual int max_step_tokens() const { return INT_MAX; }

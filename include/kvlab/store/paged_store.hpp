@@ -45,12 +45,13 @@ namespace kvlab {
 template <typename T, typename S = T>
 class PagedStore : public KVStore<T> {
  public:
-  /// A store with a pool of its own: `num_blocks` blocks of `block_size` tokens, in `layout`.
+  /// A store with a pool of its own: `num_blocks` blocks of `block_size` tokens, in `layout`,
+  /// with a sliding window of `window` keys and `sinks` attention sinks (0: none).
   /// \throws InvalidArgument if any size is below 1 (or as `PagedKVCache`).
   PagedStore(int num_layers, int num_kv_heads, int head_dim, int block_size, int num_blocks,
-             KVLayout layout = KVLayout::NHD, int window = 0)
-      : PagedStore(std::make_shared<PagedKVCache<T, S>>(num_layers, num_kv_heads, head_dim,
-                                                        block_size, num_blocks, layout, window)) {}
+             KVLayout layout = KVLayout::NHD, int window = 0, int sinks = 0)
+      : PagedStore(std::make_shared<PagedKVCache<T, S>>(
+            num_layers, num_kv_heads, head_dim, block_size, num_blocks, layout, window, sinks)) {}
 
   /// A store over `pool`, which other stores may share (each sequence belongs to the pool; a
   /// store is the step's bookkeeping and the kernel).
@@ -69,6 +70,8 @@ class PagedStore : public KVStore<T> {
   /// The pool's sliding window (`PagedKVCache::window`): after each step, the blocks wholly
   /// before each stepped sequence's window go back to the pool.
   int window() const override { return pool_->window(); }
+  /// The pool's attention sinks (`PagedKVCache::sinks`): their blocks are never given back.
+  int sinks() const override { return pool_->sinks(); }
 
   int add_sequence() override { return pool_->add_sequence(); }
   std::vector<int> sequences() const override { return pool_->sequences(); }
