@@ -175,9 +175,10 @@ bool parse(int argc, char** argv, Options& o) {
           o.cache_policy + "'");
     }
     if (cache.sinks > 0) {  // the parser took them: the paged store keeps sinks, the engine not yet
-      throw UsageError("--cache-policy: expected no sinks (the engine's pool applies a window "
-                       "only), got '" +
-                       o.cache_policy + "'");
+      throw UsageError(
+          "--cache-policy: expected no sinks (the engine's pool applies a window "
+          "only), got '" +
+          o.cache_policy + "'");
     }
     o.block_size = cache.block_size;  // the parser refused a paged policy that is not uniform
     o.kv_dtype = cache.key_dtype;
