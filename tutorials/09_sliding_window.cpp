@@ -24,6 +24,7 @@
 
 #include <kvlab/kvlab.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -117,23 +118,26 @@ void part3_paged(int window) {
       "   ('-': a block back in the pool; positions keep their pages, which point nowhere)\n\n");
 }
 
-// Part 4: the kernels compute the band.
-void part4_attention(int window) {
-  std::printf(
-      "4. One decode step over 40 tokens, W = %d: the ring and the paged pool against the "
-      "reference's band\n",
-      window);
+// One decode step over 40 tokens of random K/V through a ring of S + W slots and a paged pool
+// (blocks of 4) with a window of W and S sinks, each against the reference's band and sinks.
+struct KernelCheck {
+  double ring_error, pool_error;  // largest differences from the reference
+  int ring_slots, blocks_held, blocks_in_table;
+};
+KernelCheck kernels_against_reference(int window, int sinks, std::uint64_t seed) {
   const kvlab::AttentionShape shape(4, 2, 8);
-  kvlab::Rng rng(2);
+  kvlab::Rng rng(seed);
   const kvlab::RowMatrix<float> k =
       kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
   const kvlab::RowMatrix<float> v =
       kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
   const kvlab::RowMatrix<float> q =
       kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 32]
-  const kvlab::RowMatrix<float> want = kvlab::cpu::reference_attention(shape, q, k, v, 39, window);
-  kvlab::ContiguousKVCache<float> ring(1, 2, 8, window, window);  // W slots: enough for decode
-  kvlab::PagedKVCache<float> pool(1, 2, 8, 4, 16, kvlab::KVLayout::NHD, window);
+  const kvlab::RowMatrix<float> want =
+      kvlab::cpu::reference_attention(shape, q, k, v, 39, window, sinks);
+  // S + W slots: enough for decode
+  kvlab::ContiguousKVCache<float> ring(1, 2, 8, sinks + window, window, sinks);
+  kvlab::PagedKVCache<float> pool(1, 2, 8, 4, 16, kvlab::KVLayout::NHD, window, sinks);
   const int seq = pool.add_sequence();
   for (int pos = 0; pos < 40; ++pos) {
     // the blocks that token pos (the next query) no longer sees go back before it is added —
@@ -146,12 +150,21 @@ void part4_attention(int window) {
   const kvlab::RowMatrix<float> from_ring = kvlab::cpu::decode_attention(shape, q, ring.view(0));
   const kvlab::RowMatrix<float> from_pool =
       kvlab::cpu::paged_decode_attention(shape, q, pool.view(0, tables));
-  const double ring_error = (from_ring - want).cwiseAbs().maxCoeff();
-  const double pool_error = (from_pool - want).cwiseAbs().maxCoeff();
-  std::printf("   ring (%d slots): largest difference %.2e;  paged (%d blocks held of %zu): %.2e\n",
-              ring.capacity(), ring_error, pool.held_blocks(seq), pool.blocks(seq).size(),
-              pool_error);
-  check(ring_error <= 1e-5 && pool_error <= 1e-5, "the kernels compute the band");
+  return KernelCheck{(from_ring - want).cwiseAbs().maxCoeff(),
+                     (from_pool - want).cwiseAbs().maxCoeff(), ring.capacity(),
+                     pool.held_blocks(seq), static_cast<int>(pool.blocks(seq).size())};
+}
+
+// Part 4: the kernels compute the band.
+void part4_attention(int window) {
+  std::printf(
+      "4. One decode step over 40 tokens, W = %d: the ring and the paged pool against the "
+      "reference's band\n",
+      window);
+  const KernelCheck c = kernels_against_reference(window, 0, 2);
+  std::printf("   ring (%d slots): largest difference %.2e;  paged (%d blocks held of %d): %.2e\n",
+              c.ring_slots, c.ring_error, c.blocks_held, c.blocks_in_table, c.pool_error);
+  check(c.ring_error <= 1e-5 && c.pool_error <= 1e-5, "the kernels compute the band");
 }
 
 // Part 5: a window with sinks.
@@ -202,36 +215,12 @@ void part5_sinks(int window, int sinks) {
       table.c_str(), pool.held_blocks(seq));
   check(pool.blocks(seq).front() != kvlab::kReleasedBlock, "the sinks' block is kept");
   // The kernels: one decode step over 40 tokens against the reference with sinks.
-  const kvlab::AttentionShape shape(4, 2, 8);
-  kvlab::Rng rng(5);
-  const kvlab::RowMatrix<float> k =
-      kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
-  const kvlab::RowMatrix<float> v =
-      kvlab::random_matrix<float>(40, shape.kv_width(), rng);  // [40, 16]
-  const kvlab::RowMatrix<float> q =
-      kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 32]
-  const kvlab::RowMatrix<float> want =
-      kvlab::cpu::reference_attention(shape, q, k, v, 39, window, sinks);
-  kvlab::ContiguousKVCache<float> big_ring(1, 2, 8, capacity, window, sinks);
-  kvlab::PagedKVCache<float> big_pool(1, 2, 8, 4, 16, kvlab::KVLayout::NHD, window, sinks);
-  const int big = big_pool.add_sequence();
-  for (int pos = 0; pos < 40; ++pos) {
-    big_pool.release_out_of_window(big);
-    big_ring.append(0, k.row(pos), v.row(pos));
-    big_pool.append(big, k.row(pos), v.row(pos));
-  }
-  const kvlab::BlockTables tables = big_pool.tables({big});
-  const double ring_error =
-      (kvlab::cpu::decode_attention(shape, q, big_ring.view(0)) - want).cwiseAbs().maxCoeff();
-  const double pool_error =
-      (kvlab::cpu::paged_decode_attention(shape, q, big_pool.view(0, tables)) - want)
-          .cwiseAbs()
-          .maxCoeff();
+  const KernelCheck c = kernels_against_reference(window, sinks, 5);
   std::printf(
       "   one decode step over 40 tokens: ring %.2e, paged %.2e from the reference with "
       "sinks\n",
-      ring_error, pool_error);
-  check(ring_error <= 1e-5 && pool_error <= 1e-5, "the kernels compute the band and the sinks");
+      c.ring_error, c.pool_error);
+  check(c.ring_error <= 1e-5 && c.pool_error <= 1e-5, "the kernels compute the band and the sinks");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #endif
 
 #include "kvlab/kvlab.hpp"
+#include "ragged_batch.hpp"
 #include "ran_counts.hpp"
 #include "test_support.hpp"
 
@@ -177,59 +178,42 @@ TEST_CASE("a ring with sinks keeps them through every wrap, and refuses what it 
 }
 
 TEST_CASE(
-    "the paged kernels give the oracle's answer with every block but the sinks' and the "
-    "window's released") {
+    "the paged kernels give the oracle's answer with every block but the sinks' and the window's "
+    "released") {
   const AttentionShape shape(8, 2, 16);
   kvlab::Rng rng(13);
-  const std::vector<int> lengths = {3, 17, 40, 64, 9};  // ragged, across block boundaries
   const int window = GENERATE(5, 8, 13);
   const int sinks = GENERATE(1, 4);
   const int block_size = GENERATE(1, 3, 8);
   const auto layout = GENERATE(kvlab::KVLayout::NHD, kvlab::KVLayout::HND);
   CAPTURE(window, sinks, block_size, kvlab::to_string(layout));
-  std::vector<RowMatrix<double>> ks, vs;  // [sequence][length, kv_width]
-  for (int n : lengths) {
-    ks.push_back(kvlab::random_matrix<double>(n, shape.kv_width(), rng));
-    vs.push_back(kvlab::random_matrix<double>(n, shape.kv_width(), rng));
-  }
+  // ragged, across block boundaries; every slot no sequence owns is NaN
+  kvlab_test::RaggedBatch<float> batch(shape, block_size, {3, 17, 40, 64, 9}, layout, rng);
   // a decode token, chunks shorter and longer than the window
   const std::vector<int> q_lens = {1, 4, 20, 1, 9};
   std::vector<std::int32_t> qo_indptr{0};
   for (int n : q_lens) qo_indptr.push_back(qo_indptr.back() + n);
   const RowMatrix<double> q = kvlab::random_matrix<double>(qo_indptr.back(), shape.q_width(), rng);
-  kvlab::BlockTables tables = kvlab::BlockTables::shuffled(lengths, block_size, 2, rng);
-  const std::size_t block_values =
-      static_cast<std::size_t>(block_size) * static_cast<std::size_t>(shape.kv_width());
-  std::vector<float> k(static_cast<std::size_t>(tables.num_blocks()) * block_values, -1e30f), v = k;
-  kvlab::PagedKVView<float> view = tables.view(k.data(), v.data(), 2, 16, layout);
-  for (int s = 0; s < view.batch; ++s)
-    for (int pos = 0; pos < lengths[static_cast<std::size_t>(s)]; ++pos)
-      for (int h = 0; h < 2; ++h)
-        for (int c = 0; c < 16; ++c) {
-          k[static_cast<std::size_t>(view.offset(s, pos, h) + c)] =
-              static_cast<float>(ks[static_cast<std::size_t>(s)](pos, h * 16 + c));
-          v[static_cast<std::size_t>(view.offset(s, pos, h) + c)] =
-              static_cast<float>(vs[static_cast<std::size_t>(s)](pos, h * 16 + c));
-        }
+  kvlab::PagedKVView<float> view = batch.view;
   // Release every block wholly before the first query's window that holds no sink, as a pool
   // with sinks does; the released blocks are poisoned, so reading one shows.
   std::vector<std::int32_t> indices(view.indices, view.indices + view.indptr[view.batch]);
+  std::vector<RowMatrix<double>> ks, vs;  // [sequence][length, kv_width], before the poison
   int released = 0;
   for (int s = 0; s < view.batch; ++s) {
-    const int first = kvlab::first_visible_key(
-        lengths[static_cast<std::size_t>(s)] - q_lens[static_cast<std::size_t>(s)], window);
+    ks.push_back(batch.keys(s).cast<double>());
+    vs.push_back(batch.values(s).cast<double>());
+    const int first =
+        kvlab::first_visible_key(view.seq_len(s) - q_lens[static_cast<std::size_t>(s)], window);
     for (int page = 0; (page + 1) * block_size <= first; ++page) {
       if (page * block_size < sinks) continue;  // holds a sink
-      auto& entry = indices[static_cast<std::size_t>(view.indptr[s] + page)];
       for (int pos = page * block_size; pos < (page + 1) * block_size; ++pos)
         for (int h = 0; h < 2; ++h) {
-          const auto at = static_cast<std::size_t>(view.offset(s, pos, h));
-          std::fill(k.begin() + static_cast<std::ptrdiff_t>(at),
-                    k.begin() + static_cast<std::ptrdiff_t>(at) + 16, NAN);
-          std::fill(v.begin() + static_cast<std::ptrdiff_t>(at),
-                    v.begin() + static_cast<std::ptrdiff_t>(at) + 16, NAN);
+          const auto at = static_cast<std::ptrdiff_t>(view.offset(s, pos, h));
+          std::fill(batch.k.begin() + at, batch.k.begin() + at + 16, NAN);
+          std::fill(batch.v.begin() + at, batch.v.begin() + at + 16, NAN);
         }
-      entry = kvlab::kReleasedBlock;
+      indices[static_cast<std::size_t>(view.indptr[s] + page)] = kvlab::kReleasedBlock;
       ++released;
     }
   }
@@ -242,14 +226,15 @@ TEST_CASE(
   std::uint64_t keys = 0;
   for (int s = 0; s < view.batch; ++s) {
     const auto i = static_cast<std::size_t>(s);
+    const int length = view.seq_len(s);
     const RowMatrix<double> want =
         kvlab::cpu::reference_attention(shape, q.middleRows(qo_indptr[i], q_lens[i]), ks[i], vs[i],
-                                        lengths[i] - q_lens[i], window, sinks);
+                                        length - q_lens[i], window, sinks);
     CAPTURE(s);
     CHECK(max_row_relative_error(RowMatrix<float>(got.middleRows(qo_indptr[i], q_lens[i])),
                                  RowMatrix<float>(want.cast<float>())) <=
           kvlab_test::tolerance<float>());
-    keys += seen_total(lengths[i] - q_lens[i], q_lens[i], window, sinks);
+    keys += seen_total(length - q_lens[i], q_lens[i], window, sinks);
   }
   CHECK(counters.qk_dots == keys * static_cast<std::uint64_t>(shape.num_heads()));
   if (block_size <= 3) CHECK(released > 0);  // released blocks were skipped
@@ -268,23 +253,10 @@ TEST_CASE(
 TEST_CASE("paged decode split along the context attends the sinks as one more partition") {
   const AttentionShape shape(4, 2, 64);
   kvlab::Rng rng(14);
-  const int n = 700, window = 100, sinks = 4, block_size = 16;
-  const RowMatrix<double> keys = kvlab::random_matrix<double>(n, shape.kv_width(), rng);
-  const RowMatrix<double> values = kvlab::random_matrix<double>(n, shape.kv_width(), rng);
+  const int n = 700, window = 100, sinks = 4;
+  const kvlab_test::RaggedBatch<float> batch(shape, 16, {n}, kvlab::KVLayout::NHD, rng);
   const RowMatrix<double> q = kvlab::random_matrix<double>(1, shape.q_width(), rng);
-  kvlab::BlockTables tables = kvlab::BlockTables::shuffled({n}, block_size, 0, rng);
-  std::vector<float> k(
-      static_cast<std::size_t>(tables.num_blocks() * block_size * shape.kv_width())),
-      v = k;
-  kvlab::PagedKVView<float> view = tables.view(k.data(), v.data(), 2, 64);
-  for (int pos = 0; pos < n; ++pos)
-    for (int h = 0; h < 2; ++h)
-      for (int c = 0; c < 64; ++c) {
-        k[static_cast<std::size_t>(view.offset(0, pos, h) + c)] =
-            static_cast<float>(keys(pos, h * 64 + c));
-        v[static_cast<std::size_t>(view.offset(0, pos, h) + c)] =
-            static_cast<float>(values(pos, h * 64 + c));
-      }
+  kvlab::PagedKVView<float> view = batch.view;
   view.window = window;
   view.sinks = sinks;
   const std::int32_t one[] = {0, 1};
@@ -308,8 +280,9 @@ TEST_CASE("paged decode split along the context attends the sinks as one more pa
   WARN("built without OpenMP: one thread, the context is not split");
   CHECK(ran.split_k_calls() == 0);
 #endif
-  const RowMatrix<double> want =
-      kvlab::cpu::reference_attention(shape, q, keys, values, n - 1, window, sinks);
+  const RowMatrix<double> want = kvlab::cpu::reference_attention(
+      shape, q, RowMatrix<double>(batch.keys(0).cast<double>()),
+      RowMatrix<double>(batch.values(0).cast<double>()), n - 1, window, sinks);
   CHECK(max_row_relative_error(got, RowMatrix<float>(want.cast<float>())) <=
         kvlab_test::tolerance<float>());
   CHECK(counters.qk_dots == static_cast<std::uint64_t>((window + sinks) * shape.num_heads()));

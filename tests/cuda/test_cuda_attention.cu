@@ -462,6 +462,78 @@ struct WindowedBatch {
   }
 };
 
+// Decode over a contiguous ring with a window of `window` keys and `sinks` sinks: S + W − 1 + 7
+// slots, filled in chunks of up to 7 tokens, the ring wrapping many times over 90 tokens (the
+// sinks kept); after each chunk its queries attend on the device, with split-K 1 and 2, as
+// cpu::decode_attention over the same ring, with the same counts.
+template <typename T>
+void check_ring_decode(const AttentionShape& shape, int window, int sinks, kvlab::Rng& rng) {
+  const int chunk = 7;
+  kvlab::ContiguousKVCache<float> ring(1, shape.num_kv_heads(), shape.head_dim(),
+                                       sinks + window - 1 + chunk, window, sinks);
+  const RowMatrix<float> keys = random_rounded<T>(90, shape.kv_width(), rng);
+  const RowMatrix<float> values = random_rounded<T>(90, shape.kv_width(), rng);
+  for (int pos = 0; pos < 90;) {
+    const int n = std::min({chunk, 90 - pos, ring.max_chunk(0)});
+    ring.append(0, keys.middleRows(pos, n), values.middleRows(pos, n));
+    pos += n;
+    const RowMatrix<float> q = random_rounded<T>(n, shape.q_width(), rng);
+    for (int partitions : {1, 2}) {
+      CAPTURE(window, sinks, pos, n, partitions);
+      kc::LaunchOptions options;
+      options.partitions = partitions;
+      kvlab::CostCounters want_counts, got_counts;
+      const RowMatrix<float> want =
+          kvlab::cpu::decode_attention(shape, q, ring.view(0), &want_counts);
+      check_close<T>(kc::decode_attention<T>(shape, q, ring.view(0), &got_counts, options), want);
+      CHECK(got_counts.qk_dots == want_counts.qk_dots);
+      CHECK(got_counts.macs == want_counts.macs);
+    }
+  }
+}
+
+// Paged decode (one query per sequence of `lengths`; split-K 1, chosen, 3) and prefill
+// (`new_tokens` per sequence, split-K 2) over pools whose blocks before each window went back
+// (WindowedBatch), with a window of `window` keys and `sinks` sinks, against the CPU kernels, with
+// the same counts.
+template <typename T>
+void check_paged_window(const AttentionShape& shape, int window, int sinks, KVLayout layout,
+                        int block_size, const std::vector<int>& lengths,
+                        const std::vector<int>& new_tokens, kvlab::Rng& rng) {
+  CAPTURE(window, sinks, kvlab::to_string(layout), block_size);
+  std::vector<std::int32_t> one_each(lengths.size() + 1);  // decode: one query per sequence
+  for (std::size_t s = 0; s <= lengths.size(); ++s) one_each[s] = static_cast<std::int32_t>(s);
+  const WindowedBatch<T> decode(shape, block_size, lengths, one_each, layout, window, rng, sinks);
+  const RowMatrix<float> q =
+      random_rounded<T>(static_cast<int>(lengths.size()), shape.q_width(), rng);
+  kvlab::CostCounters want_counts;
+  const RowMatrix<float> want =
+      kvlab::cpu::paged_decode_attention(shape, q, decode.view, &want_counts);
+  for (int partitions : {1, 0, 3}) {
+    CAPTURE(partitions);
+    kc::LaunchOptions options;
+    options.partitions = partitions;
+    kvlab::CostCounters got_counts;
+    check_close<T>(kc::paged_decode_attention<T>(shape, q, decode.view, &got_counts, options),
+                   want);
+    CHECK(got_counts.qk_dots == want_counts.qk_dots);
+    CHECK(got_counts.macs == want_counts.macs);
+  }
+  std::vector<std::int32_t> qo_indptr{0};
+  for (int n : new_tokens) qo_indptr.push_back(qo_indptr.back() + n);
+  const WindowedBatch<T> prefill(shape, block_size, lengths, qo_indptr, layout, window, rng, sinks);
+  const RowMatrix<float> queries = random_rounded<T>(qo_indptr.back(), shape.q_width(), rng);
+  kvlab::CostCounters want_prefill, got_prefill;
+  const RowMatrix<float> want_rows =
+      kvlab::cpu::paged_prefill_attention(shape, queries, qo_indptr, prefill.view, &want_prefill);
+  kc::LaunchOptions split;
+  split.partitions = 2;
+  check_close<T>(
+      kc::paged_prefill_attention<T>(shape, queries, qo_indptr, prefill.view, &got_prefill, split),
+      want_rows);
+  CHECK(got_prefill.qk_dots == want_prefill.qk_dots);
+}
+
 TEMPLATE_TEST_CASE(
     "with a sliding window every CUDA kernel equals its CPU twin, and reads only "
     "the window",
@@ -490,31 +562,7 @@ TEMPLATE_TEST_CASE(
       }
     }
     SECTION("decode_attention over a ring, window " + std::to_string(window)) {
-      // A ring of W − 1 + 7 slots, filled in chunks of up to 7 tokens: after each chunk its
-      // queries attend, the ring wrapping many times over the 90 tokens.
-      const int chunk = 7;
-      kvlab::ContiguousKVCache<float> ring(1, shape.num_kv_heads(), shape.head_dim(),
-                                           window - 1 + chunk, window);
-      const RowMatrix<float> keys = random_rounded<TestType>(90, shape.kv_width(), rng);
-      const RowMatrix<float> values = random_rounded<TestType>(90, shape.kv_width(), rng);
-      for (int pos = 0; pos < 90;) {
-        const int n = std::min({chunk, 90 - pos, ring.max_chunk(0)});
-        ring.append(0, keys.middleRows(pos, n), values.middleRows(pos, n));
-        pos += n;
-        const RowMatrix<float> q = random_rounded<TestType>(n, shape.q_width(), rng);
-        for (int partitions : {1, 2}) {
-          CAPTURE(window, pos, n, partitions);
-          kc::LaunchOptions options;
-          options.partitions = partitions;
-          kvlab::CostCounters want_counts, got_counts;
-          const RowMatrix<float> want =
-              kvlab::cpu::decode_attention(shape, q, ring.view(0), &want_counts);
-          check_close<TestType>(
-              kc::decode_attention<TestType>(shape, q, ring.view(0), &got_counts, options), want);
-          CHECK(got_counts.qk_dots == want_counts.qk_dots);
-          CHECK(got_counts.macs == want_counts.macs);
-        }
-      }
+      check_ring_decode<TestType>(shape, window, 0, rng);
     }
     for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
       for (int block_size : {1, 3, 16}) {
@@ -523,48 +571,11 @@ TEMPLATE_TEST_CASE(
           continue;
         SECTION("paged decode and prefill, window " + std::to_string(window) + ", " +
                 kvlab::to_string(layout) + ", blocks of " + std::to_string(block_size)) {
-          CAPTURE(window, kvlab::to_string(layout), block_size);
-          // decode: one query per sequence
-          std::vector<std::int32_t> one_each(lengths.size() + 1);
-          for (std::size_t s = 0; s <= lengths.size(); ++s)
-            one_each[s] = static_cast<std::int32_t>(s);
-          const WindowedBatch<TestType> decode(shape, block_size, lengths, one_each, layout, window,
-                                               rng);
-          const RowMatrix<float> q =
-              random_rounded<TestType>(static_cast<int>(lengths.size()), shape.q_width(), rng);
-          kvlab::CostCounters want_counts;
-          const RowMatrix<float> want =
-              kvlab::cpu::paged_decode_attention(shape, q, decode.view, &want_counts);
-          for (int partitions : {1, 0, 3}) {
-            CAPTURE(partitions);
-            kc::LaunchOptions options;
-            options.partitions = partitions;
-            kvlab::CostCounters got_counts;
-            check_close<TestType>(
-                kc::paged_decode_attention<TestType>(shape, q, decode.view, &got_counts, options),
-                want);
-            CHECK(got_counts.qk_dots == want_counts.qk_dots);
-            CHECK(got_counts.macs == want_counts.macs);
-          }
           // prefill: new tokens per sequence — 1 (all of it), half of W − 1, all W, none,
           // the last W + 1 of 2W + 5, the long sequence's last 20
-          const std::vector<int> new_tokens{1, std::max(1, window - 1) / 2, window, 0, window + 1,
-                                            20};
-          std::vector<std::int32_t> qo_indptr{0};
-          for (int n : new_tokens) qo_indptr.push_back(qo_indptr.back() + n);
-          const WindowedBatch<TestType> prefill(shape, block_size, lengths, qo_indptr, layout,
-                                                window, rng);
-          const RowMatrix<float> queries =
-              random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
-          kvlab::CostCounters want_prefill, got_prefill;
-          const RowMatrix<float> want_rows = kvlab::cpu::paged_prefill_attention(
-              shape, queries, qo_indptr, prefill.view, &want_prefill);
-          kc::LaunchOptions split;
-          split.partitions = 2;
-          check_close<TestType>(kc::paged_prefill_attention<TestType>(
-                                    shape, queries, qo_indptr, prefill.view, &got_prefill, split),
-                                want_rows);
-          CHECK(got_prefill.qk_dots == want_prefill.qk_dots);
+          check_paged_window<TestType>(shape, window, 0, layout, block_size, lengths,
+                                       {1, std::max(1, window - 1) / 2, window, 0, window + 1, 20},
+                                       rng);
         }
       }
   }
@@ -585,31 +596,7 @@ TEMPLATE_TEST_CASE(
           1, window - 1, window + sinks, window + sinks + 1, 2 * window + 5, kContext.prefill_long};
       SECTION("decode_attention over a ring, window " + std::to_string(window) + ", sinks " +
               std::to_string(sinks)) {
-        // A ring of S + W − 1 + 7 slots, filled in chunks of up to 7 tokens: after each chunk its
-        // queries attend, the ring wrapping many times over the 90 tokens, the sinks kept.
-        const int chunk = 7;
-        kvlab::ContiguousKVCache<float> ring(1, shape.num_kv_heads(), shape.head_dim(),
-                                             sinks + window - 1 + chunk, window, sinks);
-        const RowMatrix<float> keys = random_rounded<TestType>(90, shape.kv_width(), rng);
-        const RowMatrix<float> values = random_rounded<TestType>(90, shape.kv_width(), rng);
-        for (int pos = 0; pos < 90;) {
-          const int n = std::min({chunk, 90 - pos, ring.max_chunk(0)});
-          ring.append(0, keys.middleRows(pos, n), values.middleRows(pos, n));
-          pos += n;
-          const RowMatrix<float> q = random_rounded<TestType>(n, shape.q_width(), rng);
-          for (int partitions : {1, 2}) {
-            CAPTURE(window, sinks, pos, n, partitions);
-            kc::LaunchOptions options;
-            options.partitions = partitions;
-            kvlab::CostCounters want_counts, got_counts;
-            const RowMatrix<float> want =
-                kvlab::cpu::decode_attention(shape, q, ring.view(0), &want_counts);
-            check_close<TestType>(
-                kc::decode_attention<TestType>(shape, q, ring.view(0), &got_counts, options), want);
-            CHECK(got_counts.qk_dots == want_counts.qk_dots);
-            CHECK(got_counts.macs == want_counts.macs);
-          }
-        }
+        check_ring_decode<TestType>(shape, window, sinks, rng);
       }
       for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
         for (int block_size : {3, 16}) {
@@ -619,46 +606,10 @@ TEMPLATE_TEST_CASE(
           SECTION("paged decode and prefill, window " + std::to_string(window) + ", sinks " +
                   std::to_string(sinks) + ", " + kvlab::to_string(layout) + ", blocks of " +
                   std::to_string(block_size)) {
-            CAPTURE(window, sinks, kvlab::to_string(layout), block_size);
-            std::vector<std::int32_t> one_each(lengths.size() + 1);
-            for (std::size_t s = 0; s <= lengths.size(); ++s)
-              one_each[s] = static_cast<std::int32_t>(s);
-            const WindowedBatch<TestType> decode(shape, block_size, lengths, one_each, layout,
-                                                 window, rng, sinks);
-            const RowMatrix<float> q =
-                random_rounded<TestType>(static_cast<int>(lengths.size()), shape.q_width(), rng);
-            kvlab::CostCounters want_counts;
-            const RowMatrix<float> want =
-                kvlab::cpu::paged_decode_attention(shape, q, decode.view, &want_counts);
-            for (int partitions : {1, 0, 3}) {
-              CAPTURE(partitions);
-              kc::LaunchOptions options;
-              options.partitions = partitions;
-              kvlab::CostCounters got_counts;
-              check_close<TestType>(
-                  kc::paged_decode_attention<TestType>(shape, q, decode.view, &got_counts, options),
-                  want);
-              CHECK(got_counts.qk_dots == want_counts.qk_dots);
-              CHECK(got_counts.macs == want_counts.macs);
-            }
             // prefill chunks that cross the point where the sinks leave the window
-            const std::vector<int> new_tokens{
-                1, std::max(1, window - 1) / 2, sinks + 1, 0, window + 1, 20};
-            std::vector<std::int32_t> qo_indptr{0};
-            for (int n : new_tokens) qo_indptr.push_back(qo_indptr.back() + n);
-            const WindowedBatch<TestType> prefill(shape, block_size, lengths, qo_indptr, layout,
-                                                  window, rng, sinks);
-            const RowMatrix<float> queries =
-                random_rounded<TestType>(qo_indptr.back(), shape.q_width(), rng);
-            kvlab::CostCounters want_prefill, got_prefill;
-            const RowMatrix<float> want_rows = kvlab::cpu::paged_prefill_attention(
-                shape, queries, qo_indptr, prefill.view, &want_prefill);
-            kc::LaunchOptions split;
-            split.partitions = 2;
-            check_close<TestType>(kc::paged_prefill_attention<TestType>(
-                                      shape, queries, qo_indptr, prefill.view, &got_prefill, split),
-                                  want_rows);
-            CHECK(got_prefill.qk_dots == want_prefill.qk_dots);
+            check_paged_window<TestType>(
+                shape, window, sinks, layout, block_size, lengths,
+                {1, std::max(1, window - 1) / 2, sinks + 1, 0, window + 1, 20}, rng);
           }
         }
     }
