@@ -55,6 +55,7 @@ struct Options {
   int block_size = 16;
   kvlab::KVDtype kv_dtype = kvlab::KVDtype::fp32;
   int window = 0;            // 0: every query sees every past token
+  int sinks = 0;             // with a window (from --cache-policy): the first tokens kept
   std::string cache_policy;  // a paged cache policy instead of --block-size, --kv-dtype, --window
   int pool_tokens = 4096;
   int max_batched_tokens = 256;
@@ -109,7 +110,7 @@ bool parse(int argc, char** argv, Options& o) {
                   0, 1 << 30);
   add_policy(app, "--cache-policy", o.cache_policy,
              std::string("what the pool keeps, instead of --block-size, --kv-dtype and --window: "
-                         "a paged policy with one type for K and V and no sinks, h2o or full "
+                         "a paged policy with one type for K and V and no h2o or full "
                          "layers and heads (the pool's block table is shared by a layer's heads); "
                          "a policy is ") +
                  policy_syntax())
@@ -174,15 +175,10 @@ bool parse(int argc, char** argv, Options& o) {
           "pool of blocks), got '" +
           o.cache_policy + "'");
     }
-    if (cache.sinks > 0) {  // the parser took them: the paged store keeps sinks, the engine not yet
-      throw UsageError(
-          "--cache-policy: expected no sinks (the engine's pool applies a window "
-          "only), got '" +
-          o.cache_policy + "'");
-    }
     o.block_size = cache.block_size;  // the parser refused a paged policy that is not uniform
     o.kv_dtype = cache.key_dtype;
     o.window = cache.window;
+    o.sinks = cache.sinks;
   }
   o.prefix_caching = prefix_caching == "on";
   o.prefix_caching_given = prefix->count() > 0;
@@ -252,6 +248,7 @@ int serve(const Options& o) {
   config.num_blocks = o.pool_tokens / o.block_size;
   config.kv_dtype = o.kv_dtype;
   config.window = o.window;
+  config.sinks = o.sinks;
   config.clock = o.clock_steps ? kvlab::EngineClock::Steps : kvlab::EngineClock::Wall;
   config.scheduler.policy = o.policy;
   config.scheduler.max_batched_tokens = o.max_batched_tokens;
@@ -314,12 +311,16 @@ int serve(const Options& o) {
     std::fprintf(stderr, "%s: every request was refused\n", kProgram);
     return 1;
   }
+  const std::string window =
+      o.window == 0 ? ""
+                    : ", a window of " + std::to_string(o.window) + " keys" +
+                          (o.sinks > 0 ? " and " + std::to_string(o.sinks) + " sinks" : "");
   std::fprintf(stderr,
                "%s: %s, %s policy, %zu requests, pool %d tokens (%d blocks of %d), K/V stored as "
-               "%s, %zu bytes per token\n",
+               "%s, %zu bytes per token%s\n",
                kProgram, description.c_str(), kvlab::to_string(o.policy), ids.size(), o.pool_tokens,
                config.num_blocks, o.block_size, engine.model().store().storage_name(),
-               engine.model().store().bytes_per_token());
+               engine.model().store().bytes_per_token(), window.c_str());
 
   // --dot: the step and the pool after it, named as the output names the requests.
   kvlab::ServingDotOptions dot;

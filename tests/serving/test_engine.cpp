@@ -55,12 +55,20 @@ struct Alone {
 };
 
 Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Request& r,
-                int max_tokens, kvlab::KVDtype dtype, int window) {
-  kvlab::LlamaModel model(weights, kvlab::LlamaBackend::Cached, 16, max_tokens, dtype, window);
+                int max_tokens, kvlab::KVDtype dtype, int window, int sinks) {
+  kvlab::CachePolicy policy;  // the cached store, K/V as the pool stores them, its window
+  policy.backend = kvlab::LlamaBackend::Cached;
+  policy.key_dtype = policy.value_dtype = dtype;
+  policy.window = window;
+  policy.sinks = sinks;
+  const auto model = sinks == 0
+                         ? std::make_unique<kvlab::LlamaModel>(weights, kvlab::LlamaBackend::Cached,
+                                                               16, max_tokens, dtype, window)
+                         : std::make_unique<kvlab::LlamaModel>(weights, policy, max_tokens);
   kvlab::Sampler sampler(weights->config.vocab_size, r.sampling.temperature, r.sampling.top_p,
                          r.sampling.seed);
   Alone a;
-  RowVector<float> logits = model.prefill(r.prompt);
+  RowVector<float> logits = model->prefill(r.prompt);
   while (true) {
     a.logits.push_back(logits);
     const int t = sampler.sample(logits);
@@ -68,7 +76,7 @@ Alone run_alone(const std::shared_ptr<const LlamaWeights>& weights, const Reques
     a.tokens.push_back(t);
     if (static_cast<int>(a.tokens.size()) == r.max_new_tokens) break;
     if (static_cast<int>(r.prompt.size() + a.tokens.size()) - 1 == max_tokens) break;
-    logits = model.decode(t);
+    logits = model->decode(t);
   }
   return a;
 }
@@ -82,8 +90,9 @@ double check_against_alone(
   double worst = 0;
   for (std::size_t id = 0; id < requests.size(); ++id) {
     INFO("request " << id);
-    const Alone alone = run_alone(weights, requests[id], engine.model().max_tokens(),
-                                  engine.config().kv_dtype, engine.config().window);
+    const Alone alone =
+        run_alone(weights, requests[id], engine.model().max_tokens(), engine.config().kv_dtype,
+                  engine.config().window, engine.config().sinks);
     const kvlab::RequestOutput& out = engine.output(static_cast<int>(id));
     REQUIRE(out.finish != kvlab::FinishReason::None);
     REQUIRE(out.tokens == alone.tokens);
@@ -248,6 +257,25 @@ TEST_CASE(
                              "each window, and a cached prefix is a run of blocks from the first: "
                              "kvlab does not combine them)",
                              "true"));
+}
+
+TEST_CASE(
+    "a window with sinks: each request gets what it gets alone, the scheduler's invariants hold "
+    "after every step") {
+  const std::vector<Request> requests = mixed_workload(10, 0, 0.0, 31);
+  EngineConfig c = test_config(4, 64 / 4 + 1);
+  c.window = 6;
+  c.sinks = 2;
+  c.scheduler.prefix_caching = false;
+  c.scheduler.max_batched_tokens = 16;
+  c.check_invariants = true;
+  const auto engine = run_engine(c, requests);
+  CHECK(engine->model().store().window() == 6);
+  CHECK(engine->model().store().sinks() == 2);
+  // alone: a cached model whose ring keeps the same sinks (make_llama_store)
+  const double err = check_against_alone(*engine, requests);
+  INFO("largest logit difference from alone: " << err);
+  CHECK(err <= kLogitRtol);
 }
 
 TEST_CASE("static batching and contiguous preallocation give the tokens each request gets alone") {

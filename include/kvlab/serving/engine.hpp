@@ -55,6 +55,9 @@ struct EngineConfig {
   /// A sliding window: each query attends to its last `window` keys and the blocks before them
   /// go back to the pool after every step (0: none). Prefix caching must be off with a window.
   int window = 0;
+  /// Attention sinks (with a window, below it): each query also attends to its sequence's first
+  /// `sinks` tokens, whose blocks stay held (0: none).
+  int sinks = 0;
   EngineClock clock = EngineClock::Wall;  ///< what time is
   bool keep_logits = false;               ///< keep the logits of every drawn token (`logits(id)`)
   bool check_invariants = false;          ///< run `Scheduler::check_invariants` after every step
@@ -243,9 +246,9 @@ class Engine {
     const LlamaConfig& c = weights->config;
     return visit_kv_dtype(config.kv_dtype, [&](auto tag) {
       using S = typename decltype(tag)::type;
-      auto pool = std::make_shared<PagedKVCache<float, S>>(c.n_layers, c.n_kv_heads, c.head_dim(),
-                                                           config.block_size, config.num_blocks,
-                                                           KVLayout::NHD, config.window);
+      auto pool = std::make_shared<PagedKVCache<float, S>>(
+          c.n_layers, c.n_kv_heads, c.head_dim(), config.block_size, config.num_blocks,
+          KVLayout::NHD, config.window, config.sinks);
       return PoolAndStore{pool, std::make_shared<PagedStore<float, S>>(pool)};
     });
   }
