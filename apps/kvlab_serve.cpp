@@ -111,7 +111,7 @@ bool parse(int argc, char** argv, Options& o) {
   add_policy(app, "--cache-policy", o.cache_policy,
              std::string("what the pool keeps, instead of --block-size, --kv-dtype and --window: "
                          "a paged policy with one type for K and V and no h2o or full "
-                         "layers and heads (the pool's block table is shared by a layer's heads); "
+                         "layers and heads (a sequence's block table serves every layer and head); "
                          "a policy is ") +
                  policy_syntax())
       ->excludes(block)

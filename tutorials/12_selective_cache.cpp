@@ -10,8 +10,9 @@
 //     window slides, and the heavy hitters are chosen by the attention each row received.
 //  3. Its memory: a head holds min(n, S + W − 1 + H) rows, each its key and value row; the store
 //     counts exactly those bytes.
-//  4. Why a paged cache does not drop single tokens: its blocks are shared by a layer's heads, and
-//     a block goes back only when none of them holds a row of it.
+//  4. Why a paged cache does not drop single tokens: one block table serves every layer and head
+//     of a sequence, and a block goes back only when none of them holds a row of it; a paged
+//     pool gives back whole blocks (a window) instead.
 //  5. A policy that keeps every token at fp32 in every head computes what the full cache computes.
 //  6. Not caching a layer at all (kvlab::PartialCacheDecoder): its K/V must come from its input,
 //     which must be kept (576 values a token in SmolLM2, more than its K and V, 2 x 192) or
@@ -123,35 +124,73 @@ int main() {
   }
 
   std::printf(
-      "\n3. The same rows in a paged cache of blocks of 4 tokens: a block goes back to the\n"
-      "   pool only when no head of its layer holds a row of it (one block table per layer)\n");
+      "\n3. The same 24 tokens in a paged pool (kvlab::PagedKVCache, blocks of 4 tokens): one\n"
+      "   block table per sequence serves every layer and head (as in vLLM), so a block can go\n"
+      "   back to the pool only when no head of any layer holds a row of it\n");
   constexpr int kBlock = 4;
-  for (int l = 1; l < config.n_layers; ++l) {
-    std::string held_per_block;  // rows any head of the layer holds, per block
-    int freed = 0, kept_rows = 0, kept_blocks = 0;
-    for (int b = 0; b * kBlock < 24; ++b) {
-      int rows = 0;  // positions of the block that some head of the layer holds
-      for (int pos = b * kBlock; pos < (b + 1) * kBlock; ++pos) {
-        bool any = false;
-        for (int h = 0; h < config.n_kv_heads; ++h) {
-          const std::vector<int> held = selective.held_positions(seq, l, h);
-          any = any || std::binary_search(held.begin(), held.end(), pos);
-        }
-        rows += any ? 1 : 0;
+  kvlab::PagedKVCache<float> pool(config.n_layers, config.n_kv_heads, config.head_dim(), kBlock,
+                                  /*num_blocks=*/8);
+  const int pooled = pool.add_sequence();
+  (void)pool.reserve(pooled, 24);  // the slots of the 24 tokens, in every layer
+  const auto table = [](const std::vector<std::int32_t>& blocks) {
+    std::string entries;  // '-': a block given back
+    for (std::int32_t b : blocks)
+      entries += b == kvlab::kReleasedBlock ? " -" : " " + std::to_string(b);
+    return entries;
+  };
+  std::printf("   table [%s ]; rows held per block (%d slots each):\n",
+              table(pool.blocks(pooled)).c_str(), kBlock);
+  const int num_blocks = static_cast<int>(pool.blocks(pooled).size());
+  // [layers + 1][24]: whether some head of layer l holds position pos; the last row, any layer
+  std::vector<std::vector<bool>> held_by(static_cast<std::size_t>(config.n_layers + 1),
+                                         std::vector<bool>(24, false));
+  for (int l = 0; l < config.n_layers; ++l) {
+    for (int h = 0; h < config.n_kv_heads; ++h) {
+      for (int pos : selective.held_positions(seq, l, h)) {
+        held_by[static_cast<std::size_t>(l)][static_cast<std::size_t>(pos)] = true;
+        held_by.back()[static_cast<std::size_t>(pos)] = true;
       }
-      held_per_block += " " + std::to_string(rows);
-      freed += rows == 0 ? 1 : 0;
-      kept_blocks += rows > 0 ? 1 : 0;
-      kept_rows += rows;
     }
-    std::printf(
-        "   layer %d: rows held per block [%s ]: %d of 6 blocks given back, %d kept for %d "
-        "rows (%d slots)\n",
-        l, held_per_block.c_str(), freed, kept_blocks, kept_rows, kept_blocks * kBlock);
   }
+  std::vector<int> any_layer;  // [blocks]: rows of each block that some head of some layer holds
+  for (int l = 0; l <= config.n_layers; ++l) {
+    std::string rows_per_block;
+    int blocks_used = 0, rows_held = 0;
+    for (int b = 0; b < num_blocks; ++b) {
+      int rows = 0;
+      for (int pos = b * kBlock; pos < (b + 1) * kBlock; ++pos)
+        rows += held_by[static_cast<std::size_t>(l)][static_cast<std::size_t>(pos)] ? 1 : 0;
+      rows_per_block += " " + std::to_string(rows);
+      blocks_used += rows > 0 ? 1 : 0;
+      rows_held += rows;
+      if (l == config.n_layers) any_layer.push_back(rows);
+    }
+    const std::string who = l < config.n_layers ? "layer " + std::to_string(l) : "any layer";
+    std::printf("     %-9s [%s ]  %2d rows in %d blocks (%2d slots)\n", who.c_str(),
+                rows_per_block.c_str(), rows_held, blocks_used, blocks_used * kBlock);
+  }
+  const int free_blocks = static_cast<int>(std::count(any_layer.begin(), any_layer.end(), 0));
   std::printf(
-      "   Single tokens dropped leave holes inside blocks that only a copy could close:\n"
-      "   paged systems give back whole blocks, or preempt whole sequences, instead.\n");
+      "   %d of %d blocks hold no row of any layer; the pool keeps %d blocks, %zu bytes (the full\n"
+      "   cache's), where the selective store holds %zu\n",
+      free_blocks, num_blocks, pool.held_blocks(pooled),
+      static_cast<std::size_t>(pool.held_blocks(pooled)) * pool.block_bytes(), store->bytes_used());
+  check(free_blocks == 0 && pool.held_blocks(pooled) * kBlock == 24,
+        "a layer that keeps every token keeps every block");
+
+  // [window]: what a paged pool gives back instead: whole blocks before the window
+  kvlab::PagedKVCache<float> windowed(config.n_layers, config.n_kv_heads, config.head_dim(), kBlock,
+                                      /*num_blocks=*/8, kvlab::KVLayout::NHD, /*window=*/6,
+                                      /*sinks=*/2);
+  const int slid = windowed.add_sequence();
+  (void)windowed.reserve(slid, 24);
+  const int released = windowed.release_out_of_window(slid);
+  std::printf(
+      "   Paged systems give back whole blocks instead: a pool with a window of 6 and 2 sinks\n"
+      "   (release_out_of_window) after the same 24 tokens: table [%s ], %d blocks back, %d\n"
+      "   held; or they preempt a whole sequence when blocks run out (kvlab::Scheduler).\n",
+      table(windowed.blocks(slid)).c_str(), released, windowed.held_blocks(slid));
+  check(windowed.held_blocks(slid) == 3, "the sinks' block and the window's two are kept");
 
   std::printf(
       "\n4. Every head whole at fp32 ('cached,window=6,full_layers=0+1+2'): the full cache\n");

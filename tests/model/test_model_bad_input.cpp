@@ -747,9 +747,9 @@ TEST_CASE("Cache policies: their text and their stores") {
   refuses<InvalidArgument>(
       parse, input::kState, no_state, policy("paged,window=8,h2o=4"),
       names("spec",
-            "one type for K and V and no h2o, full_layers or full_heads with the paged store (a "
-            "layer's heads share its block table: blocks are freed for all of them at once; in "
-            "'paged,window=8,h2o=4')",
+            "one type for K and V and no h2o, full_layers or full_heads with the paged store (its "
+            "pool stores one type, and a sequence's block table serves every layer and head: a "
+            "block is freed for all of them at once; in 'paged,window=8,h2o=4')",
             "'paged,window=8,h2o=4'"));
   refuses<InvalidArgument>(
       parse, input::kValue, no_state, policy("window=4,window=8"),

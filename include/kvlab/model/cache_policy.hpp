@@ -259,8 +259,8 @@ inline CachePolicy parse_cache_policy(const std::string& spec) {
   if (policy.backend == LlamaBackend::Paged && !policy.uniform()) {
     detail::fail(kWhere, "spec",
                  "one type for K and V and no h2o, full_layers or full_heads with the paged "
-                 "store (a layer's heads share its block table: blocks are freed for all of them "
-                 "at once; in '" +
+                 "store (its pool stores one type, and a sequence's block table serves every layer "
+                 "and head: a block is freed for all of them at once; in '" +
                      spec + "')",
                  "'" + policy.name() + "'");
   }
