@@ -6,7 +6,9 @@ and search index: each local link must name a file inside the site, and each #fr
 an anchor name on the page it points at; each image (<img>, or an SVG in an <object>) must exist,
 be non-empty and, for an SVG, be well-formed XML with an <svg> root. Each page of docs/pages must
 show, in full, every output it embeds (`\\verbinclude`, as the program printed it) and every image
-it shows (`\\image html`).
+it shows (`\\image html`); each region of a program it quotes (`\\snippet FILE name`: the lines
+between two "// [name]" lines) must exist and hold no other region's marker line, which the page
+would show raw.
 
 The browser pass drives a headless Chromium with Selenium, through chromedriver (Debian:
 python3-selenium, chromium-driver). It opens every page of docs/pages in turn and fails on an
@@ -206,9 +208,34 @@ class Site:
                 elif expected not in shown:
                     self.problems.append(f"{self.name(html)}: does not show {included} in full "
                                          f"({len(expected)} lines from {found[0]})")
+            for file, marker in re.findall(r"^[ \t]*[\\@]snippet[ \t]+(\S+)[ \t]+(\S+)", text,
+                                           re.M):
+                found = [Path(d) / file for d in example_dirs if (Path(d) / file).is_file()]
+                if found:
+                    self.problems.extend(f"{self.name(html)}: {problem}"
+                                         for problem in snippet_problems(found[0], marker))
             for image in re.findall(r"^[ \t]*[\\@]image[ \t]+html[ \t]+(\S+)", text, re.M):
                 if image not in page.images:
                     self.problems.append(f"{self.name(html)}: does not show the image {image}")
+
+
+# A line that is only a snippet marker: "// [name]" (and whatever follows it on the line).
+MARKER_LINE = re.compile(r"^[ \t]*//[ \t]*\[([A-Za-z0-9_]+)\]")
+
+
+def snippet_problems(source, marker):
+    """What is wrong with the region `\\snippet source marker` quotes: the lines between the first
+    two lines marked "// [marker]". A region that holds another marker's line would show that raw
+    line on the page (and usually another region with it); a marker found fewer than twice quotes
+    nothing."""
+    lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
+    marked = [i for i, line in enumerate(lines)
+              if (m := MARKER_LINE.match(line)) and m.group(1) == marker.strip("[]")]
+    if len(marked) < 2:
+        return [f"\\snippet {source.name} {marker}: the marker is on {len(marked)} line(s), "
+                "not 2"]
+    inside = [lines[i].strip() for i in range(marked[0] + 1, marked[1]) if MARKER_LINE.match(lines[i])]
+    return [f"\\snippet {source.name} {marker}: quotes the marker line '{line}'" for line in inside]
 
 
 def read_doxyfile(path):

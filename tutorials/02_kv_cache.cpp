@@ -125,17 +125,6 @@ int main() {
   }
   // [decode]
 
-  // [totals]
-  const kvlab::CostCounters& n = naive.total();
-  const kvlab::CostCounters& c = cached.total();
-  const int t = cached.position();
-  const int per_token = shape.num_kv_heads() * stack->num_layers();  // K/V projections per token
-  // Naive: 3 in the prefill, then 4 + 5 + 6 + 7: t(t+1)/2 minus the 1 + 2 that the prompt saved
-  // by going in at once. Cached: one per token.
-  const auto naive_expected = static_cast<unsigned long long>(
-      (t * (t + 1) / 2 - prompt_len * (prompt_len - 1) / 2) * per_token);
-  const auto cached_expected = static_cast<unsigned long long>(t * per_token);
-  ok = ok && n.kv_projections == naive_expected && c.kv_projections == cached_expected;
   // [equivalent]
   // Inside each step the cached decoder calls kvlab::cpu::decode_attention(shape, q,
   // cache.view(layer)). For one new query that call is equivalent to this loop over the cache:
@@ -161,6 +150,16 @@ int main() {
               compare(by_kernel, by_loop, ok));
 
   // [totals]
+  const kvlab::CostCounters& n = naive.total();
+  const kvlab::CostCounters& c = cached.total();
+  const int t = cached.position();
+  const int per_token = shape.num_kv_heads() * stack->num_layers();  // K/V projections per token
+  // Naive: 3 in the prefill, then 4 + 5 + 6 + 7: t(t+1)/2 minus the 1 + 2 that the prompt saved
+  // by going in at once. Cached: one per token.
+  const auto naive_expected = static_cast<unsigned long long>(
+      (t * (t + 1) / 2 - prompt_len * (prompt_len - 1) / 2) * per_token);
+  const auto cached_expected = static_cast<unsigned long long>(t * per_token);
+  ok = ok && n.kv_projections == naive_expected && c.kv_projections == cached_expected;
   std::printf("\nK/V projections in total, %d tokens: naive %llu (= %d", t,
               static_cast<unsigned long long>(n.kv_projections), prompt_len);
   for (int i = prompt_len + 1; i <= t; ++i) std::printf(" + %d", i);
@@ -168,6 +167,7 @@ int main() {
   std::printf("q.k dots in total: naive %llu, cached %llu (the gap: the prefill's masked scores)\n",
               static_cast<unsigned long long>(n.qk_dots),
               static_cast<unsigned long long>(c.qk_dots));
+  // [totals]
   if (ok) {
     std::printf("Rows already cached never changed; outputs agree within %.0e relative.\n", kRtol);
     std::printf("All checks passed.\n");

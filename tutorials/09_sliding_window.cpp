@@ -162,7 +162,7 @@ void part4_attention(int window) {
       "reference's band\n",
       window);
   const KernelCheck c = kernels_against_reference(window, 0, 2);
-  std::printf("   ring (%d slots): largest difference %.2e;  paged (%d blocks held of %d): %.2e\n",
+  std::printf("   ring (%d slots): largest difference %.2e;  paged (%d of %d blocks held): %.2e\n",
               c.ring_slots, c.ring_error, c.blocks_held, c.blocks_in_table, c.pool_error);
   check(c.ring_error <= 1e-5 && c.pool_error <= 1e-5, "the kernels compute the band");
 }

@@ -2,7 +2,7 @@
 /// \brief `generate`: the generation loop of llama2.c's `run.c` on a `LlamaModel`.
 ///
 /// It prefills the prompt at once, then decodes one token a step, each token drawn by a `Sampler`,
-/// and times the two phases. Used by `kvlab-generate`, the generation benchmark and tutorial 05.
+/// and times the two phases. Used by `kvlab-generate`, the generation benchmark and tutorial 06.
 #pragma once
 
 #include <chrono>

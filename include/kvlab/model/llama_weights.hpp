@@ -106,7 +106,7 @@ struct LlamaWeights {
     return w;
   }
 
-  /// The built-in model of `kvlab-generate`, the tests and tutorial 05: `random(config,
+  /// The built-in model of `kvlab-generate`, the tests and tutorial 06: `random(config,
   /// kBuiltinSeed)`, by default of shape `LlamaConfig::tiny()`. It runs without any file.
   /// \throws InvalidArgument if `config` is not valid.
   static LlamaWeights builtin(const LlamaConfig& config = LlamaConfig::tiny()) {
