@@ -27,6 +27,7 @@ read from the Doxyfile that built it.
 
 usage: check_site.py --doxyfile build/docs/Doxyfile [--html DIR] [--screenshot PAGE.html=OUT.png]...
                      [--static-only] [--chromium PATH] [--chromedriver PATH]
+       check_site.py --self-test
 """
 import argparse
 import json
@@ -61,6 +62,10 @@ class Page(HTMLParser):
         self.ids, self.links, self.images, self.outputs = set(), [], [], []
         self.rows = set()
         self._output = None
+        # The text of the page's contents (<div class="contents">), outside and inside its
+        # "Measured" boxes (<div class="measured">): one string per box.
+        self.text, self.boxes = [], []
+        self._divs = []  # for each open <div>: "contents", "measured" or None
         self.feed(path.read_text(encoding="utf-8", errors="replace"))
         self.close()
 
@@ -75,12 +80,19 @@ class Page(HTMLParser):
                 if (tag, attr) in IMAGE_ATTRIBUTES:
                     self.images.append(attrs[attr])
         classes = (attrs.get("class") or "").split()
+        if tag == "div":
+            kind = next((c for c in ("contents", "measured") if c in classes), None)
+            self._divs.append(kind)
+            if kind == "measured":
+                self.boxes.append([])
         if tag == "pre" and "fragment" in classes:
             self._output = []
         if tag == "tr":
             self.rows.update(c[len("memitem:"):] for c in classes if c.startswith("memitem:"))
 
     def handle_endtag(self, tag):
+        if tag == "div" and self._divs:
+            self._divs.pop()
         if tag == "pre" and self._output is not None:
             self.outputs.append("".join(self._output))
             self._output = None
@@ -88,6 +100,10 @@ class Page(HTMLParser):
     def handle_data(self, data):
         if self._output is not None:
             self._output.append(data)
+        if "measured" in self._divs:
+            self.boxes[-1].append(data)
+        elif "contents" in self._divs:
+            self.text.append(data)
 
 
 def is_local(url):
@@ -217,6 +233,95 @@ class Site:
             for image in re.findall(r"^[ \t]*[\\@]image[ \t]+html[ \t]+(\S+)", text, re.M):
                 if image not in page.images:
                     self.problems.append(f"{self.name(html)}: does not show the image {image}")
+
+
+# What a page of the learning path keeps in its "Measured" box: a path into bench/results, a
+# machine's letter ("machine C") or a commit id (7 to 40 hex digits, at least one a-f and one 0-9,
+# not the digits of a number such as 9.983778e-07).
+BENCH_DETAIL = [
+    ("a path into bench/results", re.compile(r"bench/results")),
+    ("a machine's letter", re.compile(r"\b[Mm]achines? [A-H]\b")),
+    ("a commit id", re.compile(r"(?<![.\w])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b(?![-+]\d)")),
+]
+MEASURED_WORDS = 90  # a box is short: one measured number, its machine and a link
+
+
+def path_pages(sources):
+    """The pages of the learning path, in order: from getting_started along each page's last
+    "Next: \\ref NAME" to the first page of the index's "### Reference" list (not included)."""
+    index = sources.get("index.html")
+    shelf = ""
+    if index is not None:
+        reference = index.read_text(encoding="utf-8").partition("### Reference")[2]
+        first = re.search(r"\\subpage[ \t]+([\w-]+)", reference)
+        shelf = first.group(1) if first else ""
+    order, name = [], "getting_started"
+    while name and name != shelf and name + ".html" in sources and name not in order:
+        order.append(name)
+        nexts = re.findall(r"^Next:[ \t]*\\ref[ \t]+([\w-]+)",
+                           sources[name + ".html"].read_text(encoding="utf-8"), re.M)
+        name = nexts[-1] if nexts else ""
+    return order
+
+
+def measurement_problems(name, page):
+    """What is wrong with where page `name` of the learning path keeps its measurements: bench
+    detail (BENCH_DETAIL) outside its "Measured" box, more than one box, a box longer than
+    MEASURED_WORDS words, or a concept page (concept_*) without a box."""
+    problems = []
+    text = " ".join("".join(page.text).split())
+    for what, pattern in BENCH_DETAIL:
+        for match in pattern.finditer(text):
+            context = text[max(0, match.start() - 50):match.end() + 30]
+            problems.append(f"{name}.html: {what} outside its Measured box: '...{context}...'")
+    if len(page.boxes) > 1:
+        problems.append(f"{name}.html: {len(page.boxes)} Measured boxes; a page keeps one")
+    if name.startswith("concept_") and not page.boxes:
+        problems.append(f"{name}.html: no Measured box (a concept page keeps one measured number "
+                        "in one)")
+    for box in page.boxes:
+        words = len("".join(box).split())
+        if words > MEASURED_WORDS:
+            problems.append(f"{name}.html: its Measured box has {words} words, more than "
+                            f"{MEASURED_WORDS}")
+    return problems
+
+
+def self_test():
+    """Plants each fault the checks of this file are meant to catch in a small page of its own
+    and fails unless each is caught, and a clean page passes: a check that cannot fail proves
+    nothing. Returns the list of problems with the checks themselves (empty when all is well)."""
+    import tempfile
+    box = '<div class="measured"><b>Measured</b> (machine C, bench/results/x.txt, 5198894 at cc14b39)</div>'
+    body = '<div class="contents"><p>{}</p>{}</div>'
+    cases = [  # (what is planted, page name, its contents, the words a problem must hold)
+        ("nothing", "concept_clean", body.format("The cache keeps K and V.", box), None),
+        ("a path into bench/results", "tutorial_x", body.format("see bench/results/README.md", ""),
+         "a path into bench/results"),
+        ("a machine's letter", "tutorial_x", body.format("on Machine D, 2 cores", ""),
+         "a machine's letter"),
+        ("a commit id", "tutorial_x", body.format("the kernels of commit cc14b39", ""),
+         "a commit id"),
+        ("a number in e-notation (no fault)", "tutorial_x", body.format("an error of 9.983778e-07", ""),
+         None),
+        ("a concept page without a box", "concept_x", body.format("The idea.", ""),
+         "no Measured box"),
+        ("two boxes", "tutorial_x", body.format("Two.", box + box), "2 Measured boxes"),
+        ("a long box", "tutorial_x",
+         body.format("", '<div class="measured">' + "word " * (MEASURED_WORDS + 1) + "</div>"),
+         "more than"),
+    ]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, name, contents, expected in cases:
+            path = Path(tmp) / (name + ".html")
+            path.write_text(f"<html><body>{contents}</body></html>", encoding="utf-8")
+            found = measurement_problems(name, Page(path))
+            if expected is None and found:
+                failures.append(f"self-test: {what}: reported {found}")
+            elif expected is not None and not any(expected in f for f in found):
+                failures.append(f"self-test: {what}: not caught (reported {found or 'nothing'})")
+    return failures
 
 
 # A line that is only a snippet marker: "// [name]" (and whatever follows it on the line).
@@ -552,16 +657,26 @@ def browse(html, page_names, screenshots, chromium, chromedriver, webdriver):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--doxyfile", type=Path, required=True,
+    parser.add_argument("--doxyfile", type=Path, 
                         help="the Doxyfile that built the site (build/docs/Doxyfile)")
     parser.add_argument("--html", type=Path, help="the site, if not the Doxyfile's")
     parser.add_argument("--screenshot", action="append", default=[], metavar="PAGE=PNG",
                         help="a page of the site to photograph, and where the PNG goes")
     parser.add_argument("--static-only", action="store_true", help="no browser pass")
+    parser.add_argument("--self-test", action="store_true",
+                        help="plant each fault the checks catch in a page of its own, and fail "
+                             "unless each is caught (needs no site)")
     parser.add_argument("--chromium", help="the browser (default: chromium on the PATH)")
     parser.add_argument("--chromedriver",
                         help="Selenium's driver of it (default: chromedriver on the PATH)")
     args = parser.parse_args()
+    if args.self_test:
+        failures = self_test()
+        print_problems(failures)
+        print(f"check_site: self-test {'FAILED' if failures else 'passed'}")
+        return 1 if failures else 0
+    if args.doxyfile is None:
+        parser.error("--doxyfile: expected the Doxyfile that built the site (or --self-test)")
     screenshots = {}
     for item in args.screenshot:
         page, sep, png = item.partition("=")
@@ -584,6 +699,19 @@ def main():
     site.check_images()
     sources = page_sources(doxyfile.get("INPUT", []))
     site.check_embedded(sources, doxyfile.get("EXAMPLE_PATH", []))
+    path = path_pages(sources)
+    if len(path) < 2:
+        site.problems.append(f"the learning path from getting_started has {len(path)} page(s): "
+                             "expected the chain of 'Next: \\ref' lines")
+    boxes = 0
+    for name in path:
+        page = site.pages.get(site.root / (name + ".html"))
+        if page is not None:  # (a page not generated is reported above)
+            site.problems += measurement_problems(name, page)
+            boxes += len(page.boxes)
+    print(f"check_site: the learning path: {len(path)} pages from {path[0] if path else '-'} to "
+          f"{path[-1] if path else '-'}, {boxes} Measured boxes, bench detail outside them "
+          "looked for")
     print(f"check_site: static pass over {len(site.pages)} pages of {html}: "
           f"{len(site.problems)} problem(s) ({time.monotonic() - start:.1f} s)")
     kinds = sorted({what for what, _ in site.tolerated})
