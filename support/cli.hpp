@@ -244,6 +244,17 @@ std::optional<int> read_command_line(const char* program, int argc, char** argv,
   return std::nullopt;
 }
 
+/// Reads the command line into the options declared on `app`, for a program whose options are
+/// all on `app` (the tutorials). Returns the exit code when the program should stop there: 0
+/// after --help, 2 after a bad command line (printed as "program: message (try --help)");
+/// nothing when it should run.
+inline std::optional<int> parse_command_line(const char* program, CLI::App& app, int argc,
+                                             char** argv) {
+  return read_command_line(program, argc, argv, app, [](int count, char** values, CLI::App& a) {
+    return parse(a, count, values);
+  });
+}
+
 /// Checks before a long run that the output file `path` given to `option` can be written (an
 /// empty path means no file). Prints "program: option: expected a writable file, got 'path'"
 /// and returns false when it cannot.

@@ -10,10 +10,14 @@
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_01_naive_attention && build/tutorials/01_naive_attention
+// Options (the exercises of its page change them): --steps N tokens decoded in Part 2 (6),
+// --kv-heads 1 or 2 (1: both query heads share one K/V head; 2: one each, MHA).
 //
 // Next: 02_kv_cache.cpp — K and V of past tokens never change, so keep them.
 
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -52,25 +56,32 @@ std::vector<double> newest_query_scores(const kvlab::AttentionLayer<double>& lay
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int steps = 6;     // tokens decoded in Part 2
+  int kv_heads = 1;  // K/V heads of the layer (its 2 query heads share them)
+  CLI::App app{"Tutorial 01: naive attention, and decoding without a cache"};
+  kvlab_support::add_integer(app, "--steps", steps, "tokens decoded in Part 2", 1, 64);
+  kvlab_support::add_integer(app, "--kv-heads", kv_heads, "K/V heads (1: shared, 2: MHA)", 1, 2);
+  if (const auto stop = kvlab_support::parse_command_line("01_naive_attention", app, argc, argv))
+    return *stop;
   bool ok = true;
 
   // [naive_attention]
-  // One layer's head layout: 2 query heads sharing 1 K/V head, 4 values per head.
-  const kvlab::AttentionShape shape(/*num_heads=*/2, /*num_kv_heads=*/1, /*head_dim=*/4);
+  // One layer's head layout: 2 query heads over kv_heads K/V heads, 4 values per head.
+  const kvlab::AttentionShape shape(/*num_heads=*/2, kv_heads, /*head_dim=*/4);
   kvlab::Rng rng(/*seed=*/1);
   const int n = 5;                                                        // tokens
   const auto q = kvlab::random_matrix<double>(n, shape.q_width(), rng);   // [5, 2 * 4]
-  const auto k = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, 1 * 4]
-  const auto v = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, 1 * 4]
+  const auto k = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, kv_heads * 4]
+  const auto v = kvlab::random_matrix<double>(n, shape.kv_width(), rng);  // [5, kv_heads * 4]
   kvlab::CostCounters work;
   const RowMatrix<double> out = kvlab::cpu::naive_attention(shape, q, k, v, &work);  // [5, 2 * 4]
   const RowMatrix<double> ref = kvlab::cpu::reference_attention(shape, q, k, v);     // [5, 2 * 4]
   // [naive_attention]
   const double diff = (out - ref).cwiseAbs().maxCoeff();
   const int heads = shape.num_heads();
-  std::printf("Part 1: causal attention, %d tokens, %d query heads over %d K/V head, head_dim %d\n",
-              n, heads, shape.num_kv_heads(), shape.head_dim());
+  std::printf("Part 1: causal attention, %d tokens, %d query heads over %d K/V head%s, head_dim %d\n",
+              n, heads, kv_heads, kv_heads == 1 ? "" : "s", shape.head_dim());
   std::printf("  last token, head 0, loops:           ");
   for (int d = 0; d < shape.head_dim(); ++d) std::printf(" %+.6f", ref(n - 1, d));
   std::printf("\n  last token, head 0, naive_attention: ");
@@ -81,7 +92,6 @@ int main() {
   ok = ok && diff <= kTolerance;
 
   // [decode]
-  const int kv_heads = shape.num_kv_heads();
   // A one-layer model on the same head layout, with random weights fixed by the seed.
   const int d_model = 8;
   const auto stack = kvlab::AttentionStack<double>::random(/*num_layers=*/1, shape, d_model,
@@ -89,11 +99,11 @@ int main() {
   kvlab::NaiveDecoder<double> decoder(stack);  // keeps its inputs, recomputes from them
   // The tokens' embeddings, in [-2, 2), given in advance (which token comes next does not
   // change the cost).
-  const int steps = 6;
-  const auto x = kvlab::random_matrix<double>(steps, d_model, rng, -2.0, 2.0);  // [6, d_model]
-  RowMatrix<double> y(steps, d_model);  // [6, d_model]: the output at each step
+  const auto x = kvlab::random_matrix<double>(steps, d_model, rng, -2.0, 2.0);  // [steps, d_model]
+  RowMatrix<double> y(steps, d_model);  // [steps, d_model]: the output at each step
 
-  std::printf("Part 2: decoding %d tokens with NaiveDecoder (no cache), 1 K/V head\n", steps);
+  std::printf("Part 2: decoding %d tokens with NaiveDecoder (no cache), %d K/V head%s\n", steps,
+              kv_heads, kv_heads == 1 ? "" : "s");
   std::printf("  (K/V proj.: K/V rows projected in step t, all t of them; total: since step 1)\n");
   std::printf(
       "  t | K/V proj. | total | t(t+1)/2 x kv_heads |"
@@ -117,10 +127,10 @@ int main() {
   // The previous method: one causal pass over all tokens at once, with the loops of Part 1.
   // Decoding token by token must give the same output at every position.
   const kvlab::AttentionLayer<double>& layer = stack->layer(0);
-  RowMatrix<double> k_all, v_all;  // [6, num_kv_heads * head_dim]
+  RowMatrix<double> k_all, v_all;  // [steps, num_kv_heads * head_dim]
   layer.project_kv(x, k_all, v_all);
-  const RowMatrix<double> q_all = layer.project_q(x);  // [6, num_heads * head_dim]
-  const RowMatrix<double> y_ref =                      // [6, d_model]: input + attention output
+  const RowMatrix<double> q_all = layer.project_q(x);  // [steps, num_heads * head_dim]
+  const RowMatrix<double> y_ref =                      // [steps, d_model]: input + attention output
       x + layer.project_out(kvlab::cpu::reference_attention(shape, q_all, k_all, v_all));
   const double decode_diff = (y - y_ref).cwiseAbs().maxCoeff();
   // [check]

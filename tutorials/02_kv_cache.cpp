@@ -16,11 +16,15 @@
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_02_kv_cache && build/tutorials/02_kv_cache
+// Options (the exercises of its page change them): --prompt N tokens prefilled (3), --decode N
+// tokens decoded after them (4).
 //
 // Next: the cost model page of the docs, which sums up what each counter counts; then
 // 03_paged_cache.cpp — the same cache in blocks of a shared pool.
 
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <cstdio>
 
@@ -78,7 +82,14 @@ bool report(int step, const char* phase, const kvlab::NaiveDecoder<double>& naiv
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int prompt_len = 3;    // tokens prefilled in one call
+  int decode_steps = 4;  // tokens decoded one at a time after them
+  CLI::App app{"Tutorial 02: the KV cache"};
+  kvlab_support::add_integer(app, "--prompt", prompt_len, "tokens prefilled in one call", 1, 32);
+  kvlab_support::add_integer(app, "--decode", decode_steps, "tokens decoded after them", 0, 32);
+  if (const auto stop = kvlab_support::parse_command_line("02_kv_cache", app, argc, argv))
+    return *stop;
   bool ok = true;
 
   // [setup]
@@ -87,14 +98,13 @@ int main() {
   const int d_model = 8;
   const auto stack = kvlab::AttentionStack<double>::random(/*num_layers=*/1, shape, d_model,
                                                            /*seed=*/7);
-  const int prompt_len = 3;
-  const int decode_steps = 4;
   const int capacity = prompt_len + decode_steps;  // tokens the cache reserves room for
 
   kvlab::NaiveDecoder<double> naive(stack);              // keeps its inputs, recomputes K and V
-  kvlab::CachedDecoder<double> cached(stack, capacity);  // keeps K and V: [1][1][7][4] each
+  kvlab::CachedDecoder<double> cached(stack, capacity);  // K and V: [1][1][capacity][4] each
   kvlab::Rng rng(/*seed=*/3);
-  const auto tokens = kvlab::random_matrix<double>(capacity, d_model, rng, -2.0, 2.0);  // [7, 8]
+  const auto tokens =  // [capacity, d_model]
+      kvlab::random_matrix<double>(capacity, d_model, rng, -2.0, 2.0);
   // [setup]
 
   std::printf("Cache: %d layer x %d K/V head x %d tokens x %d values; K and V: %zu bytes\n\n",
@@ -105,11 +115,11 @@ int main() {
   RowMatrix<double> keys_before(0, shape.head_dim());  // [rows cached before the step, head_dim]
 
   // [prefill]
-  // Prefill: the whole prompt in one call. The cached decoder projects q, k, v of the 3 prompt
+  // Prefill: the whole prompt in one call. The cached decoder projects q, k, v of the prompt's
   // tokens and appends k and v; query i of the prompt sees keys 0..i (a causal mask).
-  const RowMatrix<double> prompt = tokens.topRows(prompt_len);  // [3, d_model]
-  const RowMatrix<double> y_naive = naive.prefill(prompt);      // [3, d_model]
-  const RowMatrix<double> y_cached = cached.prefill(prompt);    // [3, d_model]
+  const RowMatrix<double> prompt = tokens.topRows(prompt_len);  // [prompt_len, d_model]
+  const RowMatrix<double> y_naive = naive.prefill(prompt);      // [prompt_len, d_model]
+  const RowMatrix<double> y_cached = cached.prefill(prompt);    // [prompt_len, d_model]
   // [prefill]
   ok = report(1, "prefill", naive, cached, y_naive, y_cached, keys_before) && ok;
 
@@ -154,8 +164,8 @@ int main() {
   const kvlab::CostCounters& c = cached.total();
   const int t = cached.position();
   const int per_token = shape.num_kv_heads() * stack->num_layers();  // K/V projections per token
-  // Naive: 3 in the prefill, then 4 + 5 + 6 + 7: t(t+1)/2 minus the 1 + 2 that the prompt saved
-  // by going in at once. Cached: one per token.
+  // Naive: 3 in the prefill, then 4 + 5 + 6 + 7 (with the defaults): t(t+1)/2 minus the 1 + 2
+  // that the prompt saved by going in at once. Cached: one per token.
   const auto naive_expected = static_cast<unsigned long long>(
       (t * (t + 1) / 2 - prompt_len * (prompt_len - 1) / 2) * per_token);
   const auto cached_expected = static_cast<unsigned long long>(t * per_token);

@@ -15,12 +15,15 @@
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_03_paged_cache && build/tutorials/03_paged_cache
 // With --dot FILE it also writes the pool after the fork and the copy on write as a Graphviz
-// graph (kvlab::pool_dot; `dot -Tsvg FILE -o pool.svg` draws it, as the docs do).
+// graph (kvlab::pool_dot; `dot -Tsvg FILE -o pool.svg` draws it, as the docs do). With --ask N,
+// B asks for N more tokens instead of 20 (the exercises of its page change it).
 //
 // Next: 04_paged_attention.cpp — attention through the block tables.
 
 #include <kvlab/report/pool_dot.hpp>
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -150,17 +153,19 @@ bool show(const Cache& cache, const References& refs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string dot_file = argc == 3 && std::string(argv[1]) == "--dot" ? argv[2] : "";
-  if (argc != 1 && dot_file.empty()) {
-    std::fprintf(stderr, "usage: %s [--dot FILE]\n", argv[0]);
-    return 2;
-  }
+  std::string dot_file;  // where the pool's graph goes ("": nowhere)
+  int ask = 20;          // the tokens B asks for at the end
+  CLI::App app{"Tutorial 03: the paged KV cache"};
+  app.add_option("--dot", dot_file, "write the pool after the copy on write as a Graphviz graph");
+  kvlab_support::add_integer(app, "--ask", ask, "tokens B asks for at the end", 1, 64);
+  if (const auto stop = kvlab_support::parse_command_line("03_paged_cache", app, argc, argv))
+    return *stop;
   bool ok = true;
   // [grow]
   Cache cache(/*num_layers=*/1, kKVHeads, kHeadDim, kBlockSize, kNumBlocks);
   References refs;
   const int a = cache.add_sequence();  // sequence A: an empty table, no block yet
-  refs.emplace(a, kvlab::ContiguousKVCache<float>(1, kKVHeads, kHeadDim, /*capacity=*/16));
+  refs.emplace(a, kvlab::ContiguousKVCache<float>(1, kKVHeads, kHeadDim, /*capacity=*/80));
   std::printf("== A: a prompt of 3 tokens, then 3 decode steps of 1 token\n");
   append(cache, refs, a, 3);                                       // takes block 0
   for (int step = 0; step < 3; ++step) append(cache, refs, a, 1);  // A3 fills it; A4 takes block 1
@@ -197,17 +202,28 @@ int main(int argc, char** argv) {
   }
 
   // [out_of_blocks]
-  try {  // 20 more tokens for B: 5 new blocks, but 4 are free
-    cache.append(b, token_rows(b, 9, 20, +1), token_rows(b, 9, 20, -1));
-    ok = false;  // unreachable
+  // 20 more tokens for B: 3 fit in its last block, the other 17 need 5 new blocks, but 4 are free.
+  const int held = static_cast<int>(cache.blocks(b).size());                   // 3 blocks
+  const int fits_in_last = held * kBlockSize - cache.length(b);                // free slots: 3
+  const int new_blocks = (std::max(ask - fits_in_last, 0) + kBlockSize - 1) / kBlockSize;
+  const bool enough = new_blocks <= cache.allocator().num_free();             // 20: 5 > 4
+  std::printf("\n== B asks for %d more tokens\n", ask);
+  try {
+    cache.append(b, token_rows(b, 9, ask, +1), token_rows(b, 9, ask, -1));
+    refs.at(b).append(0, token_rows(b, 9, ask, +1), token_rows(b, 9, ask, -1));
+    std::printf("  appended: ");
+    ok = ok && enough;
   } catch (const kvlab::OutOfBlocks& e) {
-    std::printf("\n== B asks for 20 more tokens\n  OutOfBlocks: %s\n", e.what());
+    std::printf("  OutOfBlocks: %s\n  nothing changed: ", e.what());
+    ok = ok && !enough;
   }
-  ok = ok && cache.length(b) == 9 && cache.blocks(b).size() == 3 &&
-       cache.allocator().num_free() == 4;
+  const int expect_length = enough ? 9 + ask : 9;
+  ok = ok && cache.length(b) == expect_length &&
+       cache.blocks(b).size() == static_cast<std::size_t>(held + (enough ? new_blocks : 0)) &&
+       cache.allocator().num_free() == 4 - (enough ? new_blocks : 0);
   // [out_of_blocks]
-  std::printf("  nothing changed: B has %d tokens in %zu blocks, %d blocks are free\n",
-              cache.length(b), cache.blocks(b).size(), cache.allocator().num_free());
+  std::printf("B has %d tokens in %zu blocks, %d blocks are free\n", cache.length(b),
+              cache.blocks(b).size(), cache.allocator().num_free());
 
   // [free]
   std::printf("\n== A ends: block 1 (A's alone) returns to the pool, block 0 keeps B\n");

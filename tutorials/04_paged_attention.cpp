@@ -13,10 +13,13 @@
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_04_paged_attention && build/tutorials/04_paged_attention
+// Option (the exercises of its page change it): --block-size N tokens per block (4).
 //
 // Next: 05_memory.cpp — what paging saves.
 
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -44,13 +47,22 @@ float max_diff(const RowMatrix<float>& a, const RowMatrix<float>& b) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int block_size = 4;  // tokens per block
+  CLI::App app{"Tutorial 04: paged attention, through the block tables"};
+  kvlab_support::add_integer(app, "--block-size", block_size, "tokens per block", 1, 16);
+  if (const auto stop = kvlab_support::parse_command_line("04_paged_attention", app, argc, argv))
+    return *stop;
+
   // [batch]
-  // 4 query heads over 2 K/V heads of 4 values; one layer; a pool of 8 blocks of 4 tokens.
+  // 4 query heads over 2 K/V heads of 4 values; one layer; a pool of blocks of 4 tokens, 8 of
+  // them (as many as the sequences need, at least).
   const kvlab::AttentionShape shape(/*num_heads=*/4, /*num_kv_heads=*/2, /*head_dim=*/4);
-  kvlab::PagedKVCache<float> cache(/*num_layers=*/1, 2, 4, /*block_size=*/4, /*num_blocks=*/8);
-  kvlab::Rng rng(/*seed=*/4);
   const std::vector<int> lengths{5, 2, 9};
+  int num_blocks = 0;
+  for (int len : lengths) num_blocks += (len + block_size - 1) / block_size;
+  kvlab::PagedKVCache<float> cache(/*num_layers=*/1, 2, 4, block_size, std::max(num_blocks, 8));
+  kvlab::Rng rng(/*seed=*/4);
   std::vector<RowMatrix<float>> keys, values;  // [sequence][length, 2 * 4]: the same rows
   for (int len : lengths) {
     keys.push_back(kvlab::random_matrix<float>(len, shape.kv_width(), rng));
@@ -81,7 +93,8 @@ int main() {
     const std::int32_t block = view.block_of(p[0], p[1]);  // indices[indptr[s] + pos / 4]
     // NHD: ((block * block_size + pos % block_size) * num_kv_heads + head) * head_dim
     const std::ptrdiff_t offset = view.offset(p[0], p[1], p[2]);
-    std::printf("  %3d %3d %4d -> %5d %4d | %6td\n", p[0], p[1], p[2], block, p[1] % 4, offset);
+    std::printf("  %3d %3d %4d -> %5d %4d | %6td\n", p[0], p[1], p[2], block, p[1] % block_size,
+                offset);
   }
   // [translate]
 

@@ -17,13 +17,17 @@
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_05_memory && build/tutorials/05_memory
+// Options (the exercises of its page change them): --max-len N tokens a contiguous cache
+// reserves per sequence (2048), --block-size N tokens per block of the paged cache (16).
 //
 // Next: 06_generation.cpp — a whole model generating with the three ways of keeping K/V.
 // (bench/bench_memory_waste makes this tutorial's comparison on 100,000 requests and block sizes
-// 1 to 256; its results are in bench/results/README.md.)
+// 1 to 256; the docs' Benchmarks page links its results.)
 
 #include <kvlab/analysis/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -31,12 +35,17 @@
 #include <cstdio>
 #include <vector>
 
-int main() {
+int main(int argc, char** argv) {
+  std::int64_t max_len = 2048;  // what a contiguous cache reserves per sequence
+  int block_size = 16;          // tokens per block of the paged cache
+  CLI::App app{"Tutorial 05: where KV-cache memory goes, contiguous preallocation vs paging"};
+  kvlab_support::add_integer(app, "--max-len", max_len, "tokens reserved per sequence", 256, 8192);
+  kvlab_support::add_integer(app, "--block-size", block_size, "tokens per block", 1, 256);
+  if (const auto stop = kvlab_support::parse_command_line("05_memory", app, argc, argv))
+    return *stop;
   bool ok = true;
 
   // [setup]
-  const std::int64_t max_len = 2048;  // what a contiguous cache reserves per sequence
-  const int block_size = 16;          // tokens per block of the paged cache
   // Llama-2-7B in fp16: 2 · 32 layers · 32 K/V heads · 128 · 2 bytes = 524,288 bytes per token.
   const std::uint64_t per_token =
       kvlab::bytes_per_token(kvlab::llama2_7b_config(), kvlab::KVDtype::fp16);
@@ -96,7 +105,9 @@ int main() {
   }
   ok = ok && contiguous_reserved == kvlab::contiguous_footprint(lengths, max_len, 8).reserved_bytes;
 
-  kvlab::PagedKVCache<float> cache(1, 1, 1, block_size, /*num_blocks=*/1024);
+  std::int64_t needed = 0;  // blocks of the 8 sequences: the pool holds exactly them
+  for (std::int64_t len : lengths) needed += kvlab::blocks_needed(len, block_size);
+  kvlab::PagedKVCache<float> cache(1, 1, 1, block_size, static_cast<int>(needed));
   for (std::int64_t len : lengths) cache.reserve(cache.add_sequence(), static_cast<int>(len));
   const kvlab::MemoryFootprint live = kvlab::paged_cache_footprint(cache, per_token);
   ok = ok && live.reserved_bytes == paged.reserved_bytes && live.used_bytes == paged.used_bytes;

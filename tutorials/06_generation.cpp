@@ -17,13 +17,16 @@
 //   cmake --build build --target tutorial_06_generation
 //   build/tutorials/06_generation [stories260K.bin]
 // Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in the folder the
-// build was configured with (CMake's KVLAB_MODELS_DIR).
+// build was configured with (CMake's KVLAB_MODELS_DIR). Option (the exercises of its page change
+// it): --steps N greedy tokens of the built-in model (40).
 //
 // Next: tutorial 07 serves many requests at once (continuous batching). kvlab-generate
 // (apps/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
 // bench_generate measures tokens/s of the three backends.
 
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -50,9 +53,9 @@ double rel_diff(const kvlab::RowVector<float>& a, const kvlab::RowVector<float>&
 
 // stories260K.bin: the argument, else $KVLAB_MODELS_DIR, else the build's folder of model files
 // (KVLAB_MODELS_DIR, defined by tutorials/CMakeLists.txt); "" if none exists.
-std::string find_stories260k(int argc, char** argv) {
+std::string find_stories260k(const std::string& argument) {
   std::vector<std::string> candidates;
-  if (argc > 1) candidates.push_back(argv[1]);
+  if (!argument.empty()) candidates.push_back(argument);
   if (const char* dir = std::getenv("KVLAB_MODELS_DIR"))
     candidates.push_back(std::string(dir) + "/stories260K.bin");
 #if defined(KVLAB_MODELS_DIR)
@@ -66,6 +69,13 @@ std::string find_stories260k(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string model_file;  // stories260K.bin, if given
+  int steps = 40;          // greedy tokens of the built-in model
+  CLI::App app{"Tutorial 06: generation end to end"};
+  app.add_option("model", model_file, "stories260K.bin (default: looked for, see the source)");
+  kvlab_support::add_integer(app, "--steps", steps, "greedy tokens of the built-in model", 1, 500);
+  if (const auto stop = kvlab_support::parse_command_line("06_generation", app, argc, argv))
+    return *stop;
 #if defined(_OPENMP)
   omp_set_num_threads(1);  // one thread: the times below compare the backends, not the cores
 #endif
@@ -87,7 +97,6 @@ int main(int argc, char** argv) {
   kvlab::RowVector<float> l_naive = naive.prefill(prompt);  // [vocab]: logits after the prompt
   kvlab::RowVector<float> l_cached = cached.prefill(prompt);
   kvlab::RowVector<float> l_paged = paged.prefill(prompt);
-  const int steps = 40;
   double worst = 0;
   std::printf("greedy tokens (cached):");
   for (int s = 0; s < steps; ++s) {
@@ -132,7 +141,7 @@ int main(int argc, char** argv) {
 
   // [real]
   // A real model: the same three backends generate 100 greedy tokens from BOS, timed.
-  const std::string path = find_stories260k(argc, argv);
+  const std::string path = find_stories260k(model_file);
   if (path.empty()) {
     std::printf(
         "stories260K.bin not found: the timing part is skipped (see the header comment).\n");

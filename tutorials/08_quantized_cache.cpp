@@ -15,11 +15,15 @@
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_08_quantized_cache
 //   build/tutorials/08_quantized_cache
+// Options (the exercises of its page change them): --outlier X the largest value of Part 2's row
+// (1.9), --tokens N the tokens cached in Part 3 (256).
 //
 // Next: bench_kv_dtype (bench/) times a decode step in each precision, bench_kv_accuracy measures
 // the error on whole models; kvlab-generate --kv-dtype runs a model on any of them.
 
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -70,13 +74,13 @@ void part1_rounding() {
 }
 
 // Part 2: one row of 32 values through q8_0 and q4_0, byte by byte.
-void part2_blocks() {
+void part2_blocks(float outlier) {
   std::printf("2. One head's row of 32 values, quantized\n");
   // [32]: a row with one larger value, as keys often have
   std::vector<float> row(kvlab::kQuantBlock);
   kvlab::Rng rng(8);
   for (float& x : row) x = static_cast<float>(rng.uniform(-0.5, 0.5));
-  row[5] = 1.9f;    // the block's largest magnitude: it sets the scale
+  row[5] = outlier;  // 1.9: the block's largest magnitude, it sets the scale
   row[20] = -1.2f;  // far side of the extreme, for q4_0
 
   // [part2]
@@ -160,17 +164,18 @@ void attend_with(const kvlab::AttentionShape& shape, const kvlab::RowMatrix<floa
               worst_error, worst_bound);
 }
 
-void part3_attention() {
-  std::printf("3. One decode step over 256 cached tokens (8 heads / 2 K/V heads of 64 values)\n");
+void part3_attention(int tokens) {
+  std::printf("3. One decode step over %d cached tokens (8 heads / 2 K/V heads of 64 values)\n",
+              tokens);
   const kvlab::AttentionShape shape(8, 2, 64);
   kvlab::Rng rng(3);
-  const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(256, shape.kv_width(), rng);  // [256, 128]
-  const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(256, shape.kv_width(), rng);  // [256, 128]
-  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);     // [1, 512]
+  const kvlab::RowMatrix<float> k = kvlab::random_matrix<float>(tokens, shape.kv_width(), rng);  // [tokens, 128]
+  const kvlab::RowMatrix<float> v = kvlab::random_matrix<float>(tokens, shape.kv_width(), rng);  // [tokens, 128]
+  const kvlab::RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 512]
   // the exact attention over the values appended: [1, 512]
   const kvlab::RowMatrix<double> exact = kvlab::cpu::reference_attention(
       shape, kvlab::RowMatrix<double>(q.cast<double>()), kvlab::RowMatrix<double>(k.cast<double>()),
-      kvlab::RowMatrix<double>(v.cast<double>()), 255);
+      kvlab::RowMatrix<double>(v.cast<double>()), tokens - 1);
   attend_with<float>(shape, q, k, v, exact);
   attend_with<Eigen::half>(shape, q, k, v, exact);
   attend_with<Eigen::bfloat16>(shape, q, k, v, exact);
@@ -207,10 +212,18 @@ void part4_next_token() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  double outlier = 1.9;  // the largest value of Part 2's row
+  int tokens = 256;      // the tokens cached in Part 3
+  CLI::App app{"Tutorial 08: a KV cache in less precision"};
+  kvlab_support::add_number(app, "--outlier", outlier, "the largest value of Part 2's row", 0.5,
+                            1000.0);
+  kvlab_support::add_integer(app, "--tokens", tokens, "tokens cached in Part 3", 16, 4096);
+  if (const auto stop = kvlab_support::parse_command_line("08_quantized_cache", app, argc, argv))
+    return *stop;
   part1_rounding();
-  part2_blocks();
-  part3_attention();
+  part2_blocks(static_cast<float>(outlier));
+  part3_attention(tokens);
   part4_next_token();
   if (failures != 0) {
     std::printf("\n%d checks FAILED\n", failures);

@@ -18,11 +18,15 @@
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_09_sliding_window
 //   build/tutorials/09_sliding_window
+// Options (the exercises of its page change them): --window W keys (4), --sinks S first tokens
+// kept besides in Part 5 (2).
 //
 // Next: kvlab-generate --window W runs a model with a window (the cached backend's ring, the paged
 // backend's blocks); bench_window measures the memory and the step time over a long generation.
 
 #include <kvlab/kvlab.hpp>
+
+#include "support/cli.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -193,9 +197,9 @@ void part5_sinks(int window, int sinks) {
   for (int s = 0; s < capacity; ++s)
     slots += " " + std::to_string(static_cast<int>(ring.view(0).key(0, 0)[s * 2]));
   std::printf(
-      "   a ring of %d slots after token 10: [%s ]  (sinks 0 and 1 stay in slots 0-1; "
+      "   a ring of %d slots after token 10: [%s ]  (the %d sinks stay in slots 0-%d; "
       "the band wraps in the other %d)\n",
-      capacity, slots.c_str(), capacity - sinks);
+      capacity, slots.c_str(), sinks, sinks - 1, capacity - sinks);
   // The pool: the sinks' block is never given back.
   kvlab::PagedKVCache<float> pool(1, 1, 2, /*block_size=*/2, /*num_blocks=*/8, kvlab::KVLayout::NHD,
                                   window, sinks);
@@ -225,14 +229,26 @@ void part5_sinks(int window, int sinks) {
 
 }  // namespace
 
-int main() {
-  const int window = 4;
+int main(int argc, char** argv) {
+  int window = 4;  // keys each query sees, its own included
+  int sinks = 2;   // first tokens kept besides, in Part 5
+  CLI::App app{"Tutorial 09: a sliding window"};
+  kvlab_support::add_integer(app, "--window", window, "keys each query sees, its own included", 2,
+                             8);
+  kvlab_support::add_integer(app, "--sinks", sinks, "first tokens kept besides, in Part 5", 1, 4);
+  if (const auto stop = kvlab_support::parse_command_line("09_sliding_window", app, argc, argv))
+    return *stop;
+  if (sinks >= window) {  // a window's sinks are some of its first keys, not all of them
+    std::fprintf(stderr, "09_sliding_window: --sinks: expected below the window (%d), got %d "
+                 "(try --help)\n", window, sinks);
+    return 2;
+  }
   part1_band(window);
   part2_ring(window);
   part3_paged(window);
   part4_attention(window);
   std::printf("\n");
-  part5_sinks(window, 2);
+  part5_sinks(window, sinks);
   if (failures != 0) {
     std::printf("\n%d checks FAILED\n", failures);
     return 1;

@@ -17,12 +17,16 @@
 //   scripts/get-model.sh && cmake --build build --target tutorial_10_real_model
 //   build/tutorials/10_real_model [MODEL.gguf]
 // Without an argument it reads $KVLAB_REAL_MODEL, else where scripts/get-model.sh puts it.
+// Options (the exercises of its page change them): --first TEXT and --second TEXT, the two
+// questions of the chat ("What is the capital of France?", "And of Italy?").
 //
 // Next: tutorial 11 runs the attention kernels on the GPU.
 
 #include <kvlab/kvlab.hpp>
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
+
+#include "support/cli.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,8 +37,8 @@
 
 namespace {
 
-std::string model_path(int argc, char** argv) {
-  if (argc > 1) return argv[1];
+std::string model_path(const std::string& argument) {
+  if (!argument.empty()) return argument;
   if (const char* p = std::getenv("KVLAB_REAL_MODEL")) return p;
   const char* cache = std::getenv("KVLAB_MODEL_CACHE");
   const char* xdg = std::getenv("XDG_CACHE_HOME");
@@ -53,13 +57,13 @@ struct Run {
 };
 
 Run chat(const kvlab::GgufFile& file, std::shared_ptr<const kvlab::LlamaWeights> w,
-         const kvlab::BpeTokenizer& tok, kvlab::LlamaBackend backend, bool print) {
+         const kvlab::BpeTokenizer& tok, kvlab::LlamaBackend backend,
+         const std::string (&questions)[2], bool print) {
   const kvlab::ChatTemplate tmpl = kvlab::ChatTemplate::from_gguf(file);
   kvlab::LlamaModel model(w, backend, 16, 256);
   kvlab::ChatSession session(model, tok, tmpl, kvlab::Sampler(tok.vocab_size(), 0.f, 1.f, 1),
                              tmpl.default_system());
   Run run;
-  const char* questions[2] = {"What is the capital of France?", "And of Italy?"};
   for (int i = 0; i < 2; ++i) {
     // [chat]
     const kvlab::ChatTurn t = session.turn(questions[i], 24);
@@ -67,7 +71,7 @@ Run chat(const kvlab::GgufFile& file, std::shared_ptr<const kvlab::LlamaWeights>
     run.replies[i] = t.text;
     run.tokens[i] = session.tokens();
     if (print) {
-      std::printf("you> %s\nassistant> %s\n", questions[i], t.text.c_str());
+      std::printf("you> %s\nassistant> %s\n", questions[i].c_str(), t.text.c_str());
       std::printf("  from the cache %d tokens, prefilled %d, decoded %d; the cache holds %d tokens"
                   " = %zu bytes\n",
                   t.reused, t.prefilled, t.generated + 1, session.tokens(), t.kv_bytes);
@@ -80,7 +84,15 @@ Run chat(const kvlab::GgufFile& file, std::shared_ptr<const kvlab::LlamaWeights>
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = model_path(argc, argv);
+  std::string model_file;  // the GGUF file, if given
+  std::string questions[2] = {"What is the capital of France?", "And of Italy?"};
+  CLI::App app{"Tutorial 10: a real model"};
+  app.add_option("model", model_file, "the GGUF file (default: $KVLAB_REAL_MODEL, see the source)");
+  app.add_option("--first", questions[0], "the chat's first question")->capture_default_str();
+  app.add_option("--second", questions[1], "its second question")->capture_default_str();
+  if (const auto stop = kvlab_support::parse_command_line("10_real_model", app, argc, argv))
+    return *stop;
+  const std::string path = model_path(model_file);
   if (!std::ifstream(path)) {
     std::printf("Not run: %s is not there (scripts/get-model.sh fetches it).\n", path.c_str());
     return 77;
@@ -113,8 +125,8 @@ int main(int argc, char** argv) {
               tok.eos_id());
 
   std::printf("3. Two turns, cached backend (greedy):\n");
-  const Run cached = chat(file, weights, tok, kvlab::LlamaBackend::Cached, true);
-  const Run naive = chat(file, weights, tok, kvlab::LlamaBackend::Naive, false);
+  const Run cached = chat(file, weights, tok, kvlab::LlamaBackend::Cached, questions, true);
+  const Run naive = chat(file, weights, tok, kvlab::LlamaBackend::Naive, questions, false);
   const auto kv_per_token = static_cast<std::uint64_t>(c.n_layers) * static_cast<std::uint64_t>(c.n_kv_heads);
   std::printf("\n   K/V projections (per token, layer and K/V head) over the whole chat of %d tokens:\n"
               "   cached %llu (= %d tokens x %llu), naive %llu: %.1fx as many\n",

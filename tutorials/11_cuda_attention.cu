@@ -20,6 +20,7 @@
 // build also makes build/tutorials/11_cuda_attention_emulated: this same program compiled by the
 // host compiler against the CPU emulator of CUDA in emulator/, which runs everywhere
 // (its kernels run on the CPU, one block after another; it checks results, not speed).
+// Option (the exercises of its page change it): --keys N cached tokens of the decode (3000).
 //
 // Next: bench/cuda/attention_lab.cu — the kernel versions side by side, validated, then timed.
 
@@ -30,6 +31,8 @@
 #include <kvlab/cuda/contiguous_kv_cache.cuh>
 #include <kvlab/cuda/host_api.cuh>        // kvlab::cuda:: attention on host data
 #include <kvlab/cuda/paged_kv_cache.cuh>  // kvlab::cuda::ContiguousKVCache: a cache in device memory
+
+#include "support/cli.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -57,7 +60,12 @@ long report(const char* what, const RowMatrix<float>& got, const RowMatrix<float
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int keys = 3000;  // cached tokens of the decode
+  CLI::App app{"Tutorial 11: the same attention on the GPU"};
+  kvlab_support::add_integer(app, "--keys", keys, "cached tokens of the decode", 1, 4096);
+  if (const auto stop = kvlab_support::parse_command_line("11_cuda_attention", app, argc, argv))
+    return *stop;
   // [device]
   if (!kvlab::cuda::has_device()) {
     std::printf("SKIPPED: no CUDA device\n");
@@ -76,15 +84,15 @@ int main() {
   kvlab::Rng rng(11);
   kvlab::ContiguousKVCache<float> cache(/*num_layers=*/1, shape.num_kv_heads(), shape.head_dim(),
                                         4096);
-  cache.append(0, kvlab::random_matrix<float>(3000, shape.kv_width(), rng),
-               kvlab::random_matrix<float>(3000, shape.kv_width(), rng));
+  cache.append(0, kvlab::random_matrix<float>(keys, shape.kv_width(), rng),
+               kvlab::random_matrix<float>(keys, shape.kv_width(), rng));
   const RowMatrix<float> q = kvlab::random_matrix<float>(1, shape.q_width(), rng);  // [1, 32 * 128]
 
   const RowMatrix<float> cpu = kvlab::cpu::decode_attention(shape, q, cache.view(0));
   // copy, run, copy back
   const RowMatrix<float> gpu = kvlab::cuda::decode_attention(shape, q, cache.view(0));
   // [decode]
-  std::printf("Decode, 3000 cached tokens:\n");
+  std::printf("Decode, %d cached tokens:\n", keys);
   bad += report("cuda::decode_attention vs cpu::", gpu, cpu, 1e-5, 1e-6);
 
   // [plan]
@@ -99,9 +107,10 @@ int main() {
       "  %d threads per K/V row (8 values each), %d query heads per block, %zu bytes of shared "
       "memory\n",
       plan.lanes, plan.group_tile, plan.smem_bytes);
-  std::printf("  3000 keys in %d partitions of %d (multiples of %d keys)\n",
-              kvlab::partition_count(3000, plan.partitions, plan.unit),
-              kvlab::partition_size(3000, plan.partitions, plan.unit), plan.unit);
+  const int count = kvlab::partition_count(keys, plan.partitions, plan.unit);
+  std::printf("  %d keys in %d partition%s of %d (multiples of %d keys)\n", keys, count,
+              count == 1 ? "" : "s", kvlab::partition_size(keys, plan.partitions, plan.unit),
+              plan.unit);
   // [plan]
 
   // [split]
