@@ -17,7 +17,7 @@ import json
 import math
 import re
 
-from svg_common import caption, write_svg, plot_arguments
+from svg_common import caption, captions, write_svg, plot_arguments
 
 COLOUR = {"mha": "#4c78a8", "gqa": "#e45756"}
 NAME = {"mha": "MHA 32/32 heads", "gqa": "GQA 32/8 heads"}
@@ -127,9 +127,11 @@ def main():
         out.append(caption(LEFT, y + 18, "every point filled: this run did not record a read of "
                                          "each step's own bytes (fraction_same_bytes)"))
     y += 18
-    out.append(caption(LEFT, y + 24, "bench_decode_bandwidth, one layer's decode step, medians"
-                       f"{'; ' + args.machine if args.machine else ''}"))
-    write_svg(args.out, LEFT + 2 * W + GAP + 30, y + 40, out)
+    width = LEFT + 2 * W + GAP + 30
+    parts, y = captions(LEFT, y + 24, "bench_decode_bandwidth, one layer's decode step, medians"
+                        f"{'; ' + args.machine if args.machine else ''}", width - 10)
+    out += parts
+    write_svg(args.out, width, y + 16, out)
 
 
 if __name__ == "__main__":

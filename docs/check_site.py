@@ -10,12 +10,20 @@ it shows (`\\image html`); each region of a program it quotes (`\\snippet FILE n
 between two "// [name]" lines) must exist and hold no other region's marker line, which the page
 would show raw.
 
+Each page of the learning path (from getting_started along its "Next:" links to the reference
+shelf) keeps its measurements in one "Measured" box: a path into bench/results, a machine's
+letter or a commit id outside it fails, as do two boxes, a long one, or a concept page without.
+
 The browser pass drives a headless Chromium with Selenium, through chromedriver (Debian:
-python3-selenium, chromium-driver). It opens every page of docs/pages in turn and fails on an
-uncaught JavaScript exception, a console error, a resource that did not load, an image or SVG
-that did not render, a picture cut off (wider than its text column, or an SVG without a viewBox
-shown narrower than drawn), or an empty navigation tree; it saves screenshots of the pages named
-by --screenshot.
+python3-selenium, chromium-driver). It opens every page of docs/pages in turn at 1400 px, and
+every page of the learning path again in the dark theme and both themes at 420 px (VIEWS), and
+fails on an uncaught JavaScript exception, a console error, a resource that did not load, an
+image or SVG that did not render, a picture cut off (wider than its text column, or an SVG
+without a viewBox shown narrower than drawn), a theme not shown as asked, or an empty navigation
+tree. At 1400 px each picture must be shown at least as wide as it was drawn and each SVG label
+at least 9 px as shown; each SVG, opened alone, must have no label past its edges. It saves
+screenshots of the pages named by --screenshot. --self-test plants each fault and fails unless
+each is caught.
 
 Exit status: 0 when all is well; 1 with one line per problem; 77 (CTest: skipped) when the site
 has not been built, or when Chromium, chromedriver or Selenium is not installed (after the static
@@ -312,6 +320,26 @@ def self_test():
          "more than"),
     ]
     failures = []
+    # The pictures' rules on measured answers: (what is planted, pictures, measured, words).
+    url = "file:///site/x.svg"
+    fine = {"natural": 700, "text": 3, "smallest": 12, "clipped": []}
+    shown = lambda width, natural: {"page.html": [{"src": "x.svg", "url": url, "width": width,
+                                                   "natural": natural}]}
+    picture_cases = [
+        ("nothing", shown(700, 700), {url: fine}, None),
+        ("a picture shown narrower than drawn", shown(500, 700), {url: fine},
+         "narrower than drawn"),
+        ("a label of 8 px as shown", shown(700, 700), {url: dict(fine, smallest=8)},
+         "smallest label is 8.0 px"),
+        ("a label cut off at an edge", shown(700, 700), {url: dict(fine, clipped=["budget 4096"])},
+         "run past its edges"),
+    ]
+    for what, pictures, measured, expected in picture_cases:
+        found = picture_problems(pictures, measured)
+        if expected is None and found:
+            failures.append(f"self-test: {what}: reported {found}")
+        elif expected is not None and not any(expected in f for f in found):
+            failures.append(f"self-test: {what}: not caught (reported {found or 'nothing'})")
     with tempfile.TemporaryDirectory() as tmp:
         for what, name, contents, expected in cases:
             path = Path(tmp) / (name + ".html")
@@ -321,6 +349,54 @@ def self_test():
                 failures.append(f"self-test: {what}: reported {found}")
             elif expected is not None and not any(expected in f for f in found):
                 failures.append(f"self-test: {what}: not caught (reported {found or 'nothing'})")
+    return failures
+
+
+def browser_self_test(chromium, chromedriver, webdriver):
+    """Plants the pictures' faults in a page of their own, shown in Chromium as the site's pages
+    are, and returns the problems with the checks (empty when each fault is caught and a clean
+    picture passes): the measuring scripts are checked, not only the rules."""
+    import tempfile
+    svgs = {  # name: (SVG, the words its problem must hold, or None for none)
+        "clean.svg": ('<svg xmlns="http://www.w3.org/2000/svg" width="300" height="60" '
+                      'viewBox="0 0 300 60" font-size="12"><text x="10" y="30">fine</text></svg>',
+                      None),
+        "wide.svg": ('<svg xmlns="http://www.w3.org/2000/svg" width="3000" height="60" '
+                     'viewBox="0 0 3000 60" font-size="40"><text x="10" y="40">wide</text></svg>',
+                     "narrower than drawn"),
+        "small.svg": ('<svg xmlns="http://www.w3.org/2000/svg" width="300" height="60" '
+                      'viewBox="0 0 300 60" font-size="7"><text x="10" y="30">small</text></svg>',
+                      "smallest label"),
+        "clipped.svg": ('<svg xmlns="http://www.w3.org/2000/svg" width="300" height="60" '
+                        'viewBox="0 0 300 60" font-size="12"><text x="250" y="30">a label cut '
+                        'off at the edge</text></svg>', "run past its edges"),
+    }
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        images = ""
+        for name, (svg, _) in svgs.items():
+            (Path(tmp) / name).write_text(svg, encoding="utf-8")
+            images += (f'<div class="image"><object type="image/svg+xml" data="{name}"></object>'
+                       '</div>\n')
+        page = Path(tmp) / "page.html"
+        # (docs/kvlab.css's rule: a picture wider than the column is scaled down to it)
+        page.write_text('<html><head><style>div.image object { max-width: 100%; height: auto }'
+                        f'</style></head><body><div class="contents" style="width:700px">{images}'
+                        '</div></body></html>', encoding="utf-8")
+        try:
+            with Browser(webdriver, chromium, chromedriver) as browser:
+                found = browser.check([("page.html", page.as_uri(), None)])["page.html"]
+                failures += [f"browser self-test: the clean page: {p}" for p in found]
+                urls = sorted({p["url"] for p in browser.pictures["page.html"]})
+                problems = picture_problems(browser.pictures, browser.measure_svgs(urls))
+        except BrowserError as e:
+            return [f"browser self-test: Chromium: {e}"]
+    for name, (_, expected) in svgs.items():
+        mine = [p for p in problems if name in p]
+        if expected is None and mine:
+            failures.append(f"browser self-test: {name}: reported {mine}")
+        elif expected is not None and not any(expected in p for p in mine):
+            failures.append(f"browser self-test: {name}: not caught (reported {mine or 'nothing'})")
     return failures
 
 
@@ -438,10 +514,49 @@ PAGE_REPORT = r"""
                        parseFloat(svg.getAttribute('width')) > box.width + 1;
       return box.width > 0 && (box.right > limit + 1 || unscaled);
     }).map(p => p.getAttribute('src') || p.getAttribute('data'));
+  // Each picture's width as shown and as drawn (an SVG's width attribute, in px; else its
+  // viewBox's), for the check that none is shown narrower than drawn, its text shrunk.
+  const drawn = svg => {
+    const w = svg.getAttribute('width'), vb = svg.viewBox && svg.viewBox.baseVal;
+    if (w && /pt$/.test(w)) return parseFloat(w) * 4 / 3;
+    if (w && !/%$/.test(w)) return parseFloat(w);
+    return vb && vb.width ? vb.width : 0;
+  };
+  const pictures = [...document.querySelectorAll('div.image img, div.image object')].map(p => {
+    const svg = p.localName === 'object' && p.contentDocument && p.contentDocument.documentElement;
+    return {src: p.getAttribute('src') || p.getAttribute('data'), url: p.src || p.data,
+            width: p.getBoundingClientRect().width,
+            natural: svg && svg.localName === 'svg' ? drawn(svg) : (p.naturalWidth || 0)};
+  });
   return {title: document.title, hasNavTree: !!document.getElementById('nav-tree'),
-          navItems: navItems(), brokenImages, brokenObjects, clippedPictures};
+          navItems: navItems(), brokenImages, brokenObjects, clippedPictures, pictures,
+          darkToggle: typeof DoxygenAwesomeDarkModeToggle !== 'undefined',
+          dark: document.documentElement.classList.contains('dark-mode')};
 })()
 """.strip()  # "return" and the expression on one line: a line break after it would return nothing
+
+# Run in an SVG opened alone: its drawn width, its labels' smallest font size in px (the size
+# times the scale of the label's own coordinates) and the labels that run past its edges.
+SVG_REPORT = r"""
+(() => {
+  const svg = document.documentElement;
+  if (svg.localName !== 'svg') return {error: 'not an SVG'};
+  const root = svg.getBoundingClientRect();
+  const texts = [...svg.querySelectorAll('text')].filter(t => t.textContent.trim() !== '');
+  let smallest = Infinity;
+  const clipped = [];
+  for (const t of texts) {
+    const m = t.getScreenCTM(), size = parseFloat(getComputedStyle(t).fontSize);
+    if (m && size > 0) smallest = Math.min(smallest, size * Math.hypot(m.a, m.b));
+    const b = t.getBoundingClientRect();
+    if (b.width > 0 && (b.left < root.left - 0.5 || b.right > root.right + 0.5 ||
+                        b.top < root.top - 0.5 || b.bottom > root.bottom + 0.5))
+      clipped.push(t.textContent.trim().slice(0, 60));
+  }
+  return {natural: root.width, text: texts.length, smallest: texts.length ? smallest : 0, clipped};
+})()
+""".strip()
+SMALLEST_TEXT_PX = 9  # a label shown smaller than this, at the column's width, is not read
 
 
 class BrowserError(Exception):
@@ -454,7 +569,8 @@ class Browser:
     exceptions, console errors, failed loads) and the DevTools events of its Network domain (the
     "performance" log), from which the pass learns when a page's loads are over."""
 
-    def __init__(self, webdriver, chromium, chromedriver, width=1280, height=1000, timeout=20.0):
+    def __init__(self, webdriver, chromium, chromedriver, width=1400, height=1000, timeout=20.0,
+                 dark=False):
         import urllib3
         from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.remote.remote_connection import RemoteConnection
@@ -462,7 +578,7 @@ class Browser:
         # What a command to chromedriver raises when it, or the browser, fails or does not
         # answer: chromedriver's error, or one of the HTTP connection to it (a timeout: urllib3's).
         self.failures = (WebDriverException, OSError, urllib3.exceptions.HTTPError)
-        self.width, self.height, self.timeout = width, height, timeout
+        self.width, self.height, self.timeout, self.dark = width, height, timeout, dark
         self.driver = None
         # Every command has a deadline (a page's load the longest), so a hung browser or
         # chromedriver fails the check instead of hanging it.
@@ -496,6 +612,10 @@ class Browser:
             self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
                 "width": self.width, "height": self.height, "deviceScaleFactor": 1,
                 "mobile": False})
+            # The reader's theme, as the system asks for it: doxygen-awesome-css's dark-mode
+            # toggle follows prefers-color-scheme (until the reader toggles it).
+            self.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [
+                {"name": "prefers-color-scheme", "value": "dark" if self.dark else "light"}]})
         except self.failures as e:
             self.close()
             raise BrowserError(f"it did not answer: {failure(e)}") from e
@@ -527,6 +647,7 @@ class Browser:
         (its scripts may be stuck) is left with its browser: the next page opens in a new one."""
         from selenium.common.exceptions import JavascriptException, TimeoutException
         results, previous = {}, None
+        self.pictures = {}  # page name -> [{src, url, width, natural}] of its pictures
         try:
             for name, url, screenshot in pages:
                 # What the previous page logged after its report (a late exception) is its own.
@@ -551,7 +672,9 @@ class Browser:
                     continue
                 self._settle(events)
                 try:
-                    problems += describe_report(self.driver.execute_script("return " + PAGE_REPORT))
+                    report = self.driver.execute_script("return " + PAGE_REPORT)
+                    problems += describe_report(report, self.dark)
+                    self.pictures[name] = report["pictures"]
                 except JavascriptException as e:
                     problems.append(f"the check's own script failed: {e.msg}")
                 if screenshot:
@@ -561,6 +684,24 @@ class Browser:
         except self.failures as e:
             raise BrowserError(f"it died or did not answer: {failure(e)}") from e
         return results
+
+    def measure_svgs(self, urls):
+        """Opens each SVG of `urls` alone, at the size it was drawn, and returns {url: {"natural":
+        its width in px, "text": its labels, "smallest": the smallest label's font size in px,
+        "clipped": the labels that run past its edges}} (an entry {"error": ...} where it did
+        not open). Text drawn as paths has no label to measure: such an SVG has "text" 0."""
+        from selenium.common.exceptions import JavascriptException, TimeoutException
+        measured = {}
+        try:
+            for url in urls:
+                try:
+                    self.driver.get(url)
+                    measured[url] = self.driver.execute_script("return " + SVG_REPORT)
+                except (JavascriptException, TimeoutException) as e:
+                    measured[url] = {"error": getattr(e, "msg", str(e))}
+        except self.failures as e:
+            raise BrowserError(f"it died or did not answer: {failure(e)}") from e
+        return measured
 
     def _settle(self, events, quiet=0.2, limit=3.0):
         """Waits until the tab has no file loading and has started none for `quiet` s, or for at
@@ -592,9 +733,12 @@ class Browser:
             results[name] += [p for p in problems if p]
 
 
-def describe_report(page):
-    """The problems in PAGE_REPORT's answer."""
+def describe_report(page, dark=False):
+    """The problems in PAGE_REPORT's answer; `dark`: the theme the browser asked for."""
     problems = [f"image not loaded: {src}" for src in page["brokenImages"]]
+    if page["darkToggle"] and page["dark"] != dark:
+        problems.append(f"asked for the {'dark' if dark else 'light'} theme, the page shows the "
+                        f"{'dark' if page['dark'] else 'light'} one")
     problems += [f"SVG object not rendered: {data}" for data in page["brokenObjects"]]
     problems += [f"picture wider than its text column, cut off: {picture}"
                  for picture in page["clippedPictures"]]
@@ -634,24 +778,78 @@ def describe_log_entry(entry):
     return f"browser log error: {message}"
 
 
-def browse(html, page_names, screenshots, chromium, chromedriver, webdriver):
-    """The browser pass; returns its problems."""
-    pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name)) for name in page_names]
+def picture_problems(pictures, measured):
+    """The problems of the pictures as the widest view shows them: `pictures` {page: [{src, url,
+    width, natural}]} (PAGE_REPORT's), `measured` {url: SVG_REPORT's answer}. A picture shown
+    narrower than drawn (its text shrinks with it), a label smaller than SMALLEST_TEXT_PX as
+    shown, a label that runs past its SVG's edges (cut off where it is shown)."""
+    problems, reported = [], set()
+    for page in sorted(pictures):
+        for picture in pictures[page]:
+            src, shown, drawn = picture["src"], picture["width"], picture["natural"]
+            m = measured.get(picture["url"], {})
+            if "error" in m:
+                problems.append(f"{page}: {src} did not open alone: {m['error']}")
+                continue
+            if drawn and shown < drawn - 1:
+                problems.append(f"{page}: {src} is shown {shown:.0f} px wide, narrower than drawn "
+                                f"({drawn:.0f} px): draw it at most {shown:.0f} px wide, or its "
+                                "text shrinks with it")
+            if m.get("text") and m.get("natural"):
+                px = m["smallest"] * min(1.0, shown / m["natural"])
+                if px < SMALLEST_TEXT_PX:
+                    problems.append(f"{page}: {src}'s smallest label is {px:.1f} px as shown, "
+                                    f"less than {SMALLEST_TEXT_PX} px")
+            if m.get("clipped") and src not in reported:
+                reported.add(src)
+                problems.append(f"{src}: {len(m['clipped'])} label(s) run past its edges, cut off: "
+                                + "; ".join(f"'{c}'" for c in m["clipped"][:3]))
+    return problems
+
+
+# The views every page of the learning path is opened in (width in px, dark theme); the first is
+# also every other page's, the one the screenshots and the pictures' rules are taken in.
+VIEWS = [(1400, False), (1400, True), (420, False), (420, True)]
+
+
+def browse(html, page_names, screenshots, chromium, chromedriver, webdriver, path_names=None):
+    """The browser pass; returns its problems. Every page in VIEWS[0]; the pages of
+    `path_names` (default: all) in every view of VIEWS."""
+    path_names = set(page_names if path_names is None else path_names)
     problems = []
-    try:
-        with Browser(webdriver, chromium, chromedriver) as browser:
-            for name, found in sorted(browser.check(pages).items()):
-                problems += [f"{name} in Chromium: {p}" for p in found]
-                shot = ""
-                if name in screenshots:
-                    size = png_size(screenshots[name])
-                    if size != (browser.width, browser.height):
-                        problems.append(f"{name}: the screenshot {screenshots[name]} is not a "
-                                        f"{browser.width}x{browser.height} PNG (read: {size})")
-                    shot = f", screenshot {screenshots[name]}"
-                print(f"  {name}: {len(found)} problem(s){shot}")
-    except BrowserError as e:
-        problems.append(f"Chromium ({chromium}): {e}")
+    for index, (width, dark) in enumerate(VIEWS):
+        names = page_names if index == 0 else [n for n in page_names if n in path_names]
+        view = f"{width} px, {'dark' if dark else 'light'}"
+        pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name) if index == 0
+                  else None) for name in names]
+        try:
+            with Browser(webdriver, chromium, chromedriver, width=width, dark=dark) as browser:
+                found_by_page = browser.check(pages)
+                for name, found in sorted(found_by_page.items()):
+                    problems += [f"{name} in Chromium ({view}): {p}" for p in found]
+                    shot = ""
+                    if index == 0 and name in screenshots:
+                        size = png_size(screenshots[name])
+                        if size != (browser.width, browser.height):
+                            problems.append(f"{name}: the screenshot {screenshots[name]} is not a "
+                                            f"{browser.width}x{browser.height} PNG (read: {size})")
+                        shot = f", screenshot {screenshots[name]}"
+                    if index == 0:
+                        print(f"  {name}: {len(found)} problem(s){shot}")
+                if index == 0:
+                    urls = sorted({p["url"] for ps in browser.pictures.values() for p in ps
+                                   if p["url"].lower().endswith(".svg")})
+                    measured = browser.measure_svgs(urls)
+                    problems += picture_problems(browser.pictures, measured)
+                    print(f"  pictures: {sum(map(len, browser.pictures.values()))} shown, "
+                          f"{len(measured)} SVGs measured alone (labels cut off, smallest label "
+                          f"as shown >= {SMALLEST_TEXT_PX} px, none narrower than drawn)")
+                else:
+                    bad = sum(1 for f in found_by_page.values() if f)
+                    print(f"  {view}: {len(names)} pages of the learning path, {bad} with "
+                          "problems")
+        except BrowserError as e:
+            problems.append(f"Chromium ({chromium}, {view}): {e}")
     return problems
 
 
@@ -672,9 +870,18 @@ def main():
     args = parser.parse_args()
     if args.self_test:
         failures = self_test()
+        chromium = find_program(args.chromium, ["chromium", "chromium-browser", "google-chrome"])
+        chromedriver = find_program(args.chromedriver, ["chromedriver"])
+        webdriver = load_webdriver()
+        browser = chromium and chromedriver and not isinstance(webdriver, str)
+        if browser:
+            failures += browser_self_test(chromium, chromedriver, webdriver)
         print_problems(failures)
-        print(f"check_site: self-test {'FAILED' if failures else 'passed'}")
-        return 1 if failures else 0
+        print(f"check_site: self-test {'FAILED' if failures else 'passed'}"
+              f"{'' if browser else ' (the file checks only: no Chromium, chromedriver or Selenium)'}")
+        if not failures and not browser and os.environ.get("KVLAB_REQUIRE_BROWSER") != "1":
+            return SKIPPED
+        return 1 if failures or not browser else 0
     if args.doxyfile is None:
         parser.error("--doxyfile: expected the Doxyfile that built the site (or --self-test)")
     screenshots = {}
@@ -755,7 +962,8 @@ def main():
             print(f"check_site: browser pass ({chromium} through {chromedriver}, Selenium "
                   f"{sys.modules['selenium'].__version__}), "
                   f"{len(names)} pages:")
-            browser_problems += browse(html, names, screenshots, chromium, chromedriver, webdriver)
+            browser_problems += browse(html, names, screenshots, chromium, chromedriver, webdriver,
+                                       [n + ".html" for n in path])
             print(f"check_site: browser pass: {len(browser_problems)} problem(s) "
                   f"({time.monotonic() - start:.1f} s)")
         print_problems(browser_problems)

@@ -12,10 +12,10 @@ import json
 import math
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg, plot_arguments
+from svg_common import caption, captions, write_svg, plot_arguments
 
 COLOUR = {1: "#4c78a8", 4: "#54a24b", 16: "#f58518", 64: "#e45756"}
-W, H, LEFT, TOP, GAP = 300, 240, 60, 60, 120  # one panel's plot area and the margins
+W, H, LEFT, TOP, GAP = 265, 240, 60, 60, 95  # one panel's plot area and the margins
 
 
 def results(path):
@@ -120,20 +120,21 @@ def main():
     out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 20}" y2="{y - 4}" stroke="#333" '
                f'stroke-width="1.5" stroke-dasharray="5,3"/><text x="{x + 26}" y="{y}">single '
                f'pass</text>')
-    y += 24
-    out.append(caption(LEFT - 40, y, f"paged decode, {data.get('heads')} query / "
-                                     f"{data.get('kv_heads')} K/V heads × {data.get('head_dim')}, "
-                                     f"{data.get('dtype')}, blocks of {data.get('block_size')} "
-                                     f"({data.get('layout')}); medians of {data.get('reps')} runs; "
-                                     f"at the right: split-K's share of the peak at the longest "
-                                     f"context run"))
-    y += 18
-    out.append(caption(LEFT - 40, y, f"{data['gpu']}, {data.get('sm_count', '?')} "
-                                     f"multiprocessors"))
+    width = LEFT + 2 * W + GAP + 70
+    parts, y = captions(LEFT - 40, y + 24, f"paged decode, {data.get('heads')} query / "
+                        f"{data.get('kv_heads')} K/V heads × {data.get('head_dim')}, "
+                        f"{data.get('dtype')}, blocks of {data.get('block_size')} "
+                        f"({data.get('layout')}); medians of {data.get('reps')} runs; "
+                        f"at the right: split-K's share of the peak at the longest "
+                        f"context run", width - 10)
+    out += parts
+    parts, y = captions(LEFT - 40, y + 18, f"{data['gpu']}, {data.get('sm_count', '?')} "
+                        f"multiprocessors", width - 10)
+    out += parts
     if args.command:
-        y += 18
-        out.append(caption(LEFT - 40, y, args.command))
-    write_svg(args.out, LEFT + 2 * W + GAP + 70, y + 16, out, background="white")
+        parts, y = captions(LEFT - 40, y + 18, args.command, width - 10)
+        out += parts
+    write_svg(args.out, width, y + 16, out, background="white")
 
 
 if __name__ == "__main__":

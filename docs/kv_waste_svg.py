@@ -11,11 +11,11 @@ usage: kv_waste_svg.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 import json
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg, plot_arguments
+from svg_common import caption, captions, write_svg, plot_arguments
 
 USED, EMPTY = "#4c78a8", "#f2b8b5"  # used tokens; reserved and empty
-ROW, LABEL, TOP = 24, 170, 64        # one layout's row height, the label column, the top margin
-W1, GAP1, TEXT, GAP2, W2 = 240, 12, 115, 20, 190  # reserved-tokens panel, waste column, fit panel
+ROW, LABEL, TOP = 24, 190, 64        # one layout's row height, the label column, the top margin
+W1, GAP1, TEXT, GAP2, W2 = 200, 12, 110, 16, 150  # reserved-tokens panel, waste column, fit panel
 
 
 def layouts(path):
@@ -70,8 +70,8 @@ def main():
 
     mean_used = tokens(rows[0]["used_bytes_at_finish"])
     out = [f'<text x="{x1}" y="{TOP - 40}" font-weight="bold">Tokens reserved per request</text>',
-           f'<text x="{x1}" y="{TOP - 24}" fill="#555">at its final length, mean (used: '
-           f'{mean_used:.1f})</text>',
+           f'<text x="{x1}" y="{TOP - 24}" fill="#555">final length, mean; used '
+           f'{mean_used:.1f}</text>',
            f'<text x="{xt}" y="{TOP - 40}" font-weight="bold">Waste</text>',
            f'<text x="{xt}" y="{TOP - 24}" fill="#555">at finish / lifetime</text>',
            f'<text x="{x2}" y="{TOP - 40}" font-weight="bold">Requests that fit in '
@@ -132,16 +132,17 @@ def main():
     out.append(f'<rect x="{x1 + 80}" y="{y - 11}" width="14" height="12" fill="{EMPTY}"/>'
                f'<text x="{x1 + 100}" y="{y}">reserved, empty</text>')
     w = data["workload"]
-    out.append(caption(10, y + 24, f"{requests} synthetic requests (seed {w['seed']}): total "
-                                   f"length log-normal, median {w['median']}, sigma {w['sigma']}, "
-                                   f"clamped to [2, {w['max_len']}] (mean {w['mean_total']:.1f}); "
-                                   f"budget {data['budget_tokens']} tokens"))
-    y += 24
+    width = x2 + W2 + 80
+    parts, y = captions(10, y + 24, f"{requests} synthetic requests (seed {w['seed']}): total "
+                                    f"length log-normal, median {w['median']}, sigma {w['sigma']}, "
+                                    f"clamped to [2, {w['max_len']}] (mean {w['mean_total']:.1f}); "
+                                    f"budget {data['budget_tokens']} tokens", width - 10)
+    out += parts
     for text in (args.command, args.machine):
         if text:
-            y += 18
-            out.append(caption(10, y, text))
-    write_svg(args.out, x2 + W2 + 95, y + 16, out, background="white")
+            parts, y = captions(10, y + 18, text, width - 10)
+            out += parts
+    write_svg(args.out, width, y + 16, out, background="white")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ usage: memory_svg.py OUT.svg SAMPLES.csv [--machine TEXT] [--command TEXT]
 import csv
 import math
 
-from svg_common import caption, write_svg, plot_arguments
+from svg_common import caption, captions, write_svg, plot_arguments
 
 STYLE = {  # (run, policy) -> colour, dash
     ("outputs taken", "continuous"): ("#4c78a8", ""),
@@ -77,21 +77,23 @@ def main():
                    f'<title>{title}</title></polyline>')
         legend.append((colour, dash, f"{key[1]}, {key[0]}: {per_request:+.0f} B per request"))
     y = TOP + H + 60
-    for i, (colour, dash, text) in enumerate(legend):
-        x = LEFT + (i % 2) * (W / 2)
-        yy = y + (i // 2) * 18
+    for i, (colour, dash, text) in enumerate(legend):  # one a line: they are long
+        x = LEFT
+        yy = y + i * 18
         out.append(f'<line x1="{x}" y1="{yy - 4}" x2="{x + 24}" y2="{yy - 4}" stroke="{colour}" '
                    f'stroke-width="2"{f" stroke-dasharray={chr(34)}{dash}{chr(34)}" if dash else ""}/>')
         out.append(f'<text x="{x + 30}" y="{yy}">{text}</text>')
-    y += 18 * ((len(legend) + 1) // 2) + 8
+    y += 18 * len(legend) + 8
     text = "kvlab_stress, the built-in tiny model, a sample every 1000 steps"
     if args.command:
         text = args.command
-    out.append(caption(LEFT, y, text))
+    width = LEFT + W + 30
+    parts, y = captions(LEFT, y, text, width - 10)
+    out += parts
     if args.machine:
-        out.append(caption(LEFT, y + 18, args.machine))
-        y += 18
-    write_svg(args.out, LEFT + W + 30, y + 16, out)
+        parts, y = captions(LEFT, y + 18, args.machine, width - 10)
+        out += parts
+    write_svg(args.out, width, y + 16, out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import json
 import math
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg, plot_arguments
+from svg_common import caption, captions, write_svg, plot_arguments
 
 # policy -> (JSON key of its tokens/s, JSON key of its requests running while others wait,
 #            legend text, colour)
@@ -23,7 +23,7 @@ POLICIES = [
     ("contiguous", "contiguous_tok_s", "loaded_running_contiguous",
      "continuous, contiguous preallocation", "#f58518"),
 ]
-W, H, LEFT, TOP, GAP = 200, 200, 64, 56, 70  # one panel's plot area and the margins
+W, H, LEFT, TOP, GAP = 180, 200, 64, 56, 60  # one panel's plot area and the margins
 BAR = 18
 
 
@@ -112,7 +112,7 @@ def main():
     top, step = nice_axis(1.12 * max(r[run] for m in series.values() for r in m.values()
                                      for _, _, run, *_ in POLICIES))
     out += panel_title(x0, "Requests running while others wait",
-                       "exact (step logs), the same on every thread count")
+                       "exact, from the step logs")
     out += axis(x0, top, step, "requests per step (mean)")
     groups = []
     for model, by_threads in series.items():
@@ -133,22 +133,24 @@ def main():
     right = x0 + W
     y = TOP + H + 44
     x = LEFT - 50
-    for _, _, _, text, colour in POLICIES:
-        out.append(f'<rect x="{x}" y="{y - 11}" width="14" height="12" fill="{colour}"/>'
-                   f'<text x="{x + 20}" y="{y}">{text}</text>')
-        x += 40 + 7 * len(text)
-    out.append(f'<text x="{x}" y="{y}"><tspan font-weight="bold">n×</tspan>: continuous / '
-               f'static</text>')
-    y += 24
-    out.append(caption(LEFT - 50, y, f"{data['requests']} requests arriving together, a pool of "
-                                     f"{data['pool_tokens']} tokens in blocks of "
-                                     f"{data['block_size']}, at most {data['max_running']} "
-                                     f"running; medians of {data['reps']}"))
+    for i, (_, _, _, text, colour) in enumerate(POLICIES):  # two entries a line
+        xi, yi = x + (i % 2) * 300, y + (i // 2) * 18
+        out.append(f'<rect x="{xi}" y="{yi - 11}" width="14" height="12" fill="{colour}"/>'
+                   f'<text x="{xi + 20}" y="{yi}">{text}</text>')
+    y += 18 * ((len(POLICIES) - 1) // 2)
+    out.append(f'<text x="{x + 300 * (len(POLICIES) % 2)}" y="{y}"><tspan font-weight="bold">'
+               f'n×</tspan>: continuous / static</text>')
+    width = right + 20
+    parts, y = captions(LEFT - 50, y + 24, f"{data['requests']} requests arriving together, a "
+                        f"pool of {data['pool_tokens']} tokens in blocks of "
+                        f"{data['block_size']}, at most {data['max_running']} "
+                        f"running; medians of {data['reps']}", width - 10)
+    out += parts
     for text in (args.command, args.machine):
         if text:
-            y += 18
-            out.append(caption(LEFT - 50, y, text))
-    write_svg(args.out, right + 20, y + 16, out, background="white")
+            parts, y = captions(LEFT - 50, y + 18, text, width - 10)
+            out += parts
+    write_svg(args.out, width, y + 16, out, background="white")
 
 
 if __name__ == "__main__":

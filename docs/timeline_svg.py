@@ -73,13 +73,16 @@ def main(argv):
         lines, height = panel(title, steps, names, y)
         body += lines
         y += height + GAP
-    legend_x = LEFT
-    for kind, colour in COLOURS.items():
-        body.append(f'<rect x="{legend_x}" y="{y - 10}" width="14" height="14" fill="{colour}"/>')
-        body.append(f'<text x="{legend_x + 20}" y="{y + 2}">{kind}</text>')
-        legend_x += 110
-    body.append(f'<text x="{legend_x}" y="{y + 2}" fill="#c00">x preempted</text>')
-    height = y + 20
+    per_row = max(1, (width - LEFT) // 110)  # legend entries of 110 px, as many a line as fit
+    entries = list(COLOURS.items()) + [(None, None)]
+    for i, (kind, colour) in enumerate(entries):
+        x, yy = LEFT + (i % per_row) * 110, y + (i // per_row) * 20
+        if kind is None:
+            body.append(f'<text x="{x}" y="{yy + 2}" fill="#c00">x preempted</text>')
+            continue
+        body.append(f'<rect x="{x}" y="{yy - 10}" width="14" height="14" fill="{colour}"/>')
+        body.append(f'<text x="{x + 20}" y="{yy + 2}">{kind}</text>')
+    height = y + 20 * ((len(entries) - 1) // per_row) + 20
     write_svg(out_path, width, height, body, font_size=13, background="white")
 
 

@@ -12,12 +12,12 @@ import json
 import math
 from xml.sax.saxutils import escape
 
-from svg_common import caption, write_svg, plot_arguments
+from svg_common import caption, captions, write_svg, plot_arguments
 
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8.5, "int4": 4.5}  # with the block scales
 COLOUR = {"fp32": "#4c78a8", "fp16": "#f58518", "bf16": "#54a24b", "int8": "#b279a2",
           "int4": "#e45756"}
-W, H, LEFT, TOP, GAP = 300, 220, 70, 60, 90  # one panel's plot area and the margins
+W, H, LEFT, TOP, GAP = 300, 220, 70, 60, 60  # one panel's plot area and the margins
 
 
 def x_of(bits):  # bits per value on a log2 axis from 4 to 32
@@ -102,10 +102,12 @@ def main():
     out.append(mark("mha", x + 10, y - 4, "#333", "MHA") + f'<text x="{x + 20}" y="{y}">MHA 32/32</text>')
     out.append(mark("gqa", x + 110, y - 4, "#333", "GQA") + f'<text x="{x + 120}" y="{y}">GQA 32/8</text>')
     out.append(f'<text x="{x + 200}" y="{y}">- - memory-bound</text>')
-    out.append(caption(LEFT, y + 24,
-                       f"bench_kv_dtype, one layer, head_dim 128, {args.n} tokens, {args.threads} "
-                       f"thread(s){'; ' + args.machine if args.machine else ''}"))
-    write_svg(args.out, LEFT + 2 * W + GAP + 30, y + 40, out)
+    width = LEFT + 2 * W + GAP + 30
+    parts, y = captions(LEFT, y + 24,
+                        f"bench_kv_dtype, one layer, head_dim 128, {args.n} tokens, {args.threads} "
+                        f"thread(s){'; ' + args.machine if args.machine else ''}", width - 10)
+    out += parts
+    write_svg(args.out, width, y + 16, out)
 
 
 if __name__ == "__main__":

@@ -294,3 +294,27 @@ TEST_CASE("step_dot gives a joining request's prefix hits only when it joined al
   }
   CHECK(g.labels.at("memory").find("|prefix hits this step: 8 tokens") != std::string::npos);
 }
+
+TEST_CASE("a long title is broken at spaces into lines of at most 80 characters, words whole",
+          "[report]") {
+  // kvlab-serve puts its whole command line in the title: on one line it made the picture wider
+  // than its graph (1065 pt where the graph needs 572).
+  std::string command = "kvlab-serve";
+  for (int i = 0; i < 20; ++i) command += " --option-" + std::to_string(i) + " 12";
+  const std::string wrapped = kvlab::detail::dot_wrap(command + "\nstep 12");
+  std::vector<std::string> lines;
+  std::stringstream in(wrapped);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() >= 3);  // 311 characters and the step's own line
+  std::string joined;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    CHECK(lines[i].size() <= 80);
+    CHECK(lines[i].front() != ' ');
+    CHECK(lines[i].back() != ' ');
+    if (i + 1 < lines.size()) joined += lines[i] + (i + 2 == lines.size() ? "\n" : " ");
+  }
+  CHECK(lines.back() == "step 12");  // an explicit line break stays one
+  CHECK(joined + lines.back() == command + "\nstep 12");  // nothing lost, no word split
+  const std::string word(100, 'x');  // a word longer than a line stays whole
+  CHECK(kvlab::detail::dot_wrap("a " + word + " b") == "a\n" + word + "\nb");
+}

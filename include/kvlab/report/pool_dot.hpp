@@ -66,6 +66,35 @@ inline std::string dot_id_ranges(const std::vector<std::int32_t>& ids) {
   return out.empty() ? "none" : out;
 }
 
+/// `text` with each of its lines longer than `width` characters broken at spaces, so that a long
+/// title (a program's whole command line) does not make the picture wider than its graph. A word
+/// longer than `width` stays whole.
+inline std::string dot_wrap(const std::string& text, std::size_t width = 80) {
+  std::string out, line;
+  const auto flush_word = [&](const std::string& word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  };
+  std::string word;
+  for (char c : text + "\n") {
+    if (c == ' ' || c == '\n') {
+      if (!word.empty()) flush_word(word);
+      word.clear();
+      if (c == '\n') {
+        out += line + "\n";
+        line.clear();
+      }
+    } else {
+      word += c;
+    }
+  }
+  out.pop_back();  // the '\n' added after the last line
+  return out;
+}
+
 /// "1 token", "4 tokens": a count and its noun, singular for 1.
 inline std::string dot_count(long long n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
@@ -212,7 +241,8 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
   if (!legend.empty()) label += "\n" + legend;
   return "digraph kvlab_pool {\n"
          "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
-         detail::dot_escape(label) + "\"];\n  node [fontname=\"Helvetica\", fontsize=10];\n" + out;
+         detail::dot_escape(detail::dot_wrap(label)) +
+         "\"];\n  node [fontname=\"Helvetica\", fontsize=10];\n" + out;
 }
 
 }  // namespace kvlab

@@ -131,7 +131,7 @@ inline std::string step_dot(const Engine& engine, const ServingDotOptions& optio
            "; after it " + std::to_string(r.running) + " running (at most " +
            std::to_string(config.max_running) + "), " + std::to_string(r.waiting) + " waiting";
   out += "  graph [rankdir=LR, labelloc=t, fontname=\"Helvetica\", fontsize=12, label=\"" +
-         detail::dot_escape(title) + "\"];\n";
+         detail::dot_escape(detail::dot_wrap(title)) + "\"];\n";
   out += "  node [fontname=\"Helvetica\", fontsize=10];\n";
 
   // The queue after the step, front first.
