@@ -313,8 +313,8 @@ TEST_CASE("a long title is broken at spaces into lines of at most 80 characters,
     CHECK(lines[i].back() != ' ');
     if (i + 1 < lines.size()) joined += lines[i] + (i + 2 == lines.size() ? "\n" : " ");
   }
-  CHECK(lines.back() == "step 12");  // an explicit line break stays one
+  CHECK(lines.back() == "step 12");                       // an explicit line break stays one
   CHECK(joined + lines.back() == command + "\nstep 12");  // nothing lost, no word split
-  const std::string word(100, 'x');  // a word longer than a line stays whole
+  const std::string word(100, 'x');                       // a word longer than a line stays whole
   CHECK(kvlab::detail::dot_wrap("a " + word + " b") == "a\n" + word + "\nb");
 }
