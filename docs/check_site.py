@@ -20,7 +20,7 @@ every page of the learning path again in the dark theme and both themes at 420 p
 fails on an uncaught JavaScript exception, a console error, a resource that did not load, an
 image or SVG that did not render, a picture cut off (wider than its text column, or an SVG
 without a viewBox shown narrower than drawn), a theme not shown as asked, or an empty navigation
-tree. At 1400 px each picture must be shown at least as wide as it was drawn and each SVG label
+tree or a title it cuts off. At 1400 px each picture must be shown at least as wide as it was drawn and each SVG label
 at least 9 px as shown; each SVG, opened alone, must have no label past its edges. It saves
 screenshots of the pages named by --screenshot. --self-test plants each fault and fails unless
 each is caught.
@@ -383,12 +383,22 @@ def browser_self_test(chromium, chromedriver, webdriver):
         page.write_text('<html><head><style>div.image object { max-width: 100%; height: auto }'
                         f'</style></head><body><div class="contents" style="width:700px">{images}'
                         '</div></body></html>', encoding="utf-8")
+        nav = Path(tmp) / "nav.html"  # a navigation tree 120 px wide, a title it cuts off
+        nav.write_text('<html><body><div id="nav-tree" style="width:120px;overflow:hidden">'
+                       '<div id="nav-tree-contents"><ul><li><span class="label" '
+                       'style="white-space:nowrap">Tutorial 99: a title far too long to show</span>'
+                       '</li></ul></div></div></body></html>', encoding="utf-8")
         try:
             with Browser(webdriver, chromium, chromedriver) as browser:
-                found = browser.check([("page.html", page.as_uri(), None)])["page.html"]
-                failures += [f"browser self-test: the clean page: {p}" for p in found]
+                found = browser.check([("page.html", page.as_uri(), None),
+                                       ("nav.html", nav.as_uri(), None)])
+                failures += [f"browser self-test: the clean page: {p}" for p in found["page.html"]]
+                if not any("cuts the title 'Tutorial 99" in p for p in found["nav.html"]):
+                    failures.append("browser self-test: a title the navigation tree cuts off: not "
+                                    f"caught (reported {found['nav.html'] or 'nothing'})")
                 urls = sorted({p["url"] for p in browser.pictures["page.html"]})
-                problems = picture_problems(browser.pictures, browser.measure_svgs(urls))
+                problems = picture_problems({"page.html": browser.pictures["page.html"]},
+                                            browser.measure_svgs(urls))
         except BrowserError as e:
             return [f"browser self-test: Chromium: {e}"]
     for name, (_, expected) in svgs.items():
@@ -528,8 +538,15 @@ PAGE_REPORT = r"""
             width: p.getBoundingClientRect().width,
             natural: svg && svg.localName === 'svg' ? drawn(svg) : (p.naturalWidth || 0)};
   });
+  // A title of the navigation tree cut off at its right edge (the tree shows whole titles).
+  const tree = document.getElementById('nav-tree');
+  const treeRight = tree ? tree.getBoundingClientRect().right : 0;
+  const cutTitles = tree && tree.getBoundingClientRect().width > 0 ?
+      [...document.querySelectorAll('#nav-tree-contents .label')]
+        .filter(l => l.textContent.trim() && l.getBoundingClientRect().right > treeRight - 2)
+        .map(l => l.textContent.trim()) : [];
   return {title: document.title, hasNavTree: !!document.getElementById('nav-tree'),
-          navItems: navItems(), brokenImages, brokenObjects, clippedPictures, pictures,
+          navItems: navItems(), brokenImages, brokenObjects, clippedPictures, pictures, cutTitles,
           darkToggle: typeof DoxygenAwesomeDarkModeToggle !== 'undefined',
           dark: document.documentElement.classList.contains('dark-mode')};
 })()
@@ -742,6 +759,7 @@ def describe_report(page, dark=False):
     problems += [f"SVG object not rendered: {data}" for data in page["brokenObjects"]]
     problems += [f"picture wider than its text column, cut off: {picture}"
                  for picture in page["clippedPictures"]]
+    problems += [f"the navigation tree cuts the title '{title}' off" for title in page["cutTitles"]]
     if page["hasNavTree"] and page["navItems"] == 0:
         problems.append("the navigation tree on the left is empty (its scripts did not fill it)")
     return problems

@@ -124,7 +124,7 @@ def write_page(path, public, rows, cases):
     unchecked = sorted(s for s in public if rows.get(s, "").startswith("unchecked:"))
     todo = sorted(s for s in public if rows.get(s) == "todo")
     total = sum(sum(c.values()) for c in cases.values())
-    out = ["# Bad input, entry point by entry point {#bad_input_table}", "",
+    out = ["# Bad input, by entry point {#bad_input_table}", "",
            "Every public function and constructor of kvlab that takes an argument, from the "
            "headers (Doxygen's list, checked by the test `bad_input_table`: a new public name "
            "without a row fails), and what the test program `test_bad_input` (one file per "
