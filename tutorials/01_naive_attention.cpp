@@ -17,7 +17,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -59,10 +59,11 @@ std::vector<double> newest_query_scores(const kvlab::AttentionLayer<double>& lay
 int main(int argc, char** argv) {
   int steps = 6;     // tokens decoded in Part 2
   int kv_heads = 1;  // K/V heads of the layer (its 2 query heads share them)
-  CLI::App app{"Tutorial 01: naive attention, and decoding without a cache"};
-  kvlab_support::add_integer(app, "--steps", steps, "tokens decoded in Part 2", 1, 64);
-  kvlab_support::add_integer(app, "--kv-heads", kv_heads, "K/V heads (1: shared, 2: MHA)", 1, 2);
-  if (const auto stop = kvlab_support::parse_command_line("01_naive_attention", app, argc, argv))
+  kvlab_support::CommandLine command_line{
+      "Tutorial 01: naive attention, and decoding without a cache"};
+  command_line.add_integer("--steps", steps, "tokens decoded in Part 2", 1, 64);
+  command_line.add_integer("--kv-heads", kv_heads, "K/V heads (1: shared, 2: MHA)", 1, 2);
+  if (const auto stop = command_line.parse("01_naive_attention", argc, argv))
     return *stop;
   bool ok = true;
 

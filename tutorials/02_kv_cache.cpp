@@ -24,7 +24,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <cstdio>
 
@@ -85,10 +85,10 @@ bool report(int step, const char* phase, const kvlab::NaiveDecoder<double>& naiv
 int main(int argc, char** argv) {
   int prompt_len = 3;    // tokens prefilled in one call
   int decode_steps = 4;  // tokens decoded one at a time after them
-  CLI::App app{"Tutorial 02: the KV cache"};
-  kvlab_support::add_integer(app, "--prompt", prompt_len, "tokens prefilled in one call", 1, 32);
-  kvlab_support::add_integer(app, "--decode", decode_steps, "tokens decoded after them", 0, 32);
-  if (const auto stop = kvlab_support::parse_command_line("02_kv_cache", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 02: the KV cache"};
+  command_line.add_integer("--prompt", prompt_len, "tokens prefilled in one call", 1, 32);
+  command_line.add_integer("--decode", decode_steps, "tokens decoded after them", 0, 32);
+  if (const auto stop = command_line.parse("02_kv_cache", argc, argv))
     return *stop;
   bool ok = true;
 

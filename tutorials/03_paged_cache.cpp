@@ -23,7 +23,7 @@
 #include <kvlab/report/pool_dot.hpp>
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -155,10 +155,11 @@ bool show(const Cache& cache, const References& refs) {
 int main(int argc, char** argv) {
   std::string dot_file;  // where the pool's graph goes ("": nowhere)
   int ask = 20;          // the tokens B asks for at the end
-  CLI::App app{"Tutorial 03: the paged KV cache"};
-  app.add_option("--dot", dot_file, "write the pool after the copy on write as a Graphviz graph");
-  kvlab_support::add_integer(app, "--ask", ask, "tokens B asks for at the end", 1, 64);
-  if (const auto stop = kvlab_support::parse_command_line("03_paged_cache", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 03: the paged KV cache"};
+  command_line.add_text("--dot", dot_file,
+                        "write the pool after the copy on write as a Graphviz graph");
+  command_line.add_integer("--ask", ask, "tokens B asks for at the end", 1, 64);
+  if (const auto stop = command_line.parse("03_paged_cache", argc, argv))
     return *stop;
   bool ok = true;
   // [grow]

@@ -19,7 +19,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -49,9 +49,9 @@ float max_diff(const RowMatrix<float>& a, const RowMatrix<float>& b) {
 
 int main(int argc, char** argv) {
   int block_size = 4;  // tokens per block
-  CLI::App app{"Tutorial 04: paged attention, through the block tables"};
-  kvlab_support::add_integer(app, "--block-size", block_size, "tokens per block", 1, 16);
-  if (const auto stop = kvlab_support::parse_command_line("04_paged_attention", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 04: paged attention, through the block tables"};
+  command_line.add_integer("--block-size", block_size, "tokens per block", 1, 16);
+  if (const auto stop = command_line.parse("04_paged_attention", argc, argv))
     return *stop;
 
   // [batch]

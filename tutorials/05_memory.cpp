@@ -27,7 +27,7 @@
 #include <kvlab/analysis/memory_accounting.hpp>
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -38,10 +38,11 @@
 int main(int argc, char** argv) {
   std::int64_t max_len = 2048;  // what a contiguous cache reserves per sequence
   int block_size = 16;          // tokens per block of the paged cache
-  CLI::App app{"Tutorial 05: where KV-cache memory goes, contiguous preallocation vs paging"};
-  kvlab_support::add_integer(app, "--max-len", max_len, "tokens reserved per sequence", 256, 8192);
-  kvlab_support::add_integer(app, "--block-size", block_size, "tokens per block", 1, 256);
-  if (const auto stop = kvlab_support::parse_command_line("05_memory", app, argc, argv))
+  kvlab_support::CommandLine command_line{
+      "Tutorial 05: where KV-cache memory goes, contiguous preallocation vs paging"};
+  command_line.add_integer("--max-len", max_len, "tokens reserved per sequence", 256, 8192);
+  command_line.add_integer("--block-size", block_size, "tokens per block", 1, 256);
+  if (const auto stop = command_line.parse("05_memory", argc, argv))
     return *stop;
   bool ok = true;
 

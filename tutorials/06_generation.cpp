@@ -26,7 +26,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -71,10 +71,11 @@ std::string find_stories260k(const std::string& argument) {
 int main(int argc, char** argv) {
   std::string model_file;  // stories260K.bin, if given
   int steps = 40;          // greedy tokens of the built-in model
-  CLI::App app{"Tutorial 06: generation end to end"};
-  app.add_option("model", model_file, "stories260K.bin (default: looked for, see the source)");
-  kvlab_support::add_integer(app, "--steps", steps, "greedy tokens of the built-in model", 1, 500);
-  if (const auto stop = kvlab_support::parse_command_line("06_generation", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 06: generation end to end"};
+  command_line.add_text("model", model_file,
+                        "stories260K.bin (default: looked for, see the source)");
+  command_line.add_integer("--steps", steps, "greedy tokens of the built-in model", 1, 500);
+  if (const auto stop = command_line.parse("06_generation", argc, argv))
     return *stop;
 #if defined(_OPENMP)
   omp_set_num_threads(1);  // one thread: the times below compare the backends, not the cores

@@ -27,7 +27,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <cstdio>
 #include <fstream>
@@ -129,11 +129,12 @@ int main(int argc, char** argv) {
   std::string prefix;   // where the step logs go ("": nowhere)
   int max_running = 3;  // requests at a time
   int arrival = 2;      // the step at which D arrives
-  CLI::App app{"Tutorial 07: continuous batching"};
-  app.add_option("--step-log", prefix, "write each policy's step log to PREFIX.<policy>.jsonl");
-  kvlab_support::add_integer(app, "--max-running", max_running, "requests at a time", 1, 4);
-  kvlab_support::add_integer(app, "--arrival", arrival, "the step at which D arrives", 0, 20);
-  if (const auto stop = kvlab_support::parse_command_line("07_continuous_batching", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 07: continuous batching"};
+  command_line.add_text("--step-log", prefix,
+                        "write each policy's step log to PREFIX.<policy>.jsonl");
+  command_line.add_integer("--max-running", max_running, "requests at a time", 1, 4);
+  command_line.add_integer("--arrival", arrival, "the step at which D arrives", 0, 20);
+  if (const auto stop = command_line.parse("07_continuous_batching", argc, argv))
     return *stop;
   const std::vector<kvlab::Request> requests = story(arrival);
   const auto statics = serve(kvlab::BatchingPolicy::Static, requests, max_running);

@@ -23,7 +23,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -215,11 +215,10 @@ void part4_next_token() {
 int main(int argc, char** argv) {
   double outlier = 1.9;  // the largest value of Part 2's row
   int tokens = 256;      // the tokens cached in Part 3
-  CLI::App app{"Tutorial 08: a KV cache in less precision"};
-  kvlab_support::add_number(app, "--outlier", outlier, "the largest value of Part 2's row", 0.5,
-                            1000.0);
-  kvlab_support::add_integer(app, "--tokens", tokens, "tokens cached in Part 3", 16, 4096);
-  if (const auto stop = kvlab_support::parse_command_line("08_quantized_cache", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 08: a KV cache in less precision"};
+  command_line.add_number("--outlier", outlier, "the largest value of Part 2's row", 0.5, 1000.0);
+  command_line.add_integer("--tokens", tokens, "tokens cached in Part 3", 16, 4096);
+  if (const auto stop = command_line.parse("08_quantized_cache", argc, argv))
     return *stop;
   part1_rounding();
   part2_blocks(static_cast<float>(outlier));

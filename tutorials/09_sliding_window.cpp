@@ -26,7 +26,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -232,11 +232,10 @@ void part5_sinks(int window, int sinks) {
 int main(int argc, char** argv) {
   int window = 4;  // keys each query sees, its own included
   int sinks = 2;   // first tokens kept besides, in Part 5
-  CLI::App app{"Tutorial 09: a sliding window"};
-  kvlab_support::add_integer(app, "--window", window, "keys each query sees, its own included", 2,
-                             8);
-  kvlab_support::add_integer(app, "--sinks", sinks, "first tokens kept besides, in Part 5", 1, 4);
-  if (const auto stop = kvlab_support::parse_command_line("09_sliding_window", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 09: a sliding window"};
+  command_line.add_integer("--window", window, "keys each query sees, its own included", 2, 8);
+  command_line.add_integer("--sinks", sinks, "first tokens kept besides, in Part 5", 1, 4);
+  if (const auto stop = command_line.parse("09_sliding_window", argc, argv))
     return *stop;
   if (sinks >= window) {  // a window's sinks are some of its first keys, not all of them
     std::fprintf(stderr, "09_sliding_window: --sinks: expected below the window (%d), got %d "

@@ -26,7 +26,7 @@
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -86,11 +86,12 @@ Run chat(const kvlab::GgufFile& file, std::shared_ptr<const kvlab::LlamaWeights>
 int main(int argc, char** argv) {
   std::string model_file;  // the GGUF file, if given
   std::string questions[2] = {"What is the capital of France?", "And of Italy?"};
-  CLI::App app{"Tutorial 10: a real model"};
-  app.add_option("model", model_file, "the GGUF file (default: $KVLAB_REAL_MODEL, see the source)");
-  app.add_option("--first", questions[0], "the chat's first question")->capture_default_str();
-  app.add_option("--second", questions[1], "its second question")->capture_default_str();
-  if (const auto stop = kvlab_support::parse_command_line("10_real_model", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 10: a real model"};
+  command_line.add_text("model", model_file,
+                        "the GGUF file (default: $KVLAB_REAL_MODEL, see the source)");
+  command_line.add_text("--first", questions[0], "the chat's first question");
+  command_line.add_text("--second", questions[1], "its second question");
+  if (const auto stop = command_line.parse("10_real_model", argc, argv))
     return *stop;
   const std::string path = model_path(model_file);
   if (!std::ifstream(path)) {

@@ -32,7 +32,7 @@
 #include <kvlab/cuda/host_api.cuh>        // kvlab::cuda:: attention on host data
 #include <kvlab/cuda/paged_kv_cache.cuh>  // kvlab::cuda::ContiguousKVCache: a cache in device memory
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -62,9 +62,9 @@ long report(const char* what, const RowMatrix<float>& got, const RowMatrix<float
 
 int main(int argc, char** argv) {
   int keys = 3000;  // cached tokens of the decode
-  CLI::App app{"Tutorial 11: the same attention on the GPU"};
-  kvlab_support::add_integer(app, "--keys", keys, "cached tokens of the decode", 1, 4096);
-  if (const auto stop = kvlab_support::parse_command_line("11_cuda_attention", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 11: the same attention on the GPU"};
+  command_line.add_integer("--keys", keys, "cached tokens of the decode", 1, 4096);
+  if (const auto stop = command_line.parse("11_cuda_attention", argc, argv))
     return *stop;
   // [device]
   if (!kvlab::cuda::has_device()) {

@@ -31,7 +31,7 @@
 
 #include <kvlab/kvlab.hpp>
 
-#include "support/cli.hpp"
+#include "support/command_line.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -63,10 +63,9 @@ std::vector<int> tokens(int n) {
 
 int main(int argc, char** argv) {
   std::string text = "cached,window=6,sinks=2,h2o=3,full_layers=0,full_heads=1.1";
-  CLI::App app{"Tutorial 12: selective caching"};
-  app.add_option("--policy", text, "the cache policy of parts 1 to 3, a policy per head")
-      ->capture_default_str();
-  if (const auto stop = kvlab_support::parse_command_line("12_selective_cache", app, argc, argv))
+  kvlab_support::CommandLine command_line{"Tutorial 12: selective caching"};
+  command_line.add_text("--policy", text, "the cache policy of parts 1 to 3, a policy per head");
+  if (const auto stop = command_line.parse("12_selective_cache", argc, argv))
     return *stop;
   auto weights = std::make_shared<const kvlab::LlamaWeights>(kvlab::LlamaWeights::builtin());
   const kvlab::LlamaConfig& config = weights->config;  // 3 layers, 2 K/V heads of 8 values
