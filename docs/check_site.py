@@ -832,10 +832,15 @@ VIEWS = [(1400, False), (1400, True), (420, False), (420, True)]
 
 def browse(html, page_names, screenshots, chromium, chromedriver, webdriver, path_names=None):
     """The browser pass; returns its problems. Every page in VIEWS[0]; the pages of
-    `path_names` (default: all) in every view of VIEWS."""
+    `path_names` (default: all) in every view of VIEWS. The views run side by side, each in a
+    browser of its own: a page's load is mostly waiting (for its files to settle), so four
+    browsers take about a third of the time of one after the other. What each view prints comes
+    out in VIEWS' order."""
     path_names = set(page_names if path_names is None else path_names)
-    problems = []
-    for index, (width, dark) in enumerate(VIEWS):
+
+    def view_pass(index):
+        width, dark = VIEWS[index]
+        problems, lines = [], []
         names = page_names if index == 0 else [n for n in page_names if n in path_names]
         view = f"{width} px, {'dark' if dark else 'light'}"
         pages = [(name, (html / name).resolve().as_uri(), screenshots.get(name) if index == 0
@@ -853,21 +858,31 @@ def browse(html, page_names, screenshots, chromium, chromedriver, webdriver, pat
                                             f"{browser.width}x{browser.height} PNG (read: {size})")
                         shot = f", screenshot {screenshots[name]}"
                     if index == 0:
-                        print(f"  {name}: {len(found)} problem(s){shot}")
+                        lines.append(f"  {name}: {len(found)} problem(s){shot}")
                 if index == 0:
                     urls = sorted({p["url"] for ps in browser.pictures.values() for p in ps
                                    if p["url"].lower().endswith(".svg")})
                     measured = browser.measure_svgs(urls)
                     problems += picture_problems(browser.pictures, measured)
-                    print(f"  pictures: {sum(map(len, browser.pictures.values()))} shown, "
-                          f"{len(measured)} SVGs measured alone (labels cut off, smallest label "
-                          f"as shown >= {SMALLEST_TEXT_PX} px, none narrower than drawn)")
+                    lines.append(f"  pictures: {sum(map(len, browser.pictures.values()))} shown, "
+                                 f"{len(measured)} SVGs measured alone (labels cut off, smallest "
+                                 f"label as shown >= {SMALLEST_TEXT_PX} px, none narrower than "
+                                 "drawn)")
                 else:
                     bad = sum(1 for f in found_by_page.values() if f)
-                    print(f"  {view}: {len(names)} pages of the learning path, {bad} with "
-                          "problems")
+                    lines.append(f"  {view}: {len(names)} pages of the learning path, {bad} with "
+                                 "problems")
         except BrowserError as e:
             problems.append(f"Chromium ({chromium}, {view}): {e}")
+        return problems, lines
+
+    from concurrent.futures import ThreadPoolExecutor
+    problems = []
+    with ThreadPoolExecutor(max_workers=len(VIEWS)) as pool:
+        for found, lines in pool.map(view_pass, range(len(VIEWS))):
+            problems += found
+            for line in lines:
+                print(line)
     return problems
 
 

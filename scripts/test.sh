@@ -57,7 +57,7 @@ step "docs (Doxygen warnings are errors)"
 cmake --build build --target docs
 
 step "the site checked: links, images, embedded outputs, and in headless Chromium JavaScript errors"
-# docs/check_site.py (the CTest docs_site_check), about 15 s; KVLAB_REQUIRE_BROWSER makes a
+# docs/check_site.py (the CTest docs_site_check), about 45 s; KVLAB_REQUIRE_BROWSER makes a
 # missing chromium (or chromium-driver, python3-selenium) a failure instead of a skip.
 # Screenshots: build/docs/screenshots/*.png.
 # Where the distribution has no chromium package (Ubuntu: a snap only), the browser pass is
