@@ -13,6 +13,7 @@ would show raw.
 Each page of the learning path (from getting_started along its "Next:" links to the reference
 shelf) keeps its measurements in one "Measured" box: a path into bench/results, a machine's
 letter or a commit id outside it fails, as do two boxes, a long one, or a concept page without.
+A concept page without a figure (a picture in its contents, outside its box) fails too.
 
 The browser pass drives a headless Chromium with Selenium, through chromedriver (Debian:
 python3-selenium, chromium-driver). It opens every page of docs/pages in turn at 1400 px, and
@@ -73,6 +74,7 @@ class Page(HTMLParser):
         # The text of the page's contents (<div class="contents">), outside and inside its
         # "Measured" boxes (<div class="measured">): one string per box.
         self.text, self.boxes = [], []
+        self.figures = []  # the pictures of its contents, outside the boxes
         self._divs = []  # for each open <div>: "contents", "measured" or None
         self.feed(path.read_text(encoding="utf-8", errors="replace"))
         self.close()
@@ -87,6 +89,8 @@ class Page(HTMLParser):
                 self.links.append((self.getpos()[0], attrs[attr]))
                 if (tag, attr) in IMAGE_ATTRIBUTES:
                     self.images.append(attrs[attr])
+                    if "contents" in self._divs and "measured" not in self._divs:
+                        self.figures.append(attrs[attr])
         classes = (attrs.get("class") or "").split()
         if tag == "div":
             kind = next((c for c in ("contents", "measured") if c in classes), None)
@@ -275,7 +279,8 @@ def path_pages(sources):
 def measurement_problems(name, page):
     """What is wrong with where page `name` of the learning path keeps its measurements: bench
     detail (BENCH_DETAIL) outside its "Measured" box, more than one box, a box longer than
-    MEASURED_WORDS words, or a concept page (concept_*) without a box."""
+    MEASURED_WORDS words, or a concept page (concept_*) without a box or without a figure (the
+    picture of its idea)."""
     problems = []
     text = " ".join("".join(page.text).split())
     for what, pattern in BENCH_DETAIL:
@@ -287,6 +292,8 @@ def measurement_problems(name, page):
     if name.startswith("concept_") and not page.boxes:
         problems.append(f"{name}.html: no Measured box (a concept page keeps one measured number "
                         "in one)")
+    if name.startswith("concept_") and not page.figures:
+        problems.append(f"{name}.html: no figure (a concept page shows its idea in a picture)")
     for box in page.boxes:
         words = len("".join(box).split())
         if words > MEASURED_WORDS:
@@ -303,7 +310,11 @@ def self_test():
     box = '<div class="measured"><b>Measured</b> (machine C, bench/results/x.txt, 5198894 at cc14b39)</div>'
     body = '<div class="contents"><p>{}</p>{}</div>'
     cases = [  # (what is planted, page name, its contents, the words a problem must hold)
-        ("nothing", "concept_clean", body.format("The cache keeps K and V.", box), None),
+        ("nothing", "concept_clean",
+         body.format('The cache keeps K and V.</p><div class="image"><img src="x.svg"/></div><p>',
+                     box), None),
+        ("a concept page without a figure", "concept_x", body.format("The idea.", box),
+         "no figure"),
         ("a path into bench/results", "tutorial_x", body.format("see bench/results/README.md", ""),
          "a path into bench/results"),
         ("a machine's letter", "tutorial_x", body.format("on Machine D, 2 cores", ""),
@@ -383,6 +394,12 @@ def browser_self_test(chromium, chromedriver, webdriver):
         page.write_text('<html><head><style>div.image object { max-width: 100%; height: auto }'
                         f'</style></head><body><div class="contents" style="width:700px">{images}'
                         '</div></body></html>', encoding="utf-8")
+        dark = Path(tmp) / "dark.html"  # the dark theme: one picture inverted, one not
+        dark.write_text('<html class="dark-mode"><body><div class="contents">'
+                        '<div class="image"><img src="clean.svg" style="filter: invert(1)"/></div>'
+                        '<div class="image"><img src="bright.svg"/></div></div></body></html>',
+                        encoding="utf-8")
+        (Path(tmp) / "bright.svg").write_text(svgs["clean.svg"][0], encoding="utf-8")
         nav = Path(tmp) / "nav.html"  # a navigation tree 120 px wide, a title it cuts off
         nav.write_text('<html><body><div id="nav-tree" style="width:120px;overflow:hidden">'
                        '<div id="nav-tree-contents"><ul><li><span class="label" '
@@ -391,7 +408,12 @@ def browser_self_test(chromium, chromedriver, webdriver):
         try:
             with Browser(webdriver, chromium, chromedriver) as browser:
                 found = browser.check([("page.html", page.as_uri(), None),
-                                       ("nav.html", nav.as_uri(), None)])
+                                       ("nav.html", nav.as_uri(), None),
+                                       ("dark.html", dark.as_uri(), None)])
+                dark_found = [p for p in found["dark.html"] if "unfiltered" in p]
+                if len(dark_found) != 1 or "bright.svg" not in dark_found[0]:
+                    failures.append("browser self-test: a picture unfiltered in the dark theme: "
+                                    f"expected bright.svg alone, reported {dark_found or 'nothing'}")
                 failures += [f"browser self-test: the clean page: {p}" for p in found["page.html"]]
                 if not any("cuts the title 'Tutorial 99" in p for p in found["nav.html"]):
                     failures.append("browser self-test: a title the navigation tree cuts off: not "
@@ -536,7 +558,8 @@ PAGE_REPORT = r"""
     const svg = p.localName === 'object' && p.contentDocument && p.contentDocument.documentElement;
     return {src: p.getAttribute('src') || p.getAttribute('data'), url: p.src || p.data,
             width: p.getBoundingClientRect().width,
-            natural: svg && svg.localName === 'svg' ? drawn(svg) : (p.naturalWidth || 0)};
+            natural: svg && svg.localName === 'svg' ? drawn(svg) : (p.naturalWidth || 0),
+            filter: getComputedStyle(p).filter};
   });
   // A title of the navigation tree cut off at its right edge (the tree shows whole titles).
   const tree = document.getElementById('nav-tree');
@@ -760,6 +783,11 @@ def describe_report(page, dark=False):
     problems += [f"picture wider than its text column, cut off: {picture}"
                  for picture in page["clippedPictures"]]
     problems += [f"the navigation tree cuts the title '{title}' off" for title in page["cutTitles"]]
+    # Every figure is drawn on white: in the dark theme one shown as drawn is a bright box
+    # (docs/kvlab.css inverts them).
+    if page["dark"]:
+        problems += [f"picture shown unfiltered in the dark theme, a white box: {p['src']}"
+                     for p in page["pictures"] if "invert" not in (p.get("filter") or "")]
     if page["hasNavTree"] and page["navItems"] == 0:
         problems.append("the navigation tree on the left is empty (its scripts did not fill it)")
     return problems

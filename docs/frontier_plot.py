@@ -178,7 +178,7 @@ def main():
         bbox_to_anchor=(0.5, -0.13 if ax2 is None else -0.2), ncol=2, fontsize=9, frameon=False)
     fig.text(0.01, 0.005, credit, fontsize=8, color="#555555")
     fig.tight_layout(rect=(0, 0.02 if ax2 is None else 0.035, 1, 1))
-    fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None})
+    fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def main():
         caption += "; " + args.machine
     fig.text(0.01, 0.01, caption, fontsize=9, color="#555555", wrap=True)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None})
+    fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
 
 
 if __name__ == "__main__":
