@@ -427,6 +427,13 @@ class PagedKVCacheBase {
 ///
 /// The bookkeeping (sequences, blocks, forks, what is written) is `PagedKVCacheBase`'s.
 ///
+/// \par Example
+/// Three sequences grown in turns, so that their blocks interleave in the pool, then the block
+/// tables of the batch and the view a kernel reads (tutorial 04, which prints them):
+/// \snippet 04_paged_attention.cpp batch
+/// Used in \ref tutorial_03 (forks, copy on write, freeing), \ref tutorial_04 (attention through
+/// the tables) and \ref tutorial_05 (its memory against a contiguous cache's).
+///
 /// Every operation checks everything first: on error (`OutOfBlocks`, `InvalidArgument`) no
 /// sequence, block or count has changed.
 template <typename T, typename S = T>

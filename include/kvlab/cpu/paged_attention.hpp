@@ -265,6 +265,12 @@ void paged_attention(const AttentionShape& shape, const RowMatrixRef<T>& q,
 /// \param out       output, [batch, num_heads * head_dim] (resized); must not share memory with q
 /// \param counters  if not null, receives the work done (the same counts as `decode_attention`
 ///                  would give for each sequence on its own)
+/// \par Example
+/// One query per sequence of the batch of `PagedKVCache`'s example, through the view of its
+/// block tables (tutorial 04, which checks it against a loop over the same rows):
+/// \snippet 04_paged_attention.cpp decode
+/// Used in \ref tutorial_04; `PagedDecoder` and the engine call it for every decode step.
+///
 /// \throws InvalidArgument for any shape or view that does not fit the above, or block tables
 ///         that break their invariants (out and counters are then unchanged).
 template <typename Q, typename T, typename S>

@@ -68,6 +68,14 @@ namespace kvlab {
 /// `BatchingPolicy::Static`) derive from this class and change what a policy decides — what an
 /// admission reserves, how a step is planned, when memory goes back — through the same
 /// `schedule` / `complete_step` calls; `make_scheduler` builds the one a configuration names.
+///
+/// \par Example
+/// A program rarely drives a scheduler itself: `Engine` builds the one its configuration names
+/// (`make_scheduler`) and runs it step by step. Tutorial 07 sets the policy and the pool, then
+/// runs its requests (the continuous-batching page shows each step):
+/// \snippet 07_continuous_batching.cpp policy
+/// \snippet 07_continuous_batching.cpp run
+/// Used in \ref tutorial_07, through `Engine`, and by `kvlab-serve`.
 class Scheduler {
  public:
   /// A scheduler over `pool` for a model of `max_tokens` positions and `vocab_size` tokens,
