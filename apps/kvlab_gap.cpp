@@ -14,8 +14,9 @@
 //
 // Build and run (Release):
 //   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target kvlab-gap
-//   build/apps/kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T] [--svg FILE]
-// (scripts/run.sh does both). --help lists the options.
+//   build/apps/kvlab-gap [--layers L] [--max-n N] [--reps R] [--threads T]
+// (scripts/run.sh does both). --help lists the options. docs/gap_plot.py draws the tables as
+// log-log plots (matplotlib) from the saved output: scripts/run.sh --plot FILE.svg.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -23,9 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,7 +61,6 @@ struct Options {
   int step_max_n = 4096;
   int reps = 5;
   int threads = 1;
-  std::string svg;  // empty: no plot
 };
 
 // One line of the table.
@@ -243,7 +241,7 @@ bool counts_match(const std::string& what, const kvlab::CostCounters& naive,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Output: the table and the SVG plot
+// Output: the tables
 // ---------------------------------------------------------------------------------------------
 
 void print_header(const Options& options) {
@@ -315,169 +313,6 @@ void print_step_row(const StepRow& r) {
   std::fflush(stdout);
 }
 
-// One log-log panel of the SVG: two series (naive, cached) against n.
-struct Series {
-  std::string name;
-  std::string colour;
-  std::vector<double> y;
-};
-
-// The processor's model name as Linux reports it (/proc/cpuinfo), or "unknown processor".
-std::string processor_name() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const std::size_t colon = line.find(':');
-      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
-    }
-  }
-  return "unknown processor";
-}
-
-void svg_panel(std::ostringstream& svg, double x0, double y0, double width, double height,
-               const std::string& title, const std::string& x_label, const std::vector<double>& ns,
-               const std::vector<Series>& series) {
-  double lo = 1e300, hi = 0;
-  for (const Series& s : series)
-    for (double v : s.y) {
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-  const double y_lo = std::floor(std::log10(lo));
-  const double y_hi = std::max(std::ceil(std::log10(hi)), y_lo + 1);
-  const double x_lo = std::log2(ns.front());
-  const double x_hi = std::max(std::log2(ns.back()), x_lo + 1);
-  const auto px = [&](double n) { return x0 + (std::log2(n) - x_lo) / (x_hi - x_lo) * width; };
-  const auto py = [&](double v) {
-    return y0 + height - (std::log10(v) - y_lo) / (y_hi - y_lo) * height;
-  };
-
-  svg << "<text x=\"" << x0 + width / 2 << "\" y=\"" << y0 - 12
-      << "\" text-anchor=\"middle\" font-size=\"14\">" << title << "</text>\n";
-  svg << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << width << "\" height=\"" << height
-      << "\" fill=\"none\" stroke=\"#333\"/>\n";
-  // Decades on y, one tick per n on x.
-  for (double e = y_lo; e <= y_hi + 0.5; e += 1) {
-    const double y = py(std::pow(10.0, e));
-    svg << "<line x1=\"" << x0 << "\" y1=\"" << y << "\" x2=\"" << x0 + width << "\" y2=\"" << y
-        << "\" stroke=\"#ddd\"/>\n";
-    svg << "<text x=\"" << x0 - 6 << "\" y=\"" << y + 4
-        << "\" text-anchor=\"end\" font-size=\"11\">1e" << static_cast<int>(e) << "</text>\n";
-  }
-  for (double n : ns) {
-    const double x = px(n);
-    svg << "<line x1=\"" << x << "\" y1=\"" << y0 << "\" x2=\"" << x << "\" y2=\"" << y0 + height
-        << "\" stroke=\"#eee\"/>\n";
-    svg << "<text x=\"" << x << "\" y=\"" << y0 + height + 16
-        << "\" text-anchor=\"middle\" font-size=\"11\">" << static_cast<long>(n) << "</text>\n";
-  }
-  svg << "<text x=\"" << x0 + width / 2 << "\" y=\"" << y0 + height + 34
-      << "\" text-anchor=\"middle\" font-size=\"12\">" << x_label << "</text>\n";
-  // The series, with a legend entry each.
-  for (std::size_t s = 0; s < series.size(); ++s) {
-    svg << "<polyline fill=\"none\" stroke=\"" << series[s].colour
-        << "\" stroke-width=\"2\" points=\"";
-    for (std::size_t i = 0; i < ns.size(); ++i)
-      svg << px(ns[i]) << "," << py(series[s].y[i]) << " ";
-    svg << "\"/>\n";
-    for (std::size_t i = 0; i < ns.size(); ++i) {
-      svg << "<circle cx=\"" << px(ns[i]) << "\" cy=\"" << py(series[s].y[i])
-          << "\" r=\"3\" fill=\"" << series[s].colour << "\"/>\n";
-    }
-    const double ly = y0 + 16 + 16 * static_cast<double>(s);
-    svg << "<line x1=\"" << x0 + 10 << "\" y1=\"" << ly - 4 << "\" x2=\"" << x0 + 30 << "\" y2=\""
-        << ly - 4 << "\" stroke=\"" << series[s].colour << "\" stroke-width=\"2\"/>\n";
-    char slope[32];
-    std::snprintf(slope, sizeof slope, "%.2f", log_log_slope(ns, series[s].y));
-    svg << "<text x=\"" << x0 + 36 << "\" y=\"" << ly << "\" font-size=\"12\">" << series[s].name
-        << ": slope " << slope << "</text>\n";
-  }
-}
-
-// `text` with &, < and > written as XML entities.
-std::string xml_escaped(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-// Writes a log-log plot of both decoders against n: K/V projections and time of whole
-// generations (top), and of single decode steps when the per-step table has two rows or more
-// (bottom).
-void write_svg(const std::string& path, const Options& options, const std::vector<Row>& rows,
-               const std::vector<StepRow>& steps) {
-  std::vector<double> ns;
-  Series naive_kv{"naive (no cache)", "#c0392b", {}}, cached_kv{"cached", "#2471a3", {}};
-  Series naive_ms{"naive (no cache)", "#c0392b", {}}, cached_ms{"cached", "#2471a3", {}};
-  for (const Row& r : rows) {
-    ns.push_back(r.n);
-    naive_kv.y.push_back(static_cast<double>(r.naive.kv_projections));
-    cached_kv.y.push_back(static_cast<double>(r.cached.kv_projections));
-    naive_ms.y.push_back(r.naive_ms);
-    cached_ms.y.push_back(r.cached_ms);
-  }
-  std::vector<double> step_ns;
-  Series naive_step_kv{"naive (no cache)", "#c0392b", {}}, cached_step_kv{"cached", "#2471a3", {}};
-  Series naive_step_us{"naive (no cache)", "#c0392b", {}}, cached_step_us{"cached", "#2471a3", {}};
-  for (const StepRow& r : steps) {
-    step_ns.push_back(r.n);
-    naive_step_kv.y.push_back(static_cast<double>(r.naive.kv_projections));
-    cached_step_kv.y.push_back(static_cast<double>(r.cached.kv_projections));
-    naive_step_us.y.push_back(r.naive_us);
-    cached_step_us.y.push_back(r.cached_us);
-  }
-  const bool with_steps = steps.size() >= 2;  // a slope needs two points
-  const double panel_w = 360, panel_h = 280, top = 70, left1 = 70, left2 = 530;
-  const double top2 = top + panel_h + 90;  // the per-step row
-  const double height = with_steps ? top2 + panel_h + 80 : 450;
-  std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"940\" height=\"" << height
-      << "\" viewBox=\"0 0 940 " << height << "\" font-family=\"sans-serif\">\n";
-  svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg << "<text x=\"470\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">Decoding n tokens "
-         "without and with a KV cache ("
-      << options.layers << " layer" << (options.layers == 1 ? "" : "s") << ", d_model " << kDModel
-      << ", " << kNumHeads << " heads, " << kNumKvHeads << " K/V heads, head_dim " << kHeadDim
-      << ")</text>\n";
-  svg_panel(svg, left1, top, panel_w, panel_h, "K/V projections, whole generation (exact)",
-            "n (generated tokens)", ns, {naive_kv, cached_kv});
-  svg_panel(svg, left2, top, panel_w, panel_h, "time of the generation, ms (median)",
-            "n (generated tokens)", ns, {naive_ms, cached_ms});
-  if (with_steps) {
-    svg_panel(svg, left1, top2, panel_w, panel_h, "K/V projections, one step (exact)",
-              "n (the step's token; n - 1 held)", step_ns, {naive_step_kv, cached_step_kv});
-    svg_panel(svg, left2, top2, panel_w, panel_h, "time of one step, µs (median)",
-              "n (the step's token; n - 1 held)", step_ns, {naive_step_us, cached_step_us});
-  }
-  // Where the times come from: the machine and the command that reproduces the plot.
-  svg << "<text x=\"470\" y=\"" << height - 12
-      << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#555\">"
-      << xml_escaped(processor_name()) << ", " << options.threads << " thread"
-      << (options.threads == 1 ? "" : "s") << "; kvlab-gap --layers " << options.layers
-      << " --max-n " << options.max_n << " --step-max-n " << options.step_max_n << " --reps "
-      << options.reps << " --threads " << options.threads
-      << " --svg FILE; slopes: least squares of log y on log n</text>\n";
-  svg << "</svg>\n";
-  std::ofstream file(path);
-  file << svg.str();
-  if (!file) throw std::runtime_error("--svg: could not write '" + path + "'");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Options
 // ---------------------------------------------------------------------------------------------
@@ -507,9 +342,6 @@ bool parse_options(int argc, char** argv, Options& options) {
               "OpenMP threads: K/V heads, Eigen products (1 by default, so that the times do not "
               "depend on another core being free)",
               1, kMax);
-  add_file(app, "--svg", options.svg,
-           "also write a log-log plot of K/V projections and times vs n, for whole generations "
-           "and (with two step rows or more) single steps");
   return kvlab_support::parse(app, argc, argv);
 }
 
@@ -520,7 +352,6 @@ int main(int argc, char** argv) {
   if (const auto stop =
           kvlab_support::read_command_line("kvlab-gap", argc, argv, options, parse_options))
     return *stop;
-  if (!kvlab_support::can_write("kvlab-gap", "--svg", options.svg)) return 2;
   options.threads = kvlab_support::usable_threads("kvlab-gap", {options.threads}).front();
   kvlab_support::set_threads(options.threads);
 
@@ -572,11 +403,9 @@ int main(int argc, char** argv) {
                 static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
   }
   print_step_header();
-  std::vector<StepRow> steps;  // for the plot
   for (int n = kFirstStepN; n <= options.step_max_n; n *= 4) {
     std::fprintf(stderr, "kvlab-gap: step at n = %d ...\n", n);
     const StepRow row = run_step(n, options.reps, stack);
-    steps.push_back(row);
     print_step_row(row);
     max_rel_diff = std::max(max_rel_diff, row.rel_diff);
     if (!counts_match("step at n = " + std::to_string(n), row.naive, row.cached,
@@ -596,15 +425,6 @@ int main(int argc, char** argv) {
       counts_ok ? "match" : "DO NOT match", max_rel_diff <= kTolerance ? "agree" : "DO NOT agree",
       max_rel_diff, kTolerance);
 
-  if (!options.svg.empty()) {
-    try {
-      write_svg(options.svg, options, rows, steps);
-      std::printf("Plot written to %s\n", options.svg.c_str());
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "kvlab-gap: %s\n", e.what());
-      return 1;
-    }
-  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("Total run time: %.1f s.\n", seconds);

@@ -9,7 +9,7 @@ each line with its least-squares slope of log y on log n (kvlab-gap's own fit). 
 committed run's, never one made while the docs build shares the cores; the counts are exact.
 Deterministic: the same table gives the same file (no date, a fixed hash salt).
 
-usage: gap_plot.py OUT.svg RUN.txt [--machine TEXT]
+usage: gap_plot.py OUT.svg RUN.txt [--machine TEXT] [--opaque]
 """
 import argparse
 import math
@@ -69,6 +69,8 @@ def main():
     parser.add_argument("out")
     parser.add_argument("run", help="kvlab-gap's saved output")
     parser.add_argument("--machine", default="", help="the processor, for the caption")
+    parser.add_argument("--opaque", action="store_true",
+                        help="a white background (the README's copy; the docs' is transparent)")
     args = parser.parse_args()
     with open(args.run, encoding="utf-8") as f:
         text = f.read()
@@ -97,7 +99,8 @@ def main():
         caption += "; " + args.machine
     fig.text(0.01, 0.01, caption, fontsize=9, color="#555555", wrap=True)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
+    fig.savefig(args.out, format="svg", metadata={"Date": None, "Creator": None},
+                transparent=not args.opaque, facecolor="white")
 
 
 if __name__ == "__main__":

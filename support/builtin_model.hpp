@@ -61,6 +61,15 @@ inline std::string default_chat_model() {
   return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+/// The real model a tutorial runs: `argument` when not empty, else $KVLAB_REAL_MODEL where set,
+/// else `default_chat_model()`.
+inline std::string real_model_path(const std::string& argument) {
+  if (!argument.empty()) return argument;
+  const char* env = std::getenv("KVLAB_REAL_MODEL");
+  if (env != nullptr && env[0] != '\0') return env;
+  return default_chat_model();
+}
+
 /// What `--models-dir` says in a program's help.
 inline constexpr const char* kModelsDirHelp =
     "where stories260K.bin is (default $KVLAB_MODELS_DIR, else the folder the build was "

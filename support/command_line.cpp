@@ -31,6 +31,10 @@ void CommandLine::add_text(const std::string& name, std::string& value, const st
   if (!value.empty()) option->capture_default_str();
 }
 
+void CommandLine::add_flag(const std::string& name, bool& value, const std::string& help) {
+  app_->add_flag(name, value, help);
+}
+
 std::optional<int> CommandLine::parse(const char* program, int argc, char** argv) {
   return parse_command_line(program, *app_, argc, argv);
 }

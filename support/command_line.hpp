@@ -45,6 +45,8 @@ class CommandLine {
   /// The text option `name`, which sets `value` (any text; --help shows a default that is not
   /// empty). A positional argument where `name` has no leading '-' ("model").
   void add_text(const std::string& name, std::string& value, const std::string& help);
+  /// The flag `name` ("--no-real-model"), which sets `value` to true when it is given.
+  void add_flag(const std::string& name, bool& value, const std::string& help);
 
   /// Reads the command line into the declared options. Returns the exit code when the program
   /// should stop there: 0 after printing --help, 2 after a bad command line (printed on standard

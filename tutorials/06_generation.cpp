@@ -9,23 +9,27 @@
 //     drawn and reads the logits of the next.
 //  3. The three backends compute the same function: the same greedy tokens, logits equal to
 //     rounding. What differs is the work (K/V projections: Θ(n²) naive, Θ(n) cached) and so the
-//     time, shown on a real model, stories260K.bin, when it is found.
+//     time, shown on a real model, SmolLM2-135M-Instruct (tutorial 10's), when it is there: the
+//     three continue a sentence with the same words.
 // It runs the built-in model (random weights, no file needed) and checks itself: it exits
 // non-zero if a backend picks another token, logits differ beyond rounding or a count is off.
 //
 // Build and run (from the repository root, with `build/` configured by CMake):
 //   cmake --build build --target tutorial_06_generation
-//   build/tutorials/06_generation [stories260K.bin]
-// Without an argument it looks for stories260K.bin in $KVLAB_MODELS_DIR, then in the folder the
-// build was configured with (CMake's KVLAB_MODELS_DIR). Option (the exercises of its page change
-// it): --steps N greedy tokens of the built-in model (40).
+//   build/tutorials/06_generation [MODEL.gguf]
+// Without an argument it reads $KVLAB_REAL_MODEL, else where scripts/get-model.sh puts
+// SmolLM2-135M-Instruct; without the file it runs the built-in model only. Options (the
+// exercises of its page change them): --steps N greedy tokens of the built-in model (40);
+// --real-steps N of the real model (20); --no-real-model.
 //
 // Next: tutorial 07 serves many requests at once (continuous batching). kvlab-generate
 // (apps/kvlab_generate.cpp) runs real checkpoints with a tokenizer, and
 // bench_generate measures tokens/s of the three backends.
 
 #include <kvlab/kvlab.hpp>
+#include <kvlab/model/bpe_tokenizer.hpp>
 
+#include "support/builtin_model.hpp"
 #include "support/command_line.hpp"
 
 #include <algorithm>
@@ -51,30 +55,19 @@ double rel_diff(const kvlab::RowVector<float>& a, const kvlab::RowVector<float>&
   return (a - b).cwiseAbs().maxCoeff() / std::max(1.0f, b.cwiseAbs().maxCoeff());
 }
 
-// stories260K.bin: the argument, else $KVLAB_MODELS_DIR, else the build's folder of model files
-// (KVLAB_MODELS_DIR, defined by tutorials/CMakeLists.txt); "" if none exists.
-std::string find_stories260k(const std::string& argument) {
-  std::vector<std::string> candidates;
-  if (!argument.empty()) candidates.push_back(argument);
-  if (const char* dir = std::getenv("KVLAB_MODELS_DIR"))
-    candidates.push_back(std::string(dir) + "/stories260K.bin");
-#if defined(KVLAB_MODELS_DIR)
-  candidates.push_back(std::string(KVLAB_MODELS_DIR) + "/stories260K.bin");
-#endif
-  for (const std::string& path : candidates)
-    if (std::ifstream(path)) return path;
-  return "";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_file;  // stories260K.bin, if given
+  std::string model_file;  // the real model's GGUF file, if given
   int steps = 40;          // greedy tokens of the built-in model
+  int real_steps = 20;     // greedy tokens of the real model
+  bool no_real_model = false;
   kvlab_support::CommandLine command_line{"Tutorial 06: generation end to end"};
   command_line.add_text("model", model_file,
-                        "stories260K.bin (default: looked for, see the source)");
+                        "the real model's GGUF file (default: $KVLAB_REAL_MODEL, see the source)");
   command_line.add_integer("--steps", steps, "greedy tokens of the built-in model", 1, 500);
+  command_line.add_integer("--real-steps", real_steps, "greedy tokens of the real model", 1, 200);
+  command_line.add_flag("--no-real-model", no_real_model, "run the built-in model only");
   if (const auto stop = command_line.parse("06_generation", argc, argv))
     return *stop;
 #if defined(_OPENMP)
@@ -141,33 +134,46 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(cached.total().attention.kv_projections));
 
   // [real]
-  // A real model: the same three backends generate 100 greedy tokens from BOS, timed.
-  const std::string path = find_stories260k(model_file);
-  if (path.empty()) {
-    std::printf(
-        "stories260K.bin not found: the timing part is skipped (see the header comment).\n");
+  // A real model: the three backends continue a sentence greedily, timed, and the tokenizer
+  // stored in the same file turns the ids back into text.
+  const std::string path = kvlab_support::real_model_path(model_file);
+  if (no_real_model) {
+    std::printf("The real model: not run (--no-real-model).\n");
+  } else if (!std::ifstream(path)) {
+    std::printf("The real model: not run, %s is not there (scripts/get-model.sh fetches it).\n",
+                path.c_str());
   } else {
-    const auto real =
-        std::make_shared<const kvlab::LlamaWeights>(kvlab::load_llama_checkpoint(path));
-    std::printf("stories260K.bin: %s\n", kvlab::to_string(real->config).c_str());
+    const kvlab::GgufFile file(path);
+    const auto real = std::make_shared<const kvlab::LlamaWeights>(kvlab::load_gguf_weights(file));
+    const kvlab::BpeTokenizer tok = kvlab::BpeTokenizer::from_gguf(file);
+    const std::string text = "The three best things about a rainy day are";
+    const std::vector<int> prompt_ids = tok.encode_text(text, /*parse_special=*/false);
+    std::printf("The real model, %s:\n  %s\n", path.substr(path.find_last_of('/') + 1).c_str(),
+                kvlab::to_string(real->config).c_str());
     std::vector<int> reference;
     for (LlamaBackend backend : {LlamaBackend::Naive, LlamaBackend::Cached, LlamaBackend::Paged}) {
-      kvlab::LlamaModel model(real, backend, 16);
+      kvlab::LlamaModel model(real, backend, 16, 256);  // blocks of 16; at most 256 tokens
       kvlab::Sampler greedy(real->config.vocab_size, /*temperature=*/0.0f, /*top_p=*/1.0f,
                             /*seed=*/0);
-      const kvlab::Generation g = kvlab::generate(model, greedy, {kvlab::Tokenizer::kBos}, 100);
+      const kvlab::Generation g = kvlab::generate(model, greedy, prompt_ids, real_steps);
       if (reference.empty()) reference = g.tokens;
       ok = ok && g.tokens == reference;
-      std::printf("  %-6s 100 tokens, %6llu K/V projections, time %8.2f ms (%.0f tok/s)%s\n",
-                  kvlab::to_string(backend),
+      // the counts of the built-in model's part, with P = the prompt's tokens and 90 per token
+      const unsigned long long fed = prompt_ids.size() + g.tokens.size() - 1,
+                               pp = prompt_ids.size(),
+                               per = 1ULL * real->config.n_layers * real->config.n_kv_heads;
+      ok = ok && model.total().attention.kv_projections ==
+                     (backend == LlamaBackend::Naive ? per * (fed * (fed + 1) / 2 - pp * (pp - 1) / 2)
+                                                     : per * fed);
+      const double seconds = g.prefill_seconds + g.decode_seconds;
+      std::printf("  %-6s %d + %zu tokens, %7llu K/V projections, %8.1f ms (%.0f tok/s)%s\n",
+                  kvlab::to_string(backend), g.prompt_tokens, g.tokens.size(),
                   static_cast<unsigned long long>(model.total().attention.kv_projections),
-                  (g.prefill_seconds + g.decode_seconds) * 1e3,
-                  g.tokens.size() / (g.prefill_seconds + g.decode_seconds),
+                  seconds * 1e3, static_cast<double>(g.tokens.size()) / seconds,
                   g.tokens == reference ? "" : "  DIFFERENT TOKENS");
     }
-    std::printf("  first tokens (tok512 ids): ");
-    for (int i = 0; i < 12; ++i) std::printf("%d ", reference[static_cast<std::size_t>(i)]);
-    std::printf("...\n  (times vary from run to run; the counts and tokens do not)\n");
+    std::printf("  the text: \"%s%s\"\n", text.c_str(), tok.decode(reference).c_str());
+    std::printf("  (the times vary from run to run; the counts and the words do not)\n");
   }
   // [real]
 

@@ -26,6 +26,7 @@
 #include <kvlab/model/bpe_tokenizer.hpp>
 #include <kvlab/model/chat.hpp>
 
+#include "support/builtin_model.hpp"
 #include "support/command_line.hpp"
 
 #include <cstdio>
@@ -36,18 +37,6 @@
 #include <string>
 
 namespace {
-
-std::string model_path(const std::string& argument) {
-  if (!argument.empty()) return argument;
-  if (const char* p = std::getenv("KVLAB_REAL_MODEL")) return p;
-  const char* cache = std::getenv("KVLAB_MODEL_CACHE");
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const std::string dir = cache != nullptr ? cache
-                          : xdg != nullptr ? std::string(xdg) + "/kvlab/models"
-                                           : std::string(home != nullptr ? home : ".") + "/.cache/kvlab/models";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 // One chat of two turns on `backend`; returns the replies and the model's counts.
 struct Run {
@@ -93,7 +82,7 @@ int main(int argc, char** argv) {
   command_line.add_text("--second", questions[1], "its second question");
   if (const auto stop = command_line.parse("10_real_model", argc, argv))
     return *stop;
-  const std::string path = model_path(model_file);
+  const std::string path = kvlab_support::real_model_path(model_file);
   if (!std::ifstream(path)) {
     std::printf("Not run: %s is not there (scripts/get-model.sh fetches it).\n", path.c_str());
     return 77;
