@@ -8,15 +8,18 @@
 # the reliability page are `scripts/fuzz.sh 1000000`.
 #
 #   scripts/fuzz.sh [RUNS] [--summary FILE]   # RUNS: executions per target (default 20000)
+#   scripts/fuzz.sh --build-only              # configure and build build-fuzz, run nothing
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 runs=20000
 summary=""
+build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --summary) summary=${2:?"--summary: expected a file name"}; shift 2 ;;
-    -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *)
       [[ "$1" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: RUNS: expected a positive integer, got '$1'" >&2; exit 2; }
       runs=$1; shift ;;
@@ -31,6 +34,7 @@ CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DKVLAB_BUILD_APPS=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BUILD_DOCS=OFF \
   -DKVLAB_ENABLE_CUDA=OFF >/dev/null
 cmake --build "$build" -j "$jobs"
+[ "$build_only" -eq 0 ] || exit 0
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L fuzz || status=$?
 

@@ -50,26 +50,26 @@ cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNING
   -DKVLAB_QUICK_TEST_OPTIONS=-O1 -DKVLAB_BENCH_OPTIONS=-O1 -DKVLAB_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build -j "$jobs"
 
-step "tests (but the site's check, which needs the docs built: below)"
-ctest --test-dir build --output-on-failure -j "$jobs" -LE docs
-
-step "docs (Doxygen warnings are errors)"
-cmake --build build --target docs
-
-step "the site checked: links, images, embedded outputs, and in headless Chromium JavaScript errors"
-# docs/check_site.py (the CTest docs_site_check), about 45 s; KVLAB_REQUIRE_BROWSER makes a
-# missing chromium (or chromium-driver, python3-selenium) a failure instead of a skip.
-# Screenshots: build/docs/screenshots/*.png.
-# Where the distribution has no chromium package (Ubuntu: a snap only), the browser pass is
-# skipped, visibly; where it has one (installed, or known to apt), a missing browser fails.
-require_browser=0
-if dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed" ||
-   apt-cache show chromium >/dev/null 2>&1; then
-  require_browser=1
-fi
-KVLAB_REQUIRE_BROWSER=$require_browser ctest --test-dir build -L docs --output-on-failure
-
-step "configure and build with ASan + UBSan"
+step "configure with ASan + UBSan; its build goes on in the background, at the lowest priority"
+# The steps below until the sanitizer tests leave cores idle (a test binary alone, Doxygen's
+# one thread, the browser waiting for a page): the sanitizer build takes those cycles, and no
+# more (nice 19 yields to every other process), instead of starting after the site check. Its
+# output: build-sanitize/build.log, shown when it ends. The fuzz targets' build does the same
+# during the sanitizer tests. A background build still running when this script stops is
+# stopped with it.
+background=()
+# each in a session of its own (setsid), so that its whole process group (ninja, the compilers)
+# can be stopped
+trap 'for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+finish() {  # finish PID LOG WHAT: waits for a background build; its log and a failure if it failed
+  if wait "$1"; then
+    tail -n 1 "$2"
+  else
+    cat "$2"
+    echo "kvlab test: $3 failed (its output above, and in $2)" >&2
+    exit 1
+  fi
+}
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 # Debug keeps Eigen's bounds assertions on; uninitialised Eigen matrices start as NaN, so a
 # read of a score or output that was never written shows up as a failed comparison. -g1: line
@@ -95,11 +95,40 @@ cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
   -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_PROGRAM_OPTIONS=-O0 \
   -DKVLAB_QUICK_TEST_OPTIONS=-O0 -DKVLAB_CUDA_EMULATION_TESTS="test_cuda_core;test_cuda_attention;test_cuda_cache" >/dev/null
-cmake --build build-sanitize -j "$jobs"
+setsid nice -n 19 cmake --build build-sanitize -j "$jobs" > build-sanitize/build.log 2>&1 &
+sanitize_build=$!
+background+=("$sanitize_build")
+
+step "tests (but the site's check, which needs the docs built: below)"
+ctest --test-dir build --output-on-failure -j "$jobs" -LE docs
+
+step "docs (Doxygen warnings are errors)"
+cmake --build build --target docs
+
+step "the site checked: links, images, embedded outputs, and in headless Chromium JavaScript errors"
+# docs/check_site.py (the CTest docs_site_check), about 45 s; KVLAB_REQUIRE_BROWSER makes a
+# missing chromium (or chromium-driver, python3-selenium) a failure instead of a skip.
+# Screenshots: build/docs/screenshots/*.png.
+# Where the distribution has no chromium package (Ubuntu: a snap only), the browser pass is
+# skipped, visibly; where it has one (installed, or known to apt), a missing browser fails.
+require_browser=0
+if dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed" ||
+   apt-cache show chromium >/dev/null 2>&1; then
+  require_browser=1
+fi
+KVLAB_REQUIRE_BROWSER=$require_browser ctest --test-dir build -L docs --output-on-failure
+
+step "the sanitizer build, started after the first build, finished"
+finish "$sanitize_build" build-sanitize/build.log "the ASan + UBSan build"
+# the fuzz targets' build (Clang) in the background, as the sanitizer build above
+mkdir -p build-fuzz
+setsid nice -n 19 scripts/fuzz.sh --build-only > build-fuzz/build.log 2>&1 &
+fuzz_build=$!
+background+=("$fuzz_build")
 
 step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"
 # Also left to the Release run above: the programs on the real model (label real_model_program:
-# kvlab-chat, kvlab-generate on the GGUF file, tutorial 10), which this build compiles at -O0,
+# kvlab-chat, kvlab-generate on the GGUF file, tutorials 06 and 10), which this build compiles at -O0,
 # where one prefill of the 135M model takes minutes. The code they run (the GGUF reader, the
 # tokenizer, ChatSession, every backend) runs here under the sanitizers in test_real_model, at
 # -Og on shortened cases, and in the fuzz targets.
@@ -110,6 +139,7 @@ step "fuzz targets (Clang, libFuzzer, ASan + UBSan): a short run of each on its 
 # tests/fuzz: the checkpoint and tokenizer loaders, block tables, kvlab-serve's workload parser
 # and every program's option parser on arbitrary input, 20000 executions each; the long runs
 # are `scripts/fuzz.sh 1000000`.
+finish "$fuzz_build" build-fuzz/build.log "the fuzz targets' build"
 scripts/fuzz.sh
 
 step "done"
