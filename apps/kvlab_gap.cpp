@@ -4,7 +4,8 @@
 //  1. Generating n tokens: for n = 64, 128, ..., 2048, runs NaiveDecoder and CachedDecoder on
 //     the same random model and the same random inputs (one prompt token through prefill, then
 //     n - 1 decode steps) and prints, per n: the exact K/V projections and q·k dot products of
-//     each decoder over the whole generation (from CostCounters), and the median wall time.
+//     each decoder over the whole generation (from CostCounters), and the median wall time
+//     (then the fastest and the slowest run, the spread).
 //  2. One decode step at context n: for n = 256, 1024, 4096, each decoder holds n - 1 tokens
 //     and decodes the n-th (then rewinds, so that every repetition is the same step); per n the
 //     step's exact counts — Θ(t) K/V projections per step without a cache, Θ(1) with one — the
@@ -63,13 +64,18 @@ struct Options {
   int threads = 1;
 };
 
+// The times of repeated runs: their median, the least and the most.
+struct Times {
+  double median = 0, least = 0, most = 0;
+};
+
 // One line of the table.
 struct Row {
   int n = 0;
   kvlab::CostCounters naive;   // total over the n tokens
   kvlab::CostCounters cached;  // total over the n tokens
-  double naive_ms = 0;         // median wall time of one whole generation
-  double cached_ms = 0;
+  Times naive_ms;              // wall time of one whole generation, over the runs
+  Times cached_ms;
   int naive_reps = 0;
   int cached_reps = 0;
   double max_rel_diff = 0;  // over the n steps: max |naive - cached| / max |naive|
@@ -87,11 +93,16 @@ double generate(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>& i
   return std::chrono::duration<double, std::milli>(stop - start).count();
 }
 
-// Runs `decoder` `reps` times on `inputs` and returns the median time; `outputs` holds the last
+Times summarize(const std::vector<double>& times) {
+  return {median(times), *std::min_element(times.begin(), times.end()),
+          *std::max_element(times.begin(), times.end())};
+}
+
+// Runs `decoder` `reps` times on `inputs` and returns the times (ms); `outputs` holds the last
 // run's outputs, `reps_done` the number of runs. Runs slower than 2 s stop after two (their
 // median), which keeps the demo short with --layers > 1 or a large --max-n.
-double timed_runs(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>& inputs,
-                  kvlab::RowMatrix<float>& outputs, int reps, int& reps_done) {
+Times timed_runs(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>& inputs,
+                 kvlab::RowMatrix<float>& outputs, int reps, int& reps_done) {
   constexpr double kSlowRunMs = 2000;
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
@@ -99,7 +110,7 @@ double timed_runs(kvlab::Decoder<float>& decoder, const kvlab::RowMatrix<float>&
     if (times.back() > kSlowRunMs && times.size() >= 2) break;
   }
   reps_done = static_cast<int>(times.size());
-  return median(times);
+  return summarize(times);
 }
 
 // Closed forms of the total counts (see CostCounters): n tokens, one prompt token then n - 1
@@ -148,8 +159,8 @@ struct StepRow {
   int n = 0;
   kvlab::CostCounters naive;   // the step's work
   kvlab::CostCounters cached;  // the step's work
-  double naive_us = 0;         // median wall time of the step
-  double cached_us = 0;
+  Times naive_us;              // wall time of the step, over the repetitions
+  Times cached_us;
   double rel_diff = 0;  // |naive - cached| / max(1, max |naive|) of the step's output
 };
 
@@ -157,10 +168,10 @@ struct StepRow {
 // [chunk, t] score matrix per call, so the whole prefix at once would need n² floats.
 constexpr int kPrefillChunk = 1024;
 
-// Median wall time, in microseconds, of `decoder` decoding `x` as its n-th token (it holds n - 1
+// Wall times, in microseconds, of `decoder` decoding `x` as its n-th token (it holds n - 1
 // and is rewound after each step). Each repetition times enough steps to last 1 ms at least.
-double time_step(kvlab::Decoder<float>& decoder, const kvlab::RowVector<float>& x, int reps,
-                 kvlab::RowVector<float>& y) {
+Times time_step(kvlab::Decoder<float>& decoder, const kvlab::RowVector<float>& x, int reps,
+                kvlab::RowVector<float>& y) {
   using Clock = std::chrono::steady_clock;
   const int held = decoder.position();
   std::vector<double> per_step;
@@ -180,7 +191,7 @@ double time_step(kvlab::Decoder<float>& decoder, const kvlab::RowVector<float>& 
       calls *= 2;  // too short to time well: time more steps at once
     }
   }
-  return median(per_step);
+  return summarize(per_step);
 }
 
 StepRow run_step(int n, int reps,
@@ -285,8 +296,8 @@ void print_row(const Row& r) {
               static_cast<unsigned long long>(r.naive.kv_projections),
               static_cast<unsigned long long>(r.cached.kv_projections), kv_ratio,
               static_cast<unsigned long long>(r.naive.qk_dots),
-              static_cast<unsigned long long>(r.cached.qk_dots), r.naive_ms, r.cached_ms,
-              r.naive_ms / r.cached_ms, r.max_rel_diff);
+              static_cast<unsigned long long>(r.cached.qk_dots), r.naive_ms.median,
+              r.cached_ms.median, r.naive_ms.median / r.cached_ms.median, r.max_rel_diff);
   std::fflush(stdout);
 }
 
@@ -305,11 +316,11 @@ void print_step_row(const StepRow& r) {
               r.n, static_cast<unsigned long long>(r.naive.kv_projections),
               static_cast<unsigned long long>(r.cached.kv_projections),
               static_cast<unsigned long long>(r.naive.qk_dots),
-              static_cast<unsigned long long>(r.cached.qk_dots), r.naive_us, r.cached_us,
-              r.naive_us / r.cached_us,
+              static_cast<unsigned long long>(r.cached.qk_dots), r.naive_us.median,
+              r.cached_us.median, r.naive_us.median / r.cached_us.median,
               static_cast<double>(r.naive.macs) / static_cast<double>(r.cached.macs),
-              static_cast<double>(r.naive.macs) / r.naive_us * 1e-3,
-              static_cast<double>(r.cached.macs) / r.cached_us * 1e-3);
+              static_cast<double>(r.naive.macs) / r.naive_us.median * 1e-3,
+              static_cast<double>(r.cached.macs) / r.cached_us.median * 1e-3);
   std::fflush(stdout);
 }
 
@@ -374,6 +385,13 @@ int main(int argc, char** argv) {
                       closed_forms(n, options.layers)))
       counts_ok = false;
   }
+  // The spread of the times (docs/gap_plot.py draws it as bars): a median alone hides how far
+  // the runs were apart.
+  std::printf("\nSpread of the times (ms), the fastest and the slowest run of each decoder:\n");
+  for (const Row& r : rows) {
+    std::printf("  n = %d: naive %.3f to %.3f, cached %.3f to %.3f\n", r.n, r.naive_ms.least,
+                r.naive_ms.most, r.cached_ms.least, r.cached_ms.most);
+  }
   for (const Row& r : rows) {
     if (r.naive_reps < options.reps || r.cached_reps < options.reps) {
       std::printf("n = %d: median of %d naive and %d cached runs (a run took over 2 s)\n", r.n,
@@ -388,7 +406,7 @@ int main(int argc, char** argv) {
       last.n,
       static_cast<double>(last.naive.kv_projections) /
           static_cast<double>(last.cached.kv_projections),
-      last.naive_ms / last.cached_ms,
+      last.naive_ms.median / last.cached_ms.median,
       last.naive.qk_dots == last.cached.qk_dots ? "the same for both" : "fewer with it");
   const double macs_ratio =
       static_cast<double>(last.naive.macs) / static_cast<double>(last.cached.macs);
@@ -403,14 +421,23 @@ int main(int argc, char** argv) {
                 static_cast<double>(last.naive.macs), static_cast<double>(last.cached.macs));
   }
   print_step_header();
+  std::vector<StepRow> steps;  // for the spread below
   for (int n = kFirstStepN; n <= options.step_max_n; n *= 4) {
     std::fprintf(stderr, "kvlab-gap: step at n = %d ...\n", n);
     const StepRow row = run_step(n, options.reps, stack);
+    steps.push_back(row);
     print_step_row(row);
     max_rel_diff = std::max(max_rel_diff, row.rel_diff);
     if (!counts_match("step at n = " + std::to_string(n), row.naive, row.cached,
                       step_closed_forms(n, options.layers)))
       counts_ok = false;
+  }
+  if (!steps.empty()) {
+    std::printf("Spread of the times (µs), the fastest and the slowest repetition of each step:\n");
+    for (const StepRow& r : steps) {
+      std::printf("  step at n = %d: naive %.1f to %.1f, cached %.1f to %.1f\n", r.n,
+                  r.naive_us.least, r.naive_us.most, r.cached_us.least, r.cached_us.most);
+    }
   }
   if (options.step_max_n >= kFirstStepN) {
     std::printf(

@@ -17,17 +17,11 @@ SVG, byte for byte (no date, a fixed hash salt).
 
 usage: bandwidth_plot.py OUT.svg RESULTS.json [--machine TEXT]
 """
-import argparse
-import json
 import math
 import re
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+
 COLOUR = {"mha": "#4c78a8", "gqa": "#e45756"}
 NAME = {"mha": "MHA 32/32 heads", "gqa": "GQA 32/8 heads"}
 # A same-bytes read this much faster than the large buffer's read means the caches served part of
@@ -38,21 +32,10 @@ CACHED_RATIO = 1.25
 NAME_RE = re.compile(r"decode_bandwidth/(\w+)/n:(\d+)/threads:(\d+)/")
 
 
-def fail(path, expected, got):
-    sys.exit(f"bandwidth_plot.py: {path}: expected {expected}, got {got}")
-
-
 def results(path):
     """{(shape, threads): [(n, GB/s median, GB/s stddev or None, fraction, K+V MiB, same-bytes
     read GB/s or None)]} in n order, the run's context and the repetitions."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        fail(path, "bench_decode_bandwidth's JSON (--benchmark_out)", f"malformed JSON: {e}")
-    if not isinstance(data, dict) or "benchmarks" not in data or "context" not in data:
-        fail(path, "Google Benchmark's JSON with 'benchmarks' and 'context'",
-             f"keys {sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    data = load_json(path, "bench_decode_bandwidth's JSON (--benchmark_out)", ("benchmarks", "context"))
     medians, spreads, reps = {}, {}, set()
     for b in data["benchmarks"]:
         m = NAME_RE.match(b.get("name", ""))
@@ -85,43 +68,8 @@ def results(path):
     return out, data["context"], sorted(r for r in reps if r)
 
 
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def stack(fig, plot_in, caption, legend):
-    """From the bottom up: the grey caption (wrapped), the legend (fig.legend's arguments) below
-    the axes, and plot_in inches over them for the axes (tight_layout). Sets the figure's
-    height."""
-    text = fig.text(PAD_IN, PAD_IN, wrapped(caption), transform=fig.dpi_scale_trans, fontsize=9,
-                    color=GREY, ha="left", va="bottom")
-    y = PAD_IN + text.get_window_extent().height / fig.dpi + GAP_IN
-    box = fig.legend(**legend, loc="lower center", bbox_to_anchor=(WIDTH_IN / 2, y),
-                     bbox_transform=fig.dpi_scale_trans, frameon=False)
-    y += box.get_window_extent().height / fig.dpi + GAP_IN
-    fig.set_size_inches(WIDTH_IN, y + plot_in)
-    fig.tight_layout(rect=(0, y / (y + plot_in), 1, 1))
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("results", help="bench_decode_bandwidth's JSON")
-    parser.add_argument("--machine", default="", help="the processor, for the caption")
+    parser = arguments(__doc__, "results", "bench_decode_bandwidth's JSON", machine=True)
     args = parser.parse_args()
     series, context, reps = results(args.results)
     has_same_bytes = all(row[5] is not None for rows in series.values() for row in rows)
@@ -132,12 +80,8 @@ def main():
               max(limits.values()))
     top = math.ceil(top * 1.08 / 10) * 10  # GB/s at the top of the axis, room for the labels
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.lines import Line2D
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 9})
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 4), dpi=100, sharey=True)
     tips = {}
     for ax, threads in zip(axes, (1, 2)):
@@ -200,8 +144,8 @@ def main():
                     "bytes (fraction_same_bytes)")
     if args.machine:
         caption += "\n" + args.machine
-    stack(fig, 3.5, caption, {"handles": handles, "labels": labels, "ncol": 2, "fontsize": 9,
-                              "columnspacing": 1.5})
+    stack(fig, 3.5, caption, [{"handles": handles, "labels": labels, "ncol": 2, "fontsize": 9,
+                               "columnspacing": 1.5}])
     save(fig, args.out, tips)
 
 

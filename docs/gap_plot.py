@@ -2,7 +2,9 @@
 """Draws the headline plot (the landing page's and tutorial 02's) from a committed run of kvlab-gap.
 
 kvlab-gap prints two tables: whole generations of n tokens (K/V projections, exact; times, medians)
-and single decode steps at context n. This reads them from its saved output (bench/results/
+and single decode steps at context n, each followed by the spread of its times (the fastest and the
+slowest run), which the time panels draw as bars (a run saved before kvlab-gap printed it has
+none, and the caption says so). This reads them from its saved output (bench/results/
 cpu-kvlab-gap-*.txt) and draws four log-log panels with matplotlib (Debian's python3-matplotlib):
 projections and time of whole generations, then of one step, for the naive and the cached decoder,
 each line with its least-squares slope of log y on log n (kvlab-gap's own fit). The times are a
@@ -41,6 +43,17 @@ def tables(text):
     return whole, steps
 
 
+def spreads(text):
+    """The spread lines of kvlab-gap's output: ({n: (naive least, most, cached least, most)} of
+    whole generations, the same of single steps); empty where the run did not print them."""
+    number = r"([0-9.]+) to ([0-9.]+)"
+    pattern = rf"^  (step at )?n = (\d+): naive {number}, cached {number}$"
+    whole, steps = {}, {}
+    for m in re.finditer(pattern, text, re.M):
+        (steps if m.group(1) else whole)[int(m.group(2))] = tuple(float(v) for v in m.groups()[2:])
+    return whole, steps
+
+
 def slope(xs, ys):
     """The least-squares slope of log y on log x (0 for a constant)."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
@@ -49,12 +62,19 @@ def slope(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(lx, ly)) / den if den else 0.0
 
 
-def panel(ax, rows, naive, cached, title, exact):
+def panel(ax, rows, naive, cached, title, exact, spread=None):
+    """One log-log panel; `spread`: {n: (naive least, most, cached least, most)}, drawn as bars."""
     ns = [r[0] for r in rows]
-    for column, name, colour in ((naive, "naive (no cache)", NAIVE), (cached, "cached", CACHED)):
+    for i, (column, name, colour) in enumerate(((naive, "naive (no cache)", NAIVE),
+                                                 (cached, "cached", CACHED))):
         ys = [r[column] for r in rows]
         ax.plot(ns, ys, "o-", color=colour, lw=2, ms=4,
                 label=f"{name}: slope {slope(ns, ys):.2f}")
+        if spread and all(n in spread for n in ns):
+            low = [max(0.0, y - spread[n][2 * i]) for n, y in zip(ns, ys)]
+            high = [max(0.0, spread[n][2 * i + 1] - y) for n, y in zip(ns, ys)]
+            ax.errorbar(ns, ys, yerr=[low, high], fmt="none", ecolor=colour, elinewidth=1.2,
+                        capsize=3)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(ns, [str(n) for n in ns])
@@ -85,9 +105,10 @@ def main():
     plt.rcParams.update({"svg.hashsalt": "kvlab", "font.size": 10, "svg.fonttype": "none"})
     fig, axes = plt.subplots(2, 2, figsize=(WIDTH_IN, 6.6), dpi=100)
     panel(axes[0][0], whole, 1, 2, "K/V projections, whole generation", True)
-    panel(axes[0][1], whole, 3, 4, "time of the generation, ms (median)", False)
+    whole_spread, step_spread = spreads(text)
+    panel(axes[0][1], whole, 3, 4, "time of the generation, ms (median)", False, whole_spread)
     panel(axes[1][0], steps, 1, 2, "K/V projections, one step", True)
-    panel(axes[1][1], steps, 3, 4, "time of one step, µs (median)", False)
+    panel(axes[1][1], steps, 3, 4, "time of one step, µs (median)", False, step_spread)
     for ax in axes[0]:
         ax.set_xlabel("n (generated tokens)")
     for ax in axes[1]:
@@ -95,6 +116,10 @@ def main():
     caption = "kvlab-gap"
     if config:
         caption += ": " + config.group(1).split(";")[0]
+    if whole_spread and step_spread:
+        caption += "; bars: the fastest and the slowest run"
+    else:
+        caption += "; this run recorded no spread of its times"
     if args.machine:
         caption += "; " + args.machine
     fig.text(0.01, 0.01, caption, fontsize=9, color="#555555", wrap=True)

@@ -11,35 +11,19 @@ Deterministic: the same file gives the same SVG, byte for byte (no date, a fixed
 
 usage: gpu_decode_plot.py OUT.svg RESULTS.json [--command TEXT]
 """
-import argparse
-import json
 import math
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+
 COLOUR = {1: "#4c78a8", 4: "#54a24b", 16: "#f58518", 64: "#e45756"}
 CASE_KEYS = ("kind", "batch", "context", "ragged", "single_pass_tbps", "split_k_tbps",
              "single_pass_us", "split_k_us", "split_k_partitions")
 
 
-def fail(path, expected, got):
-    sys.exit(f"gpu_decode_plot.py: {path}: expected {expected}, got {got}")
-
-
 def results(path):
     """{(ragged, batch): [(context, single TB/s, split-K TB/s, case)]} of the paged cases in
     context order, and the file's header (GPU, peak, copy, shapes)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        fail(path, "bench_cuda_decode's JSON", f"malformed JSON: {e}")
-    if not isinstance(data, dict):
-        fail(path, "bench_cuda_decode's JSON object", type(data).__name__)
+    data = load_json(path, "bench_cuda_decode's JSON")
     for key in ("gpu", "peak_tbps", "copy_tbps", "cases"):
         if key not in data:
             fail(path, f"bench_cuda_decode's JSON with '{key}'", f"keys {sorted(data)}")
@@ -54,38 +38,6 @@ def results(path):
     if not out:
         fail(path, "a case of kind 'paged'", f"kinds {sorted({c['kind'] for c in data['cases']})}")
     return {k: sorted(v, key=lambda r: r[0]) for k, v in out.items()}, data
-
-
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def stack(fig, plot_in, caption, legend):
-    """From the bottom up: the grey caption (wrapped), the legend (fig.legend's arguments) below
-    the axes, and plot_in inches over them for the axes (tight_layout). Sets the figure's
-    height."""
-    text = fig.text(PAD_IN, PAD_IN, wrapped(caption), transform=fig.dpi_scale_trans, fontsize=9,
-                    color=GREY, ha="left", va="bottom")
-    y = PAD_IN + text.get_window_extent().height / fig.dpi + GAP_IN
-    box = fig.legend(**legend, loc="lower center", bbox_to_anchor=(WIDTH_IN / 2, y),
-                     bbox_transform=fig.dpi_scale_trans, frameon=False)
-    y += box.get_window_extent().height / fig.dpi + GAP_IN
-    fig.set_size_inches(WIDTH_IN, y + plot_in)
-    fig.tight_layout(rect=(0, y / (y + plot_in), 1, 1))
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
 
 
 def spread(ys, gap):
@@ -110,10 +62,7 @@ def k(n):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("results", help="bench_cuda_decode's JSON")
-    parser.add_argument("--command", default="", help="the command that made it, for the caption")
+    parser = arguments(__doc__, "results", "bench_cuda_decode's JSON", command=True)
     args = parser.parse_args()
     series, data = results(args.results)
     peak, copy = data["peak_tbps"], data["copy_tbps"]
@@ -121,12 +70,8 @@ def main():
     # TB/s at the top of the axis, a multiple of 0.5 with room above the peak for its label
     top = math.ceil(peak * 2) / 2 + 0.5
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.lines import Line2D
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 9})
     fig, axes = plt.subplots(2, 1, figsize=(WIDTH_IN, 6), dpi=100, sharex=True)
     tips = {}
     ends = {}  # ax -> [[TB/s, colour, text]]: split-K's last point, labelled at the right
@@ -188,8 +133,8 @@ def main():
                f"{data['gpu']}, {data.get('sm_count', '?')} multiprocessors")
     if args.command:
         caption += "\n" + args.command
-    stack(fig, 5.4, caption, {"handles": handles, "labels": labels, "ncol": 6, "fontsize": 9,
-                              "handlelength": 2.5, "columnspacing": 1.2})
+    stack(fig, 5.4, caption, [{"handles": handles, "labels": labels, "ncol": 6, "fontsize": 9,
+                               "handlelength": 2.5, "columnspacing": 1.2}])
     # the end labels at least 12 px apart (their font is 9 pt), each run of labels too close
     # together spread evenly about its lines' mean
     for ax in axes:

@@ -11,33 +11,17 @@ fixed hash salt).
 
 usage: kv_waste_plot.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 """
-import argparse
-import json
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+
 USED, EMPTY = "#4c78a8", "#f2b8b5"  # used tokens; reserved and empty
 LAYOUT_KEYS = ("layout", "reserved_bytes_at_finish", "used_bytes_at_finish", "waste_at_finish",
                "waste_lifetime", "sequences_mean", "sequences_min", "sequences_max", "rounds")
 
 
-def fail(path, expected, got):
-    sys.exit(f"kv_waste_plot.py: {path}: expected {expected}, got {got}")
-
-
 def layouts(path):
     """The JSON's layouts, its request count, model and budget; a clear error if any is missing."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        fail(path, "bench_memory_waste's JSON", f"malformed JSON: {e}")
-    if not isinstance(data, dict):
-        fail(path, "bench_memory_waste's JSON object", type(data).__name__)
+    data = load_json(path, "bench_memory_waste's JSON")
     for key in ("layouts", "workload", "model", "budget_bytes", "budget_tokens"):
         if key not in data:
             fail(path, f"a bench_memory_waste result with '{key}'", f"keys {sorted(data)}")
@@ -56,44 +40,8 @@ def layouts(path):
     return data
 
 
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def stack(fig, plot_in, caption, legend):
-    """From the bottom up: the grey caption (wrapped), the legend (fig.legend's arguments) below
-    the axes, and plot_in inches over them for the axes (tight_layout). Sets the figure's
-    height."""
-    text = fig.text(PAD_IN, PAD_IN, wrapped(caption), transform=fig.dpi_scale_trans, fontsize=9,
-                    color=GREY, ha="left", va="bottom")
-    y = PAD_IN + text.get_window_extent().height / fig.dpi + GAP_IN
-    box = fig.legend(**legend, loc="lower center", bbox_to_anchor=(WIDTH_IN / 2, y),
-                     bbox_transform=fig.dpi_scale_trans, frameon=False)
-    y += box.get_window_extent().height / fig.dpi + GAP_IN
-    fig.set_size_inches(WIDTH_IN, y + plot_in)
-    fig.tight_layout(rect=(0, y / (y + plot_in), 1, 1), w_pad=0.4)
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("results", help="bench_memory_waste's JSON")
-    parser.add_argument("--machine", default="", help="where it ran, for the caption")
-    parser.add_argument("--command", default="", help="the command that made it, for the caption")
+    parser = arguments(__doc__, "results", "bench_memory_waste's JSON", machine=True, command=True)
     args = parser.parse_args()
     data = layouts(args.results)
     rows = data["layouts"]
@@ -105,12 +53,8 @@ def main():
     def tokens(bytes_total):  # mean tokens per request
         return bytes_total / per_token / requests
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 9})
     fig, (left, middle, right) = plt.subplots(
         1, 3, figsize=(WIDTH_IN, 4), dpi=100, sharey=True,
         gridspec_kw={"width_ratios": [1.5, 1.0, 1.6]})
@@ -177,8 +121,9 @@ def main():
     for text in (args.command, args.machine):
         if text:
             caption += "\n" + text
-    stack(fig, 4.1, caption, {"handles": [Patch(color=USED), Patch(color=EMPTY)],
-                              "labels": ["used", "reserved, empty"], "ncol": 2, "fontsize": 9})
+    stack(fig, 4.1, caption, [{"handles": [Patch(color=USED), Patch(color=EMPTY)],
+                               "labels": ["used", "reserved, empty"], "ncol": 2, "fontsize": 9}],
+          w_pad=0.4)
     save(fig, args.out, tips)
 
 

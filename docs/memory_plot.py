@@ -10,16 +10,11 @@ gives the same SVG, byte for byte (no date, a fixed hash salt).
 
 usage: memory_plot.py OUT.svg SAMPLES.csv [--machine TEXT] [--command TEXT]
 """
-import argparse
 import csv
 import math
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import WIDTH_IN, arguments, fail, pyplot, save, stack
+
 STYLE = {  # (run, policy) -> colour, dash
     ("outputs taken", "continuous"): ("#4c78a8", "-"),
     ("outputs taken", "static"): ("#72b7b2", "-"),
@@ -27,10 +22,6 @@ STYLE = {  # (run, policy) -> colour, dash
     ("records kept", "continuous"): ("#e45756", (0, (6, 4))),
 }
 COLUMNS = ("run", "policy", "step", "requests", "records", "rss_kib")
-
-
-def fail(path, expected, got):
-    sys.exit(f"memory_plot.py: {path}: expected {expected}, got {got}")
 
 
 def samples(path):
@@ -54,54 +45,16 @@ def samples(path):
     return {k: sorted(v) for k, v in out.items()}
 
 
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def stack(fig, plot_in, caption, legend):
-    """From the bottom up: the grey caption (wrapped), the legend (fig.legend's arguments) below
-    the axes, and plot_in inches over them for the axes (tight_layout). Sets the figure's
-    height."""
-    text = fig.text(PAD_IN, PAD_IN, wrapped(caption), transform=fig.dpi_scale_trans, fontsize=9,
-                    color=GREY, ha="left", va="bottom")
-    y = PAD_IN + text.get_window_extent().height / fig.dpi + GAP_IN
-    box = fig.legend(**legend, loc="lower center", bbox_to_anchor=(WIDTH_IN / 2, y),
-                     bbox_transform=fig.dpi_scale_trans, frameon=False)
-    y += box.get_window_extent().height / fig.dpi + GAP_IN
-    fig.set_size_inches(WIDTH_IN, y + plot_in)
-    fig.tight_layout(rect=(0, y / (y + plot_in), 1, 1))
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("samples", help="kvlab_stress's --rss-csv samples")
-    parser.add_argument("--machine", default="", help="where it ran, for the caption")
-    parser.add_argument("--command", default="", help="the command that made it, for the caption")
+    parser = arguments(__doc__, "samples", "kvlab_stress's --rss-csv samples", machine=True,
+                       command=True)
     args = parser.parse_args()
     series = samples(args.samples)
     last_step = max(s for rows in series.values() for s, *_ in rows)
     top = math.ceil(max(m for rows in series.values() for *_, m in rows) / 10) * 10
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 9})
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4), dpi=100)
     tips = {}
     for i, (key, rows) in enumerate(sorted(series.items())):
@@ -118,7 +71,7 @@ def main():
     ax.set_ylim(0, top)
     ax.set_yticks(range(0, top + 1, 10))
     ax.set_xticks([round(last_step * i / 5, -3) for i in range(6)])
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
     ax.grid(True, color="#e4e4e4", lw=0.8)
     ax.set_axisbelow(True)
     ax.set_xlabel("engine steps")
@@ -130,8 +83,8 @@ def main():
     if args.machine:
         caption += "\n" + args.machine
     handles, labels = ax.get_legend_handles_labels()
-    stack(fig, 3.4, caption, {"handles": handles, "labels": labels, "ncol": 2, "fontsize": 9,
-                              "handlelength": 2.6})
+    stack(fig, 3.4, caption, [{"handles": handles, "labels": labels, "ncol": 2, "fontsize": 9,
+                               "handlelength": 2.6}])
     save(fig, args.out, tips)
 
 

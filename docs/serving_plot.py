@@ -10,16 +10,10 @@ bar's tooltip gives its figure. Deterministic: the same file gives the same SVG,
 
 usage: serving_plot.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 """
-import argparse
-import json
 import math
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+
 # policy -> (JSON key of its tokens/s, JSON key of its requests running while others wait,
 #            legend text, colour)
 POLICIES = [
@@ -32,20 +26,11 @@ POLICIES = [
 BAR = 0.26  # a bar's width, in groups
 
 
-def fail(path, expected, got):
-    sys.exit(f"serving_plot.py: {path}: expected {expected}, got {got}")
-
-
 def results(path):
     """{model: {threads: row}} in the file's order, and the run's settings."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        fail(path, "bench_serving's JSON", f"malformed JSON: {e}")
-    if not isinstance(data, dict) or not data.get("results"):
-        fail(path, "bench_serving's JSON with a non-empty 'results' list",
-             f"keys {sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    data = load_json(path, "bench_serving's JSON", ("results",))
+    if not data["results"]:
+        fail(path, "bench_serving's JSON with a non-empty 'results' list", "an empty list")
     for key in ("reps", "requests", "pool_tokens", "block_size", "max_running"):
         if key not in data:
             fail(path, f"bench_serving's JSON with '{key}'", f"keys {sorted(data)}")
@@ -58,34 +43,6 @@ def results(path):
                  f"a result of {r.get('model')} without {missing}")
         out.setdefault(r["model"], {})[r["threads"]] = r
     return out, data
-
-
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def stack(fig, plot_in, caption):
-    """The grey caption (wrapped) at the bottom and plot_in inches over it for the axes
-    (tight_layout). Sets the figure's height."""
-    text = fig.text(PAD_IN, PAD_IN, wrapped(caption), transform=fig.dpi_scale_trans, fontsize=9,
-                    color=GREY, ha="left", va="bottom")
-    y = PAD_IN + text.get_window_extent().height / fig.dpi + GAP_IN
-    fig.set_size_inches(WIDTH_IN, y + plot_in)
-    fig.tight_layout(rect=(0, y / (y + plot_in), 1, 1), h_pad=1.5, w_pad=1.5)
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
 
 
 def nice_top(value):
@@ -123,20 +80,12 @@ def bars(ax, groups, tips, gid):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("results", help="bench_serving's JSON")
-    parser.add_argument("--machine", default="", help="the processor, for the caption")
-    parser.add_argument("--command", default="", help="the command that made it, for the caption")
+    parser = arguments(__doc__, "results", "bench_serving's JSON", machine=True, command=True)
     args = parser.parse_args()
     series, data = results(args.results)
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 9})
     # a panel per model, two a row, then the concurrency panel and the legend beside it
     models = list(series)
     rows = (len(models) + 1 + 1) // 2
@@ -189,7 +138,7 @@ def main():
     for text in (args.command, args.machine):
         if text:
             caption += "\n" + text
-    stack(fig, 3.0 * rows, caption)
+    stack(fig, 3.0 * rows, caption, h_pad=1.5, w_pad=1.5)
     save(fig, args.out, tips)
 
 

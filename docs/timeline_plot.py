@@ -10,20 +10,12 @@ usage: timeline_plot.py OUT.svg TITLE=LOG.jsonl [TITLE=LOG.jsonl ...] [--names A
 """
 import argparse
 import json
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import GAP_IN, GREY, PAD_IN, WIDTH_IN, fail, pyplot, save, wrapped
+
 COLOURS = {"prefill": "#4c78a8", "decode": "#72b7b2", "padding": "#d9d9d9"}
 PREEMPTED = "#cc0000"
 TITLE_IN, TICKS_IN, PANEL_GAP_IN = 0.34, 0.3, 0.16  # above, below and between the panels
-
-
-def fail(path, expected, got):
-    sys.exit(f"timeline_plot.py: {path}: expected {expected}, got {got}")
 
 
 def read_log(path):
@@ -50,24 +42,6 @@ def read_log(path):
     if not steps:
         fail(path, "at least one step", "an empty log")
     return steps
-
-
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
 
 
 def panel(ax, p, title, steps, names, width, tips):
@@ -121,13 +95,9 @@ def main():
     counts = [1 + max([e["request"] for s in steps for e in s["batch"]] +
                       [r for s in steps for r in s["preempted"]] + [0]) for _, steps in panels]
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(**{"ytick.labelsize": 10})
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 10})
     fig = plt.figure(figsize=(WIDTH_IN, 4), dpi=100)
     # from the bottom up: the caption, the legend, then the panels, top to bottom
     text = fig.text(PAD_IN, PAD_IN, wrapped("one row per request, one cell per step (numbered "

@@ -10,16 +10,10 @@ Deterministic: the same file gives the same SVG, byte for byte (no date, a fixed
 
 usage: tradeoff_plot.py OUT.svg RESULTS.json [--n N] [--threads T] [--machine TEXT]
 """
-import argparse
-import json
 import math
-import sys
-import textwrap
-from xml.sax.saxutils import escape
 
-WIDTH_IN = 7.6  # inches at 100 dpi: 760 px, the docs' column beside the table of contents
-PAD_IN, GAP_IN = 0.08, 0.12  # the figure's margin, the space between the parts stacked below
-GREY = "#555555"
+from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8.5, "int4": 4.5}  # with the block scales
 # Marks drawn a little apart, in octaves of the bits axis, so that none covers another: the two
 # 16-bit types either side of 16, and MHA just left of GQA.
@@ -33,21 +27,10 @@ LO, HI = 1e-7, 1e-2  # the error axis; an error outside it is drawn at its end
 TIME_TOP = 2.0       # the time axis, 0 to this
 
 
-def fail(path, expected, got):
-    sys.exit(f"tradeoff_plot.py: {path}: expected {expected}, got {got}")
-
-
 def results(path, n, threads):
     """The rows of bench_kv_dtype's JSON at context n and `threads` threads, and its
     repetitions."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        fail(path, "bench_kv_dtype's JSON", f"malformed JSON: {e}")
-    if not isinstance(data, dict) or "results" not in data:
-        fail(path, "bench_kv_dtype's JSON with 'results'",
-             f"keys {sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    data = load_json(path, "bench_kv_dtype's JSON", ("results",))
     for i, r in enumerate(data["results"]):
         missing = [k for k in ROW_KEYS if k not in r]
         if missing:
@@ -61,40 +44,6 @@ def results(path, n, threads):
         fail(path, f"results for n = {n}, {threads} thread(s)",
              f"only (n, threads) {have}" if have else "no results")
     return rows, data.get("reps")
-
-
-def wrapped(text, size=9):
-    """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
-    character: wide for a sans-serif face, so a browser's own font fits too)."""
-    limit = int((WIDTH_IN - 2 * PAD_IN) * 72 / (0.6 * size))
-    return "\n".join(textwrap.fill(part, limit) for part in text.split("\n"))
-
-
-def stack(fig, plot_in, caption, legends):
-    """From the bottom up: the grey caption (wrapped), the legends (fig.legend's arguments, the
-    last on top) below the axes, and plot_in inches over them for the axes (tight_layout). Sets
-    the figure's height."""
-    text = fig.text(PAD_IN, PAD_IN, wrapped(caption), transform=fig.dpi_scale_trans, fontsize=9,
-                    color=GREY, ha="left", va="bottom")
-    y = PAD_IN + text.get_window_extent().height / fig.dpi + GAP_IN
-    for legend in legends:
-        box = fig.legend(**legend, loc="lower center", bbox_to_anchor=(WIDTH_IN / 2, y),
-                         bbox_transform=fig.dpi_scale_trans, frameon=False)
-        y += box.get_window_extent().height / fig.dpi
-    y += GAP_IN
-    fig.set_size_inches(WIDTH_IN, y + plot_in)
-    fig.tight_layout(rect=(0, y / (y + plot_in), 1, 1))
-
-
-def save(fig, path, tips):
-    """The SVG, then each tooltip (gid -> text) as the <title> of its artist's group."""
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, transparent=True)
-    with open(path, encoding="utf-8") as f:
-        svg = f.read()
-    for gid, tip in tips.items():
-        svg = svg.replace(f'<g id="{gid}">', f'<g id="{gid}">\n   <title>{escape(tip)}</title>', 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
 
 
 def mark(ax, shape, dtype, y, gid):
@@ -116,22 +65,15 @@ def bits_axis(ax):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("results", help="bench_kv_dtype's JSON")
+    parser = arguments(__doc__, "results", "bench_kv_dtype's JSON", machine=True)
     parser.add_argument("--n", type=int, default=32768, help="the context length drawn")
     parser.add_argument("--threads", type=int, default=1, help="the thread count drawn")
-    parser.add_argument("--machine", default="", help="the processor, for the caption")
     args = parser.parse_args()
     rows, reps = results(args.results, args.n, args.threads)
 
-    import matplotlib
-    matplotlib.use("svg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    plt.rcParams.update({"svg.hashsalt": "kvlab", "svg.fonttype": "none", "font.size": 10,
-                         "xtick.labelsize": 9, "ytick.labelsize": 9})
     fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, 4), dpi=100)
     tips = {}
     # Left: the error against bits, log scale (fp32 itself: 0, not drawn).

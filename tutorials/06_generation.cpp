@@ -162,9 +162,10 @@ int main(int argc, char** argv) {
       const unsigned long long fed = prompt_ids.size() + g.tokens.size() - 1,
                                pp = prompt_ids.size(),
                                per = 1ULL * real->config.n_layers * real->config.n_kv_heads;
-      ok = ok && model.total().attention.kv_projections ==
-                     (backend == LlamaBackend::Naive ? per * (fed * (fed + 1) / 2 - pp * (pp - 1) / 2)
-                                                     : per * fed);
+      ok = ok &&
+           model.total().attention.kv_projections ==
+               (backend == LlamaBackend::Naive ? per * (fed * (fed + 1) / 2 - pp * (pp - 1) / 2)
+                                               : per * fed);
       const double seconds = g.prefill_seconds + g.decode_seconds;
       std::printf("  %-6s %d + %zu tokens, %7llu K/V projections, %8.1f ms (%.0f tok/s)%s\n",
                   kvlab::to_string(backend), g.prompt_tokens, g.tokens.size(),

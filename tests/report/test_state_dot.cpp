@@ -27,25 +27,48 @@
 
 namespace {
 
-// A dot graph as the printers write it: one statement per line.
+// A dot graph as the printers write it: one statement per line, but the pool's table, one row
+// per line (pool_dot: a cell <b<id>> per block, <free> last), read as nodes block_<id> and free.
 struct Graph {
   std::string title;                          // the graph's label, escapes kept
-  std::map<std::string, std::string> labels;  // node id -> its label, escapes kept ("\n", "\"")
+  std::map<std::string, std::string> labels;  // node id -> its label, escapes kept ("\n", "\"");
+                                              // a table cell's as plain text
   std::map<std::string, std::string> attrs;   // node id -> its whole attribute list
   std::vector<std::string> edges;             // "from -> to", in the text's order
+  std::vector<std::string> rows;              // the pool table's cells, top to bottom
 };
+
+// The plain text of an HTML-like label's cell: <BR/> a newline, other tags dropped, entities
+// read back.
+std::string cell_text(const std::string& html) {
+  std::string text = std::regex_replace(html, std::regex("<BR/>"), "\n");
+  text = std::regex_replace(text, std::regex("<[^>]*>"), "");
+  for (const auto& [entity, c] : std::vector<std::pair<std::string, std::string>>{
+           {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&amp;", "&"}}) {
+    text = std::regex_replace(text, std::regex(entity), c);
+  }
+  return text;
+}
 
 Graph parse(const std::string& text) {
   Graph g;
   const std::regex node(R"(^\s+(\w+) \[(.*)\];$)");
-  const std::regex edge(R"(^\s+([\w:]+) -> (\w+)( \[.*\])?;$)");
+  const std::regex edge(R"(^\s+([\w:]+) -> ([\w:]+)( \[.*\])?;$)");
+  const std::regex cell(R"re(^<TR><TD PORT="(b(\d+)|free)"([^>]*)>(.*)</TD></TR>$)re");
   const std::regex label(R"re(label="((?:[^"\\]|\\.)*)")re");
   std::istringstream in(text);
   std::string line;
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_match(line, m, edge)) {
-      g.edges.push_back(m[1].str() + " -> " + m[2].str());
+    if (std::regex_match(line, m, cell)) {
+      const std::string id = m[2].matched ? "block_" + m[2].str() : "free";
+      g.attrs[id] = m[3];
+      g.labels[id] = cell_text(m[4]);
+      g.rows.push_back(id);
+    } else if (std::regex_match(line, m, edge)) {
+      std::string to = m[2];
+      if (to.rfind("pool:b", 0) == 0) to = "block_" + to.substr(6);  // a block's cell
+      g.edges.push_back(m[1].str() + " -> " + to);
     } else if (std::regex_match(line, m, node) && m[1] == "graph") {
       const std::string attrs = m[2];
       if (std::regex_search(attrs, m, label)) g.title = m[1];
@@ -131,7 +154,7 @@ TEST_CASE("pool_dot draws a fork, a copy on write and a holder that is not a seq
   SECTION("the title: the pool's counts, and the legend of the styles drawn") {
     CHECK(g.title ==
           "pool of 8 blocks of 4 tokens: 3 in use, 5 free\\norange: shared by several sequences; "
-          "double border: held by prefix cache");
+          "thick border: held by prefix cache");
   }
   SECTION("every table entry is an edge to its physical block, and nothing else is") {
     CHECK(g.edges == std::vector<std::string>{"seq_0:p0 -> block_0", "seq_0:p1 -> block_1",
@@ -143,23 +166,24 @@ TEST_CASE("pool_dot draws a fork, a copy on write and a holder that is not a seq
   }
   SECTION("each block in use: its holders (the reference count), its fill, its note") {
     CHECK(nodes_with(g, "block_") == std::set<std::string>{"block_0", "block_1", "block_2"});
-    CHECK(g.labels.at("block_0") ==
-          "block 0\\n3 holders: A, B \\\"forked\\\", prefix cache\\n4/4 tokens");
-    CHECK(g.labels.at("block_1") == "block 1\\n1 holder: A\\n2/4 tokens");
+    CHECK(g.labels.at("block_0") == "block 0\n3 holders: A, B \"forked\", prefix cache\n4/4 tokens");
+    CHECK(g.labels.at("block_1") == "block 1\n1 holder: A\n2/4 tokens");
     CHECK(g.labels.at("block_2") ==
-          "block 2\\n1 holder: B \\\"forked\\\"\\n3/4 tokens\\nB's copy of block 1");
+          "block 2\n1 holder: B \"forked\"\n3/4 tokens\nB's copy of block 1");
+    // in order of their ids, top to bottom, the free list last
+    CHECK(g.rows == std::vector<std::string>{"block_0", "block_1", "block_2", "free"});
     for (std::int32_t block = 0; block < 3; ++block) {
       const std::string label = g.labels.at("block_" + std::to_string(block));
       const int refs = cache.allocator().ref_count(block);
-      CHECK(label.find("\\n" + std::to_string(refs) + (refs == 1 ? " holder:" : " holders:")) !=
+      CHECK(label.find("\n" + std::to_string(refs) + (refs == 1 ? " holder:" : " holders:")) !=
             std::string::npos);
     }
-    // Shared by two sequences: orange; a holder that is not a sequence: a double border.
-    CHECK(g.attrs.at("block_0").find("fillcolor=\"#fdd49e\", peripheries=2") != std::string::npos);
-    CHECK(g.attrs.at("block_1").find("fillcolor=\"#ffffff\", peripheries=1") != std::string::npos);
-    CHECK(g.attrs.at("block_2").find("fillcolor=\"#ffffff\", peripheries=1") != std::string::npos);
+    // Shared by two sequences: orange; a holder that is not a sequence: a thick border.
+    CHECK(g.attrs.at("block_0") == R"( BGCOLOR="#fdd49e" BORDER="3")");
+    CHECK(g.attrs.at("block_1") == R"( BGCOLOR="#ffffff" BORDER="1")");
+    CHECK(g.attrs.at("block_2") == R"( BGCOLOR="#ffffff" BORDER="1")");
   }
-  SECTION("the free blocks, as ranges") { CHECK(g.labels.at("free") == "free: 3-7\\n(5 blocks)"); }
+  SECTION("the free blocks, as ranges") { CHECK(g.labels.at("free") == "free: 3-7\n(5 blocks)"); }
   SECTION("a block that no sequence holds any more: blue, no fill") {
     cache.free_sequence(a);
     cache.free_sequence(b);
@@ -167,10 +191,9 @@ TEST_CASE("pool_dot draws a fork, a copy on write and a holder that is not a seq
     CHECK(after.edges.empty());
     CHECK(nodes_with(after, "seq_").empty());
     CHECK(nodes_with(after, "block_") == std::set<std::string>{"block_0"});
-    CHECK(after.labels.at("block_0") == "block 0\\n1 holder: prefix cache");
-    CHECK(after.attrs.at("block_0").find("fillcolor=\"#c6dbef\", peripheries=2") !=
-          std::string::npos);
-    CHECK(after.labels.at("free") == "free: 1-7\\n(7 blocks)");
+    CHECK(after.labels.at("block_0") == "block 0\n1 holder: prefix cache");
+    CHECK(after.attrs.at("block_0") == R"( BGCOLOR="#c6dbef" BORDER="3")");
+    CHECK(after.labels.at("free") == "free: 1-7\n(7 blocks)");
   }
   check_with_dot(text, "fork");
 }
@@ -187,7 +210,7 @@ TEST_CASE("pool_dot draws blocks given back out of a sliding window as released 
   CHECK(g.title == "pool of 5 blocks of 4 tokens: 1 in use, 4 free");  // nothing shared
   CHECK(g.edges == std::vector<std::string>{"seq_0:p2 -> block_2"});
   CHECK(nodes_with(g, "block_") == std::set<std::string>{"block_2"});
-  CHECK(g.labels.at("free") == "free: 0-1, 3-4\\n(4 blocks)");
+  CHECK(g.labels.at("free") == "free: 0-1, 3-4\n(4 blocks)");
   check_with_dot(kvlab::pool_dot(book), "window");
 }
 
@@ -253,15 +276,15 @@ TEST_CASE("step_dot and scheduler_pool_dot draw an engine's step with prefix-cac
     for (int j = 0; j < 2; ++j) {
       CHECK(g.labels.at(block(table[static_cast<std::size_t>(j)])) ==
             "block " + std::to_string(table[static_cast<std::size_t>(j)]) +
-                "\\n2 holders: R1, prefix cache\\n4/4 tokens\\ncached");
+                "\n2 holders: R1, prefix cache\n4/4 tokens\ncached");
     }
     CHECK(g.labels.at(block(table[2])) ==
-          "block " + std::to_string(table[2]) + "\\n1 holder: R1\\n3/4 tokens");
+          "block " + std::to_string(table[2]) + "\n1 holder: R1\n3/4 tokens");
     const std::vector<std::int32_t> queue = s.prefix_cache().eviction_order();
     REQUIRE(queue.size() == 1);
     CHECK(g.labels.at(block(queue[0])) ==
           "block " + std::to_string(queue[0]) +
-              "\\n1 holder: prefix cache\\ncached (full), evictable: 1 of 1 in the queue");
+              "\n1 holder: prefix cache\ncached (full), evictable: 1 of 1 in the queue");
     CHECK(nodes_with(g, "block_").size() == 4);  // R1's 3 blocks and the evictable one
     check_with_dot(text, "prefix");
   }

@@ -95,6 +95,34 @@ inline std::string dot_wrap(const std::string& text, std::size_t width = 80) {
   return out;
 }
 
+/// `text` as the text of an HTML-like dot label: `&`, `<`, `>` and `"` as entities, each '\n'
+/// a line break `<BR/>`.
+inline std::string dot_html(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '\n':
+        out += "<BR/>";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 /// "1 token", "4 tokens": a count and its noun, singular for 1.
 inline std::string dot_count(long long n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
@@ -112,15 +140,17 @@ inline std::string dot_count(long long n, const std::string& noun) {
 /// state always gives the same text:
 ///  - a cluster `tables`: per live sequence a record node `seq_<id>` whose first field is its
 ///    name and length and whose fields `<p<j>>` are its logical blocks `j` with their tokens;
-///  - a cluster `pool`: per block in use a node `block_<id>` with its holders (reference count,
-///    and who: the sequences that list it, plus the holders that are not sequences) and its
-///    fill (the most tokens a holding sequence keeps in it), and one node `free` listing the
-///    free blocks;
-///  - an edge `seq_<id>:p<j> -> block_<b>` for each table entry (none for an entry given back
+///  - a cluster `pool` holding one node `pool`, a table with a row per block in use, top to
+///    bottom by ascending id (the cell `<b<id>>`, one line per row of the dot text), each with
+///    its holders (reference count, and who: the sequences that list it, plus the holders that
+///    are not sequences) and its fill (the most tokens a holding sequence keeps in it), and a
+///    last row `<free>` listing the free blocks (one table, not a node per block, so that Graphviz
+///    keeps the blocks in order instead of placing them where its edges cross least);
+///  - an edge `seq_<id>:p<j> -> pool:b<b>` for each table entry (none for an entry given back
 ///    out of a sliding window, `kReleasedBlock`).
 ///
 /// A block that two or more sequences hold is filled orange (shared: after a fork, or a prefix
-/// hit); a block with a holder that is not a sequence has a double border, and is filled blue
+/// hit); a block with a holder that is not a sequence has a thick border, and is filled blue
 /// when no sequence holds it.
 ///
 /// \code
@@ -175,8 +205,9 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
   }
   out += "  }\n";
 
-  // The pool: each block in use, then the free list.
+  // The pool: each block in use, then the free list, as the rows of one table.
   out += "  subgraph cluster_pool {\n    label=\"pool (physical blocks)\";\n";
+  out += "    pool [shape=plain, label=<<TABLE BORDER=\"0\" CELLSPACING=\"8\" CELLPADDING=\"4\">\n";
   std::vector<std::int32_t> free_blocks;
   for (std::int32_t b = 0; b < alloc.num_blocks(); ++b) {
     const int refs = alloc.ref_count(b);
@@ -207,23 +238,21 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
     any_other = any_other || others > 0;
     any_orphan = any_orphan || holders.empty();
     const char* color = holders.empty() ? "#c6dbef" : holders.size() > 1 ? "#fdd49e" : "#ffffff";
-    out += "    block_" + std::to_string(b) + " [shape=box, style=filled, fillcolor=\"" + color +
-           "\", peripheries=" + (others > 0 ? "2" : "1") + ", label=\"" +
-           detail::dot_escape(label) + "\"];\n";
+    out += "<TR><TD PORT=\"b" + std::to_string(b) + "\" BGCOLOR=\"" + color + "\" BORDER=\"" +
+           (others > 0 ? "3" : "1") + "\">" + detail::dot_html(label) + "</TD></TR>\n";
   }
-  out += "    free [shape=box, style=dashed, fontcolor=\"#666666\", label=\"" +
-         detail::dot_escape("free: " + detail::dot_id_ranges(free_blocks) + "\n(" +
-                            detail::dot_count(static_cast<long long>(free_blocks.size()), "block") +
-                            ")") +
-         "\"];\n";
-  out += "  }\n";
+  out += "<TR><TD PORT=\"free\" BORDER=\"1\" STYLE=\"dashed\"><FONT COLOR=\"#666666\">" +
+         detail::dot_html("free: " + detail::dot_id_ranges(free_blocks) + "\n(" +
+                          detail::dot_count(static_cast<long long>(free_blocks.size()), "block") +
+                          ")") +
+         "</FONT></TD></TR>\n</TABLE>>];\n  }\n";
 
   // Table entries -> physical blocks.
   for (int seq : seqs) {
     const std::vector<std::int32_t>& table = pool.blocks(seq);
     for (std::size_t j = 0; j < table.size(); ++j) {
       if (table[j] == kReleasedBlock) continue;
-      out += "  seq_" + std::to_string(seq) + ":p" + std::to_string(j) + " -> block_" +
+      out += "  seq_" + std::to_string(seq) + ":p" + std::to_string(j) + " -> pool:b" +
              std::to_string(table[j]) + ";\n";
     }
   }
@@ -236,7 +265,7 @@ std::string pool_dot(const Pool& pool, const PoolDotOptions& options = {}) {
   std::string legend;
   if (any_shared) legend += "orange: shared by several sequences";
   if (any_other)
-    legend += (legend.empty() ? "" : "; ") + ("double border: held by " + options.other_holders);
+    legend += (legend.empty() ? "" : "; ") + ("thick border: held by " + options.other_holders);
   if (any_orphan) legend += (legend.empty() ? "" : "; ") + std::string("blue: held by no sequence");
   if (!legend.empty()) label += "\n" + legend;
   return "digraph kvlab_pool {\n"
