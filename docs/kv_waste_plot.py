@@ -12,7 +12,7 @@ fixed hash salt).
 usage: kv_waste_plot.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 """
 
-from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+from plot_common import WIDTH_IN, arguments, fail, lines, load_json, pyplot, save, stack
 
 USED, EMPTY = "#4c78a8", "#f2b8b5"  # used tokens; reserved and empty
 LAYOUT_KEYS = ("layout", "reserved_bytes_at_finish", "used_bytes_at_finish", "waste_at_finish",
@@ -118,9 +118,7 @@ def main():
     caption = (f"{requests} synthetic requests (seed {w['seed']}): total length log-normal, "
                f"median {w['median']}, sigma {w['sigma']}, clamped to [2, {w['max_len']}] "
                f"(mean {w['mean_total']:.1f}); budget {data['budget_tokens']} tokens")
-    for text in (args.command, args.machine):
-        if text:
-            caption += "\n" + text
+    caption = lines(caption, args.command, args.machine)
     stack(fig, 4.1, caption, [{"handles": [Patch(color=USED), Patch(color=EMPTY)],
                                "labels": ["used", "reserved, empty"], "ncol": 2, "fontsize": 9}],
           w_pad=0.4)

@@ -61,6 +61,11 @@ def fail(path, expected, got):
     sys.exit(f"{os.path.basename(sys.argv[0])}: {path}: expected {expected}, got {got}")
 
 
+def lines(*texts):
+    """The non-empty `texts`, one per line (a caption and its --command and --machine)."""
+    return "\n".join(t for t in texts if t)
+
+
 def wrapped(text, size=9):
     """`text` broken at spaces into lines that end before the figure's right edge (at 0.6 em a
     character: wide for a sans-serif face, so a browser's own font fits too)."""

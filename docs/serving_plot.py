@@ -12,7 +12,7 @@ usage: serving_plot.py OUT.svg RESULTS.json [--machine TEXT] [--command TEXT]
 """
 import math
 
-from plot_common import WIDTH_IN, arguments, fail, load_json, pyplot, save, stack
+from plot_common import WIDTH_IN, arguments, fail, lines, load_json, pyplot, save, stack
 
 # policy -> (JSON key of its tokens/s, JSON key of its requests running while others wait,
 #            legend text, colour)
@@ -135,9 +135,7 @@ def main():
     caption = (f"{data['requests']} requests arriving together, a pool of {data['pool_tokens']} "
                f"tokens in blocks of {data['block_size']}, at most {data['max_running']} running; "
                f"tokens/s: medians of {data['reps']} runs (the file records no spread)")
-    for text in (args.command, args.machine):
-        if text:
-            caption += "\n" + text
+    caption = lines(caption, args.command, args.machine)
     stack(fig, 3.0 * rows, caption, h_pad=1.5, w_pad=1.5)
     save(fig, args.out, tips)
 
