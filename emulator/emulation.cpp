@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -294,17 +296,18 @@ void enter(const Fiber& f) { threadIdx = f.tid; }
 // whatever the emulator's order of the threads; so is a read of dynamic shared memory that no
 // thread of the block has written.
 
-struct Cell {
-  std::uint64_t written = 0;       // interval of the last write
-  std::uint64_t read = 0;          // interval of the reads in reader_warps
-  std::uint64_t block = 0;         // block of the last write
-  std::int32_t writer = 0;         // thread index of the last write
-  std::int32_t reader = 0;         // the first thread that read it in `read`
+struct Cell {  // 16 bytes: the check reads one per byte of every shared memory access
+  std::uint32_t written = 0;       // interval of the last write
+  std::uint32_t read = 0;          // interval of the reads in reader_warps
   std::uint32_t reader_warps = 0;  // warps that read it in `read` (bit w: warp w)
+  std::int16_t writer = 0;         // thread index of the last write (a block has <= 1024)
+  std::int16_t reader = 0;         // the first thread that read it in `read`
 };
 
-std::uint64_t interval_serial = 0;   // the running barrier interval, unique over all launches
-std::uint64_t block_serial = 0;      // the running block, unique over all launches
+// The running barrier interval, unique over all launches until it wraps (open_interval), and the
+// running block's first: a cell written in an interval before it was written by an earlier block.
+std::uint32_t interval_serial = 0;
+std::uint32_t block_first_interval = 0;
 std::vector<Cell> dynamic_cells;     // one per byte of the running launch's dynamic shared memory
 std::vector<Cell> static_cells;      // one per byte of [__bss_start, _end), made when first used
 std::uint64_t checked_accesses = 0;  // shared memory accesses checked, over all launches
@@ -344,55 +347,71 @@ bool racecheck_on = [] {
   return env == nullptr || std::string(env) != "0";
 }();
 
+// Records the race that thread `t`'s access (a write if `write`) finds on byte `i` of `region`,
+// whose cell `c` still holds the state before the access. Out of line: check_access's loop, which
+// runs for every byte of every shared memory access, stays a few loads and compares.
+[[gnu::noinline, gnu::cold]] void report_race(Launch& l, const Cell& c, const char* region,
+                                              bool dynamic, std::size_t i, int t, bool write) {
+  if (!l.race.empty()) return;  // only the first race of an interval is reported
+  const int w = t / 32;
+  const std::uint32_t bit = 1u << w;
+  const bool written_here = c.written == interval_serial && c.writer / 32 != w;
+  char at[64];
+  if (dynamic) {
+    std::snprintf(at, sizeof at, "byte %zu", i);
+  } else {  // a static: its address, for a debugger (`info symbol`)
+    std::snprintf(at, sizeof at, "address %p", static_cast<void*>(__bss_start + i));
+  }
+  const auto race = [&](const char* kind, const std::string& other) {
+    found_race(l, std::string(kind) + " race on " + region + " (" + at + "): " + thread_at(l, t) +
+                      (write ? " writes" : " reads") + " a byte that " + other);
+  };
+  if (written_here) {
+    race(write ? "write-after-write" : "read-after-write", thread_at(l, c.writer) + " wrote");
+  } else if (write) {
+    const int other = c.reader / 32 != w ? c.reader : -1;
+    race("write-after-read",
+         (other >= 0 ? thread_at(l, other)
+                     : "a thread of warp " + std::to_string(__builtin_ctz(c.reader_warps & ~bit))) +
+             " read");
+  } else {
+    found_race(l, thread_at(l, t) + " reads byte " + std::to_string(i) +
+                      " of dynamic shared memory, which no thread of the block has written");
+  }
+}
+
 // Checks and records an access of `bytes` bytes at `offset` of `region` by the running thread.
 void check_access(std::vector<Cell>& cells, const char* region, std::size_t offset,
                   std::size_t limit, std::size_t bytes, bool write) {
-  Launch* l = running;
+  Launch& l = *running;
   ++checked_accesses;
-  const int t = static_cast<int>(l->current - l->fibers.data());
+  const int t = static_cast<int>(l.current - l.fibers.data());
   const int w = t / 32;
   const std::uint32_t bit = 1u << w;
   const bool dynamic = &cells == &dynamic_cells;
-  for (std::size_t i = offset; i < offset + bytes && i < limit; ++i) {
-    Cell& c = cells[i];
-    const bool written_here = c.written == interval_serial;
-    const bool read_here = c.read == interval_serial;
-    const auto race = [&](const char* kind, const std::string& other) {
-      char at[64];
-      if (dynamic) {
-        std::snprintf(at, sizeof at, "byte %zu", i);
-      } else {  // a static: its address, for a debugger (`info symbol`)
-        std::snprintf(at, sizeof at, "address %p", static_cast<void*>(__bss_start + i));
-      }
-      found_race(*l, std::string(kind) + " race on " + region + " (" + at +
-                         "): " + thread_at(*l, t) + (write ? " writes" : " reads") +
-                         " a byte that " + other);
-    };
+  // copies: the stores to the cells below could otherwise be the globals' for the compiler
+  const std::uint32_t interval = interval_serial;
+  const std::uint32_t first = block_first_interval;
+  const std::size_t end = std::min(offset + bytes, limit);
+  Cell* const cell = cells.data();
+  for (std::size_t i = offset; i < end; ++i) {
+    Cell& c = cell[i];
+    const bool written_here = c.written == interval && c.writer / 32 != w;  // by another warp
+    const bool read_here = c.read == interval;
     if (write) {
-      if (written_here && c.writer / 32 != w) {
-        race("write-after-write", thread_at(*l, c.writer) + " wrote");
-      } else if (read_here && (c.reader_warps & ~bit) != 0) {
-        const int other = c.reader / 32 != w ? c.reader : -1;
-        race("write-after-read",
-             (other >= 0
-                  ? thread_at(*l, other)
-                  : "a thread of warp " + std::to_string(__builtin_ctz(c.reader_warps & ~bit))) +
-                 " read");
+      if (written_here || (read_here && (c.reader_warps & ~bit) != 0)) {
+        report_race(l, c, region, dynamic, i, t, write);
       }
-      c.written = interval_serial;
-      c.writer = t;
-      c.block = block_serial;
+      c.written = interval;
+      c.writer = static_cast<std::int16_t>(t);
     } else {
-      if (written_here && c.writer / 32 != w) {
-        race("read-after-write", thread_at(*l, c.writer) + " wrote");
-      } else if (dynamic && c.block != block_serial) {
-        found_race(*l, thread_at(*l, t) + " reads byte " + std::to_string(i) +
-                           " of dynamic shared memory, which no thread of the block has written");
+      if (written_here || (dynamic && c.written < first)) {
+        report_race(l, c, region, dynamic, i, t, write);
       }
       if (!read_here) {
-        c.read = interval_serial;
+        c.read = interval;
         c.reader_warps = 0;
-        c.reader = t;
+        c.reader = static_cast<std::int16_t>(t);
       }
       c.reader_warps |= bit;
     }
@@ -423,7 +442,16 @@ void watch(const Launch* l) {
 }
 
 // A new barrier interval (a block starts, or its threads pass a __syncthreads at file:line).
+// Before the serial wraps, the cells are renumbered: what the running block wrote keeps interval
+// 1, the rest (earlier blocks' writes, every read) 0, and the new interval is 2.
 void open_interval(Launch& l, const char* file, int line) {
+  if (interval_serial == std::numeric_limits<std::uint32_t>::max()) {
+    for (std::vector<Cell>* cells : {&dynamic_cells, &static_cells}) {
+      for (Cell& c : *cells) c = Cell{c.written >= block_first_interval ? 1u : 0u};
+    }
+    interval_serial = 1;
+    block_first_interval = 1;
+  }
   ++interval_serial;
   l.interval_file = file;
   l.interval_line = line;
@@ -636,8 +664,8 @@ bool run_block(Launch& l) {
   l.exited = 0;
   l.first_ready = 0;
   l.race.clear();
-  ++block_serial;
   open_interval(l, nullptr, 0);
+  block_first_interval = interval_serial;
   const int n = l.threads;
   // Each pass starts the first ready thread in the block's order; the threads then hand over
   // to each other (`yield`) and the last one of the pass comes back here.
@@ -933,6 +961,11 @@ std::uint64_t exchange_xor(const char* file, int line, unsigned mask, std::uint6
 unsigned char* dynamic_shared_memory() { return running != nullptr ? running->smem : nullptr; }
 
 std::uint64_t checked_shared_accesses() { return checked_accesses; }
+
+void set_interval_serial(std::uint32_t serial) {
+  std::lock_guard<std::mutex> lock(launch_mutex);
+  interval_serial = serial;
+}
 
 const char* last_kernel_bug() { return last_bug.c_str(); }
 

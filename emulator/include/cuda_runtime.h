@@ -165,6 +165,11 @@ std::uint64_t checked_shared_accesses();
 /// setting. For the emulator's own tests of what the schedules alone catch.
 bool set_racecheck(bool on);
 
+/// Sets racecheck's barrier-interval serial (unique over all launches, 32 bits) to `serial`; the
+/// next interval is `serial + 1`, or, after 2^32 - 1, a renumbering of every byte's record. For
+/// the emulator's own test of that wrap.
+void set_interval_serial(std::uint32_t serial);
+
 /// The message of the last kernel bug the emulator reported (also printed on stderr).
 const char* last_kernel_bug();
 

@@ -330,6 +330,35 @@ TEST_CASE(
   (void)cudaGetLastError();
 }
 
+TEST_CASE("racecheck's interval serial wraps without losing what the running block wrote") {
+#if !defined(KVLAB_EMULATION_RACECHECK)
+  std::printf("SKIPPED: racecheck is not built in (an AddressSanitizer build, or not GCC)\n");
+  std::exit(77);
+#endif
+  ScopedRacecheck racecheck(true);
+  // The block opens interval 2^32 - 1; its __syncthreads renumbers every byte's record before
+  // the reads, which must still see the block's own writes.
+  kvlab_emulation::set_interval_serial(0xFFFFFFFEu);
+  kc::DeviceBuffer<int> out(128);
+  CHECK_NOTHROW(kc::detail::launch_kernel("dynamic_smem_kernel", dynamic_smem_kernel, dim3(1),
+                                          dim3(128), 128 * sizeof(int), nullptr, out.data()));
+  const std::vector<int> got = download(out);
+  for (int t = 0; t < 128; ++t) CHECK(got[static_cast<std::size_t>(t)] == (t + 1) % 128);
+  // After the wrap, races and reads of what only an earlier block wrote are still caught.
+  const std::string overwrite =
+      require_kernel_bug("write_after_read_kernel", write_after_read_kernel, dim3(1), dim3(128),
+                         128 * sizeof(int), out.data());
+  INFO(overwrite);
+  CHECK(contains(overwrite, "write-after-read race on dynamic shared memory"));
+  kc::DeviceBuffer<float> copied(64);
+  const std::string unwritten =
+      require_kernel_bug("unwritten_read_kernel", unwritten_read_kernel, dim3(1), dim3(64),
+                         64 * sizeof(float), copied.data());
+  INFO(unwritten);
+  CHECK(contains(unwritten, "of dynamic shared memory, which no thread of the block has written"));
+  (void)cudaGetLastError();
+}
+
 TEST_CASE(
     "blocks take turns in other orders and see other poison, and reruns under other "
     "schedules must agree bit for bit") {
