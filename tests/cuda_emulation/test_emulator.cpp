@@ -285,6 +285,25 @@ TEST_CASE("the emulator refuses launches and copies that CUDA refuses") {
   (void)cudaGetLastError();
 }
 
+// The report of write_after_read_kernel, which must fail, on one block of 128 threads.
+std::string write_after_read_report(kc::DeviceBuffer<int>& out) {
+  return require_kernel_bug("write_after_read_kernel", write_after_read_kernel, dim3(1), dim3(128),
+                            128 * sizeof(int), out.data());
+}
+
+// unwritten_read_kernel must fail with a report of its unwritten read (a macro: the checks
+// report the test case's line).
+#define CHECK_UNWRITTEN_READ_REPORTED()                                                       \
+  do {                                                                                        \
+    kc::DeviceBuffer<float> copied(64);                                                       \
+    const std::string unwritten =                                                             \
+        require_kernel_bug("unwritten_read_kernel", unwritten_read_kernel, dim3(1), dim3(64), \
+                           64 * sizeof(float), copied.data());                                \
+    INFO(unwritten);                                                                          \
+    CHECK(contains(unwritten,                                                                 \
+                   "of dynamic shared memory, which no thread of the block has written"));    \
+  } while (false)
+
 TEST_CASE(
     "racecheck reports shared-memory races with the kernel, the block and the barrier interval") {
 #if !defined(KVLAB_EMULATION_RACECHECK)
@@ -305,20 +324,13 @@ TEST_CASE(
       "in the barrier interval between the start of the kernel and the end of the kernel"));
 
   kc::DeviceBuffer<int> out(128);
-  const std::string overwrite =
-      require_kernel_bug("write_after_read_kernel", write_after_read_kernel, dim3(1), dim3(128),
-                         128 * sizeof(int), out.data());
+  const std::string overwrite = write_after_read_report(out);
   INFO(overwrite);
   CHECK(contains(overwrite, "write_after_read_kernel, block (0,0,0)"));
   CHECK(contains(overwrite, "race on dynamic shared memory"));
   CHECK(contains(overwrite, "in the barrier interval between __syncthreads (test_emulator.cpp:"));
 
-  kc::DeviceBuffer<float> copied(64);
-  const std::string unwritten =
-      require_kernel_bug("unwritten_read_kernel", unwritten_read_kernel, dim3(1), dim3(64),
-                         64 * sizeof(float), copied.data());
-  INFO(unwritten);
-  CHECK(contains(unwritten, "of dynamic shared memory, which no thread of the block has written"));
+  CHECK_UNWRITTEN_READ_REPORTED();
 
   // The same kernels with their barriers are clean, and racecheck saw their accesses.
   CHECK_NOTHROW(kc::detail::launch_kernel("reverse_kernel", reverse_kernel, dim3(2), dim3(128), 0,
@@ -345,17 +357,10 @@ TEST_CASE("racecheck's interval serial wraps without losing what the running blo
   const std::vector<int> got = download(out);
   for (int t = 0; t < 128; ++t) CHECK(got[static_cast<std::size_t>(t)] == (t + 1) % 128);
   // After the wrap, races and reads of what only an earlier block wrote are still caught.
-  const std::string overwrite =
-      require_kernel_bug("write_after_read_kernel", write_after_read_kernel, dim3(1), dim3(128),
-                         128 * sizeof(int), out.data());
+  const std::string overwrite = write_after_read_report(out);
   INFO(overwrite);
   CHECK(contains(overwrite, "write-after-read race on dynamic shared memory"));
-  kc::DeviceBuffer<float> copied(64);
-  const std::string unwritten =
-      require_kernel_bug("unwritten_read_kernel", unwritten_read_kernel, dim3(1), dim3(64),
-                         64 * sizeof(float), copied.data());
-  INFO(unwritten);
-  CHECK(contains(unwritten, "of dynamic shared memory, which no thread of the block has written"));
+  CHECK_UNWRITTEN_READ_REPORTED();
   (void)cudaGetLastError();
 }
 
