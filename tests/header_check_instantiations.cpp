@@ -2,8 +2,9 @@
 // and every function template called, for float and double, so that the warnings a course turns
 // on (-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wsign-conversion, as errors) are checked
 // inside the templates too, not only in the code the compiler sees without instantiating them.
-// Compiled, never run.
-#include <kvlab/kvlab.hpp>
+// Every public header is included, so the templates their own code instantiates are checked
+// here too (the one-header units skip a part of those: tests/CMakeLists.txt). Compiled, never run.
+#include "every_header.hpp"  // every public header (tests/CMakeLists.txt writes it)
 
 #include <memory>
 #include <vector>
