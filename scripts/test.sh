@@ -42,7 +42,8 @@ cuda_gc=""
 # the host code at -O0 (CMAKE_CUDA_FLAGS_RELEASE; the -O3 that tests/cuda and bench/cuda replace
 # with the quick and bench options is then not there). Their compile times (ninja -j2, nothing
 # else running) summed to 338 s, and 193 s so (test_cuda_cache.cu alone: 75 to 42 s; nvcc --time:
-# cicc 44 to 10 s, ptxas 24 to 3 s, the host's 40 to 24 s), on 2 cores of an AMD EPYC (Zen 3).
+# cicc 44 to 10 s, ptxas 24 to 3 s, the host's 40 to 24 s), on 2 cores of an AMD EPYC (Zen 4:
+# lscpu family 25, model 17).
 # Where nvidia-smi lists a GPU, they are compiled as before, to run.
 cuda_release=()
 # (nvcc's help read whole: grep -q would stop it early, and pipefail would count its SIGPIPE)
