@@ -65,12 +65,12 @@ cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNING
   -DKVLAB_QUICK_TEST_OPTIONS=-O1 -DKVLAB_BENCH_OPTIONS=-O1 -DKVLAB_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build -j "$jobs"
 
-step "configure with ASan + UBSan; its build goes on in the background, at the lowest priority"
+step "configure with ASan + UBSan; its build and the fuzz targets' go on in the background, at the lowest priority"
 # The steps below until the sanitizer tests leave cores idle (a test binary alone, Doxygen's
 # one thread, the browser waiting for a page): the sanitizer build takes those cycles, and no
 # more (at the lowest priority it yields to every other process), instead of starting after the
-# site check. Its output: build-sanitize/build.log, shown when it ends. The fuzz targets' build
-# does the same during the sanitizer tests. A background build still running when this script
+# site check. Its output: build-sanitize/build.log, shown when it ends; the fuzz targets' build
+# (below) the same, in build-fuzz/build.log. A background build still running when this script
 # stops is stopped with it.
 background=()
 trap 'for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
@@ -116,11 +116,19 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
   -DCMAKE_CXX_FLAGS="-Og ${gcc_gc[*]} $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
-  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF \
+  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_BUILD_REAL_MODEL_PROGRAMS=OFF \
   -DKVLAB_QUICK_TEST_OPTIONS=-O0 -DKVLAB_CUDA_EMULATION_TESTS="test_cuda_core;test_cuda_attention;test_cuda_cache" >/dev/null
 in_background cmake --build build-sanitize -j "$jobs" > build-sanitize/build.log 2>&1 &
 sanitize_build=$!
 background+=("$sanitize_build")
+# The fuzz targets' build (Clang, scripts/fuzz.sh) beside it, the same way: the two share the
+# cycles the foreground leaves. Started after the sanitizer build instead, it got almost none
+# during the sanitizer tests, which keep both cores busy, and its last 59 s (30 of them one
+# compile alone) came after them.
+mkdir -p build-fuzz
+in_background scripts/fuzz.sh --build-only > build-fuzz/build.log 2>&1 &
+fuzz_build=$!
+background+=("$fuzz_build")
 
 step "tests (but the site's check, which needs the docs built: below)"
 ctest --test-dir build --output-on-failure -j "$jobs" -LE docs
@@ -143,18 +151,16 @@ KVLAB_REQUIRE_BROWSER=$require_browser ctest --test-dir build -L docs --output-o
 
 step "the sanitizer build, started after the first build, finished"
 finish "$sanitize_build" build-sanitize/build.log "the ASan + UBSan build"
-# the fuzz targets' build (Clang) in the background, as the sanitizer build above
-mkdir -p build-fuzz
-in_background scripts/fuzz.sh --build-only > build-fuzz/build.log 2>&1 &
-fuzz_build=$!
-background+=("$fuzz_build")
 
 step "tests under ASan + UBSan (consumer builds excluded: they test packaging, not code)"
 # Also left to the Release run above: the programs on the real model (label real_model_program:
 # kvlab-chat, kvlab-generate and kvlab-eval on the GGUF file, tutorials 06 and 10), whose runs are
 # full length (kvlab_eval_gguf: 42 s in Release, where the model runs several times faster than
-# here). The code they run (the GGUF reader, the tokenizer, ChatSession, every backend) runs here
-# under the sanitizers in test_real_model, on shortened cases, and in the fuzz targets.
+# here). kvlab-chat, kvlab-eval and tutorial 10, which run on nothing else, are not built here
+# (KVLAB_BUILD_REAL_MODEL_PROGRAMS=OFF above), which takes about 100 s of CPU off its compile;
+# their option parsers run in the fuzz targets. The code they run (the GGUF reader, the
+# tokenizer, ChatSession, every backend) runs here under the sanitizers in test_real_model, on
+# shortened cases, and in the fuzz targets.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE "consumer|real_model_program"
 
