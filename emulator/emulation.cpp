@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+// KVLAB_EMULATION_ASAN: the program runs under AddressSanitizer. Defined here when this file is
+// instrumented, and by the build when it is not (emulator/CMakeLists.txt: an AddressSanitizer
+// build compiles this file without instrumentation, its kernels and tests with it).
 #if defined(__SANITIZE_ADDRESS__)
 #define KVLAB_EMULATION_ASAN 1
 #elif defined(__has_feature)

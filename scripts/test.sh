@@ -99,7 +99,9 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # it replaces CMake's Debug flags ("-g"), which come after CMAKE_CXX_FLAGS and would win.
 # Every CUDA test on the CPU emulator (emulator/) runs under ASan + UBSan too: a CPU
 # stand-in for compute-sanitizer's memcheck, since the emulator's device memory is exactly sized
-# host memory (racecheck, which cannot be combined with ASan, runs in the first build).
+# host memory (racecheck, which cannot be combined with ASan, runs in the first build); the
+# emulator's own code is built there at -O2 without the sanitizers, its kernels and tests with them
+# (emulator/CMakeLists.txt).
 # The code is compiled at -Og, GCC's optimisation for debugging: under the sanitizers it compiles
 # in 0.55 to 0.65 of the time of -O1 (the shared instances: 36 s of CPU to 23 s; the emulated
 # CUDA tests: 109 s to 60 s, GC settings as above in both), and the tests run as fast as at -O1
