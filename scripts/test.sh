@@ -30,6 +30,45 @@ if c++ -v 2>&1 | grep -q '^gcc version'; then
   gcc_gc=(--param=ggc-min-expand=100 --param=ggc-min-heapsize=1048576)
 fi
 
+# The ASan + UBSan build is configured first, beside the Release build's configure: each runs on
+# one core, so the two together take the time of one (about 4 s; its build, below, starts after
+# the Release build). Its output: build-sanitize/configure.log, shown if it fails.
+mkdir -p build-sanitize
+san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+# Debug keeps Eigen's bounds assertions on; uninitialised Eigen matrices start as NaN, so a
+# read of a score or output that was never written shows up as a failed comparison. -g1: line
+# tables for the sanitizers' stack traces, without the full debug info that slows the build;
+# it replaces CMake's Debug flags ("-g"), which come after CMAKE_CXX_FLAGS and would win.
+# Every CUDA test on the CPU emulator (emulator/) runs under ASan + UBSan too: a CPU
+# stand-in for compute-sanitizer's memcheck, since the emulator's device memory is exactly sized
+# host memory (racecheck, which cannot be combined with ASan, runs in the first build); the
+# emulator's own code is built there at -O2 without the sanitizers, its kernels and tests with them
+# (emulator/CMakeLists.txt).
+# The code is compiled at -Og, GCC's optimisation for debugging: under the sanitizers it compiles
+# in 0.55 to 0.65 of the time of -O1 (the shared instances: 36 s of CPU to 23 s; the emulated
+# CUDA tests: 109 s to 60 s, GC settings as above in both), and the tests run as fast as at -O1
+# (the emulated ones 10 % slower); from a fresh clone on 2 cores this build took 293 to 313 s
+# in three runs, and 454 s at -O1 without the GC settings. The programs of apps/ are not built
+# with the -O3 -march=native of their release builds (KVLAB_BENCH_NATIVE), which only slows the
+# instrumented compile: they, the C++ tutorials and the README examples are compiled at -Og like
+# the tests, their stores coming from the shared instances. At -O0 (KVLAB_PROGRAM_OPTIONS) they
+# compiled 10 % faster and ran 3 to 6 times slower: tutorial 12 compiled in 16.8 s instead of
+# 18.5 s of CPU and ran 14.5 s instead of 2.3 s, kvlab-serve 43 s instead of 49 s and 10.4 s
+# instead of 3.0 s per run (it has eight runs). The unit tests whose runs stay short at -O0 are
+# compiled so (KVLAB_QUICK_TEST_OPTIONS, QUICK in tests/CMakeLists.txt: 270 s of CPU to compile at
+# -O1, 137 s at -O0, their runs 6 s to at most 25 s).
+# The programs are linked as position-dependent executables (-no-pie): an instrumented test
+# program of 126 MB spent 0.06 s of system time relocating itself each time it started, and
+# CTest starts one per test case (460 here, and each program once per test file when CMake lists
+# its cases); so linked (91 MB) it starts in 0.045 s instead of 0.10 s.
+cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
+  -DCMAKE_CXX_FLAGS="-Og ${gcc_gc[*]} $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san -no-pie" \
+  -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
+  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_BUILD_REAL_MODEL_PROGRAMS=OFF \
+  -DKVLAB_QUICK_TEST_OPTIONS=-O0 -DKVLAB_CUDA_EMULATION_TESTS="test_cuda_core;test_cuda_attention;test_cuda_cache" \
+  > build-sanitize/configure.log 2>&1 &
+sanitize_configure=$!
+
 step "configure and build (Release, warnings as errors)"
 # CUDA code is compiled for one architecture (sm_90) here: a second one doubles the device
 # compile without checking anything more of the source. KVLAB_CUDA_ARCHITECTURES defaults to
@@ -65,7 +104,7 @@ cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_WARNING
   -DKVLAB_QUICK_TEST_OPTIONS=-O1 -DKVLAB_BENCH_OPTIONS=-O1 -DKVLAB_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build -j "$jobs"
 
-step "configure with ASan + UBSan; its build and the fuzz targets' go on in the background, at the lowest priority"
+step "the ASan + UBSan build and the fuzz targets' start; they go on in the background, at the lowest priority"
 # The steps below until the sanitizer tests leave cores idle (a test binary alone, Doxygen's
 # one thread, the browser waiting for a page): the sanitizer build takes those cycles, and no
 # more (at the lowest priority it yields to every other process), instead of starting after the
@@ -92,38 +131,11 @@ finish() {  # finish PID LOG WHAT: waits for a background build; its log and a f
     exit 1
   fi
 }
-san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# Debug keeps Eigen's bounds assertions on; uninitialised Eigen matrices start as NaN, so a
-# read of a score or output that was never written shows up as a failed comparison. -g1: line
-# tables for the sanitizers' stack traces, without the full debug info that slows the build;
-# it replaces CMake's Debug flags ("-g"), which come after CMAKE_CXX_FLAGS and would win.
-# Every CUDA test on the CPU emulator (emulator/) runs under ASan + UBSan too: a CPU
-# stand-in for compute-sanitizer's memcheck, since the emulator's device memory is exactly sized
-# host memory (racecheck, which cannot be combined with ASan, runs in the first build); the
-# emulator's own code is built there at -O2 without the sanitizers, its kernels and tests with them
-# (emulator/CMakeLists.txt).
-# The code is compiled at -Og, GCC's optimisation for debugging: under the sanitizers it compiles
-# in 0.55 to 0.65 of the time of -O1 (the shared instances: 36 s of CPU to 23 s; the emulated
-# CUDA tests: 109 s to 60 s, GC settings as above in both), and the tests run as fast as at -O1
-# (the emulated ones 10 % slower); from a fresh clone on 2 cores this build took 293 to 313 s
-# in three runs, and 454 s at -O1 without the GC settings. The programs of apps/ are not built
-# with the -O3 -march=native of their release builds (KVLAB_BENCH_NATIVE), which only slows the
-# instrumented compile: they, the C++ tutorials and the README examples are compiled at -Og like
-# the tests, their stores coming from the shared instances. At -O0 (KVLAB_PROGRAM_OPTIONS) they
-# compiled 10 % faster and ran 3 to 6 times slower: tutorial 12 compiled in 16.8 s instead of
-# 18.5 s of CPU and ran 14.5 s instead of 2.3 s, kvlab-serve 43 s instead of 49 s and 10.4 s
-# instead of 3.0 s per run (it has eight runs). The unit tests whose runs stay short at -O0 are
-# compiled so (KVLAB_QUICK_TEST_OPTIONS, QUICK in tests/CMakeLists.txt: 270 s of CPU to compile at
-# -O1, 137 s at -O0, their runs 6 s to at most 25 s).
-# The programs are linked as position-dependent executables (-no-pie): an instrumented test
-# program of 126 MB spent 0.06 s of system time relocating itself each time it started, and
-# CTest starts one per test case (460 here, and each program once per test file when CMake lists
-# its cases); so linked (91 MB) it starts in 0.045 s instead of 0.10 s.
-cmake -S . -B build-sanitize "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1" \
-  -DCMAKE_CXX_FLAGS="-Og ${gcc_gc[*]} $san -DEIGEN_INITIALIZE_MATRICES_BY_NAN" -DCMAKE_EXE_LINKER_FLAGS="$san -no-pie" \
-  -DKVLAB_WARNINGS_AS_ERRORS=ON -DKVLAB_ENABLE_CUDA=OFF -DKVLAB_BUILD_BENCH=OFF -DKVLAB_BENCH_NATIVE=OFF \
-  -DKVLAB_BUILD_DOCS=OFF -DKVLAB_BUILD_HEADER_CHECK=OFF -DKVLAB_BUILD_REAL_MODEL_PROGRAMS=OFF \
-  -DKVLAB_QUICK_TEST_OPTIONS=-O0 -DKVLAB_CUDA_EMULATION_TESTS="test_cuda_core;test_cuda_attention;test_cuda_cache" >/dev/null
+if ! wait "$sanitize_configure"; then
+  cat build-sanitize/configure.log
+  echo "kvlab test: configuring the ASan + UBSan build failed (its output above)" >&2
+  exit 1
+fi
 in_background cmake --build build-sanitize -j "$jobs" > build-sanitize/build.log 2>&1 &
 sanitize_build=$!
 background+=("$sanitize_build")
