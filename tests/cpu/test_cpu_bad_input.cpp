@@ -266,3 +266,23 @@ TEST_CASE("Refusals that no case had reached: a paged prefill whose output is it
       },
       names("out", "a matrix other than q", "q"));
 }
+
+TEST_CASE("cpu::reference_linear refuses a weight of another width and an output that is x") {
+  // One row of one Q8_0 block (zeros): a weight [1, 32].
+  const kvlab::GgmlMatrix w(kvlab::GgmlType::Q8_0, 1, 32, std::vector<unsigned char>(34));
+  RowMatrix<float> x = RowMatrix<float>::Ones(2, 32), out = RowMatrix<float>::Constant(2, 3, 7.f);
+  const auto out_state = [&] { return std::vector<float>(out.data(), out.data() + out.size()); };
+  const auto x_state = [&] { return std::vector<float>(x.data(), x.data() + x.size()); };
+  const char* reference_linear =
+      "kvlab::cpu::reference_linear(const RowMatrix< float > &x, const GgmlMatrix &w, "
+      "RowMatrix< float > &out)";
+  refuses<InvalidArgument>(
+      reference_linear, input::kShape, out_state,
+      [&] {
+        kvlab::cpu::reference_linear(RowMatrix<float>(RowMatrix<float>::Ones(2, 64)), w, out);
+      },
+      names("x.cols()", "32 (w.cols())", "64"));
+  refuses<InvalidArgument>(
+      reference_linear, input::kState, x_state, [&] { kvlab::cpu::reference_linear(x, w, x); },
+      names("out", "a matrix other than x", "x"));
+}

@@ -1,19 +1,21 @@
 // GGUF files: the reader on files written by tests/gguf_writer.hpp (from the format's
 // description, independently of the reader) — every metadata value type in versions 2 and 3,
-// arrays, the alignment, each tensor type decoded from hand-built blocks whose values are known —
-// and the documented error for every kind of bad file (truncated at every byte, wrong magic,
-// version 1, big-endian, absurd counts and lengths, a tensor outside the file, an unknown or
-// unsupported type, bad dims, duplicates). Then a Llama model from a GGUF file: the config
-// from the metadata, the weights round trip, and each missing key, other architecture and
-// wrong shape refused.
+// arrays, the alignment, each tensor type decoded from hand-built blocks whose values are known
+// and kept as stored (GgmlMatrix) — and the documented error for every kind of bad file
+// (truncated at every byte, wrong magic, version 1, big-endian, absurd counts and lengths, a
+// tensor outside the file, an unknown or unsupported type, bad dims, duplicates). Then a Llama
+// model from a GGUF file: the config from the metadata, the weights round trip, and each missing
+// key, other architecture and wrong shape refused.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf_writer.hpp"
@@ -199,6 +201,35 @@ TEST_CASE("GGUF: each tensor type decoded from hand-built blocks whose values ar
         }).find("tensor 'q8_0': dims: expected [32, 3], got [32, 2]") != std::string::npos);
   CHECK(error_of([&] { g.tensor("nope"); }).find("tensor 'nope': expected present, got missing") !=
         std::string::npos);
+
+  // The same tensors kept as the file stores them: the bytes written above, row by row, and the
+  // floats read_matrix gives, bit for bit.
+  const std::vector<std::pair<std::string, std::string>> stored = {
+      {"f32", f32}, {"q8_0", q8}, {"q4_0", q40}, {"q4_1", q41}};
+  for (const auto& [name, bytes] : stored) {
+    CAPTURE(name);
+    const kvlab::GgmlMatrix m = g.read_ggml_matrix(name);
+    const kvlab::GgufTensorInfo& info = g.tensor(name);
+    CHECK(m.type() == info.type);
+    CHECK(m.rows() == static_cast<std::int64_t>(info.rows()));
+    CHECK(m.cols() == static_cast<std::int64_t>(info.row_length()));
+    CHECK(m.size_bytes() == info.bytes);
+    REQUIRE(m.size_bytes() == bytes.size());
+    CHECK(std::string(reinterpret_cast<const char*>(m.data()), m.size_bytes()) == bytes);
+    CHECK(m.row(m.rows() - 1) ==
+          m.data() + (m.rows() - 1) * static_cast<std::int64_t>(m.row_bytes()));
+    const kvlab::RowMatrix<float> floats = g.read_matrix(name);
+    const kvlab::RowMatrix<float> decoded = m.dequantized();
+    CHECK(decoded.cwiseEqual(floats).all());
+    std::vector<float> last(static_cast<std::size_t>(m.cols()));  // [cols]
+    m.decode_row(m.rows() - 1, last.data());
+    CHECK(std::equal(last.begin(), last.end(), floats.row(floats.rows() - 1).data()));
+  }
+  CHECK(g.read_ggml_matrix("f16").dequantized().cwiseEqual(g.read_matrix("f16")).all());
+  CHECK(g.read_ggml_matrix("bf16").dequantized().cwiseEqual(g.read_matrix("bf16")).all());
+  const std::string dims_error = error_of([&] { g.read_ggml_matrix("q8_0", {32, 3}); });
+  CHECK(dims_error.find("kvlab::GgufFile::read_ggml_matrix: ") == 0);
+  CHECK(dims_error.find("tensor 'q8_0': dims: expected [32, 3], got [32, 2]") != std::string::npos);
 }
 
 TEST_CASE("GGUF: type names, block sizes and dequantize_row's checks") {

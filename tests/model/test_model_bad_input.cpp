@@ -875,6 +875,18 @@ TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTo
       "kvlab::GgufFile::read_tensor(const GgufTensorInfo &info, float *out) const", input::kValue,
       value_state, [&] { gn.read_tensor(gn.tensor("t"), &value); },
       names(path + ": tensor 't'", "finite values", "nan at index 0"));
+  const char* read_ggml =
+      "kvlab::GgufFile::read_ggml_matrix(const std::string &name, const "
+      "std::vector< std::uint64_t > &expected_dims={}) const";
+  refuses<InvalidArgument>(
+      read_ggml, input::kValue, no_state, [&] { (void)gn.read_ggml_matrix("t"); },
+      names(path + ": tensor 't'", "finite values", "nan at index 0"));
+  refuses<InvalidArgument>(
+      read_ggml, input::kRange, no_state, [&] { (void)gn.read_ggml_matrix("x"); },
+      names(path + ": tensor 'x'", "present", "missing"));
+  refuses<InvalidArgument>(
+      read_ggml, input::kShape, no_state, [&] { (void)g.read_ggml_matrix("t", {3}); },
+      names(path + ": tensor 't': dims", "[3]", "[2]"));
   refuses<InvalidArgument>(
       "kvlab::llama_config_from_gguf(const GgufFile &file)", input::kEmpty, no_state,
       [&] { (void)kvlab::llama_config_from_gguf(gn); },
@@ -903,6 +915,45 @@ TEST_CASE("GGUF files, the model read from one, and the tokenizers behind TextTo
       "kvlab::dequantize_row(GgmlType type, const unsigned char *data, std::int64_t n, float *out)",
       input::kSize, out_state, [&] { kvlab::dequantize_row(kvlab::GgmlType::F32, bytes, -1, out); },
       names("n", ">= 0", "-1"));
+  // GgmlMatrix: a weight kept in its type, one row of two Q8_0 blocks (68 bytes).
+  const char* ggml_ctor =
+      "kvlab::GgmlMatrix::GgmlMatrix(GgmlType type, std::int64_t rows, "
+      "std::int64_t cols, std::vector< unsigned char > bytes)";
+  const std::vector<unsigned char> two_blocks(68);
+  refuses<InvalidArgument>(
+      ggml_ctor, input::kValue, no_state,
+      [&] { kvlab::GgmlMatrix m(static_cast<kvlab::GgmlType>(12), 1, 64, two_blocks); },
+      names("type", "F32, F16, BF16, Q8_0, Q4_0 or Q4_1", "Q4_K"));
+  refuses<InvalidArgument>(
+      ggml_ctor, input::kSize, no_state,
+      [&] { kvlab::GgmlMatrix m(kvlab::GgmlType::Q8_0, -1, 64, two_blocks); },
+      names("rows", ">= 0", "-1"));
+  refuses<InvalidArgument>(
+      ggml_ctor, input::kSize, no_state,
+      [&] { kvlab::GgmlMatrix m(kvlab::GgmlType::Q8_0, 1, -32, two_blocks); },
+      names("cols", ">= 0", "-32"));
+  refuses<InvalidArgument>(
+      ggml_ctor, input::kShape, no_state,
+      [&] { kvlab::GgmlMatrix m(kvlab::GgmlType::Q8_0, 1, 48, two_blocks); },
+      names("cols", "a multiple of 32 (a Q8_0 block)", "48"));
+  refuses<InvalidArgument>(
+      ggml_ctor, input::kShape, no_state,
+      [&] { kvlab::GgmlMatrix m(kvlab::GgmlType::Q8_0, 2, 64, two_blocks); },
+      names("bytes.size()", "136 (rows * 68 bytes of a row)", "68"));
+  refuses<InvalidArgument>(
+      ggml_ctor, input::kOverflow, no_state,
+      [&] { kvlab::GgmlMatrix m(kvlab::GgmlType::Q8_0, std::int64_t{1} << 60, 64, two_blocks); },
+      names("rows", "at most 135637824071393761 (so that the size fits in std::int64_t)",
+            "1152921504606846976"));
+  const kvlab::GgmlMatrix one_row(kvlab::GgmlType::Q8_0, 1, 64, two_blocks);
+  refuses<InvalidArgument>(
+      "kvlab::GgmlMatrix::row(std::int64_t r) const", input::kRange, no_state,
+      [&] { (void)one_row.row(1); }, names("r", "in [0, 1) (rows)", "1"));
+  float row_out[64] = {};
+  const auto row_state = [&] { return std::vector<float>(row_out, row_out + 64); };
+  refuses<InvalidArgument>(
+      "kvlab::GgmlMatrix::decode_row(std::int64_t r, float *out) const", input::kRange, row_state,
+      [&] { one_row.decode_row(-1, row_out); }, names("r", "in [0, 1) (rows)", "-1"));
   refuses<InvalidArgument>(
       "kvlab::ggml_row_bytes(GgmlType type, std::uint64_t n)", input::kShape, no_state,
       [] { (void)kvlab::ggml_row_bytes(kvlab::GgmlType::Q4_1, 33); },

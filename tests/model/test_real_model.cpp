@@ -170,6 +170,39 @@ TEST_CASE("SmolLM2-135M-Instruct: the config read from the GGUF file's metadata"
   CHECK(file.tensor("token_embd.weight").type == kvlab::GgmlType::Q8_0);
 }
 
+TEST_CASE("SmolLM2-135M-Instruct: weights kept as stored, and reference_linear on them") {
+  // Each kind of tensor of the file (the Q8_0 embedding and classifier, Q4_1 attention and MLP
+  // weights, an F32 norm) read as a GgmlMatrix: its type and bytes the file's, its rows the
+  // floats read_matrix gives, and reference_linear over it equal to cpu::linear over those floats
+  // within the float sum's bound, (cols + 2) 2^-24 sum |w x| (cpu::linear sums in float, in any
+  // order; the reference in double).
+  const kvlab::GgufFile file(kvlab_test::real_model_or_skip());
+  kvlab::Rng rng(7);
+  for (const char* name : {"token_embd.weight", "blk.0.attn_q.weight", "blk.29.ffn_down.weight",
+                           "output_norm.weight"}) {
+    CAPTURE(name);
+    const kvlab::GgufTensorInfo& info = file.tensor(name);
+    const kvlab::GgmlMatrix w = file.read_ggml_matrix(name);
+    CHECK(w.type() == info.type);
+    CHECK(w.size_bytes() == info.bytes);
+    const kvlab::RowMatrix<float> floats = file.read_matrix(name);  // [rows, cols]
+    REQUIRE(w.rows() == floats.rows());
+    REQUIRE(w.cols() == floats.cols());
+    CHECK(w.dequantized().cwiseEqual(floats).all());
+    const kvlab::RowMatrix<float> x = kvlab::random_matrix<float>(2, floats.cols(), rng);
+    kvlab::RowMatrix<float> out, expected;
+    kvlab::cpu::reference_linear(x, w, out);
+    kvlab::cpu::linear(x, floats, expected);
+    REQUIRE(out.rows() == 2);
+    REQUIRE(out.cols() == floats.rows());
+    const kvlab::RowMatrix<double> magnitude =
+        x.cast<double>().cwiseAbs() * floats.cast<double>().cwiseAbs().transpose();  // [2, rows]
+    const double cols = static_cast<double>(floats.cols());
+    const kvlab::RowMatrix<double> error = (out - expected).cast<double>().cwiseAbs();
+    CHECK((error.array() <= (cols + 2) * std::ldexp(1.0, -24) * magnitude.array()).all());
+  }
+}
+
 // The logits after each golden prompt's prefill (cached backend; the first prompt alone in the
 // sanitizer build), computed once for the two tests below: [prompts][vocab_size].
 const std::vector<kvlab::RowVector<float>>& first_step_logits() {

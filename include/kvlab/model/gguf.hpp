@@ -3,10 +3,10 @@
 ///
 /// GGUF is the format llama.cpp and most published quantized models use. The reader covers the
 /// header, every metadata value type (arrays included), the tensor infos, `general.alignment`, and
-/// the tensors of the data section, dequantized to float (`ggml_types.hpp`). Every count, string
-/// length, dimension and offset is checked against the file's size before it is used. Checked in
-/// the tests on files the tests write (every value type, each defect), on the real
-/// SmolLM2-135M-Instruct file, and by a fuzz target.
+/// the tensors of the data section, dequantized to float (`ggml_types.hpp`) or kept as they are
+/// (`GgmlMatrix`). Every count, string length, dimension and offset is checked against the file's
+/// size before it is used. Checked in the tests on files the tests write (every value type, each
+/// defect), on the real SmolLM2-135M-Instruct file, and by a fuzz target.
 #pragma once
 
 #include <cmath>
@@ -20,6 +20,7 @@
 
 #include "kvlab/config.hpp"
 #include "kvlab/matrix.hpp"
+#include "kvlab/model/ggml_matrix.hpp"
 #include "kvlab/model/ggml_types.hpp"
 
 namespace kvlab {
@@ -242,30 +243,9 @@ class GgufFile {
   /// \throws InvalidArgument if the bytes cannot be read, or a value is NaN or infinite (named
   ///         by tensor and index); `out` is then unchanged.
   void read_tensor(const GgufTensorInfo& info, float* out) const {
-    constexpr const char* kRead = "kvlab::GgufFile::read_tensor";
-    std::vector<unsigned char> bytes(static_cast<std::size_t>(info.bytes));  // [info.bytes]
-    stream_.clear();
-    stream_.seekg(static_cast<std::streamoff>(data_offset_ + info.offset), std::ios::beg);
-    stream_.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(info.bytes));
-    if (!stream_ || static_cast<std::uint64_t>(stream_.gcount()) != info.bytes) {
-      detail::fail(kRead, path_ + ": tensor '" + info.name + "'",
-                   std::to_string(info.bytes) + " readable bytes", "a read error");
-    }
-    // Checked first, row by row into a scratch row, so that `out` is written only once the
-    // whole tensor is known to be finite.
+    const std::vector<unsigned char> bytes =
+        checked_tensor_bytes(info, "kvlab::GgufFile::read_tensor");  // [info.bytes]
     const std::uint64_t row_bytes = ggml_row_bytes(info.type, info.row_length());
-    std::vector<float> row(static_cast<std::size_t>(info.row_length()));  // [row_length]
-    for (std::uint64_t r = 0; r < info.rows(); ++r) {
-      dequantize_row(info.type, bytes.data() + r * row_bytes,
-                     static_cast<std::int64_t>(info.row_length()), row.data());
-      for (std::size_t i = 0; i < row.size(); ++i) {
-        if (!std::isfinite(row[i])) {
-          detail::fail(
-              kRead, path_ + ": tensor '" + info.name + "'", "finite values",
-              std::to_string(row[i]) + " at index " + std::to_string(r * info.row_length() + i));
-        }
-      }
-    }
     for (std::uint64_t r = 0; r < info.rows(); ++r) {
       dequantize_row(info.type, bytes.data() + r * row_bytes,
                      static_cast<std::int64_t>(info.row_length()), out + r * info.row_length());
@@ -280,20 +260,68 @@ class GgufFile {
   RowMatrix<float> read_matrix(const std::string& name,
                                const std::vector<std::uint64_t>& expected_dims = {}) const {
     const GgufTensorInfo& info = tensor(name);
-    if (!expected_dims.empty() && expected_dims != info.dims) {
-      GgufTensorInfo want;
-      want.dims = expected_dims;
-      detail::fail("kvlab::GgufFile::read_matrix", path_ + ": tensor '" + name + "': dims",
-                   want.shape(), info.shape());
-    }
+    check_dims("kvlab::GgufFile::read_matrix", info, expected_dims);
     RowMatrix<float> m(static_cast<Eigen::Index>(info.rows()),
                        static_cast<Eigen::Index>(info.row_length()));  // [rows, row_length]
     read_tensor(info, m.data());
     return m;
   }
 
+  /// Tensor `name` as the file stores it: a `GgmlMatrix` of `rows()` rows of `row_length()`
+  /// values of the tensor's type, its bytes as they are (a Q4_1 weight stays 5 bits per value;
+  /// `read_matrix` gives the same values as floats). `expected_dims` as in `read_matrix`.
+  /// \throws InvalidArgument naming the tensor when it is missing, its dims differ from
+  ///         `expected_dims`, its bytes cannot be read, or a value is NaN or infinite.
+  GgmlMatrix read_ggml_matrix(const std::string& name,
+                              const std::vector<std::uint64_t>& expected_dims = {}) const {
+    constexpr const char* kRead = "kvlab::GgufFile::read_ggml_matrix";
+    const GgufTensorInfo& info = tensor(name);
+    check_dims(kRead, info, expected_dims);
+    return GgmlMatrix(info.type, static_cast<std::int64_t>(info.rows()),
+                      static_cast<std::int64_t>(info.row_length()),
+                      checked_tensor_bytes(info, kRead));
+  }
+
  private:
   static constexpr const char* kWhere = "kvlab::GgufFile";
+
+  // Fails (as `where`) unless `expected` is empty or equals the tensor's dims.
+  void check_dims(const char* where, const GgufTensorInfo& info,
+                  const std::vector<std::uint64_t>& expected) const {
+    if (expected.empty() || expected == info.dims) return;
+    GgufTensorInfo want;
+    want.dims = expected;
+    detail::fail(where, path_ + ": tensor '" + info.name + "': dims", want.shape(), info.shape());
+  }
+
+  // The bytes of tensor `info`, [info.bytes], once every value they hold is known to be finite
+  // (each row decoded into a scratch row); fails (as `where`) on a read error or a value that is
+  // not.
+  std::vector<unsigned char> checked_tensor_bytes(const GgufTensorInfo& info,
+                                                  const char* where) const {
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(info.bytes));  // [info.bytes]
+    stream_.clear();
+    stream_.seekg(static_cast<std::streamoff>(data_offset_ + info.offset), std::ios::beg);
+    stream_.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(info.bytes));
+    if (!stream_ || static_cast<std::uint64_t>(stream_.gcount()) != info.bytes) {
+      detail::fail(where, path_ + ": tensor '" + info.name + "'",
+                   std::to_string(info.bytes) + " readable bytes", "a read error");
+    }
+    const std::uint64_t row_bytes = ggml_row_bytes(info.type, info.row_length());
+    std::vector<float> row(static_cast<std::size_t>(info.row_length()));  // [row_length]
+    for (std::uint64_t r = 0; r < info.rows(); ++r) {
+      dequantize_row(info.type, bytes.data() + r * row_bytes,
+                     static_cast<std::int64_t>(info.row_length()), row.data());
+      for (std::size_t i = 0; i < row.size(); ++i) {
+        if (!std::isfinite(row[i])) {
+          detail::fail(
+              where, path_ + ": tensor '" + info.name + "'", "finite values",
+              std::to_string(row[i]) + " at index " + std::to_string(r * info.row_length() + i));
+        }
+      }
+    }
+    return bytes;
+  }
 
   [[noreturn]] void fail_key(const std::string& key, const std::string& expected,
                              const std::string& got) const {
