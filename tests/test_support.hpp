@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvlab/core/ggml_matrix.hpp"
 #include "kvlab/core/shape.hpp"
 #include "kvlab/matrix.hpp"
 #include "names_matcher.hpp"
@@ -76,6 +78,15 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "";
+}
+
+// Every row of `w` decoded (GgmlMatrix::decode_row), [rows, cols]: the floats that
+// GgufFile::read_matrix gives for the tensor it was read from.
+inline kvlab::RowMatrix<float> decoded_rows(const kvlab::GgmlMatrix& w) {
+  kvlab::RowMatrix<float> m(static_cast<Eigen::Index>(w.rows()),
+                            static_cast<Eigen::Index>(w.cols()));  // [rows, cols]
+  for (std::int64_t r = 0; r < w.rows(); ++r) w.decode_row(r, m.data() + r * w.cols());
+  return m;
 }
 
 }  // namespace kvlab_test

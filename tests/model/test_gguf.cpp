@@ -219,14 +219,15 @@ TEST_CASE("GGUF: each tensor type decoded from hand-built blocks whose values ar
     CHECK(m.row(m.rows() - 1) ==
           m.data() + (m.rows() - 1) * static_cast<std::int64_t>(m.row_bytes()));
     const kvlab::RowMatrix<float> floats = g.read_matrix(name);
-    const kvlab::RowMatrix<float> decoded = m.dequantized();
+    const kvlab::RowMatrix<float> decoded = kvlab_test::decoded_rows(m);
     CHECK(decoded.cwiseEqual(floats).all());
     std::vector<float> last(static_cast<std::size_t>(m.cols()));  // [cols]
     m.decode_row(m.rows() - 1, last.data());
     CHECK(std::equal(last.begin(), last.end(), floats.row(floats.rows() - 1).data()));
   }
-  CHECK(g.read_ggml_matrix("f16").dequantized().cwiseEqual(g.read_matrix("f16")).all());
-  CHECK(g.read_ggml_matrix("bf16").dequantized().cwiseEqual(g.read_matrix("bf16")).all());
+  CHECK(kvlab_test::decoded_rows(g.read_ggml_matrix("f16")).cwiseEqual(g.read_matrix("f16")).all());
+  CHECK(
+      kvlab_test::decoded_rows(g.read_ggml_matrix("bf16")).cwiseEqual(g.read_matrix("bf16")).all());
   const std::string dims_error = error_of([&] { g.read_ggml_matrix("q8_0", {32, 3}); });
   CHECK(dims_error.find("kvlab::GgufFile::read_ggml_matrix: ") == 0);
   CHECK(dims_error.find("tensor 'q8_0': dims: expected [32, 3], got [32, 2]") != std::string::npos);

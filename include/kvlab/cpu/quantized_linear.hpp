@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/ggml_matrix.hpp"
 #include "kvlab/matrix.hpp"
-#include "kvlab/model/ggml_matrix.hpp"
 
 namespace kvlab::cpu {
 

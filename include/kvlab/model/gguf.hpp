@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
+#include "kvlab/core/ggml_matrix.hpp"
+#include "kvlab/core/ggml_types.hpp"
 #include "kvlab/matrix.hpp"
-#include "kvlab/model/ggml_matrix.hpp"
-#include "kvlab/model/ggml_types.hpp"
 
 namespace kvlab {
 

@@ -6,6 +6,7 @@
 /// stores a tensor of ggml dims `{cols, rows}`. It takes the file's size in memory (a Q4_1 weight
 /// 5 bits per value, not the 32 of its floats); `GgufFile::read_ggml_matrix` reads one, and
 /// `cpu::reference_linear` (`kvlab/cpu/quantized_linear.hpp`) multiplies by it block by block.
+/// Host code without Eigen, below the CPU products and the GGUF reader that use it.
 #pragma once
 
 #include <cstddef>
@@ -15,8 +16,7 @@
 #include <vector>
 
 #include "kvlab/config.hpp"
-#include "kvlab/matrix.hpp"
-#include "kvlab/model/ggml_types.hpp"
+#include "kvlab/core/ggml_types.hpp"
 
 namespace kvlab {
 
@@ -81,19 +81,12 @@ class GgmlMatrix {
     return bytes_.data() + static_cast<std::size_t>(r) * row_bytes_;
   }
 
-  /// Row `r` decoded into `out` [cols], as `dequantize_row` decodes it.
+  /// Row `r` decoded into `out` [cols], as `dequantize_row` decodes it: row `r` of the floats
+  /// `GgufFile::read_matrix` gives for the tensor.
   /// \throws InvalidArgument if `r` is not in [0, rows); `out` is then unchanged.
   void decode_row(std::int64_t r, float* out) const {
     check_row("kvlab::GgmlMatrix::decode_row", r);
     dequantize_row(type_, bytes_.data() + static_cast<std::size_t>(r) * row_bytes_, cols_, out);
-  }
-
-  /// Every row decoded, [rows, cols]: the floats `GgufFile::read_matrix` gives for the tensor.
-  RowMatrix<float> dequantized() const {
-    RowMatrix<float> m(static_cast<Eigen::Index>(rows_),
-                       static_cast<Eigen::Index>(cols_));  // [rows, cols]
-    for (std::int64_t r = 0; r < rows_; ++r) decode_row(r, m.data() + r * cols_);
-    return m;
   }
 
  private:
